@@ -1,0 +1,28 @@
+# The README's two commands are `make demo` and `make test`; both build the environment first.
+PYTHON ?= python3
+VENV := .venv
+UV_VERSION := 0.13.9
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test env clean bench
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet "uv==$(UV_VERSION)"
+	$(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python --compile-bytecode -r requirements.lock
+	$(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python --compile-bytecode --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/python demo/run_demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 --durations=15
+
+bench: $(STAMP)
+	$(VENV)/bin/python benchmarks/bench_private.py --persons 1000000
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,164 @@
+"""The one place noise is drawn.
+
+:func:`measure` is the only entry point. It cannot draw noise without a recorded spend: it asks
+the :class:`SpendRecorder` (the audit ledger) to durably record the spend first, and only then
+samples. Samples come from OpenDP's exact integer samplers, which draw from a cryptographically
+secure source -- never from rounded floating-point draws, never from a seed:
+
+* zCDP: the discrete Gaussian N_Z(sigma^2), sigma^2 = Delta^2 / (2 rho) (paper, Algorithm 5);
+* pure DP: the two-sided geometric P(k) ∝ exp(-|k|/s), s = Delta / epsilon.
+
+Proof sketch of the budget of one measurement: the count vector changes by at most Delta in L2
+(zCDP) or L1 (pure DP) norm between neighbouring inputs (:mod:`phsafe.accounting`); OpenDP's
+measurement over ``vector_domain(atom_domain(i64))`` with that metric has the privacy map
+d_in -> d_out, and :func:`measure` checks that map(Delta) equals the planned budget before any
+spend is recorded -- a mismatch is an error, never a silent over-spend. The float scale handed to
+OpenDP is rounded *up* (never down) so that its map stays within the planned budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from phsafe.accounting import PlannedMeasurement
+from phsafe.config import PrivacyDefinition
+from phsafe.errors import PrivacyMapMismatchError
+
+# Relative tolerance between OpenDP's map(Delta) and the planned budget: OpenDP rounds its map
+# conservatively in floating point, and our scale is rounded up by a few ulps.
+_MAP_RTOL = 1e-9
+_MAX_NUDGES = 64
+
+
+@dataclass(frozen=True)
+class SpendReceipt:
+    """Proof from the ledger that a measurement's spend is durably recorded.
+
+    Attributes:
+        measurement_key: ``TABLE/level`` of the recorded measurement.
+        sequence: Ledger sequence number of the INTENT entry.
+        entry_hash: Hash of that entry.
+    """
+
+    measurement_key: str
+    sequence: int
+    entry_hash: str
+
+
+class SpendRecorder(Protocol):
+    """What :func:`measure` needs from the audit ledger."""
+
+    def record_intent(self, measurement: PlannedMeasurement) -> SpendReceipt:
+        """Durably (fsync) record that ``measurement``'s budget is about to be spent."""
+        ...
+
+    def record_committed(self, receipt: SpendReceipt, *, noisy_digest: str) -> None:
+        """Record that the noise of the spend ``receipt`` was drawn; ``noisy_digest`` hashes it."""
+        ...
+
+
+def vector_digest(values: npt.NDArray[np.integer]) -> str:
+    """SHA-256 of a count vector as little-endian int64, in domain order."""
+    return hashlib.sha256(np.ascontiguousarray(values, dtype="<i8").tobytes()).hexdigest()
+
+
+def _opendp():
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    return dp
+
+
+def _build_mechanism(m: PlannedMeasurement):
+    """An OpenDP measurement for ``m`` whose privacy map at Delta is the planned budget."""
+    dp = _opendp()
+    budget = float(m.budget_fraction)
+    if m.privacy_defn is PrivacyDefinition.ZCDP:
+        metric = dp.l2_distance(T="i64")
+        scale = math.sqrt(float(m.gaussian_sigma_squared))
+        make = dp.m.make_gaussian
+    else:
+        metric = dp.l1_distance(T="i64")
+        scale = float(m.geometric_scale)
+        make = dp.m.make_laplace
+    domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    for _ in range(_MAX_NUDGES):
+        mechanism = make(domain, metric, scale=scale)
+        spent = mechanism.map(m.sensitivity)
+        if spent <= budget:
+            break
+        scale = math.nextafter(scale, math.inf)  # more noise, never less
+    else:
+        raise PrivacyMapMismatchError(
+            f"{m.key}: OpenDP's privacy map stays above the planned budget {m.budget}"
+        )
+    if abs(spent - budget) > _MAP_RTOL * budget:
+        raise PrivacyMapMismatchError(
+            f"{m.key}: OpenDP's privacy map gives {spent!r} for sensitivity {m.sensitivity}, "
+            f"but the plan says {m.budget}"
+        )
+    return mechanism, scale
+
+
+def check_privacy_map(m: PlannedMeasurement) -> float:
+    """Cross-check ``m`` against OpenDP's privacy map; return the scale handed to OpenDP.
+
+    Raises:
+        PrivacyMapMismatchError: OpenDP's map(Delta) differs from the planned budget.
+    """
+    if m.is_noiseless:
+        return 0.0
+    return _build_mechanism(m)[1]
+
+
+def measure(
+    m: PlannedMeasurement,
+    exact: npt.NDArray[np.integer],
+    recorder: SpendRecorder,
+) -> npt.NDArray[np.int64]:
+    """Release ``exact`` (the full-domain count vector of ``m``) with noise.
+
+    The spend is recorded (durably) before the noise is drawn; if drawing fails afterwards the
+    spend stands -- budgets are never refunded.
+
+    Args:
+        m: The planned measurement.
+        exact: Exact counts over the full domain of ``m``, in domain order.
+        recorder: The audit ledger.
+
+    Returns:
+        The noisy counts, int64, same order.
+    """
+    exact = np.asarray(exact)
+    if exact.ndim != 1 or exact.size != m.n_cells:
+        raise ValueError(f"{m.key}: expected {m.n_cells} cells, got shape {exact.shape}")
+    if not np.issubdtype(exact.dtype, np.integer):
+        raise TypeError(f"{m.key}: counts must be integers")
+    mechanism = None if m.is_noiseless else _build_mechanism(m)[0]
+
+    receipt = recorder.record_intent(m)
+    if receipt.measurement_key != m.key:
+        raise RuntimeError(f"ledger recorded {receipt.measurement_key}, expected {m.key}")
+
+    if mechanism is None:
+        noisy = exact.astype(np.int64, copy=True)
+    else:
+        noisy = np.asarray(mechanism(exact.astype(np.int64).tolist()), dtype=np.int64)
+    recorder.record_committed(receipt, noisy_digest=vector_digest(noisy))
+    return noisy
+
+
+def planned_scale(m: PlannedMeasurement) -> Fraction | None:
+    """The exact (unrounded) noise parameter: sigma^2 for zCDP, s for pure DP."""
+    if m.is_noiseless:
+        return None
+    if m.privacy_defn is PrivacyDefinition.ZCDP:
+        return m.gaussian_sigma_squared
+    return m.geometric_scale
