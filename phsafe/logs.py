@@ -1,0 +1,77 @@
+"""Logging with structlog: JSON lines to the log file, readable lines on the console.
+
+Log events describe stages, timings, files and digests -- never microdata and never a value of a
+record. Data-dependent statistics are not logged on the private path either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+
+class _JsonFileTee:
+    """A structlog processor that appends each event as one JSON line to a file."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        record = dict(event)
+        record.setdefault("level", method)
+        self.stream.write(json.dumps(record, default=str, sort_keys=True) + "\n")
+        self.stream.flush()
+        return event
+
+
+_log_stream: TextIO | None = None
+
+
+def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
+    """Send events to the console (human-readable) and, if given, to ``log_file`` (JSON lines)."""
+    global _log_stream
+    if _log_stream is not None:
+        _log_stream.close()
+        _log_stream = None
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+    ]
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        _log_stream = open(log_file, "a", encoding="utf-8")
+        processors.append(_JsonFileTee(_log_stream))
+    processors.append(_ConsoleFilter(console_level))
+    processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_no_traceback))
+    structlog.configure(
+        processors=processors,
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _no_traceback(sio: TextIO, exc_info: Any) -> None:
+    """Tracebacks go to the log file only; the console gets one line."""
+
+
+class _ConsoleFilter:
+    _LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40, "critical": 50}
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if self._LEVELS.get(method, 20) < self.level:
+            raise structlog.DropEvent
+        event.pop("exception", None)
+        return event
+
+
+def get_logger(name: str = "phsafe") -> Any:
+    return structlog.get_logger(name)

@@ -1,0 +1,201 @@
+"""The eleven output tables (spec §7), written and published atomically.
+
+Private tables hold one row per cell of the full domain of every measured level, with
+``NOISE_DISTRIBUTION`` and ``VARIANCE``. Non-private (ground-truth) tables, for synthetic data
+only, hold basis and aggregate cells over the full domain, without the noise columns.
+
+Publication: every file is written into a hidden temporary sibling of the output directory and
+fsynced, the manifest (SHA-256 of every file) is written last, and the directory is renamed into
+place -- a crash never leaves a half-written directory under the published name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from phsafe.accounting import PlannedMeasurement, RunPlan
+from phsafe.config import PHSafeConfig
+from phsafe.domain import measurement_domain
+from phsafe.errors import OutputExistsError
+from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, TableSpec, output_spec
+from phsafe.tabulate import TableCounts
+
+CSV_SEPARATOR = "|"
+MANIFEST = "manifest.json"
+
+
+def cell_column(table: str) -> str:
+    return f"{table.upper()}_DATA_CELL"
+
+
+def private_columns(table: str) -> list[str]:
+    """Columns of a private output table, in order (spec §7)."""
+    cols = ["REGION_ID", "REGION_TYPE", "ITERATION_CODE", cell_column(table), "COUNT",
+            "NOISE_DISTRIBUTION", "VARIANCE"]
+    if not output_spec(table).has_iteration_column:
+        cols.remove("ITERATION_CODE")
+    return cols
+
+
+def nonprivate_columns(table: str) -> list[str]:
+    return private_columns(table)[:-2]
+
+
+def _finish(frame: pd.DataFrame, table: str, columns: list[str]) -> pd.DataFrame:
+    frame = frame.rename(columns={"CELL": cell_column(table)})
+    return frame[columns].reset_index(drop=True)
+
+
+def private_tables(
+    config: PHSafeConfig, plan: RunPlan, noisy: Mapping[str, np.ndarray]
+) -> dict[str, pd.DataFrame]:
+    """Private output tables from the noisy vectors (keyed by measurement key)."""
+    out: dict[str, pd.DataFrame] = {}
+    for table in OUTPUT_TABLES:
+        if table in TABLES:
+            spec, source, mapping = TABLES[table], table, None
+        else:
+            derived = DERIVED_TABLES[table]
+            spec, source, mapping = TABLES[derived.source], derived.source, derived.cells
+        parts = []
+        for m in plan.for_table(source):
+            parts.append(_private_level(config, spec, m, noisy[m.key], mapping))
+        if parts:
+            out[table] = _finish(pd.concat(parts), table, private_columns(table))
+    return out
+
+
+def _private_level(
+    config: PHSafeConfig,
+    spec: TableSpec,
+    m: PlannedMeasurement,
+    values: np.ndarray,
+    mapping: tuple[tuple[int, tuple[int, ...]], ...] | None,
+) -> pd.DataFrame:
+    domain = measurement_domain(spec, m.level, config)
+    cube = np.asarray(values, dtype=np.int64).reshape(domain.shape)
+    variance = np.full(domain.shape, m.variance)
+    if mapping is not None:  # derived table: sum source cells (counts and variances alike)
+        position = {n: i for i, n in enumerate(spec.basis_numbers)}
+        cube = np.stack([cube[..., [position[s] for s in srcs]].sum(-1) for _, srcs in mapping], -1)
+        variance = np.stack([variance[..., [position[s] for s in srcs]].sum(-1) for _, srcs in mapping], -1)
+        domain = measurement_domain(spec, m.level, config, cells=tuple(n for n, _ in mapping))
+    frame = domain.frame()
+    frame["COUNT"] = cube.ravel()
+    frame["NOISE_DISTRIBUTION"] = m.distribution.value
+    frame["VARIANCE"] = variance.ravel()
+    return frame
+
+
+def nonprivate_tables(config: PHSafeConfig, counts: Mapping[str, TableCounts]) -> dict[str, pd.DataFrame]:
+    """Ground-truth tables: basis and aggregate cells, every released level of each table that
+    has a positive budget at that level."""
+    out: dict[str, pd.DataFrame] = {}
+    for table in OUTPUT_TABLES:
+        spec = output_spec(table)
+        budget_table = table if table in TABLES else DERIVED_TABLES[table].source
+        parts = []
+        for level in config.measured_levels(budget_table):
+            state_cube = counts[table].by_level[level.iteration]
+            cube = state_cube if level.geography.value == "STATE" else state_cube.sum(0, keepdims=True)
+            cells = spec.nonprivate_cells
+            position = {n: i for i, n in enumerate(spec.basis_numbers)}
+            aggregates = dict(spec.aggregates)
+            full = np.stack(
+                [cube[..., [position[s] for s in aggregates.get(n, (n,))]].sum(-1) for n in cells], -1
+            )
+            domain = measurement_domain(spec, level, config, cells=cells)
+            assert domain.shape == full.shape, (table, level)
+            frame = domain.frame()
+            frame["COUNT"] = full.ravel()
+            parts.append(frame)
+        if parts:
+            out[table] = _finish(pd.concat(parts), table, nonprivate_columns(table))
+    return out
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:
+    """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``.
+
+    Returns:
+        Relative path -> SHA-256 of every file written.
+    """
+    digests: dict[str, str] = {}
+    for table, frame in frames.items():
+        csv_path = directory / table / f"{table}.csv"
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(csv_path, sep=CSV_SEPARATOR, index=False, lineterminator="\n")
+        pq_path = directory / "parquet" / f"{table}.parquet"
+        pq_path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), pq_path)
+        for p in (csv_path, pq_path):
+            _fsync(p)
+            digests[p.relative_to(directory).as_posix()] = sha256_file(p)
+    return digests
+
+
+@dataclass
+class Publication:
+    """An output directory being written: a hidden sibling, renamed into place on publish."""
+
+    target: Path
+    staging: Path
+
+    @classmethod
+    def begin(cls, target: Path, run_id: str) -> "Publication":
+        target = Path(target).absolute()
+        if target.exists():
+            raise OutputExistsError(f"output directory {target} already exists; choose a new one")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.parent / f".{target.name}.partial-{run_id}"
+        staging.mkdir()
+        return cls(target, staging)
+
+    def write_manifest(self, manifest: dict) -> str:
+        path = self.staging / MANIFEST
+        path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _fsync(path)
+        return sha256_file(path)
+
+    def publish(self) -> Path:
+        """Atomically rename the staging directory to the target."""
+        for sub in sorted(self.staging.rglob("*"), reverse=True):
+            if sub.is_dir():
+                _fsync(sub)
+        _fsync(self.staging)
+        if self.target.exists():
+            raise OutputExistsError(f"output directory {self.target} appeared during the run")
+        os.rename(self.staging, self.target)
+        _fsync(self.target.parent)
+        return self.target
+
+    def abandon(self) -> None:
+        """Remove the staging directory after a failure (nothing was published)."""
+        shutil.rmtree(self.staging, ignore_errors=True)

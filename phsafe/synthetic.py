@@ -1,0 +1,886 @@
+"""Synthetic, fully consistent census inputs (persons, units, geo) for tests, demos and benchmarks.
+
+The generator builds realistic households, vacant housing units and group-quarters (GQ)
+facilities, and writes them in the exact file formats of spec §1. Every record is consistent
+with every other one: household type (HHT, HHT2, CPLT), family size (NPF), population
+(FINAL_POP) and the householder's race and ethnicity (HHRACE, HHSPAN) are *derived* from the
+persons generated for the unit, never drawn independently, so the validation suites accept the
+data and the tables computed from it are meaningful.
+
+Everything is vectorized with numpy over households and persons (no per-person Python loop;
+the only loops run over states, relationship groups or a handful of categories), and columns are
+kept in compact dtypes: ten million persons take a few seconds and well under 2 GB.
+
+The ``seed`` only makes the synthetic data reproducible. It has nothing to do with privacy:
+this module never draws, and must never be used to draw, privacy noise.
+
+Example::
+
+    from pathlib import Path
+    from phsafe import synthetic
+
+    data = synthetic.generate(20_000, ["01", "06"], seed=7)
+    synthetic.write(data, Path("inputs"), fmt="csv")
+
+or, from a shell::
+
+    python -m phsafe.synthetic --persons 20000 --states 01,06 --out inputs --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, ColumnKind
+
+__all__ = ["SyntheticData", "generate", "write", "main"]
+
+IntArray = npt.NDArray[np.integer]
+
+# --------------------------------------------------------------------------------------------
+# Reference facts (approximate 2020 Census figures; used only to make the data look plausible).
+# --------------------------------------------------------------------------------------------
+
+# state FIPS -> (REGIONCE, DIVISIONCE, population in thousands, number of counties,
+#                Hispanic share of the population)
+_STATES: dict[str, tuple[int, int, int, int, float]] = {
+    "01": (3, 6, 5024, 67, 0.053), "02": (4, 9, 733, 30, 0.071),
+    "04": (4, 8, 7152, 15, 0.307), "05": (3, 7, 3012, 75, 0.085),
+    "06": (4, 9, 39538, 58, 0.394), "08": (4, 8, 5774, 64, 0.219),
+    "09": (1, 1, 3606, 8, 0.173), "10": (3, 5, 990, 3, 0.105),
+    "11": (3, 5, 690, 1, 0.113), "12": (3, 5, 21538, 67, 0.265),
+    "13": (3, 5, 10712, 159, 0.105), "15": (4, 9, 1455, 5, 0.107),
+    "16": (4, 8, 1839, 44, 0.130), "17": (2, 3, 12813, 102, 0.182),
+    "18": (2, 3, 6786, 92, 0.082), "19": (2, 4, 3190, 99, 0.068),
+    "20": (2, 4, 2938, 105, 0.130), "21": (3, 6, 4506, 120, 0.046),
+    "22": (3, 7, 4658, 64, 0.069), "23": (1, 1, 1362, 16, 0.020),
+    "24": (3, 5, 6177, 24, 0.118), "25": (1, 1, 7030, 14, 0.126),
+    "26": (2, 3, 10077, 83, 0.056), "27": (2, 4, 5706, 87, 0.061),
+    "28": (3, 6, 2961, 82, 0.036), "29": (2, 4, 6155, 115, 0.048),
+    "30": (4, 8, 1084, 56, 0.044), "31": (2, 4, 1962, 93, 0.120),
+    "32": (4, 8, 3105, 17, 0.287), "33": (1, 1, 1378, 10, 0.043),
+    "34": (1, 2, 9289, 21, 0.216), "35": (4, 8, 2118, 33, 0.477),
+    "36": (1, 2, 20201, 62, 0.195), "37": (3, 5, 10439, 100, 0.107),
+    "38": (2, 4, 779, 53, 0.043), "39": (2, 3, 11799, 88, 0.044),
+    "40": (3, 7, 3959, 77, 0.119), "41": (4, 9, 4237, 36, 0.139),
+    "42": (1, 2, 13003, 67, 0.081), "44": (1, 1, 1097, 5, 0.166),
+    "45": (3, 5, 5118, 46, 0.069), "46": (2, 4, 887, 66, 0.045),
+    "47": (3, 6, 6911, 95, 0.069), "48": (3, 7, 29146, 254, 0.393),
+    "49": (4, 8, 3272, 29, 0.151), "50": (1, 1, 643, 14, 0.024),
+    "51": (3, 5, 8631, 133, 0.105), "53": (4, 9, 7705, 39, 0.137),
+    "54": (3, 5, 1794, 55, 0.019), "55": (2, 3, 5894, 72, 0.076),
+    "56": (4, 8, 577, 23, 0.102), "72": (9, 0, 3286, 78, 0.989),
+}
+_FALLBACK_STATE = (9, 0, 1000, 10, 0.15)  # a 2-digit code this table does not know
+
+# Race groups A..G: White, Black, AIAN, Asian, NHPI, Some Other Race alone, two or more races.
+_RACE_NON_HISPANIC_US = (0.711, 0.147, 0.009, 0.071, 0.002, 0.006, 0.054)
+_RACE_HISPANIC_US = (0.203, 0.019, 0.027, 0.005, 0.001, 0.420, 0.325)
+_RACE_HISPANIC_PR = (0.172, 0.070, 0.005, 0.001, 0.001, 0.255, 0.496)
+_RACE_NON_HISPANIC_PR = (0.500, 0.200, 0.005, 0.050, 0.005, 0.040, 0.200)
+# Non-Hispanic overrides (Black, AIAN, Asian, NHPI, two or more); White takes the rest.
+_NH_OVERRIDES: dict[str, tuple[float, float, float, float, float]] = {
+    "01": (0.280, 0.006, 0.016, 0.001, 0.040), "02": (0.034, 0.160, 0.068, 0.019, 0.110),
+    "06": (0.090, 0.006, 0.250, 0.006, 0.060), "11": (0.460, 0.003, 0.050, 0.001, 0.050),
+    "12": (0.190, 0.003, 0.040, 0.001, 0.040), "13": (0.340, 0.003, 0.050, 0.001, 0.040),
+    "15": (0.020, 0.003, 0.410, 0.120, 0.260), "22": (0.350, 0.007, 0.020, 0.001, 0.040),
+    "24": (0.340, 0.003, 0.080, 0.001, 0.050), "28": (0.390, 0.005, 0.010, 0.001, 0.030),
+    "35": (0.040, 0.180, 0.030, 0.002, 0.050), "36": (0.170, 0.004, 0.110, 0.001, 0.050),
+    "37": (0.230, 0.013, 0.035, 0.001, 0.050), "40": (0.080, 0.100, 0.025, 0.003, 0.100),
+    "45": (0.280, 0.004, 0.020, 0.001, 0.040), "46": (0.020, 0.090, 0.015, 0.001, 0.040),
+    "48": (0.190, 0.004, 0.090, 0.001, 0.050), "51": (0.210, 0.004, 0.080, 0.001, 0.060),
+    "53": (0.050, 0.015, 0.110, 0.009, 0.080), "30": (0.005, 0.070, 0.010, 0.001, 0.050),
+    "38": (0.035, 0.055, 0.018, 0.001, 0.040), "04": (0.070, 0.060, 0.050, 0.003, 0.060),
+}
+_NH_SOR = 0.006
+
+# Multi-race codes 07..63 (CENRACE order): 07..21 two races, 22..41 three, 42..56 four,
+# 57..62 five, 63 six. Two-race pairs in code order:
+# W-B, W-AIAN, W-A, W-NHPI, W-SOR, B-AIAN, B-A, B-NHPI, B-SOR, AIAN-A, AIAN-NHPI, AIAN-SOR,
+# A-NHPI, A-SOR, NHPI-SOR.
+_TWO_RACE_NON_HISPANIC = (0.25, 0.20, 0.15, 0.02, 0.10, 0.03, 0.01, 0.003, 0.04, 0.005, 0.002,
+                          0.01, 0.03, 0.02, 0.003)
+_TWO_RACE_HISPANIC = (0.06, 0.08, 0.02, 0.005, 0.60, 0.01, 0.002, 0.001, 0.05, 0.002, 0.001,
+                      0.05, 0.003, 0.02, 0.002)
+_MULTI_RACE_SHARES = (0.87, 0.10, 0.022, 0.006, 0.002)  # two, three, four, five, six races
+
+# Household size 1..20 (US-like, with a tail of households larger than 10 persons).
+_SIZE_PMF = np.array([0.28, 0.34, 0.15, 0.13, 0.06, 0.025, 0.007, 0.003, 0.0015, 0.001,
+                      0.0006, 0.0005, 0.0004, 0.0003, 0.00025, 0.0002, 0.00015, 0.0001,
+                      0.0001, 0.0001])
+_SIZE_PMF = _SIZE_PMF / _SIZE_PMF.sum()
+_ORDINARY_MAX_SIZE = 10  # households up to this size use the ordinary composition model
+
+_GQ_SHARE = 0.025  # share of persons in group quarters
+_VACANT_SHARE = 0.10  # share of housing units that are vacant
+
+# Household subtypes (internal, not a column): what the members beyond a couple are.
+_ALONE, _CHILDREN, _OTHER_REL, _NONREL, _MULTIGEN, _BOARDING = range(6)
+_EXTRA_CODES = np.arange(25, 37, dtype=np.int8)  # RELSHIP 25..36
+_EXTRA_PMF: dict[int, tuple[float, ...]] = {
+    #            25     26     27     28     29     30     31     32     33     34     35     36
+    _CHILDREN: (0.800, 0.025, 0.060, 0.010, 0.015, 0.030, 0.008, 0.007, 0.015, 0.008, 0.004, 0.018),
+    _OTHER_REL: (0.100, 0.005, 0.005, 0.250, 0.220, 0.120, 0.040, 0.020, 0.190, 0.010, 0.005, 0.035),
+    _NONREL: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0.600, 0.050, 0.350),
+    _MULTIGEN: (0.400, 0.010, 0.020, 0.050, 0.030, 0.250, 0.020, 0.080, 0.100, 0.010, 0.005, 0.025),
+    _BOARDING: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0.500, 0.050, 0.450),
+}
+# Householder age (normal mean, sd, min, max) by subtype; couples without others use _COUPLE_AGE.
+_HH_AGE: dict[int, tuple[float, float, int, int]] = {
+    _ALONE: (59.0, 18.0, 18, 100),
+    _CHILDREN: (39.0, 9.5, 18, 90),
+    _OTHER_REL: (53.0, 17.0, 18, 95),
+    _NONREL: (36.0, 14.0, 18, 90),
+    _MULTIGEN: (52.0, 10.0, 40, 85),
+    _BOARDING: (45.0, 12.0, 18, 85),
+}
+_COUPLE_AGE = (58.0, 16.0, 18, 95)
+
+# GQ facility types: (RELSHIP, median size, lognormal sigma, max size, share of facilities,
+# age model). Facility shares are chosen so that person shares look like the 2020 Census
+# (college housing and correctional facilities large, group homes many and small).
+_GQ_TYPES: tuple[tuple[int, float, float, int, float, str], ...] = (
+    (37, 120.0, 1.0, 3000, 0.0535, "adult"),     # correctional facilities for adults
+    (37, 15.0, 0.6, 200, 0.0120, "juvenile"),    # juvenile facilities
+    (37, 70.0, 0.5, 400, 0.0860, "nursing"),     # nursing facilities
+    (38, 250.0, 1.0, 3000, 0.0340, "college"),   # college / university housing
+    (38, 150.0, 0.8, 2000, 0.0080, "military"),  # military quarters
+    (38, 8.0, 0.8, 300, 0.8065, "other"),        # group homes, shelters, other
+)
+
+# Tenure (TEN 1..4) by householder age band (<35, 35..64, 65+).
+_TEN_PMF = np.array([[0.25, 0.05, 0.68, 0.02],
+                     [0.47, 0.18, 0.33, 0.02],
+                     [0.25, 0.52, 0.21, 0.02]])
+
+
+@dataclass
+class SyntheticData:
+    """The three input tables of spec §1, as pandas DataFrames.
+
+    Code columns hold strings with their leading zeros (pandas string dtype); integer columns
+    hold compact signed integers. Columns are in the order of spec §1.
+
+    Attributes:
+        persons: One row per person, in random order.
+        units: One row per housing unit or GQ facility, sorted by MAFID.
+        geo: One row per unit, sorted by MAFID (the same MAFIDs as ``units``).
+    """
+
+    persons: pd.DataFrame
+    units: pd.DataFrame
+    geo: pd.DataFrame
+
+
+# --------------------------------------------------------------------------------------------
+# Small vectorized helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _digit_table(width: int) -> npt.NDArray[np.uint8]:
+    """ASCII digits of 0 .. 10**width - 1, zero-padded, one row per value."""
+    values = np.arange(10**width)
+    powers = 10 ** np.arange(width - 1, -1, -1)
+    return ((values[:, None] // powers) % 10 + ord("0")).astype(np.uint8)
+
+
+_DIGITS = {w: _digit_table(w) for w in (1, 2, 3)}
+
+
+def _fixed_width(values: IntArray, width: int) -> pa.Array:
+    """Zero-padded decimal strings of non-negative integers, as an Arrow string array.
+
+    The string buffer is built directly from a digit lookup table, which is much faster than
+    formatting Python strings one by one.
+
+    Args:
+        values: Non-negative integers below ``10**width``.
+        width: Number of digits of every string.
+
+    Returns:
+        A ``pa.string()`` array with one ``width``-character string per value.
+    """
+    n = len(values)
+    if n and (int(values.min()) < 0 or int(values.max()) >= 10**width):
+        raise ValueError(f"value out of range for a {width}-digit code")
+    if width <= 3:
+        chars = _DIGITS[width][values]
+    else:
+        high = _DIGITS[width - 3][values // 1000]
+        low = _DIGITS[3][values % 1000]
+        chars = np.concatenate([high, low], axis=1)
+    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
+    return pa.StringArray.from_buffers(
+        n, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(chars))
+    )
+
+
+def _categorical(rng: np.random.Generator, pmf: Sequence[float] | npt.NDArray[np.floating],
+                 size: int) -> npt.NDArray[np.intp]:
+    """Indices drawn from a categorical distribution (inverse CDF)."""
+    cdf = np.cumsum(np.asarray(pmf, dtype=np.float64))
+    cdf /= cdf[-1]
+    return np.minimum(np.searchsorted(cdf, rng.random(size), side="right"), len(cdf) - 1)
+
+
+def _categorical_rows(rng: np.random.Generator, pmfs: npt.NDArray[np.floating],
+                      row: IntArray) -> npt.NDArray[np.int8]:
+    """One categorical draw per element, from the distribution ``pmfs[row[i]]``.
+
+    Memory stays O(n): one comparison per category, not an n x k matrix.
+    """
+    cdf = np.cumsum(pmfs, axis=1)
+    cdf /= cdf[:, -1:]
+    u = rng.random(len(row))
+    out = np.zeros(len(row), dtype=np.int8)
+    for k in range(pmfs.shape[1] - 1):
+        out += u >= cdf[row, k]
+    return out
+
+
+def _normal_int(rng: np.random.Generator, mean: float | npt.NDArray[np.floating], sd: float,
+                size: int, lo: int | IntArray, hi: int | IntArray) -> npt.NDArray[np.int16]:
+    """Rounded, clipped normal integers."""
+    x = np.rint(mean + sd * rng.standard_normal(size, dtype=np.float32))
+    return np.clip(x, lo, hi).astype(np.int16)
+
+
+def _sizes_summing_to(rng: np.random.Generator, total: int, mean: float,
+                      draw: Callable[[int], IntArray]) -> npt.NDArray[np.int32]:
+    """Draw unit sizes until they reach ``total`` persons; the last one is cut to fit exactly."""
+    if total <= 0:
+        return np.zeros(0, dtype=np.int32)
+    chunks: list[npt.NDArray[np.int32]] = []
+    acc = 0
+    while acc < total:
+        k = int((total - acc) / mean * 1.05) + 16
+        chunk = draw(k).astype(np.int32)
+        chunks.append(chunk)
+        acc += int(chunk.sum(dtype=np.int64))
+    sizes = np.concatenate(chunks)
+    csum = np.cumsum(sizes, dtype=np.int64)
+    last = int(np.searchsorted(csum, total))
+    sizes = sizes[: last + 1].copy()
+    sizes[last] -= np.int32(csum[last] - total)
+    return sizes
+
+
+def _rank_within(mask: npt.NDArray[np.bool_], group: IntArray,
+                 starts: IntArray) -> npt.NDArray[np.int32]:
+    """1-based running count of ``mask`` within each contiguous group (0 where mask is False)."""
+    c = np.cumsum(mask, dtype=np.int32)
+    before = np.concatenate([np.zeros(1, np.int32), c])[starts]
+    return np.where(mask, c - before[group], 0).astype(np.int32)
+
+
+def _mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SplitMix64 finalizer: a cheap, well-mixed integer hash (for stable synthetic geography)."""
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+# --------------------------------------------------------------------------------------------
+# Race and ethnicity
+# --------------------------------------------------------------------------------------------
+
+
+def _race_tables(states: Sequence[str]) -> tuple[npt.NDArray[np.float64],
+                                                 npt.NDArray[np.float64]]:
+    """Per state: Hispanic share, and race-group pmfs (row ``2*s + hispanic``, 7 groups A..G)."""
+    hisp = np.array([_STATES.get(s, _FALLBACK_STATE)[4] for s in states])
+    pmfs = np.zeros((2 * len(states), 7))
+    for i, s in enumerate(states):
+        if s == "72":
+            pmfs[2 * i] = _RACE_NON_HISPANIC_PR
+            pmfs[2 * i + 1] = _RACE_HISPANIC_PR
+            continue
+        if s in _NH_OVERRIDES:
+            black, aian, asian, nhpi, multi = _NH_OVERRIDES[s]
+            white = 1.0 - black - aian - asian - nhpi - multi - _NH_SOR
+            pmfs[2 * i] = (white, black, aian, asian, nhpi, _NH_SOR, multi)
+        else:
+            pmfs[2 * i] = _RACE_NON_HISPANIC_US
+        pmfs[2 * i + 1] = _RACE_HISPANIC_US
+    return hisp, pmfs
+
+
+def _multi_race_pmf(two_race: Sequence[float]) -> npt.NDArray[np.float64]:
+    """Distribution of the 57 multi-race codes 07..63 (index 0 is code 07)."""
+    two = np.asarray(two_race, dtype=np.float64)
+    counts = (15, 20, 15, 6, 1)
+    parts = [two / two.sum() * _MULTI_RACE_SHARES[0]]
+    for share, k in zip(_MULTI_RACE_SHARES[1:], counts[1:]):
+        w = 1.0 / np.arange(1, k + 1)  # earlier (White-containing) combinations more common
+        parts.append(w / w.sum() * share)
+    return np.concatenate(parts)
+
+
+_MULTI_PMF = np.stack([_multi_race_pmf(_TWO_RACE_NON_HISPANIC), _multi_race_pmf(_TWO_RACE_HISPANIC)])
+
+
+def _draw_race(rng: np.random.Generator, state: IntArray, hisp_share: npt.NDArray[np.float64],
+               race_pmfs: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.int8],
+                                                            npt.NDArray[np.int8]]:
+    """CENHISP (1/2) and CENRACE (1..63) for people in the given states."""
+    n = len(state)
+    hispanic = rng.random(n) < hisp_share[state]
+    group = _categorical_rows(rng, race_pmfs, 2 * state.astype(np.intp) + hispanic)
+    race = (group + 1).astype(np.int8)
+    multi = np.flatnonzero(group == 6)
+    if len(multi):
+        race[multi] = 7 + _categorical_rows(rng, _MULTI_PMF, hispanic[multi].astype(np.intp))
+    return (hispanic + 1).astype(np.int8), race
+
+
+# --------------------------------------------------------------------------------------------
+# Households
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Households:
+    """Households in generation order, and their persons grouped contiguously by household."""
+
+    size: npt.NDArray[np.int32]
+    state: npt.NDArray[np.int16]
+    # unit attributes
+    npf: npt.NDArray[np.int16]
+    hhspan: npt.NDArray[np.int8]
+    hhrace: npt.NDArray[np.int8]
+    ten: npt.NDArray[np.int8]
+    hht: npt.NDArray[np.int8]
+    hht2: npt.NDArray[np.int8]
+    cplt: npt.NDArray[np.int8]
+    # persons
+    p_unit: npt.NDArray[np.int32]
+    p_age: npt.NDArray[np.int16]
+    p_hisp: npt.NDArray[np.int8]
+    p_race: npt.NDArray[np.int8]
+    p_rel: npt.NDArray[np.int8]
+
+
+def _households(rng: np.random.Generator, n_persons: int, state_weights: npt.NDArray[np.float64],
+                hisp_share: npt.NDArray[np.float64],
+                race_pmfs: npt.NDArray[np.float64]) -> _Households:
+    """Generate households holding exactly ``n_persons`` persons."""
+    mean_size = float(np.arange(1, len(_SIZE_PMF) + 1) @ _SIZE_PMF)
+    size = _sizes_summing_to(rng, n_persons, mean_size,
+                             lambda k: 1 + _categorical(rng, _SIZE_PMF, k))
+    n_hh = len(size)
+    state = np.repeat(np.arange(len(state_weights), dtype=np.int16),
+                      rng.multinomial(n_hh, state_weights))
+
+    # Couple (RELSHIP of the person in position 1, or 0) and subtype.
+    u = rng.random(n_hh)
+    married = np.where(size == 2, 0.55, 0.66)
+    cohab = np.where(size == 2, 0.13, 0.10)
+    couple = np.zeros(n_hh, dtype=np.int8)
+    is_married = (size >= 2) & (u < married)
+    is_cohab = (size >= 2) & ~is_married & (u < married + cohab)
+    same_sex = rng.random(n_hh)
+    couple[is_married] = np.where(same_sex[is_married] < 0.012, 23, 21)
+    couple[is_cohab] = np.where(same_sex[is_cohab] < 0.035, 24, 22)
+
+    v = rng.random(n_hh)
+    has_couple = couple > 0
+    subtype = np.full(n_hh, _CHILDREN, dtype=np.int8)
+    subtype[size == 1] = _ALONE
+    mid = (size >= 2) & (size <= _ORDINARY_MAX_SIZE)
+    subtype[mid & has_couple & (v >= 0.94)] = _OTHER_REL
+    subtype[mid & has_couple & (v >= 0.97)] = _NONREL
+    subtype[mid & ~has_couple & (v >= 0.50)] = _OTHER_REL
+    subtype[mid & ~has_couple & (v >= 0.72)] = _NONREL
+    big = size > _ORDINARY_MAX_SIZE
+    subtype[big] = np.where(v[big] < 0.8, _MULTIGEN, _BOARDING)
+
+    # Householder sex (internal only): probability that the householder is female.
+    p_female = np.select(
+        [couple == 21, couple == 22, (couple == 23) | (couple == 24), subtype == _ALONE,
+         subtype == _CHILDREN, subtype == _OTHER_REL],
+        [0.45, 0.45, 0.5, 0.53, 0.72, 0.55], default=0.45)
+    female = rng.random(n_hh) < p_female
+
+    # Persons, contiguous per household: position 0 householder, 1 partner if a couple.
+    n_p = int(size.sum(dtype=np.int64))
+    starts = (np.cumsum(size, dtype=np.int64) - size).astype(np.int64)
+    unit = np.repeat(np.arange(n_hh, dtype=np.int32), size)
+    pos = (np.arange(n_p, dtype=np.int64) - starts[unit]).astype(np.int32)
+    rel = np.full(n_p, 20, dtype=np.int8)
+    partner = pos == 1
+    partner &= has_couple[unit]
+    rel[partner] = couple[unit[partner]]
+    extra = np.flatnonzero((pos >= 1) & ~partner)
+    extra_subtype = subtype[unit[extra]]
+    for st, pmf in _EXTRA_PMF.items():
+        idx = extra[extra_subtype == st]
+        rel[idx] = _EXTRA_CODES[_categorical(rng, pmf, len(idx))]
+    # At most two parents and two parents-in-law per household.
+    for code in (29, 31):
+        too_many = _rank_within(rel == code, unit, starts) > 2
+        rel[too_many] = 33
+
+    def any_in_unit(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        return np.bincount(unit[mask], minlength=n_hh) > 0
+
+    # Householder ages, then everyone else's relative to the householder.
+    hh_age = np.zeros(n_hh, dtype=np.int16)
+    couple_only = has_couple & (size == 2)
+    for st, (mu, sd, lo, hi) in _HH_AGE.items():
+        idx = np.flatnonzero((subtype == st) & ~couple_only)
+        hh_age[idx] = _normal_int(rng, mu, sd, len(idx), lo, hi)
+    idx = np.flatnonzero(couple_only)
+    hh_age[idx] = _normal_int(rng, _COUPLE_AGE[0], _COUPLE_AGE[1], len(idx), *_COUPLE_AGE[2:])
+    # Grandchildren and children-in-law need an older householder; parents a younger one.
+    needs_old = any_in_unit((rel == 30) | (rel == 32)) & (hh_age < 45)
+    hh_age[needs_old] = 45 + rng.integers(0, 25, int(needs_old.sum()), dtype=np.int16)
+    needs_young = any_in_unit((rel == 29) | (rel == 31)) & (hh_age > 85)
+    hh_age[needs_young] = 60 + rng.integers(0, 26, int(needs_young.sum()), dtype=np.int16)
+
+    a = hh_age[unit].astype(np.float32)
+    noise = rng.standard_normal(n_p, dtype=np.float32)
+    u = rng.random(n_p, dtype=np.float32)
+    grand_gap = np.clip(np.rint(47 + 7 * noise), 34, 70)
+    age = np.select(
+        [
+            rel == 20,
+            (rel == 21) | (rel == 23),
+            (rel == 22) | (rel == 24),
+            (rel >= 25) & (rel <= 27),
+            rel == 28,
+            (rel == 29) | (rel == 31),
+            rel == 30,
+            rel == 32,
+            (rel == 33) & (u < 0.5),
+            rel == 33,
+            rel == 34,
+            rel == 35,
+            (rel == 36) & (u < 0.2),
+        ],
+        [
+            a,
+            np.clip(np.rint(a - 1 + 4 * noise), 18, 100),
+            np.clip(np.rint(a + 5 * noise), 18, 95),
+            a - np.minimum(np.clip(np.rint(29 + 6 * noise), 16, 48), a),
+            np.clip(np.rint(a + 6 * noise), 0, 105),
+            np.clip(a + np.clip(np.rint(28 + 5 * noise), 15, 45), 30, 115),
+            np.where(a >= grand_gap, a - grand_gap, np.floor(u * (a - 33))),
+            a - np.clip(np.rint(27 + 5 * noise), 15, a - 18),
+            np.floor(u * 2 * np.maximum(a - 10, 1)),
+            np.clip(np.rint(a + 15 * noise), 0, 105),
+            np.clip(np.rint(a + 6 * noise), 18, 95),
+            np.floor(u * 18),
+            np.floor((u / 0.2) * 18),
+        ],
+        default=np.clip(np.rint(a + 12 * noise), 18, 95),
+    )
+    age = np.clip(age, 0, 115).astype(np.int16)
+    del a, noise, u, grand_gap
+
+    # Race and ethnicity: the householder's from the state; others mostly share it.
+    p_state = state[unit]
+    hisp = np.zeros(n_p, dtype=np.int8)
+    race = np.zeros(n_p, dtype=np.int8)
+    hh_pos = starts
+    hisp[hh_pos], race[hh_pos] = _draw_race(rng, state, hisp_share, race_pmfs)
+    hisp[:] = hisp[hh_pos][unit]
+    race[:] = race[hh_pos][unit]
+    own = np.flatnonzero((pos > 0) & (rng.random(n_p, dtype=np.float32) < 0.10))
+    hisp[own], race[own] = _draw_race(rng, p_state[own], hisp_share, race_pmfs)
+    del p_state
+
+    # Unit attributes derived from the members.
+    is_relative = (rel == 21) | (rel == 23) | ((rel >= 25) & (rel <= 33))
+    n_rel = np.bincount(unit[is_relative], minlength=n_hh).astype(np.int16)
+    own_u18 = any_in_unit((rel >= 25) & (rel <= 27) & (age < 18))
+    has_rel = n_rel > 0
+    spouse = (couple == 21) | (couple == 23)
+    cohabiting = (couple == 22) | (couple == 24)
+    alone = size == 1
+    hht = np.select(
+        [spouse, has_rel, alone],
+        [1, np.where(female, 3, 2), np.where(female, 6, 4)],
+        default=np.where(female, 7, 5),
+    ).astype(np.int8)
+    no_partner = np.select([alone, own_u18, has_rel], [1, 2, 3], default=4)
+    hht2 = np.select(
+        [spouse, cohabiting],
+        [np.where(own_u18, 1, 2), np.where(own_u18, 3, 4)],
+        default=np.where(female, 4, 8) + no_partner,
+    ).astype(np.int8)
+    cplt = np.select([couple == 21, couple == 23, couple == 22, couple == 24],
+                     [1, 2, 3, 4], default=5).astype(np.int8)
+    npf = np.where(hht <= 3, n_rel + 1, 0).astype(np.int16)
+    band = np.digitize(hh_age, [35, 65])
+    ten = (1 + _categorical_rows(rng, _TEN_PMF, band)).astype(np.int8)
+
+    return _Households(
+        size=size, state=state, npf=npf, hhspan=hisp[hh_pos], hhrace=race[hh_pos], ten=ten,
+        hht=hht, hht2=hht2, cplt=cplt,
+        p_unit=unit, p_age=age, p_hisp=hisp, p_race=race, p_rel=rel,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Group quarters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _GroupQuarters:
+    size: npt.NDArray[np.int32]
+    state: npt.NDArray[np.int16]
+    p_unit: npt.NDArray[np.int32]
+    p_age: npt.NDArray[np.int16]
+    p_hisp: npt.NDArray[np.int8]
+    p_race: npt.NDArray[np.int8]
+    p_rel: npt.NDArray[np.int8]
+
+
+def _group_quarters(rng: np.random.Generator, n_persons: int,
+                    state_weights: npt.NDArray[np.float64], hisp_share: npt.NDArray[np.float64],
+                    race_pmfs: npt.NDArray[np.float64]) -> _GroupQuarters:
+    """Generate GQ facilities holding exactly ``n_persons`` persons."""
+    shares = np.array([t[4] for t in _GQ_TYPES])
+    shares /= shares.sum()
+    medians = np.array([t[1] for t in _GQ_TYPES])
+    sigmas = np.array([t[2] for t in _GQ_TYPES])
+    # Keep facilities of a small sample small enough that there are several of them.
+    caps = np.minimum(np.array([t[3] for t in _GQ_TYPES]), max(10, n_persons // 5))
+    drawn_types: list[npt.NDArray[np.intp]] = []
+
+    def draw(k: int) -> IntArray:
+        t = _categorical(rng, shares, k)
+        drawn_types.append(t)
+        s = np.rint(medians[t] * np.exp(sigmas[t] * rng.standard_normal(k)))
+        return np.clip(s, 1, caps[t]).astype(np.int32)
+
+    mean = float(np.sum(shares * np.minimum(medians * np.exp(sigmas**2 / 2), caps)))
+    size = _sizes_summing_to(rng, n_persons, mean, draw)
+    n_f = len(size)
+    ftype = (np.concatenate(drawn_types)[:n_f] if drawn_types else np.zeros(0, np.intp))
+    state = rng.choice(len(state_weights), size=n_f, p=state_weights).astype(np.int16)
+
+    unit = np.repeat(np.arange(n_f, dtype=np.int32), size)
+    pt = ftype[unit]
+    n_p = len(unit)
+    rel = np.array([t[0] for t in _GQ_TYPES], dtype=np.int8)[pt]
+    z = rng.standard_normal(n_p, dtype=np.float32)
+    u = rng.random(n_p, dtype=np.float32)
+    kinds = [t[5] for t in _GQ_TYPES]
+    age = np.select(
+        [pt == kinds.index("adult"), pt == kinds.index("juvenile"),
+         pt == kinds.index("nursing"), pt == kinds.index("college"),
+         pt == kinds.index("military")],
+        [np.clip(np.rint(37 + 12 * z), 18, 90), np.where(u < 0.85, 12 + np.floor(u / 0.85 * 6), 18),
+         np.clip(np.rint(82 + 9 * z), 40, 110), np.clip(np.rint(20 + 1.8 * z), 16, 40),
+         np.clip(np.rint(24 + 5 * z), 17, 50)],
+        default=np.where(u < 0.15, np.floor(u / 0.15 * 18), np.clip(np.rint(50 + 20 * z), 18, 100)),
+    ).astype(np.int16)
+    hisp, race = _draw_race(rng, state[unit], hisp_share, race_pmfs)
+    return _GroupQuarters(size=size, state=state, p_unit=unit, p_age=age, p_hisp=hisp,
+                          p_race=race, p_rel=rel)
+
+
+# --------------------------------------------------------------------------------------------
+# Geography
+# --------------------------------------------------------------------------------------------
+
+
+def _geography(rng: np.random.Generator, states: Sequence[str],
+               unit_state: npt.NDArray[np.int16]) -> dict[str, pa.Array]:
+    """Geo columns (beyond RTYPE and MAFID) for units in the given states.
+
+    Counties follow a Zipf-like size distribution with real county counts; tract, block-group
+    and block codes, place and AIAN/NH area are stable functions of the tract (hashes salted by
+    the generator), so units in one tract agree on everything above the block.
+    """
+    n = len(unit_state)
+    salt = np.uint64(rng.integers(0, 2**62))
+    county = np.zeros(n, dtype=np.int32)
+    tract = np.zeros(n, dtype=np.int32)
+    block = np.zeros(n, dtype=np.int32)
+    place = np.zeros(n, dtype=np.int32)
+    aian = np.zeros(n, dtype=np.int32)
+    order = np.argsort(unit_state, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(unit_state, minlength=len(states)))])
+    aian_share = {"40": 0.55, "02": 0.30, "35": 0.10, "04": 0.07, "46": 0.09, "30": 0.07,
+                  "38": 0.05, "49": 0.02, "53": 0.03, "32": 0.02, "56": 0.03, "16": 0.03,
+                  "27": 0.02, "55": 0.02, "06": 0.01, "15": 0.0, "72": 0.0, "11": 0.0}
+    for s, code in enumerate(states):
+        idx = order[bounds[s]:bounds[s + 1]]
+        m = len(idx)
+        if m == 0:
+            continue
+        _, _, pop_k, n_counties, _ = _STATES.get(code, _FALLBACK_STATE)
+        w = 1.0 / np.arange(1, n_counties + 1) ** 1.1
+        w /= w.sum()
+        county_codes = 2 * rng.permutation(n_counties) + 1
+        n_tracts = np.clip(np.rint(pop_k * 1000 * w / 4000), 1, 9000).astype(np.int64)
+        c = _categorical(rng, w, m)
+        t = np.floor(rng.random(m) * n_tracts[c]).astype(np.int64)
+        step = np.clip(9000 // n_tracts, 1, 100)[c]
+        key = ((np.uint64(int(code)) * np.uint64(1000) + county_codes[c].astype(np.uint64))
+               * np.uint64(100_000) + t.astype(np.uint64))
+        h = _mix64(key ^ salt)
+        suffix = np.where(h % np.uint64(10) < np.uint64(8), 0,
+                          1 + (h >> np.uint64(8)) % np.uint64(4)).astype(np.int64)
+        n_bg = 1 + ((h >> np.uint64(16)) % np.uint64(4)).astype(np.int64)
+        n_blk = 10 + ((h >> np.uint64(24)) % np.uint64(50)).astype(np.int64)
+        bg = 1 + np.floor(rng.random(m) * n_bg).astype(np.int64)
+        blk = np.floor(rng.random(m) * n_blk).astype(np.int64)
+        county[idx] = county_codes[c]
+        tract[idx] = (1 + t * step) * 100 + suffix
+        block[idx] = bg * 1000 + blk
+        # Places group neighbouring tracts; about 60 % of tracts lie in a place.
+        hp = _mix64((key - t.astype(np.uint64) + (t // 6).astype(np.uint64))
+                    ^ (salt + np.uint64(1)))
+        if code == "11":
+            place[idx] = 50000
+        else:
+            in_place = hp % np.uint64(1000) < np.uint64(600)
+            place[idx] = np.where(in_place, 1000 + (hp >> np.uint64(10)) % np.uint64(98000), 99999)
+        ha = _mix64(key ^ (salt + np.uint64(2)))
+        share = aian_share.get(code, 0.003)
+        in_aian = ha % np.uint64(10_000) < np.uint64(int(share * 10_000))
+        aian[idx] = np.where(in_aian, 1 + (ha >> np.uint64(14)) % np.uint64(5999), 9999)
+
+    info = [_STATES.get(code, _FALLBACK_STATE) for code in states]
+    region = np.array([i[0] for i in info], dtype=np.int32)[unit_state]
+    division = np.array([i[1] for i in info], dtype=np.int32)[unit_state]
+    state_fips = np.array([int(code) for code in states], dtype=np.int32)[unit_state]
+    return {
+        "TABBLKST": _fixed_width(state_fips, 2),
+        "TABBLKCOU": _fixed_width(county, 3),
+        "TABTRACTCE": _fixed_width(tract, 6),
+        "TABBLK": _fixed_width(block, 4),
+        "TABBLKGRPCE": _fixed_width(block // 1000, 1),
+        "REGIONCE": _fixed_width(region, 1),
+        "DIVISIONCE": _fixed_width(division, 1),
+        "PLACEFP": _fixed_width(place, 5),
+        "AIANNHCE": _fixed_width(aian, 4),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+# --------------------------------------------------------------------------------------------
+
+
+def _check_states(states: Sequence[str]) -> list[str]:
+    if isinstance(states, str):
+        raise TypeError("states must be a sequence of 2-digit codes, not a string")
+    out = list(states)
+    if not out:
+        raise ValueError("states must not be empty")
+    for s in out:
+        if not (isinstance(s, str) and len(s) == 2 and s.isdigit()):
+            raise ValueError(f"state code {s!r} is not a 2-digit string")
+    if len(set(out)) != len(out):
+        raise ValueError("state codes must be distinct")
+    return out
+
+
+def _frame(columns: dict[str, pa.Array | npt.NDArray[np.integer]]) -> pd.DataFrame:
+    """A DataFrame over Arrow string columns (pandas string dtype) and numpy integers."""
+    table = pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v))
+                      for k, v in columns.items()})
+    mapper = None
+    if int(pd.__version__.split(".")[0]) < 3:  # pandas 3 maps Arrow strings to its str dtype
+        mapper = {pa.string(): pd.StringDtype("pyarrow")}.get
+    return table.to_pandas(types_mapper=mapper, split_blocks=True)
+
+
+def generate(n_persons: int, states: Sequence[str], *, seed: int | None = None) -> SyntheticData:
+    """Generate consistent synthetic persons, units and geo tables.
+
+    About 2.5 % of persons live in GQ facilities, the rest in households; about 10 % of
+    housing units are vacant. Every consistency rule of spec §1 holds, and unit attributes
+    (FINAL_POP, NPF, HHSPAN, HHRACE, HHT, HHT2, CPLT) are derived from the unit's persons.
+
+    Args:
+        n_persons: Exact number of persons to generate (at least 1).
+        states: Distinct 2-digit state FIPS codes. Units are spread over them roughly in
+            proportion to their 2020 populations (uniformly if any code is unknown).
+        seed: Seed of the synthetic data (``None`` for a fresh one). It makes the data
+            reproducible and is never used for privacy noise.
+
+    Returns:
+        The three tables, columns in the order and string forms of spec §1.
+
+    Raises:
+        ValueError: If ``n_persons`` < 1 or ``states`` is empty, has duplicates or a code
+            that is not two digits.
+    """
+    codes = _check_states(states)
+    if n_persons < 1:
+        raise ValueError("n_persons must be at least 1")
+    rng = np.random.default_rng(seed)
+    if all(c in _STATES for c in codes):
+        weights = np.array([_STATES[c][2] for c in codes], dtype=np.float64)
+    else:
+        weights = np.ones(len(codes))
+    weights /= weights.sum()
+    hisp_share, race_pmfs = _race_tables(codes)
+
+    n_gq = int(round(n_persons * _GQ_SHARE))
+    hh = _households(rng, n_persons - n_gq, weights, hisp_share, race_pmfs)
+    gq = _group_quarters(rng, n_gq, weights, hisp_share, race_pmfs)
+    n_hh, n_gq_units = len(hh.size), len(gq.size)
+    n_vac = int(round(n_hh * _VACANT_SHARE / (1 - _VACANT_SHARE)))
+    vac_state = np.repeat(np.arange(len(codes), dtype=np.int16), rng.multinomial(n_vac, weights))
+    n_units = n_hh + n_vac + n_gq_units
+    if n_units > MAFID_MAX - MAFID_MIN + 1:
+        raise ValueError("too many units for the MAFID range")
+
+    # Units in generation order: households, vacant units, GQ facilities.
+    def units_col(hh_vals: IntArray, vac: int, gq_vals: IntArray | int,
+                  dtype: type) -> npt.NDArray[np.integer]:
+        gq_arr = (np.full(n_gq_units, gq_vals, dtype=dtype) if np.isscalar(gq_vals)
+                  else np.asarray(gq_vals, dtype=dtype))
+        return np.concatenate([hh_vals.astype(dtype), np.full(n_vac, vac, dtype=dtype), gq_arr])
+
+    u_rtype = np.concatenate([np.full(n_hh + n_vac, 2, np.int8), np.full(n_gq_units, 4, np.int8)])
+    u_state = np.concatenate([hh.state, vac_state, gq.state])
+
+    # MAFIDs: sorted, unique, spread over the valid range; units get them in random order.
+    gap = max(1, (MAFID_MAX - MAFID_MIN + 1) // (2 * n_units))
+    mafid_sorted = (MAFID_MIN - 1 + np.cumsum(rng.integers(1, 2 * gap, n_units), dtype=np.int64)
+                    ).astype(np.int32)
+    unit_order = rng.permutation(n_units).astype(np.int32)  # row j holds unit unit_order[j]
+    rank = np.empty(n_units, dtype=np.int32)
+    rank[unit_order] = np.arange(n_units, dtype=np.int32)
+    unit_mafid = mafid_sorted[rank]
+
+    units = _frame({
+        "RTYPE": _fixed_width(u_rtype[unit_order], 1),
+        "MAFID": mafid_sorted,
+        "FINAL_POP": units_col(hh.size, 0, gq.size, np.int32)[unit_order],
+        "NPF": units_col(hh.npf, 0, 0, np.int16)[unit_order],
+        "HHSPAN": units_col(hh.hhspan, 0, 0, np.int8)[unit_order],
+        "HHRACE": _fixed_width(units_col(hh.hhrace, 0, 0, np.int8)[unit_order], 2),
+        "TEN": _fixed_width(units_col(hh.ten, 0, 0, np.int8)[unit_order], 1),
+        "HHT": _fixed_width(units_col(hh.hht, 0, 0, np.int8)[unit_order], 1),
+        "HHT2": _fixed_width(units_col(hh.hht2, 0, 0, np.int8)[unit_order], 2),
+        "CPLT": _fixed_width(units_col(hh.cplt, 0, 0, np.int8)[unit_order], 1),
+    })
+    geo_cols = _geography(rng, codes, u_state[unit_order])
+    geo = _frame({"RTYPE": _fixed_width(u_rtype[unit_order], 1), "MAFID": mafid_sorted,
+                  **geo_cols})
+    del geo_cols
+
+    # Persons, shuffled so that file order carries no meaning.
+    n_p_hh = len(hh.p_unit)
+    perm = rng.permutation(n_persons)
+    is_gq = perm >= n_p_hh
+    hh_i = np.where(is_gq, 0, perm)
+    gq_i = np.where(is_gq, perm - n_p_hh, 0)
+
+    def person_col(a: npt.NDArray[np.integer], b: npt.NDArray[np.integer]) -> IntArray:
+        if len(b) == 0:
+            return a[hh_i]
+        if len(a) == 0:
+            return b[gq_i]
+        return np.where(is_gq, b[gq_i], a[hh_i])
+
+    p_unit = np.where(is_gq, n_hh + n_vac + gq.p_unit[gq_i] if n_gq else 0,
+                      hh.p_unit[hh_i] if n_p_hh else 0)
+    persons = _frame({
+        "RTYPE": _fixed_width(np.where(is_gq, 5, 3).astype(np.int8), 1),
+        "MAFID": unit_mafid[p_unit],
+        "QAGE": person_col(hh.p_age, gq.p_age).astype(np.int16),
+        "CENHISP": person_col(hh.p_hisp, gq.p_hisp).astype(np.int8),
+        "CENRACE": _fixed_width(person_col(hh.p_race, gq.p_race), 2),
+        "RELSHIP": _fixed_width(person_col(hh.p_rel, gq.p_rel), 2),
+    })
+    data = SyntheticData(persons=persons, units=units, geo=geo)
+    for name, frame in (("persons", persons), ("units", units), ("geo", geo)):
+        assert list(frame.columns) == [c.name for c in FILES[name]], name
+    return data
+
+
+def _arrow_table(frame: pd.DataFrame, name: str) -> pa.Table:
+    """The frame's columns in spec order: codes as ``string``, integers as ``int32``."""
+    columns = FILES[name]
+    missing = [c.name for c in columns if c.name not in frame.columns]
+    if missing:
+        raise ValueError(f"{name}: missing columns {missing}")
+    table = pa.Table.from_pandas(frame[[c.name for c in columns]], preserve_index=False)
+    types = [pa.string() if c.kind is ColumnKind.CODE else pa.int32() for c in columns]
+    return table.cast(pa.schema([pa.field(c.name, t) for c, t in zip(columns, types)]))
+
+
+def write(data: SyntheticData, directory: Path, *,
+          fmt: Literal["csv", "parquet"] = "csv") -> None:
+    """Write ``persons``, ``units`` and ``geo`` files into ``directory``.
+
+    CSV files are comma-separated with an unquoted header row, no index column and no quoting
+    (codes keep their leading zeros); Parquet files have the same columns with code columns as
+    Arrow ``string`` and integer columns as ``int32``.
+
+    Args:
+        data: The tables to write.
+        directory: Target folder (created if missing). Existing files of the same names are
+            replaced.
+        fmt: ``"csv"`` or ``"parquet"``.
+
+    Raises:
+        ValueError: If ``fmt`` is unknown or a table lacks a column of spec §1.
+    """
+    if fmt not in ("csv", "parquet"):
+        raise ValueError(f"unknown format {fmt!r}; use 'csv' or 'parquet'")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("persons", "units", "geo"):
+        table = _arrow_table(getattr(data, name), name)
+        path = directory / f"{name}.{fmt}"
+        if fmt == "parquet":
+            pq.write_table(table, path)
+            continue
+        # pyarrow quotes header names even with quoting disabled: write the header ourselves.
+        options = pacsv.WriteOptions(include_header=False, quoting_style="none",
+                                     batch_size=1 << 16)
+        with pa.OSFile(str(path), "wb") as sink:
+            sink.write((",".join(table.column_names) + "\n").encode("ascii"))
+            pacsv.write_csv(table, sink, options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m phsafe.synthetic --persons N --states 01,06 --out DIR``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m phsafe.synthetic",
+        description="Generate consistent synthetic PHSafe inputs (persons, units, geo).")
+    parser.add_argument("--persons", type=int, required=True, help="number of persons")
+    parser.add_argument("--states", required=True,
+                        help="comma-separated 2-digit state FIPS codes, e.g. 01,06,48 or 72")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the synthetic data (never used for privacy noise)")
+    args = parser.parse_args(argv)
+    states = [s.strip() for s in args.states.split(",") if s.strip()]
+    try:
+        data = generate(args.persons, states, seed=args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    write(data, args.out, fmt=args.format)
+    print(f"wrote {len(data.persons)} persons, {len(data.units)} units to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""Exact count vectors over the full public domain (spec §5, §6).
+
+For each table, every joined record is mapped to its basis cell and to its iteration code at
+each iteration level, then counted per state. The result covers every released state, every
+iteration code and every basis cell, zeros included; the nation is the sum of the states.
+
+Cell mapping: a table's cells are conjunctions of conditions on small-domain columns, so they are
+evaluated once on the grid of all value combinations of the columns involved, giving a lookup
+table; each record then costs one gather. A grid point matching two cells is a definition bug;
+an in-universe record matching no cell is an input error (inconsistent codes), reported with the
+columns involved and a row count -- never silently dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import numpy.typing as npt
+
+from phsafe.errors import InputError
+from phsafe.iterations import NOT_IN_LEVEL, IterationLevel, iteration_index
+from phsafe.preprocess import Partition, PreparedData, partitions
+from phsafe.reader import Columns
+from phsafe.schema import FILES
+from phsafe.tables import Cell, IterationSource, Source, TableKind, TableSpec
+from phsafe.truncation import Joined, join_persons, truncate as _truncate, unique_units, universe_mask
+
+_SOURCE_FILE = {Source.PERSON: "persons", Source.UNIT: "units"}
+
+
+def _column_max(source: Source, column: str) -> int:
+    for c in FILES[_SOURCE_FILE[source]]:
+        if c.name == column:
+            if c.maximum is not None:
+                return c.maximum
+            assert c.allowed is not None
+            return max(c.allowed)
+    raise KeyError(f"{source.value}.{column}")
+
+
+@dataclass(frozen=True)
+class CellLookup:
+    """A lookup table from the values of a few columns to a basis cell index (-1: none)."""
+
+    columns: tuple[tuple[Source, str], ...]
+    strides: tuple[int, ...]
+    table: npt.NDArray[np.int16]
+
+    def cell_index(self, person: Columns | None, unit: Columns, person_rows, unit_rows) -> npt.NDArray[np.int16]:
+        flat = np.zeros(len(unit_rows), dtype=np.int64)
+        for (source, column), stride in zip(self.columns, self.strides):
+            values = person[column][person_rows] if source is Source.PERSON else unit[column][unit_rows]
+            flat += values.astype(np.int64) * stride
+        return self.table[flat]
+
+
+@lru_cache(maxsize=None)
+def cell_lookup(basis: tuple[Cell, ...]) -> CellLookup:
+    """Evaluate ``basis`` on the grid of its columns' values."""
+    columns = tuple(dict.fromkeys((c.source, c.column) for cell in basis for c in cell.conditions))
+    sizes = [_column_max(s, col) + 1 for s, col in columns]
+    strides = [int(np.prod(sizes[i + 1 :], dtype=np.int64)) for i in range(len(sizes))]
+    grid = np.indices(sizes).reshape(len(sizes), -1) if sizes else np.zeros((0, 1), dtype=np.int64)
+    table = np.full(grid.shape[1], -1, dtype=np.int16)
+    for index, cell in enumerate(basis):
+        match = np.ones(grid.shape[1], dtype=bool)
+        for cond in cell.conditions:
+            axis = columns.index((cond.source, cond.column))
+            match &= np.isin(grid[axis], list(cond.values))
+        if (table[match] != -1).any():
+            raise AssertionError(f"basis cells overlap at cell {cell.number}")
+        table[match] = index
+    return CellLookup(columns, tuple(strides), table)
+
+
+def _iteration_columns(spec: TableSpec) -> tuple[Source, str, str] | None:
+    if spec.iteration_source is IterationSource.PERSON:
+        return (Source.PERSON, "CENRACE", "CENHISP")
+    if spec.iteration_source is IterationSource.HOUSEHOLDER:
+        return (Source.UNIT, "HHRACE", "HHSPAN")
+    return None
+
+
+@dataclass
+class TableCounts:
+    """Exact counts of one table: iteration level -> array (states, codes, basis cells)."""
+
+    spec: TableSpec
+    by_level: dict[IterationLevel, npt.NDArray[np.int64]] = field(default_factory=dict)
+
+    def add(self, other: "TableCounts") -> None:
+        for level, counts in other.by_level.items():
+            if level in self.by_level:
+                self.by_level[level] += counts
+            else:
+                self.by_level[level] = counts.copy()
+
+
+def count_records(
+    spec: TableSpec,
+    part: Partition,
+    joined: Joined,
+    n_states: int,
+    *,
+    weights: npt.NDArray[np.integer] | None = None,
+) -> TableCounts:
+    """Count joined records by state x iteration code x basis cell, for each iteration level."""
+    person_rows, unit_rows = joined.person_rows, joined.unit_rows
+    lookup = cell_lookup(spec.basis)
+    cells = lookup.cell_index(part.persons, part.units, person_rows, unit_rows)
+    unmatched = int(np.count_nonzero(cells < 0))
+    if unmatched:
+        cols = [c for _, c in lookup.columns]
+        files = sorted({_SOURCE_FILE[s] + ".csv" for s, _ in lookup.columns})
+        raise InputError(
+            " and ".join(files),
+            ",".join(cols),
+            f"records in the {spec.name} universe must fall in one {spec.name} cell; "
+            "these codes are inconsistent with each other",
+            rows=unmatched,
+        )
+    state = part.unit_state[unit_rows].astype(np.int64)
+    n_cells = len(spec.basis)
+    out = TableCounts(spec)
+    race_cols = _iteration_columns(spec)
+    for level in spec.iteration_levels:
+        n_codes = len(level.codes)
+        if race_cols is None or level is IterationLevel.TOTAL:
+            code = np.zeros(len(unit_rows), dtype=np.int64)
+        else:
+            source, race_col, eth_col = race_cols
+            cols, rows = (part.persons, person_rows) if source is Source.PERSON else (part.units, unit_rows)
+            try:
+                code = iteration_index(level, cols[race_col][rows], cols[eth_col][rows]).astype(np.int64)
+            except ValueError as exc:
+                file = _SOURCE_FILE[source] + ".csv"
+                bad_rows = _bad_iteration_rows(cols[race_col][rows], cols[eth_col][rows])
+                raise InputError(
+                    file, f"{race_col},{eth_col}",
+                    f"records in the {spec.name} universe need a race code 01..63 and an "
+                    f"ethnicity 1 or 2 ({exc})",
+                    rows=bad_rows,
+                ) from None
+        inside = code != NOT_IN_LEVEL
+        flat = (state[inside] * n_codes + code[inside]) * n_cells + cells[inside]
+        w = None if weights is None else weights[inside].astype(np.float64)
+        counts = np.bincount(flat, weights=w, minlength=n_states * n_codes * n_cells)
+        out.by_level[level] = np.rint(counts).astype(np.int64).reshape(n_states, n_codes, n_cells)
+    return out
+
+
+def _bad_iteration_rows(race: np.ndarray, eth: np.ndarray) -> int:
+    return int(np.count_nonzero((race < 1) | (race > 63) | ~np.isin(eth, (1, 2))))
+
+
+def tabulate_partition(
+    spec: TableSpec,
+    part: Partition,
+    n_states: int,
+    *,
+    tau: int | None,
+    key: bytes | None,
+) -> TableCounts:
+    """Exact counts of ``spec`` on one partition (truncated with ``tau`` unless None)."""
+    unit_mask = universe_mask(part.units, spec.unit_universe, Source.UNIT)
+    row_of_group = unique_units(part.unit_group, unit_mask, part.n_groups)
+    if spec.kind is TableKind.PERSON:
+        joined = join_persons(
+            part.persons, part.person_group, spec.person_universe, row_of_group, tau=tau, key=key
+        )
+        weights = None
+    else:
+        rows = row_of_group[row_of_group >= 0]
+        joined = Joined(person_rows=None, unit_rows=rows)
+        weights = part.units[spec.weight][rows] if spec.weight else None
+    return count_records(spec, part, joined, n_states, weights=weights)
+
+
+def tabulate(
+    specs: list[TableSpec],
+    data: PreparedData,
+    *,
+    taus: dict[str, int] | None,
+    key: bytes | None,
+    max_persons_per_partition: int = 16_000_000,
+) -> dict[str, TableCounts]:
+    """Exact counts of every table in ``specs``, summed over state partitions.
+
+    Args:
+        specs: Tables to count.
+        data: Prepared records.
+        taus: Truncation threshold per table (``tau`` key), or None for no truncation.
+        key: Truncation key (required when ``taus`` is given).
+        max_persons_per_partition: Bound on the persons handled at once.
+
+    Raises:
+        InputError: A record in a table's universe falls in no cell.
+    """
+    n_states = len(data.states)
+    totals: dict[str, TableCounts] = {s.name: TableCounts(s) for s in specs}
+    for part in partitions(data, max_persons_per_partition):
+        for spec in specs:
+            tau = taus[spec.tau_key] if (taus is not None and spec.tau_key) else None
+            counts = tabulate_partition(spec, part, n_states, tau=tau, key=key)
+            totals[spec.name].add(counts)
+    for spec in specs:  # a run with no records still has the full (zero) domain
+        for level in spec.iteration_levels:
+            totals[spec.name].by_level.setdefault(
+                level, np.zeros((n_states, len(level.codes), len(spec.basis)), dtype=np.int64)
+            )
+    return totals
