@@ -36,10 +36,6 @@ def _fail(exc: BaseException, log_file: Path | None) -> None:
     raise SystemExit(2)
 
 
-def _progress(stage: str) -> None:
-    click.echo(f"phsafe: {stage} ...", err=True)
-
-
 def _parse_cap(value: str | None) -> Fraction | None:
     if value is None:
         return None
@@ -117,7 +113,7 @@ def private(config: Path, data: Path, output: Path, validate_inputs: bool, valid
             validate_inputs=validate_inputs, validate_outputs=validate_outputs,
             truncation_key=truncation_key,
         )
-        result = run_private(config, data, output, options, progress=_progress)
+        result = run_private(config, data, output, options)
     except click.BadParameter:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -138,7 +134,7 @@ def non_private(config: Path, data: Path, output: Path, validate_inputs: bool, l
     try:
         from phsafe.engine import run_nonprivate
 
-        result = run_nonprivate(config, data, output, validate=validate_inputs, progress=_progress)
+        result = run_nonprivate(config, data, output, validate=validate_inputs)
     except Exception as exc:  # noqa: BLE001
         _fail(exc, log_file)
         return

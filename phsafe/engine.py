@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from contextlib import contextmanager
+import resource
 import secrets
 import subprocess
 import time
@@ -121,6 +122,10 @@ def config_digest(path: Path) -> str:
 
 
 
+def _peak_rss_mib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
 class _Stages:
     """Times the stages of a run and reports progress on the console."""
 
@@ -136,7 +141,7 @@ class _Stages:
         log.info("stage started", stage=name)
         yield
         self.timings[name] = round(time.perf_counter() - start, 3)
-        log.info("stage finished", stage=name, seconds=self.timings[name])
+        log.info("stage finished", stage=name, seconds=self.timings[name], peak_rss_mib=_peak_rss_mib())
 
 
 def _validate_inputs(config_path: Path, data_dir: Path, report_dir: Path | None) -> None:

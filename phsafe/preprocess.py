@@ -66,6 +66,7 @@ class Partition:
     persons: Columns
     person_group: npt.NDArray[np.int64]
     n_groups: int
+    n_states: int
 
 
 def _take(cols: Columns, index: npt.NDArray[np.integer] | slice) -> Columns:
@@ -164,5 +165,6 @@ def partitions(data: PreparedData, max_persons: int = 16_000_000) -> Iterator[Pa
             persons=_take(data.persons, slice(p0, p1)),
             person_group=data.person_group[p0:p1] - g0,
             n_groups=int(g1 - g0),
+            n_states=stop - start,
         )
         start = stop

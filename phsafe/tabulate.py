@@ -21,11 +21,14 @@ import numpy.typing as npt
 
 from phsafe.errors import InputError
 from phsafe.iterations import NOT_IN_LEVEL, IterationLevel, iteration_index
+from phsafe.logs import get_logger
 from phsafe.preprocess import Partition, PreparedData, partitions
 from phsafe.reader import Columns
 from phsafe.schema import FILES
 from phsafe.tables import Cell, IterationSource, Source, TableKind, TableSpec
 from phsafe.truncation import Joined, join_persons, truncate as _truncate, unique_units, universe_mask
+
+log = get_logger("phsafe.tabulate")
 
 _SOURCE_FILE = {Source.PERSON: "persons", Source.UNIT: "units"}
 
@@ -200,7 +203,8 @@ def tabulate(
     """
     n_states = len(data.states)
     totals: dict[str, TableCounts] = {s.name: TableCounts(s) for s in specs}
-    for part in partitions(data, max_persons_per_partition):
+    for number, part in enumerate(partitions(data, max_persons_per_partition), start=1):
+        log.info("tabulating partition", partition=number, states=part.n_states)
         for spec in specs:
             tau = taus[spec.tau_key] if (taus is not None and spec.tau_key) else None
             counts = tabulate_partition(spec, part, n_states, tau=tau, key=key)
