@@ -9,9 +9,12 @@
   unique is decided per table *after* its universe filter (Algorithm 3, steps 1-2), see
   :mod:`phsafe.truncation`.
 
-Units are sorted by (state, MAFID) and persons by state, so that each state is a contiguous
-slice. Truncate-join-count of one state never looks at another state; the nation's count vector
-is the sum of the exact state vectors before any noise. :func:`partitions` yields the slices.
+Memory: records stay in file order in their compact columns; preprocessing only adds one byte
+per record, its state (or "not tabulated"). :func:`partitions` then cuts the data into groups of
+whole states and builds, per partition, the MAFID grouping that truncate-join-count needs, so the
+temporaries of the data path are bounded by the partition size, not by the nation. A state's
+truncate-join-count never looks at another state; the nation's count vector is the sum of the
+exact state vectors before any noise.
 """
 
 from __future__ import annotations
@@ -25,40 +28,42 @@ import numpy.typing as npt
 from phsafe.reader import Columns, InputTables
 from phsafe.schema import RTYPE_UNIT_HU
 
-_NO_STATE = np.uint8(255)
+NOT_TABULATED = np.uint8(255)
+_CHUNK = 8_000_000  # rows per step of the MAFID look-ups, to bound temporaries
 
 
 @dataclass
 class PreparedData:
-    """Records eligible for tabulation, grouped by MAFID and ordered by state.
+    """Records in file order, each tagged with the index of its state.
 
     Attributes:
-        states: Released state codes (sorted); ``state`` arrays index into it.
-        units: Unit columns, rows sorted by (state, MAFID).
-        unit_state: State index of each unit row.
-        unit_group: MAFID group of each unit row (units sharing a MAFID share a group; groups
-            are numbered in row order, so each state's groups form a contiguous range).
-        persons: Person columns, rows ordered by state (file order within a state).
-        person_group: MAFID group of each person.
-        group_state: State index of each MAFID group.
+        states: Released state codes (sorted); state indices point into it.
+        units: Unit columns, file order.
+        unit_state: State index of each unit, or ``NOT_TABULATED``.
+        persons: Person columns, file order.
+        person_state: State index of each person's MAFID, or ``NOT_TABULATED``.
     """
 
     states: tuple[str, ...]
     units: Columns
     unit_state: npt.NDArray[np.uint8]
-    unit_group: npt.NDArray[np.int64]
     persons: Columns
-    person_group: npt.NDArray[np.int64]
-    group_state: npt.NDArray[np.uint8]
-
-    @property
-    def n_groups(self) -> int:
-        return len(self.group_state)
+    person_state: npt.NDArray[np.uint8]
 
 
 @dataclass
 class Partition:
-    """A contiguous slice of whole states; group ids rebased to start at 0."""
+    """Whole states' records, grouped by MAFID.
+
+    Attributes:
+        units: Unit columns, rows sorted by MAFID.
+        unit_state: State index (into the run's states) of each unit row.
+        unit_group: MAFID group of each unit row (rows sharing a MAFID share a group).
+        persons: Person columns of persons whose MAFID has a unit in the partition.
+        person_group: MAFID group of each person.
+        n_groups: Number of MAFID groups.
+        n_states: Number of states in the partition.
+    """
 
     units: Columns
     unit_state: npt.NDArray[np.uint8]
@@ -87,84 +92,84 @@ def _duplicated(values: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
     return out
 
 
+def _lookup(keys: npt.NDArray[np.integer], sorted_keys: npt.NDArray[np.integer]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+    """Position of each key in ``sorted_keys`` and whether it is there."""
+    pos = np.searchsorted(sorted_keys, keys)
+    if len(sorted_keys) == 0:
+        return pos, np.zeros(len(keys), dtype=bool)
+    np.minimum(pos, len(sorted_keys) - 1, out=pos)
+    return pos, sorted_keys[pos] == keys
+
+
+def _state_of(mafid: npt.NDArray[np.integer], geo_mafid: npt.NDArray[np.integer], geo_state: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    out = np.empty(len(mafid), dtype=np.uint8)
+    for start in range(0, len(mafid), _CHUNK):
+        pos, found = _lookup(mafid[start : start + _CHUNK], geo_mafid)
+        out[start : start + _CHUNK] = np.where(found, geo_state[pos], NOT_TABULATED)
+    return out
+
+
 def prepare(inputs: InputTables, states: tuple[str, ...]) -> PreparedData:
-    """Apply the state filter and the geography rules; group records by MAFID and state."""
-    state_index = np.full(256, _NO_STATE, dtype=np.uint8)
+    """Apply the state filter and the geography rules: tag each record with its state."""
+    state_index = np.full(256, NOT_TABULATED, dtype=np.uint8)
     for i, code in enumerate(states):
         state_index[int(code)] = i
-
     geo = inputs.geo
     geo_state = state_index[geo["TABBLKST"]]
-    keep = (geo_state != _NO_STATE) & ~_duplicated(geo["MAFID"]) & (geo["RTYPE"] == RTYPE_UNIT_HU)
-    geo_mafid = geo["MAFID"][keep]
-    geo_state = geo_state[keep]
+    keep = (geo_state != NOT_TABULATED) & ~_duplicated(geo["MAFID"]) & (geo["RTYPE"] == RTYPE_UNIT_HU)
+    geo_mafid, geo_state = geo["MAFID"][keep], geo_state[keep]
     order = np.argsort(geo_mafid, kind="stable")
     geo_mafid, geo_state = geo_mafid[order], geo_state[order]
-
-    # Units with a tabulated geo row; attach its state.
-    units = inputs.units
-    pos = np.searchsorted(geo_mafid, units["MAFID"])
-    pos_c = np.minimum(pos, max(len(geo_mafid) - 1, 0))
-    has_geo = (pos < len(geo_mafid)) & (geo_mafid[pos_c] == units["MAFID"]) if len(geo_mafid) else np.zeros(len(pos), bool)
-    unit_rows = np.flatnonzero(has_geo)
-    unit_state = geo_state[pos_c[unit_rows]]
-    order = np.lexsort((units["MAFID"][unit_rows], unit_state))
-    unit_rows, unit_state = unit_rows[order], unit_state[order]
-    units = _take(units, unit_rows)
-    mafid = units["MAFID"]
-    new_group = np.ones(len(mafid), dtype=bool)
-    if len(mafid) > 1:
-        new_group[1:] = mafid[1:] != mafid[:-1]
-    unit_group = np.cumsum(new_group) - 1
-    group_mafid = mafid[new_group]
-    group_state = unit_state[new_group]
-
-    # Persons: find their MAFID group; persons with no tabulated unit are not tabulated.
-    persons = inputs.persons
-    by_mafid = np.argsort(group_mafid, kind="stable")
-    sorted_mafid = group_mafid[by_mafid]
-    pos = np.searchsorted(sorted_mafid, persons["MAFID"])
-    pos_c = np.minimum(pos, max(len(sorted_mafid) - 1, 0))
-    found = (pos < len(sorted_mafid)) & (sorted_mafid[pos_c] == persons["MAFID"]) if len(sorted_mafid) else np.zeros(len(pos), bool)
-    person_rows = np.flatnonzero(found)
-    person_group = by_mafid[pos_c[person_rows]]
-    order = np.argsort(group_state[person_group], kind="stable")
-    person_rows, person_group = person_rows[order], person_group[order]
-
     return PreparedData(
         states=states,
-        units=units,
-        unit_state=unit_state,
-        unit_group=unit_group.astype(np.int64),
-        persons=_take(persons, person_rows),
-        person_group=person_group.astype(np.int64),
-        group_state=group_state,
+        units=inputs.units,
+        unit_state=_state_of(inputs.units["MAFID"], geo_mafid, geo_state),
+        persons=inputs.persons,
+        person_state=_state_of(inputs.persons["MAFID"], geo_mafid, geo_state),
     )
 
 
+def _state_runs(person_counts: npt.NDArray[np.int64], max_persons: int) -> Iterator[tuple[int, int]]:
+    """Consecutive state index ranges holding at most ``max_persons`` persons (or one state)."""
+    start, n = 0, len(person_counts)
+    while start < n:
+        stop, total = start + 1, int(person_counts[start])
+        while stop < n and total + person_counts[stop] <= max_persons:
+            total += int(person_counts[stop])
+            stop += 1
+        yield start, stop
+        start = stop
+
+
 def partitions(data: PreparedData, max_persons: int = 16_000_000) -> Iterator[Partition]:
-    """Yield slices of whole states, each with at most ``max_persons`` persons unless one state
+    """Yield groups of whole states, each with at most ``max_persons`` persons unless one state
     alone has more."""
     n_states = len(data.states)
-    unit_bounds = np.searchsorted(data.unit_state, np.arange(n_states + 1))
-    person_state = data.group_state[data.person_group] if len(data.person_group) else np.empty(0, np.uint8)
-    person_bounds = np.searchsorted(person_state, np.arange(n_states + 1))
-    group_bounds = np.searchsorted(data.group_state, np.arange(n_states + 1))
-    start = 0
-    while start < n_states:
-        stop = start + 1
-        while stop < n_states and person_bounds[stop + 1] - person_bounds[start] <= max_persons:
-            stop += 1
-        u0, u1 = unit_bounds[start], unit_bounds[stop]
-        p0, p1 = person_bounds[start], person_bounds[stop]
-        g0, g1 = group_bounds[start], group_bounds[stop]
+    person_counts = np.bincount(data.person_state, minlength=256)[:n_states]
+    for lo, hi in _state_runs(person_counts, max_persons):
+        in_run = (data.unit_state >= lo) & (data.unit_state < hi)
+        unit_rows = np.flatnonzero(in_run)
+        del in_run
+        order = np.argsort(data.units["MAFID"][unit_rows], kind="stable")
+        unit_rows = unit_rows[order]
+        units = _take(data.units, unit_rows)
+        unit_state = data.unit_state[unit_rows]
+        mafid = units["MAFID"]
+        new_group = np.ones(len(mafid), dtype=bool)
+        if len(mafid) > 1:
+            new_group[1:] = mafid[1:] != mafid[:-1]
+        unit_group = np.cumsum(new_group, dtype=np.int64) - 1
+        group_mafid = mafid[new_group]
+
+        person_rows = np.flatnonzero((data.person_state >= lo) & (data.person_state < hi))
+        pos, found = _lookup(data.persons["MAFID"][person_rows], group_mafid)
+        person_rows, person_group = person_rows[found], pos[found]
         yield Partition(
-            units=_take(data.units, slice(u0, u1)),
-            unit_state=data.unit_state[u0:u1],
-            unit_group=data.unit_group[u0:u1] - g0,
-            persons=_take(data.persons, slice(p0, p1)),
-            person_group=data.person_group[p0:p1] - g0,
-            n_groups=int(g1 - g0),
-            n_states=stop - start,
+            units=units,
+            unit_state=unit_state,
+            unit_group=unit_group,
+            persons=_take(data.persons, person_rows),
+            person_group=person_group,
+            n_groups=len(group_mafid),
+            n_states=hi - lo,
         )
-        start = stop

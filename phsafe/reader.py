@@ -119,10 +119,12 @@ def read_table(f: InputFile) -> Columns:
     for batch in _batches(f, columns):
         for c in kept:
             parts[c.name].append(_encode(f, c, batch.column(batch.schema.get_field_index(c.name))))
-    return {
-        c.name: (np.concatenate(parts[c.name]) if parts[c.name] else np.empty(0, dtype=c.dtype))
-        for c in kept
-    }
+    out: Columns = {}
+    for c in kept:  # one column at a time, releasing its batches: peak is data + one column
+        chunks = parts.pop(c.name)
+        out[c.name] = np.concatenate(chunks) if chunks else np.empty(0, dtype=c.dtype)
+        del chunks
+    return out
 
 
 def _check_header(f: InputFile, names: list[str], columns: tuple[Column, ...]) -> None:
