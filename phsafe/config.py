@@ -47,7 +47,8 @@ class PHSafeConfig(BaseModel):
         ignored_keys: top-level keys that were present but are not part of the contract.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    # Infinity budgets ("no noise", test runs only) must survive model validation.
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, allow_inf_nan=True)
 
     privacy_defn: PrivacyDefinition
     privacy_budget: Mapping[str, Mapping[PopulationGroupLevel, Decimal]]

@@ -1,0 +1,11 @@
+"""Offline audit of the privacy-loss ledger (:mod:`phsafe.ledger`).
+
+* :mod:`phsafe.audit.verify` -- recompute the chain, check checkpoints and signatures, sums
+  against caps, and released outputs against what the ledger logged.
+* :mod:`phsafe.audit.report` -- the auditors' Markdown and HTML report, with (epsilon, delta)
+  conversions.
+* :mod:`phsafe.audit.cli` -- the ``phsafe audit`` command group.
+
+An auditor needs only the ledger, the outputs and the operator's public key; nothing here trusts
+the operator's word.
+"""

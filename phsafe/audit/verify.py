@@ -1,0 +1,512 @@
+"""``phsafe audit verify``: prove a ledger and its outputs consistent, or name what is not.
+
+The ledger's own rules (encoding, hash chain, sequence, run state machine, lifetime caps in exact
+arithmetic) are checked by :func:`phsafe.ledger.read_ledger`, the same code that guards every
+append. On top of that this module checks
+
+* checkpoints: a checkpoint (ledger size, head hash) must describe a prefix of the ledger, and
+  its Ed25519 signature must verify -- against the auditor's trusted public key when one is given;
+* outputs: the manifest's run is in the ledger with the same file digests, every file on disk has
+  the logged digest, every released cell's VARIANCE is what the logged budget and sensitivity
+  imply, and the released counts of each measurement hash to the COMMITTED noisy digest.
+
+Every failure raises :class:`VerificationFailure` whose message names the first failing entry or
+file and the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from phsafe.config import PrivacyDefinition
+from phsafe.domain import USA_REGION_ID, Domain
+from phsafe.errors import PHSafeError
+from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
+from phsafe.ledger import (
+    LedgerError,
+    LedgerState,
+    RunState,
+    RunStatus,
+    checkpoint_message,
+    format_exact,
+    read_ledger,
+)
+from phsafe.noise import vector_digest
+from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+MANIFEST = "manifest.json"
+CHECKPOINT_KEYS = frozenset({"ledger_size", "head_hash", "signature", "public_key"})
+_CHUNK = 1 << 20
+
+
+class VerificationFailure(PHSafeError):
+    """The ledger, a checkpoint or an output does not hold up.
+
+    Args:
+        where: The first failing entry (``entry 12 (INTENT)``) or file.
+        reason: Why, in plain words.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass
+class VerifyResult:
+    """What was verified, for the command's success message."""
+
+    state: LedgerState
+    notes: list[str] = field(default_factory=list)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(
+    ledger: Path,
+    *,
+    checkpoints: Sequence[Path] = (),
+    public_key: Path | None = None,
+    outputs: Path | None = None,
+) -> VerifyResult:
+    """Verify ``ledger`` and, optionally, checkpoint files and an output directory.
+
+    Args:
+        ledger: The ledger file.
+        checkpoints: JSON files each holding a checkpoint, or a manifest with a ``checkpoint``.
+        public_key: The operator's Ed25519 public key (PEM) the auditor trusts; every checkpoint
+            must then be signed by it.
+        outputs: An output directory (``manifest.json`` plus the released tables).
+
+    Raises:
+        VerificationFailure: naming the first failing entry or file and why.
+    """
+    try:
+        state = read_ledger(Path(ledger))
+    except LedgerError as exc:
+        where = f"entry {exc.seq}" + (f" ({exc.kind})" if exc.kind else "") if exc.seq is not None else "ledger"
+        raise VerificationFailure(where, exc.reason) from None
+    except OSError as exc:
+        raise VerificationFailure("ledger", f"cannot read {Path(ledger).name}: {exc.strerror}") from None
+    result = VerifyResult(state=state)
+    result.notes.append(f"ledger: {state.size} entries, chain and rules hold, head {state.head_hash}")
+    for ds, runs in state.datasets().items():
+        units = {r.privacy_defn for r in runs}
+        unit = PrivacyDefinition.ZCDP if PrivacyDefinition.ZCDP in units else PrivacyDefinition.PUREDP
+        result.notes.append(
+            f"dataset {ds[:16]}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(ds, unit))} "
+            f"({'rho' if unit is PrivacyDefinition.ZCDP else 'epsilon'}); every start was within its cap"
+        )
+    if any(r.non_confidential for r in state.runs.values()):
+        result.notes.append("note: the ledger holds runs declared non-confidential (cap not enforced)")
+
+    trusted = _load_public_key(public_key) if public_key is not None else None
+    if trusted is not None and not checkpoints and outputs is None:
+        raise VerificationFailure("--public-key", "needs --checkpoint or --outputs to check a signature against")
+    for path in checkpoints:
+        cp = _load_checkpoint_file(Path(path))
+        result.notes.append(verify_checkpoint(state, cp, trusted, source=Path(path).name))
+    if outputs is not None:
+        result.notes.extend(verify_outputs(state, Path(outputs), trusted))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints and signatures
+# --------------------------------------------------------------------------------------------
+
+
+def _load_public_key(path: Path) -> "Ed25519PublicKey":
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    try:
+        key = serialization.load_pem_public_key(Path(path).read_bytes())
+    except (ValueError, OSError) as exc:
+        raise VerificationFailure("--public-key", f"cannot load an Ed25519 public key from {Path(path).name} ({exc})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise VerificationFailure("--public-key", "is not an Ed25519 public key")
+    return key
+
+
+def _raw(key: "Ed25519PublicKey") -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _load_checkpoint_file(path: Path) -> Mapping[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise VerificationFailure(path.name, f"is not a readable JSON file ({type(exc).__name__})") from None
+    if isinstance(data, dict) and "checkpoint" in data and "ledger_size" not in data:
+        data = data["checkpoint"]  # a manifest: use its checkpoint
+    if not isinstance(data, dict):
+        raise VerificationFailure(path.name, "holds no checkpoint object")
+    return data
+
+
+def verify_checkpoint(
+    state: LedgerState, cp: Mapping[str, Any], trusted: "Ed25519PublicKey | None", *, source: str
+) -> str:
+    """Check that ``cp`` describes a prefix of the ledger and that its signature verifies.
+
+    Args:
+        state: The verified ledger.
+        cp: The checkpoint object.
+        trusted: The auditor's Ed25519 public key, or None to use the key the checkpoint embeds
+            (which proves integrity only against whoever holds that key).
+        source: Where the checkpoint came from, for messages.
+
+    Returns:
+        A one-line note of what was verified.
+    """
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    where = f"checkpoint ({source})"
+    if not isinstance(cp, Mapping) or set(cp) != CHECKPOINT_KEYS:
+        raise VerificationFailure(where, f"must have exactly the fields {sorted(CHECKPOINT_KEYS)}")
+    size, head = cp["ledger_size"], cp["head_hash"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise VerificationFailure(where, "ledger_size must be a positive integer")
+    if not isinstance(head, str) or len(head) != 64:
+        raise VerificationFailure(where, "head_hash must be a SHA-256 hex digest")
+    if size > state.size:
+        raise VerificationFailure(
+            f"entry {state.size}",
+            f"missing: the {where} records {size} entries but the ledger has only {state.size} "
+            "(entries were removed or the ledger truncated)",
+        )
+    last = state.entries[size - 1]
+    if last["hash"] != head:
+        raise VerificationFailure(
+            f"entry {size - 1} ({last['kind']})",
+            f"its hash is not the head hash of the {where}: the ledger up to here was rewritten",
+        )
+    signature, embedded = cp["signature"], cp["public_key"]
+    if signature is None:
+        if trusted is not None:
+            raise VerificationFailure(where, "is not signed, but a public key was given to verify it")
+        if embedded is not None:
+            raise VerificationFailure(where, "has a public key but no signature")
+        return f"{where}: prefix of {size} entries holds (unsigned)"
+    if not isinstance(signature, str) or not isinstance(embedded, str):
+        raise VerificationFailure(where, "signature and public_key must be strings")
+    try:
+        sig = base64.b64decode(signature, validate=True)
+        key = serialization.load_pem_public_key(embedded.encode("ascii"))
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise VerificationFailure(where, f"signature or public key is malformed ({type(exc).__name__})") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise VerificationFailure(where, "public_key is not an Ed25519 key")
+    if trusted is not None and _raw(key) != _raw(trusted):
+        raise VerificationFailure(where, "was signed by a key other than the trusted public key")
+    try:
+        (trusted or key).verify(sig, checkpoint_message(size, head))
+    except InvalidSignature:
+        raise VerificationFailure(where, "the Ed25519 signature does not verify") from None
+    fingerprint = hashlib.sha256(_raw(key)).hexdigest()[:16]
+    trust = "the trusted public key" if trusted is not None else "its embedded key (pass --public-key to trust a key)"
+    return f"{where}: prefix of {size} entries holds, signature verified with {trust} {fingerprint}"
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs
+# --------------------------------------------------------------------------------------------
+
+
+def verify_outputs(state: LedgerState, outdir: Path, trusted: "Ed25519PublicKey | None" = None) -> list[str]:
+    """Check a published output directory against the ledger (see the module docstring).
+
+    Returns:
+        Notes of what was verified.
+    """
+    manifest_path = outdir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise VerificationFailure(MANIFEST, f"cannot be read as JSON ({type(exc).__name__})") from None
+    if not isinstance(manifest, dict) or not {"run_id", "files", "checkpoint"} <= set(manifest):
+        raise VerificationFailure(MANIFEST, "needs run_id, files and checkpoint")
+    run_id, files = manifest["run_id"], manifest["files"]
+    if not isinstance(files, dict):
+        raise VerificationFailure(MANIFEST, "files must be an object")
+    run = state.runs.get(run_id) if isinstance(run_id, str) else None
+    if run is None:
+        raise VerificationFailure(MANIFEST, f"run {run_id!r} is not in the ledger")
+    if run.outputs is None:
+        raise VerificationFailure(MANIFEST, f"run {run_id} recorded no OUTPUTS_PUBLISHED entry")
+    published = f"entry {run.outputs_seq} (OUTPUTS_PUBLISHED)"
+    if run.status is not RunStatus.FINISHED:
+        raise VerificationFailure(MANIFEST, f"run {run_id} did not record RUN_FINISHED")
+    if set(files) != set(run.outputs):
+        diff = sorted(set(files) ^ set(run.outputs))[0]
+        raise VerificationFailure(published, f"lists other files than the manifest (e.g. {diff})")
+    for rel in sorted(files):
+        if files[rel] != run.outputs[rel]:
+            raise VerificationFailure(published, f"digest of {rel} differs from the manifest's")
+    notes = [verify_checkpoint(state, manifest["checkpoint"], trusted, source=MANIFEST)]
+    if manifest["checkpoint"]["ledger_size"] <= (run.terminal_seq or 0):
+        raise VerificationFailure(MANIFEST, "its checkpoint does not cover the run's RUN_FINISHED entry")
+
+    on_disk = {
+        p.relative_to(outdir).as_posix()
+        for p in outdir.rglob("*")
+        if p.is_file() and p.relative_to(outdir).as_posix() != MANIFEST
+    }
+    for rel in sorted(on_disk | set(files)):
+        if rel not in files:
+            raise VerificationFailure(rel, f"is in the output directory but not in the ledger's {published}")
+        if rel not in on_disk:
+            raise VerificationFailure(rel, f"is listed in {published} but missing")
+        if sha256_file(outdir / rel) != files[rel]:
+            raise VerificationFailure(rel, f"SHA-256 differs from the digest logged in {published}")
+    notes.append(f"outputs: {len(files)} file digests match {published} of run {run_id}")
+    notes.extend(_verify_tables(run, outdir, files))
+    return notes
+
+
+@dataclass(frozen=True)
+class _Cell:
+    count: int
+    variance: float
+    distribution: str
+
+
+_Released = dict[tuple[str, str, str, int], _Cell]
+"""(REGION_TYPE, REGION_ID, ITERATION_CODE, CELL) -> the released cell."""
+
+
+def _expected_tables(run: RunState) -> list[str]:
+    measured = {spend.measurement.table for spend in run.planned.values()}
+    derived = {t for t, d in DERIVED_TABLES.items() if d.source in measured}
+    return [t for t in OUTPUT_TABLES if t in measured or t in derived]
+
+
+def _levels_of(run: RunState, table: str) -> list[PopulationGroupLevel]:
+    source = DERIVED_TABLES[table].source if table in DERIVED_TABLES else table
+    return [s.measurement.level for s in run.planned.values() if s.measurement.table == source]
+
+
+def _verify_tables(run: RunState, outdir: Path, files: Mapping[str, str]) -> list[str]:
+    expected = _expected_tables(run)
+    present = {rel.split("/")[0] for rel in files if rel.endswith(".csv")}
+    for table in expected:
+        if f"{table}/{table}.csv" not in files:
+            raise VerificationFailure(f"{table}/{table}.csv", "missing: the run measured this table")
+    for name in sorted(present - set(expected)):
+        raise VerificationFailure(name, "is released but the run measured no level of it")
+    released: dict[str, _Released] = {}
+    for table in expected:
+        released[table] = _read_table(outdir, table)
+        _no_stray_rows(released[table], _levels_of(run, table), f"{table}/{table}.csv")
+
+    checked = 0
+    seen: dict[str, set[tuple[str, str, str, int]]] = {table: set() for table in released}
+    for spend in run.planned.values():
+        m = spend.measurement
+        rel = f"{m.table}/{m.table}.csv"
+        cells = released[m.table]
+        domain = _domain_of(cells, m.level, TABLES[m.table].basis_numbers, rel, m.key)
+        if domain.size != m.n_cells:
+            raise VerificationFailure(
+                rel, f"rows of {m.key} cover {domain.size} cells, the ledger planned {m.n_cells}"
+            )
+        counts = []
+        for rt, rid, code, cell in _cells_in_order(domain):
+            got = _get(cells, (rt, rid, code, cell), rel, m.key)
+            seen[m.table].add((rt, rid, code, cell))
+            _check_noise_columns(got, m.variance, m.distribution.value, rel, (rid, code, cell), m.key)
+            counts.append(got.count)
+        if vector_digest(np.asarray(counts, dtype=np.int64)) != run.committed.get(m.key):
+            raise VerificationFailure(
+                rel,
+                f"released counts of {m.key} do not hash to the noisy digest logged in entry "
+                f"{run.committed_seq.get(m.key)} (COMMITTED)",
+            )
+        checked += 1
+
+    for name, derived in DERIVED_TABLES.items():
+        if name not in released:
+            continue
+        rel = f"{name}/{name}.csv"
+        source = released[derived.source]
+        out_numbers = tuple(n for n, _ in derived.cells)
+        parts_of = dict(derived.cells)
+        for spend in run.planned.values():
+            m = spend.measurement
+            if m.table != derived.source:
+                continue
+            key = f"{name}/{m.level.config_key}"
+            domain = _domain_of(released[name], m.level, out_numbers, rel, key)
+            if domain.size * len(TABLES[m.table].basis_numbers) != m.n_cells * len(out_numbers):
+                raise VerificationFailure(rel, f"rows of {key} do not cover the regions of {m.key}")
+            for rt, rid, code, cell in _cells_in_order(domain):
+                got = _get(released[name], (rt, rid, code, cell), rel, key)
+                seen[name].add((rt, rid, code, cell))
+                parts = parts_of[cell]
+                # Post-processing: counts are sums of source cells, and so are the variances.
+                _check_noise_columns(got, len(parts) * m.variance, m.distribution.value, rel, (rid, code, cell), key)
+                want = sum(_get(source, (rt, rid, code, p), rel, m.key).count for p in parts)
+                if got.count != want:
+                    raise VerificationFailure(
+                        rel, f"COUNT of {rid}/{code}/cell {cell} is not the sum of {derived.source} cells {list(parts)}"
+                    )
+            checked += 1
+    for table, cells in released.items():
+        for rt, rid, code, cell in sorted(set(cells) - seen[table]):
+            raise VerificationFailure(
+                f"{table}/{table}.csv", f"row {rid}/{code}/cell {cell} is not a cell of any measured domain"
+            )
+    for table in expected:  # the Parquet copies must hold what the (checked) CSV files hold
+        parquet = f"parquet/{table}.parquet"
+        if parquet in files:
+            _check_parquet(outdir / parquet, parquet, released[table])
+    return [f"outputs: {checked} measured and derived table levels match the logged variances and noisy digests"]
+
+
+def _read_table(outdir: Path, table: str) -> _Released:
+    rel = f"{table}/{table}.csv"
+    spec = output_spec(table)
+    cell_col = f"{table.upper()}_DATA_CELL"
+    header = ["REGION_ID", "REGION_TYPE"] + (["ITERATION_CODE"] if spec.has_iteration_column else [])
+    header += [cell_col, "COUNT", "NOISE_DISTRIBUTION", "VARIANCE"]
+    out: _Released = {}
+    try:
+        with open(outdir / rel, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, delimiter="|")
+            if next(reader, None) != header:
+                raise VerificationFailure(rel, f"header is not {'|'.join(header)}")
+            for lineno, row in enumerate(reader, start=2):
+                if len(row) != len(header):
+                    raise VerificationFailure(rel, f"line {lineno} has {len(row)} fields, expected {len(header)}")
+                rec = dict(zip(header, row))
+                try:
+                    cell = int(rec[cell_col])
+                    count = int(rec["COUNT"])
+                    variance = float(rec["VARIANCE"])
+                except ValueError:
+                    raise VerificationFailure(rel, f"line {lineno}: cell, COUNT or VARIANCE is not a number") from None
+                rtype, rid = rec["REGION_TYPE"], rec["REGION_ID"]
+                if rtype not in (GeographyLevel.USA.value, GeographyLevel.STATE.value):
+                    raise VerificationFailure(rel, f"line {lineno}: unknown REGION_TYPE")
+                if (rtype == GeographyLevel.USA.value) != (rid == USA_REGION_ID):
+                    raise VerificationFailure(rel, f"line {lineno}: REGION_ID does not fit REGION_TYPE")
+                key = (rtype, rid, rec.get("ITERATION_CODE", "*"), cell)
+                if key in out:
+                    raise VerificationFailure(rel, f"line {lineno} repeats a cell")
+                out[key] = _Cell(count, variance, rec["NOISE_DISTRIBUTION"])
+    except UnicodeDecodeError:
+        raise VerificationFailure(rel, "is not UTF-8 text") from None
+    except csv.Error as exc:
+        raise VerificationFailure(rel, f"is not a valid |-separated file ({exc})") from None
+    return out
+
+
+def _level_of_code(code: str) -> IterationLevel | None:
+    for it in IterationLevel:
+        if code in it.codes:
+            return it
+    return None
+
+
+def _domain_of(cells: _Released, level: PopulationGroupLevel, numbers: tuple[int, ...], rel: str, key: str) -> Domain:
+    """The domain of ``level`` over the regions released for it, in vector order.
+
+    The regions come from the file; the caller checks the domain's size against the ledger's
+    planned cell count, so a dropped or added region cannot go unnoticed.
+    """
+    region_ids = tuple(
+        sorted(
+            {
+                rid
+                for (rt, rid, code, _cell) in cells
+                if rt == level.geography.value and _level_of_code(code) is level.iteration
+            }
+        )
+    )
+    if not region_ids:
+        raise VerificationFailure(rel, f"has no rows of {key}")
+    return Domain(level.geography, region_ids, level.iteration.codes, numbers)
+
+
+def _cells_in_order(domain: Domain):
+    """(REGION_TYPE, REGION_ID, ITERATION_CODE, CELL) in the vector order of phsafe.domain."""
+    frame = domain.frame()
+    for rt, rid, code, cell in zip(frame["REGION_TYPE"], frame["REGION_ID"], frame["ITERATION_CODE"], frame["CELL"]):
+        yield str(rt), str(rid), str(code), int(cell)
+
+
+def _get(cells: _Released, key: tuple[str, str, str, int], rel: str, what: str) -> _Cell:
+    got = cells.get(key)
+    if got is None:
+        raise VerificationFailure(rel, f"row {key[1]}/{key[2]}/cell {key[3]} of {what} is missing")
+    return got
+
+
+def _check_noise_columns(got: _Cell, variance: float, dist: str, rel: str, where: tuple, key: str) -> None:
+    rid, code, cell = where
+    if not _close(got.variance, variance):
+        raise VerificationFailure(
+            rel,
+            f"VARIANCE {got.variance!r} of {rid}/{code}/cell {cell} is not {variance!r}, which the "
+            f"budget and sensitivity logged for {key} imply",
+        )
+    if got.distribution != dist:
+        raise VerificationFailure(rel, f"NOISE_DISTRIBUTION of {rid}/{code}/cell {cell} is not {dist}")
+
+
+def _no_stray_rows(cells: _Released, levels: list[PopulationGroupLevel], rel: str) -> None:
+    """Every released row belongs to a measured level (else it was released without a spend)."""
+    for rt, rid, code, cell in cells:
+        it = _level_of_code(code)
+        if it is None or PopulationGroupLevel(GeographyLevel(rt), it) not in levels:
+            raise VerificationFailure(rel, f"row {rid}/{code}/cell {cell} belongs to no measured level")
+
+
+def _close(got: float, want: float) -> bool:
+    # Exact: the engine writes the float's shortest round-trip text, so parsing it back gives
+    # the very float PlannedMeasurement.variance computes (sums of two for derived cells).
+    return got == want
+
+
+def _check_parquet(path: Path, rel: str, csv_cells: _Released) -> None:
+    """The Parquet copy holds the same cells and counts as the CSV."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 -- any reader failure means an unreadable release
+        raise VerificationFailure(rel, f"cannot be read as Parquet ({type(exc).__name__})") from None
+    cell_cols = [c for c in frame.columns if str(c).endswith("_DATA_CELL")]
+    if len(cell_cols) != 1 or not {"REGION_ID", "COUNT"} <= set(frame.columns):
+        raise VerificationFailure(rel, "columns differ from the CSV layout")
+    codes = frame["ITERATION_CODE"].astype(str) if "ITERATION_CODE" in frame.columns else ["*"] * len(frame)
+    got = {
+        (str(r), str(c), int(n)): int(k)
+        for r, c, n, k in zip(frame["REGION_ID"], codes, frame[cell_cols[0]], frame["COUNT"])
+    }
+    want = {(rid, code, cell): v.count for (_rt, rid, code, cell), v in csv_cells.items()}
+    if got != want:
+        raise VerificationFailure(rel, "cells or counts differ from the CSV file")

@@ -1,0 +1,164 @@
+"""Crash safety of the write-ahead ledger: ``phsafe private`` SIGKILLed at 20 random points.
+
+Each run is a real ``phsafe private`` subprocess on a small synthetic dataset, all sharing one
+ledger. Most kills are triggered when the ledger has grown by a random number of entries (so they
+land inside the measurement phase, between an INTENT and its noise or between a COMMITTED and the
+next INTENT); the others at a random time (start-up, tabulation, writing, publishing). After
+every kill:
+
+* the ledger verifies (``phsafe audit verify``) and the killed run has no terminal entry;
+* every measurement whose noise may have been drawn has a spend: the run's entries are exactly
+  the write-ahead pattern INTENT(m1), COMMITTED(m1), INTENT(m2), ... in plan order, so a
+  COMMITTED never exists without its INTENT and at most the last INTENT lacks its COMMITTED;
+* no output directory looks published: the output path does not exist, unless the run was
+  complete (RUN_FINISHED) and the directory verifies against the ledger;
+* the odometer counts the spends: each RUN_STARTED records, as spent before it, exactly the plans
+  of the runs before it (crashed runs keep their whole reservation), and a run at the default cap
+  is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from phsafe.accounting import plan_run
+from phsafe.config import PrivacyDefinition, load_config
+from phsafe.ledger import RunStatus, dataset_id, read_ledger
+
+from tests.conftest import US_CONFIG
+
+PHSAFE = Path(sys.executable).parent / "phsafe"
+KILLS = 20
+ENTRY_TRIGGERED = 14
+CAP = "1000"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from phsafe import synthetic
+
+    root = tmp_path_factory.mktemp("crash")
+    data = root / "data"
+    assert synthetic.main(["--persons", "2000", "--states", "01,02", "--out", str(data), "--seed", "3"]) == 0
+    config = json.loads(US_CONFIG.read_text())
+    config["state_filter"] = ["01", "02"]
+    (root / "config.json").write_text(json.dumps(config))
+    return {"root": root, "data": data, "config": root / "config.json", "ledger": root / "ledger" / "ledger.jsonl"}
+
+
+def _command(setup: dict[str, Path], out: Path) -> list[str]:
+    return [str(PHSAFE), "private", str(setup["config"]), str(setup["data"]), str(out),
+            "--ledger", str(setup["ledger"]), "--lifetime-cap", CAP, "--cap-reason", "crash-safety test"]
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _audit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PHSAFE), "audit", "verify", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) -> None:
+    seed = int(os.environ.get("PHSAFE_CRASH_SEED", "20240917"))
+    rng = random.Random(seed)
+    plan = plan_run(load_config(setup["config"]))
+    entries_per_run = 1 + 2 * len(plan.measurements) + 2  # RUN_STARTED, INTENT/COMMITTED..., OUTPUTS, FINISHED
+
+    # One complete run first: it times a run and is the first spend on the dataset.
+    start = time.monotonic()
+    done = subprocess.run(_command(setup, setup["root"] / "out-full"), capture_output=True, timeout=300)
+    duration = time.monotonic() - start
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+    kills = [("entries", rng.randint(1, entries_per_run)) for _ in range(ENTRY_TRIGGERED)]
+    kills += [("time", rng.uniform(0.05, duration * 1.1)) for _ in range(KILLS - ENTRY_TRIGGERED)]
+    rng.shuffle(kills)
+    for k, (how, when) in enumerate(kills):
+        out = setup["root"] / f"out-{k}"
+        base = _lines(setup["ledger"])
+        proc = subprocess.Popen(_command(setup, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        if how == "time":
+            try:
+                proc.wait(timeout=when)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            while proc.poll() is None and _lines(setup["ledger"]) < base + when and time.monotonic() < deadline:
+                time.sleep(0.0005)  # leave the CPU to the run
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        _check_after_kill(setup, out, plan, f"kill {k} ({how} {when}, seed {seed})")
+
+    # The odometer: every crashed run keeps its whole reservation; a default-cap run is refused.
+    state = read_ledger(setup["ledger"])
+    runs = list(state.runs.values())
+    dangling = sum(1 for r in runs if set(r.intents) - set(r.committed))
+    print(f"seed {seed}: {len(runs)} runs in the ledger, {dangling} killed between an INTENT and its COMMITTED, "
+          f"{sum(r.status is RunStatus.FINISHED for r in runs)} finished")
+    assert len(runs) >= 2
+    expected = Fraction(0)
+    for run in runs:
+        assert run.spent_before == expected, run.run_id
+        assert run.status is not RunStatus.FAILED  # SIGKILL leaves no RUN_FAILED
+        expected += plan.total  # finished or crashed: the whole plan counts
+    ds = dataset_id(runs[0].input_digests)
+    assert state.dataset_spent(ds, PrivacyDefinition.ZCDP) == expected == len(runs) * plan.total
+    refused = subprocess.run(
+        [str(PHSAFE), "private", str(setup["config"]), str(setup["data"]), str(setup["root"] / "out-refused"),
+         "--ledger", str(setup["ledger"])], capture_output=True, text=True, timeout=300,
+    )
+    assert refused.returncode != 0 and f"already spent {_decimal(expected)}" in refused.stdout + refused.stderr
+    assert not (setup["root"] / "out-refused").exists()
+
+
+def _decimal(value: Fraction) -> str:
+    from phsafe.ledger import format_exact
+
+    return format_exact(value)
+
+
+def _check_after_kill(setup: dict[str, Path], out: Path, plan, label: str) -> None:
+    verified = _audit(str(setup["ledger"]))
+    assert verified.returncode == 0, f"{label}: {verified.stderr}"
+    state = read_ledger(setup["ledger"])
+    keys = [m.key for m in plan.measurements]
+    for run in state.runs.values():
+        entries = [e for e in state.entries if e["run_id"] == run.run_id]
+        pattern = [(e["kind"], e.get("key")) for e in entries[1:]]
+        expected = [x for key in keys for x in (("INTENT", key), ("COMMITTED", key))]
+        measured = [p for p in pattern if p[0] in ("INTENT", "COMMITTED")]
+        # Write-ahead: spends in plan order, each COMMITTED right after its INTENT.
+        assert measured == expected[: len(measured)], f"{label}: {run.run_id} broke the write-ahead order"
+        assert set(run.committed) <= set(run.intents)
+        if run.status is RunStatus.FINISHED:
+            assert measured == expected
+    published = out.exists()
+    run_ids = [r.run_id for r in state.runs.values()]
+    if published:
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert state.runs[manifest["run_id"]].status is RunStatus.FINISHED, label
+        outputs = _audit(str(setup["ledger"]), "--outputs", str(out))
+        assert outputs.returncode == 0, f"{label}: {outputs.stderr}"
+    else:
+        # Nothing under the published name; a hidden staging directory is not a publication.
+        assert not any(p.name == out.name for p in out.parent.iterdir()), label
+    assert run_ids == list(dict.fromkeys(run_ids))

@@ -1,0 +1,618 @@
+"""``phsafe audit verify`` and ``phsafe audit report``.
+
+A real ledger is built through the API with real noise: a zCDP run that publishes outputs, a
+second run on the same data (raised cap with a reason) that fails after an INTENT without
+COMMITTED, and a pure-DP run on another dataset; checkpoints are signed with a generated Ed25519
+key. The outputs are written by a small fixture writer in the documented layout (the engine's
+writer is not under test here). Then hundreds of mutants of the ledger, the checkpoint and the
+outputs are generated and ``audit verify`` must reject every one, naming the first failing entry
+or file.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import shutil
+from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from phsafe.accounting import RunPlan, plan_run
+from phsafe.audit.cli import audit
+from phsafe.audit.report import epsilon_analytic, epsilon_renyi, renyi_epsilon_at
+from phsafe.config import PHSafeConfig, load_config, parse_config
+from phsafe.domain import measurement_domain
+from phsafe.ledger import Ledger, canonical_json, entry_hash, format_exact
+from phsafe.noise import measure
+from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
+
+from tests.conftest import PR_CONFIG, US_CONFIG
+
+DIGESTS_A = {"persons.csv": "1" * 64, "units.csv": "2" * 64, "geo.csv": "3" * 64}
+DIGESTS_B = {"persons.parquet": "4" * 64, "units.parquet": "5" * 64, "geo.parquet": "6" * 64}
+
+
+def make_config(defn: str, budgets: dict[str, dict[str, str]]) -> PHSafeConfig:
+    raw = json.loads(US_CONFIG.read_text())
+    for levels in raw["privacy_budget"].values():
+        for level in levels:
+            levels[level] = 0
+    for table, levels in budgets.items():
+        raw["privacy_budget"][table].update({k: Decimal(v) for k, v in levels.items()})
+    raw["state_filter"] = ["02", "01"]
+    raw["privacy_defn"] = defn
+    return parse_config(raw)
+
+
+CONFIG_A = make_config(
+    "zcdp",
+    {
+        "PH1_num": {"state_*": "0.25", "usa_*": "0.125"},
+        "PH2": {"usa_*": "0.002619"},  # sigma^2 = 92401.680030546...: needs all its digits
+        "PH4": {"state_A-G": "0.03125"},  # PH5_num derived
+        "PH6": {"state_*": "0.0625"},
+        "PH7": {"usa_H,I": "0.0625"},  # PH8_num derived
+        "PH8_denom": {"state_H,I": "0.015625"},
+    },
+)
+CONFIG_B = make_config("puredp", {"PH1_denom": {"usa_*": "0.5"}, "PH3": {"state_H,I": "1.5"}})
+
+
+# --------------------------------------------------------------------------------------------
+# Fixture writer: the documented output layout
+# --------------------------------------------------------------------------------------------
+
+
+def write_outputs(config: PHSafeConfig, plan: RunPlan, noisy: dict[str, np.ndarray], outdir: Path) -> dict[str, str]:
+    """Write DIR/<T>/<T>.csv and DIR/parquet/<T>.parquet; return relative path -> SHA-256."""
+    frames: dict[str, list[pd.DataFrame]] = {}
+    for m in plan.measurements:
+        spec = TABLES[m.table]
+        domain = measurement_domain(spec, m.level, config)
+        frame = domain.frame()
+        frame["COUNT"] = noisy[m.key]
+        frame["NOISE_DISTRIBUTION"] = m.distribution.value
+        frame["VARIANCE"] = m.variance
+        frames.setdefault(m.table, []).append(frame)
+        for name, derived in DERIVED_TABLES.items():
+            if derived.source != m.table:
+                continue
+            cube = noisy[m.key].reshape(domain.shape)
+            pos = {n: i for i, n in enumerate(spec.basis_numbers)}
+            out_cells = tuple(n for n, _ in derived.cells)
+            dcube = np.stack([cube[..., [pos[p] for p in parts]].sum(-1) for _, parts in derived.cells], -1)
+            dframe = measurement_domain(spec, m.level, config, cells=out_cells).frame()
+            dframe["COUNT"] = dcube.ravel()
+            dframe["NOISE_DISTRIBUTION"] = m.distribution.value
+            dframe["VARIANCE"] = np.repeat(
+                np.array([[len(parts) * m.variance for _, parts in derived.cells]]), len(dframe) // len(out_cells), 0
+            ).ravel()
+            frames.setdefault(name, []).append(dframe)
+    digests = {}
+    for table in OUTPUT_TABLES:
+        if table not in frames:
+            continue
+        frame = pd.concat(frames[table]).rename(columns={"CELL": f"{table.upper()}_DATA_CELL"})
+        if not output_spec(table).has_iteration_column:
+            frame = frame.drop(columns="ITERATION_CODE")
+        csv_path = outdir / table / f"{table}.csv"
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(csv_path, sep="|", index=False, lineterminator="\n")
+        pq_path = outdir / "parquet" / f"{table}.parquet"
+        pq_path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(pq_path, index=False)
+    for p in sorted(outdir.rglob("*")):
+        if p.is_file():
+            digests[p.relative_to(outdir).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return digests
+
+
+def publish_run(ledger: Ledger, config: PHSafeConfig, run_id: str, digests: dict[str, str], outdir: Path,
+                key: Path, tamper: Callable[[Path], None] | None = None, **kw: Any) -> None:
+    plan = plan_run(config)
+    rec = ledger.start_run(run_id=run_id, plan=plan, config_digest="c" * 64, input_digests=digests,
+                           code_version="test", truncation_key_hex="ab" * 32, **kw)
+    rng = np.random.default_rng(7)  # exact counts of a fake dataset (not the noise)
+    noisy = {m.key: measure(m, rng.integers(0, 50, m.n_cells), rec) for m in plan.measurements}
+    outdir.mkdir(parents=True)
+    write_outputs(config, plan, noisy, outdir)
+    if tamper is not None:
+        tamper(outdir)  # an engine bug: wrong files recorded honestly
+    files = {p.relative_to(outdir).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in sorted(outdir.rglob("*")) if p.is_file()}
+    rec.record_outputs_published(files)
+    rec.finish()
+    manifest = {"run_id": run_id, "files": files, "checkpoint": rec.checkpoint(key)}
+    (outdir / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def write_key(path: Path) -> Ed25519PrivateKey:
+    key = Ed25519PrivateKey.generate()
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+    path.with_suffix(".pub").write_bytes(key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return key
+
+
+@dataclass
+class World:
+    """The ledger, checkpoint and keys under ``root``; the outputs under ``outputs_root``."""
+
+    root: Path
+    outputs_root: Path | None = None
+
+    ledger = property(lambda self: self.root / "ledger.jsonl")
+    checkpoint = property(lambda self: self.root / "checkpoint.json")
+    public_key = property(lambda self: self.root / "operator.pub")
+    out_a = property(lambda self: (self.outputs_root or self.root) / "out-a1")
+    out_b = property(lambda self: (self.outputs_root or self.root) / "out-b1")
+
+    def copy(self, root: Path, *, with_outputs: bool) -> "World":
+        """A copy to mutate; outputs are shared (read only) unless the mutant changes them."""
+        root.mkdir()
+        for p in self.root.iterdir():
+            if p.is_file():
+                shutil.copy(p, root / p.name)
+        if with_outputs:
+            shutil.copytree(self.out_a, root / "out-a1")
+            return World(root)
+        return World(root, outputs_root=self.outputs_root or self.root)
+
+    def args(self) -> list[str]:
+        return ["verify", str(self.ledger), "--checkpoint", str(self.checkpoint),
+                "--public-key", str(self.public_key), "--outputs", str(self.out_a)]
+
+    def lines(self) -> list[bytes]:
+        return self.ledger.read_bytes().split(b"\n")[:-1]
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        self.ledger.write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    w = World(tmp_path_factory.mktemp("world"))
+    key_path = w.root / "operator.pem"
+    write_key(key_path)
+    write_key(w.root / "attacker.pem")
+    ledger = Ledger.open(w.ledger)
+    publish_run(ledger, CONFIG_A, "run-a1", DIGESTS_A, w.out_a, key_path)
+    plan = plan_run(CONFIG_A)
+    rec = ledger.start_run(run_id="run-a2", plan=plan, config_digest="c" * 64, input_digests=DIGESTS_A,
+                           code_version="test", truncation_key_hex="cd" * 32,
+                           lifetime_cap=2 * plan.total, cap_reason="approved second release")
+    measure(plan.measurements[0], np.zeros(plan.measurements[0].n_cells, dtype=np.int64), rec)
+    rec.record_intent(plan.measurements[1])  # the worker died while sampling
+    rec.fail("worker lost")
+    publish_run(ledger, CONFIG_B, "run-b1", DIGESTS_B, w.out_b, key_path)
+    w.checkpoint.write_text(json.dumps(ledger.checkpoint(key_path)))
+    return w
+
+
+def invoke(args: list[str]):
+    return CliRunner().invoke(audit, args)
+
+
+def names_failure(output: str, where: str) -> bool:
+    """The output's FAILED line names ``where`` (``entry 1`` does not match ``entry 12``)."""
+    failed = [line for line in output.splitlines() if line.startswith("FAILED: ")]
+    return len(failed) == 1 and re.search(re.escape(where) + r"(?![0-9])", failed[0]) is not None
+
+
+def test_the_real_ledger_verifies(world: World) -> None:
+    result = invoke(world.args())
+    assert result.exit_code == 0, result.output
+    assert "OK" in result.output and "signature verified with the trusted public key" in result.output
+    result = invoke(["verify", str(world.ledger), "--outputs", str(world.out_b), "--public-key", str(world.public_key)])
+    assert result.exit_code == 0, result.output
+    assert invoke(["verify", str(world.ledger)]).exit_code == 0
+    # A manifest is accepted as a checkpoint file too.
+    result = invoke(["verify", str(world.ledger), "--checkpoint", str(world.out_a / "manifest.json"),
+                     "--checkpoint", str(world.out_b / "manifest.json"), "--checkpoint", str(world.checkpoint)])
+    assert result.exit_code == 0 and result.output.count("embedded key") == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Mutation corpus
+# --------------------------------------------------------------------------------------------
+
+Mutant = tuple[str, Callable[[World], None], str]  # name, mutate the copy, expected location
+OUTPUT_MUTANT = "outputs: "  # name prefix of mutants that change the output directory
+
+
+def _flip(line: bytes, pos: int) -> bytes:
+    return line[:pos] + bytes([line[pos] ^ 0x01]) + line[pos + 1:]
+
+
+def _value_span(line: bytes, entry: dict[str, Any], field: str) -> tuple[int, int]:
+    start = line.index(b'"' + field.encode() + b'":') + len(field) + 3
+    return start, len(canonical_json(entry[field]))
+
+
+def _rehash(lines: list[bytes], edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> list[bytes]:
+    """An attacker who rewrites entries and recomputes every hash after them."""
+    entries = edit([json.loads(x) for x in lines])
+    prev = "0" * 64
+    out = []
+    renamed: dict[str, str] = {}
+    for seq, e in enumerate(entries):
+        old = e["hash"]
+        if e["kind"] == "COMMITTED":
+            e["intent_hash"] = renamed.get(e["intent_hash"], e["intent_hash"])
+            e["intent_seq"] = next(i for i, x in enumerate(entries) if x["hash"] == e["intent_hash"])
+        e["seq"], e["prev"] = seq, prev
+        e["hash"] = entry_hash(e)
+        renamed[old] = e["hash"]
+        prev = e["hash"]
+        out.append(canonical_json(e))
+    return out
+
+
+def _edit_lines(fn: Callable[[list[bytes]], list[bytes]]) -> Callable[[World], None]:
+    return lambda w: w.write_lines(fn(w.lines()))
+
+
+def _edit_checkpoint(fn: Callable[[dict[str, Any], World], None]) -> Callable[[World], None]:
+    def apply(w: World) -> None:
+        cp = json.loads(w.checkpoint.read_text())
+        fn(cp, w)
+        w.checkpoint.write_text(json.dumps(cp))
+    return apply
+
+
+def _edit_manifest(fn: Callable[[dict[str, Any], World], None]) -> Callable[[World], None]:
+    def apply(w: World) -> None:
+        path = w.out_a / "manifest.json"
+        manifest = json.loads(path.read_text())
+        fn(manifest, w)
+        path.write_text(json.dumps(manifest))
+    return apply
+
+
+def _attacker_signature(cp: dict[str, Any], w: World) -> None:
+    from phsafe.ledger import checkpoint_message
+
+    key = serialization.load_pem_private_key((w.root / "attacker.pem").read_bytes(), None)
+    cp["signature"] = base64.b64encode(key.sign(checkpoint_message(cp["ledger_size"], cp["head_hash"]))).decode()
+    cp["public_key"] = (w.root / "attacker.pub").read_text()
+
+
+def _set(entries: list[dict[str, Any]], run: str, kind: str, field: str, value: Any) -> list[dict[str, Any]]:
+    for e in entries:
+        if e["run_id"] == run and e["kind"] == kind:
+            e[field] = value
+            return entries
+    raise AssertionError((run, kind))
+
+
+def mutants(w: World) -> list[Mutant]:
+    lines = w.lines()
+    parsed = [json.loads(x) for x in lines]
+    n = len(lines)
+    out: list[Mutant] = []
+
+    # A byte flipped in the value of every field of every entry, and in the name of every
+    # field of the first entry of each kind.
+    named: set[str] = set()
+    for i, (line, entry) in enumerate(zip(lines, parsed)):
+        for field in sorted(entry):
+            start, length = _value_span(line, entry, field)
+            spots = [(start + length // 2, "value")]
+            if entry["kind"] not in named:
+                spots.append((start - 3 - len(field) + 1, "name"))
+            for pos, what in spots:
+                out.append((f"flip {what} of {entry['kind']}.{field} in entry {i}",
+                            _edit_lines(lambda ls, i=i, pos=pos: ls[:i] + [_flip(ls[i], pos)] + ls[i + 1:]),
+                            f"entry {i}"))
+        named.add(entry["kind"])
+    # Nested fields: every planned budget, input digest and output digest.
+    for i, (line, entry) in enumerate(zip(lines, parsed)):
+        nested: list[bytes] = []
+        if entry["kind"] == "RUN_STARTED":
+            nested += [b'"' + k.encode() + b'":"' + v.encode() + b'"' for k, v in entry["input_digests"].items()]
+            nested += [b'"budget":"' + p["budget"].encode() + b'"' for p in entry["planned"]]
+        if entry["kind"] == "OUTPUTS_PUBLISHED":
+            nested += [b'"' + k.encode() + b'":"' + v.encode() + b'"' for k, v in entry["files"].items()]
+        cursor = 0
+        for text in nested:  # in serialization order; equal texts are found one after another
+            cursor = line.index(text, cursor) + len(text)
+            pos = cursor - 3
+            out.append((f"flip nested byte {pos} ({text[:24]!r}) in entry {i}",
+                        _edit_lines(lambda ls, i=i, pos=pos: ls[:i] + [_flip(ls[i], pos)] + ls[i + 1:]),
+                        f"entry {i}"))
+    # Structural: delete, duplicate, reorder, truncate.
+    for i in range(n):
+        out.append((f"delete entry {i}", _edit_lines(lambda ls, i=i: ls[:i] + ls[i + 1:]),
+                    f"entry {i}" if i < n - 1 else f"entry {n - 1}: missing"))
+        out.append((f"duplicate entry {i}", _edit_lines(lambda ls, i=i: ls[:i + 1] + ls[i:]), f"entry {i + 1}"))
+        if i < n - 1:
+            out.append((f"swap entries {i},{i + 1}",
+                        _edit_lines(lambda ls, i=i: ls[:i] + [ls[i + 1], ls[i]] + ls[i + 2:]), f"entry {i}"))
+        out.append((f"truncate to {i} entries", _edit_lines(lambda ls, i=i: ls[:i]), f"entry {i}: missing"))
+        out.append((f"truncate inside entry {i}",
+                    lambda w, i=i: w.ledger.write_bytes(b"".join(x + b"\n" for x in w.lines()[:i]) + w.lines()[i][:40]),
+                    f"entry {i}"))
+    out.append(("append a copy of the head", _edit_lines(lambda ls: ls + [ls[-1]]), f"entry {n}"))
+    out.append(("empty ledger", lambda w: w.ledger.write_bytes(b""), "entry 0: missing"))
+    # Checkpoint and signature.
+    out += [
+        ("random signature", _edit_checkpoint(lambda cp, w: cp.update(signature=base64.b64encode(bytes(64)).decode())), "checkpoint"),
+        ("signature of another size",
+         _edit_checkpoint(lambda cp, w: cp.update(signature=base64.b64encode(b"x" * 63).decode())), "checkpoint"),
+        ("flipped signature", _edit_checkpoint(
+            lambda cp, w: cp.update(signature=base64.b64encode(_flip(base64.b64decode(cp["signature"]), 5)).decode())), "checkpoint"),
+        ("attacker re-signs", _edit_checkpoint(_attacker_signature), "checkpoint"),
+        ("attacker key, old signature",
+         _edit_checkpoint(lambda cp, w: cp.update(public_key=(w.root / "attacker.pub").read_text())), "checkpoint"),
+        ("signature removed", _edit_checkpoint(lambda cp, w: cp.update(signature=None, public_key=None)), "checkpoint"),
+        ("not base64", _edit_checkpoint(lambda cp, w: cp.update(signature="***")), "checkpoint"),
+        ("size - 1 under the old signature", _edit_checkpoint(lambda cp, w: cp.update(ledger_size=cp["ledger_size"] - 1)), "entry"),
+        ("size + 1", _edit_checkpoint(lambda cp, w: cp.update(ledger_size=cp["ledger_size"] + 1)), f"entry {n}: missing"),
+        ("head of another entry", _edit_checkpoint(lambda cp, w: cp.update(head_hash=parsed[3]["hash"])), f"entry {n - 1}"),
+        ("extra checkpoint field", _edit_checkpoint(lambda cp, w: cp.update(note="x")), "checkpoint"),
+        ("size as a string", _edit_checkpoint(lambda cp, w: cp.update(ledger_size=str(cp["ledger_size"]))), "checkpoint"),
+    ]
+    # Rewrites with every hash recomputed: caught by the rules or by the signed checkpoint.
+    budget_line = parsed[0]["planned"][0]["budget"]
+    out += [
+        ("change a planned budget, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: (
+            es[0]["planned"][0].update(budget="0.5"), es)[1])), "entry 0 (RUN_STARTED)"),
+        ("change an output digest, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: (
+            next(e for e in es if e["kind"] == "OUTPUTS_PUBLISHED")["files"].update({"PH2/PH2.csv": "0" * 64}), es)[1])),
+         f"entry {n - 1}"),
+        ("change a noisy digest, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a1", "COMMITTED", "noisy_digest", "0" * 64))),
+         f"entry {n - 1}"),
+        ("change the cap reason, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a2", "RUN_STARTED", "cap_reason", "x"))),
+         f"entry {n - 1}"),
+        ("drop the failure, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: [e for e in es if e["kind"] != "RUN_FAILED"])),
+         "entry"),
+        ("lower the second run's cap, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a2", "RUN_STARTED", "lifetime_cap", budget_line))),
+         "exceeds the lifetime cap"),
+        ("hide earlier spends, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a2", "RUN_STARTED", "spent_before", "0"))),
+         "spent_before"),
+        ("change an INTENT budget, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a1", "INTENT", "budget", "0.001"))),
+         "differs from the plan"),
+        ("under-report a finished run, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a1", "RUN_FINISHED", "spent", "0.1"))),
+         "spent"),
+        ("under-report a failed run, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a2", "RUN_FAILED", "spent", "0"))),
+         "spent"),
+        ("float budget, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: es)[:0] + [ls[0].replace(
+            b'"planned_total":"', b'"planned_total":').replace(b'","privacy_defn"', b',"privacy_defn"')] + ls[1:]),
+         "entry 0"),
+    ]
+    # Outputs.
+    csv_rel = "PH1_num/PH1_num.csv"
+
+    def bump_count(w: World, fix_manifest: bool = False) -> None:
+        path = w.out_a / csv_rel
+        rows = path.read_text().splitlines()
+        fields = rows[1].split("|")
+        fields[4] = str(int(fields[4]) + 1)
+        rows[1] = "|".join(fields)
+        path.write_text("\n".join(rows) + "\n")
+        if fix_manifest:
+            _edit_manifest(lambda m, w: m["files"].update({csv_rel: hashlib.sha256(path.read_bytes()).hexdigest()}))(w)
+
+    out += [(OUTPUT_MUTANT + name, fn, where) for name, fn, where in [
+        ("change a released count", bump_count, csv_rel),
+        ("change a count and the manifest", lambda w: bump_count(w, True), "OUTPUTS_PUBLISHED"),
+        ("change a manifest digest", _edit_manifest(lambda m, w: m["files"].update({csv_rel: "0" * 64})), "OUTPUTS_PUBLISHED"),
+        ("drop a manifest file", _edit_manifest(lambda m, w: m["files"].pop(csv_rel)), "OUTPUTS_PUBLISHED"),
+        ("extra file in outputs", lambda w: (w.out_a / "PH2" / "extra.csv").write_text("x"), "PH2/extra.csv"),
+        ("file removed from outputs", lambda w: (w.out_a / "parquet" / "PH2.parquet").unlink(), "parquet/PH2.parquet"),
+        ("manifest names another run", _edit_manifest(lambda m, w: m.update(run_id="run-a2")), "manifest.json"),
+        ("manifest names no run", _edit_manifest(lambda m, w: m.update(run_id="nope")), "manifest.json"),
+        ("manifest checkpoint re-signed", _edit_manifest(lambda m, w: _attacker_signature(m["checkpoint"], w)), "checkpoint (manifest.json)"),
+        ("manifest checkpoint head", _edit_manifest(lambda m, w: m["checkpoint"].update(head_hash="0" * 64)), "entry"),
+        ("manifest missing", lambda w: (w.out_a / "manifest.json").unlink(), "manifest.json"),
+        ("parquet swapped for another table's", lambda w: shutil.copy(w.out_a / "parquet" / "PH4.parquet", w.out_a / "parquet" / "PH5_num.parquet"),
+         "parquet/PH5_num.parquet"),
+    ]]
+    return out
+
+
+def test_mutation_corpus_every_mutant_is_rejected(world: World, tmp_path: Path) -> None:
+    corpus = mutants(world)
+    assert len(corpus) >= 200
+    names = [name for name, _, _ in corpus]
+    assert len(names) == len(set(names))
+    survivors = []
+    for k, (name, mutate, where) in enumerate(corpus):
+        copy = world.copy(tmp_path / f"m{k}", with_outputs=name.startswith(OUTPUT_MUTANT))
+        mutate(copy)
+        # Paths differ per copy; the arguments are the same.
+        result = invoke(copy.args())
+        if result.exit_code != 1 or not names_failure(result.output, where):
+            survivors.append(f"{name}: exit {result.exit_code}: {result.output.strip()[:300]}")
+    assert not survivors, "\n".join(survivors)
+
+
+def test_mutants_without_checkpoint_fail_on_the_entry_itself(world: World, tmp_path: Path) -> None:
+    """Without any checkpoint the chain and rules alone still name the first failing entry."""
+    lines = world.lines()
+    for i in (0, 5, len(lines) - 1):
+        copy = world.copy(tmp_path / f"c{i}", with_outputs=False)
+        copy.write_lines(lines[:i] + [_flip(lines[i], 30)] + lines[i + 1:])
+        result = invoke(["verify", str(copy.ledger)])
+        assert result.exit_code == 1 and names_failure(result.output, f"entry {i}")
+
+
+# --------------------------------------------------------------------------------------------
+# Output content: an engine that writes wrong tables but records them honestly is caught
+# --------------------------------------------------------------------------------------------
+
+
+def _rewrite_csv(table: str, fn: Callable[[list[list[str]]], list[list[str]]]) -> Callable[[Path], None]:
+    def tamper(outdir: Path) -> None:
+        path = outdir / table / f"{table}.csv"
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f, delimiter="|"))
+        rows = fn(rows)
+        path.write_text("\n".join("|".join(r) for r in rows) + "\n")
+    return tamper
+
+
+def _set_field(row: int, col: int, value: Callable[[str], str]):
+    def fn(rows: list[list[str]]) -> list[list[str]]:
+        rows[row][col] = value(rows[row][col])
+        return rows
+    return fn
+
+
+CONTENT_MUTANTS = {
+    "variance of a measured cell": (_rewrite_csv("PH2", _set_field(1, 5, lambda v: repr(float(v) * 1.01))), "VARIANCE"),
+    "variance written with few digits": (_rewrite_csv("PH2", _set_field(2, 5, lambda v: f"{float(v):.12g}")), "VARIANCE"),
+    "derived variance not doubled": (_rewrite_csv("PH8_num", _set_field(1, 6, lambda v: repr(float(v) / 2))), "VARIANCE"),
+    "count changed after the commit": (_rewrite_csv("PH6", _set_field(2, 3, lambda v: str(int(v) + 1))), "noisy digest"),
+    "two counts swapped": (_rewrite_csv("PH4", lambda r: r[:1] + [r[1][:4] + [r[2][4]] + r[1][5:], r[2][:4] + [r[1][4]] + r[2][5:]] + r[3:]), "PH4/PH4.csv"),
+    "derived count not the sum": (_rewrite_csv("PH5_num", _set_field(1, 4, lambda v: str(int(v) + 3))), "not the sum"),
+    "row dropped": (_rewrite_csv("PH8_denom", lambda r: r[:-1]), "PH8_denom/PH8_denom.csv"),
+    "row of an unmeasured level": (_rewrite_csv("PH2", lambda r: r + [["01", "STATE", "3", "5", "Discrete Gaussian", r[1][5]]]), "no measured level"),
+    "extra cell number": (_rewrite_csv("PH2", lambda r: r + [["1", "USA", "99", "5", "Discrete Gaussian", r[1][5]]]), "PH2/PH2.csv"),
+    "wrong distribution": (_rewrite_csv("PH6", _set_field(1, 4, lambda v: "Two-Sided Geometric")), "NOISE_DISTRIBUTION"),
+    "wrong header": (_rewrite_csv("PH7", _set_field(0, 3, lambda v: "CELL")), "header"),
+    "table missing": (lambda d: (shutil.rmtree(d / "PH5_num")), "PH5_num/PH5_num.csv"),
+    "unmeasured table released": (lambda d: shutil.copytree(d / "PH4", d / "PH3_x"), "PH3_x"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTENT_MUTANTS))
+def test_output_content_mutants(name: str, tmp_path: Path) -> None:
+    tamper, where = CONTENT_MUTANTS[name]
+    key = tmp_path / "k.pem"
+    write_key(key)
+    if name == "unmeasured table released":
+        def tamper(d: Path) -> None:  # a table folder the run never measured
+            (d / "PH3").mkdir()
+            shutil.copy(d / "PH4" / "PH4.csv", d / "PH3" / "PH3.csv")
+        where = "PH3"
+    publish_run(Ledger.open(tmp_path / "l.jsonl"), CONFIG_A, "r", DIGESTS_A, tmp_path / "out", key, tamper=tamper)
+    result = invoke(["verify", str(tmp_path / "l.jsonl"), "--outputs", str(tmp_path / "out"),
+                     "--public-key", str(key.with_suffix(".pub"))])
+    assert result.exit_code == 1, result.output
+    assert where in result.output, result.output
+
+
+def test_infinity_budget_outputs_verify(tmp_path: Path) -> None:
+    base = plan_run(CONFIG_A)
+    plan = RunPlan(base.privacy_defn, (dataclasses.replace(base.measurements[0], budget=Decimal("Infinity")),)
+                   + base.measurements[1:])
+    ledger = Ledger.open(tmp_path / "l.jsonl")
+    rec = ledger.start_run(run_id="t", plan=plan, config_digest="c" * 64, input_digests=DIGESTS_A,
+                           code_version="test", truncation_key_hex="ab" * 32, non_confidential=True)
+    noisy = {m.key: measure(m, np.arange(m.n_cells, dtype=np.int64), rec) for m in plan.measurements}
+    out = tmp_path / "out"
+    out.mkdir()
+    files = write_outputs(CONFIG_A, plan, noisy, out)
+    rec.record_outputs_published(files)
+    rec.finish()
+    (out / "manifest.json").write_text(json.dumps({"run_id": "t", "files": files, "checkpoint": rec.checkpoint(None)}))
+    result = invoke(["verify", str(tmp_path / "l.jsonl"), "--outputs", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "non-confidential" in result.output
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def hand_analytic(rho: float) -> float:
+    return rho + 2 * math.sqrt(rho * math.log(1e10))
+
+
+def hand_renyi(rho: float) -> float:
+    """Brute force over a fine grid of alpha, then scipy, independent of the report's search."""
+    from scipy.optimize import minimize_scalar
+
+    def f(a: float) -> float:
+        return rho * a + (math.log(1e10) + (a - 1) * math.log(1 - 1 / a) - math.log(a)) / (a - 1)
+
+    a = np.exp(np.linspace(np.log(1.0001), np.log(1e6), 200001))
+    values = rho * a + (math.log(1e10) + (a - 1) * np.log(1 - 1 / a) - np.log(a)) / (a - 1)
+    best = float(a[np.argmin(values)])
+    res = minimize_scalar(f, bounds=(best / 1.01, best * 1.01), method="bounded", options={"xatol": 1e-12})
+    return min(f(best), res.fun)
+
+
+def test_conversions_match_hand_computations() -> None:
+    for rho in (1.257281, 1.226649, 2.514562, 0.01, 1.41, 10.0):
+        assert epsilon_analytic(rho) == pytest.approx(hand_analytic(rho), rel=1e-12)
+        eps, alpha = epsilon_renyi(rho)
+        assert eps == pytest.approx(hand_renyi(rho), abs=1e-9)
+        assert eps == pytest.approx(renyi_epsilon_at(alpha, rho), rel=1e-12)  # valid at the reported alpha
+        assert eps < epsilon_analytic(rho)
+    # SafeTab paper, Table 2: rho = 1.41 gives 12.8 (analytic) and 12.2 (experimental).
+    assert round(epsilon_analytic(1.41), 1) == 12.8
+    assert round(epsilon_renyi(1.41)[0], 1) == 12.2
+    assert epsilon_renyi(0.0)[0] == 0.0 and epsilon_analytic(0.0) == 0.0
+
+
+def test_report_of_the_production_plans(tmp_path: Path) -> None:
+    ledger = Ledger.open(tmp_path / "l.jsonl")
+    for name, path, digests in (("us", US_CONFIG, DIGESTS_A), ("pr", PR_CONFIG, DIGESTS_B)):
+        plan = plan_run(load_config(path))
+        ledger.start_run(run_id=name, plan=plan, config_digest="c" * 64, input_digests=digests,
+                         code_version="test", truncation_key_hex="ab" * 32)
+    result = invoke(["report", str(tmp_path / "l.jsonl"), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "rep" / "audit_report.md").read_text()
+    page = (tmp_path / "rep" / "audit_report.html").read_text()
+    for rho_text, bounded_text in (("1.257281", "2.514562"), ("1.226649", "2.453298")):
+        rho, bounded = float(rho_text), float(bounded_text)
+        figures = [rho_text, bounded_text, f"{hand_analytic(rho):.6f}", f"{hand_analytic(bounded):.6f}",
+                   f"{hand_renyi(rho):.6f}", f"{hand_renyi(bounded):.6f}"]
+        for text in figures:
+            assert text in md and text in page, text
+    # Hand values, written out: US rho 1.257281 -> analytic 12.018315, Renyi 11.412372.
+    assert "12.018315" in md and "11.412372" in md
+    assert md.count("reserved (no terminal entry)") == 46 + 23  # started, never finished
+    # Per table x level: budget, Delta, sigma^2, MOE and cells of PH3 state A-G (MOE target 20).
+    assert "| PH3 | state\\_A-G | 0.662976 | 14 | 6 | 147.8183222 | 20.00000189 | 2499 |" in md.replace("_", "\\_")
+    assert "<table>" in page and "&lt;" not in md
+
+
+def test_report_of_the_world(world: World, tmp_path: Path) -> None:
+    result = invoke(["report", str(world.ledger), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "audit_report.md").read_text()
+    plan_a = plan_run(CONFIG_A)
+    first = Fraction(plan_a.measurements[0].budget) + Fraction(plan_a.measurements[1].budget)
+    # Dataset A: the finished run's plan plus the failed run's two INTENTs (one never committed).
+    lifetime_a = plan_a.total + first
+    assert f"(2 runs) | rho (zCDP) | {format_exact(lifetime_a)} | {format_exact(2 * lifetime_a)} |" in md
+    assert "failed: worker lost" in md and "approved second release" in md
+    assert "INTENT only (counts as spent)" in md and "not spent (released)" in md
+    # Pure DP: epsilon reported directly, total 0.5 + 1.5 = 2, bounded 4.
+    assert "| epsilon (pure DP, delta = 0) | 2 | 4 |" in md
+    assert "persons.parquet" in md and "PH1\\_denom/PH1\\_denom.csv" not in md and "PH1_denom/PH1_denom.csv" in md
+
+
+def test_report_refuses_a_broken_ledger(world: World, tmp_path: Path) -> None:
+    broken = tmp_path / "l.jsonl"
+    lines = world.lines()
+    broken.write_bytes(b"\n".join(lines[:2] + lines[3:]) + b"\n")
+    result = invoke(["report", str(broken), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 1 and "entry 2" in result.output
+    assert not (tmp_path / "rep").exists()
+
+
+def test_public_key_needs_something_to_check(world: World) -> None:
+    result = invoke(["verify", str(world.ledger), "--public-key", str(world.public_key)])
+    assert result.exit_code == 1 and "--public-key" in result.output
