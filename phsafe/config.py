@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from phsafe.errors import ConfigError
+from phsafe.logs import get_logger
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
@@ -130,6 +131,8 @@ def parse_config(raw: Any) -> PHSafeConfig:
         if key not in raw:
             raise ConfigError(key, "is required")
     ignored = tuple(sorted(k for k in raw if k not in KNOWN_KEYS))
+    for key in ignored:
+        get_logger("phsafe.config").warning("config key ignored", key=key)
 
     defn_raw = raw["privacy_defn"]
     try:
@@ -188,9 +191,11 @@ def _parse_state_filter(value: Any) -> tuple[str, ...]:
 
 
 def _parse_budget_value(key: str, value: Any) -> Decimal:
-    if isinstance(value, bool) or not isinstance(value, (int, Decimal)):
+    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
         raise ConfigError(key, "must be a number")
-    value = Decimal(value)
+    # A float can only come from a mapping parsed without load_config; its shortest repr is the
+    # decimal literal it was read from.
+    value = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     if value.is_nan():
         raise ConfigError(key, "must be a number, not NaN")
     if value < 0:

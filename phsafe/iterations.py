@@ -95,14 +95,14 @@ def iteration_index(
     hispanic = np.asarray(hispanic)
     if level is IterationLevel.TOTAL:
         return np.zeros(race.shape, dtype=np.int8)
+    if race.size and (race.min() < _RACE_MIN or race.max() > _RACE_MAX):
+        raise ValueError("race code outside 01..63")
+    if hispanic.size and not np.isin(hispanic, (1, 2)).all():
+        raise ValueError("ethnicity outside {1, 2}")
     if level is IterationLevel.RACE_ALONE:
-        if race.size and (race.min() < _RACE_MIN or race.max() > _RACE_MAX):
-            raise ValueError("race code outside 01..63")
         # 01..06 -> A..F (0..5); 07..63 -> G (6).
         return (np.minimum(race, _RACE_SINGLE_MAX + 1) - 1).astype(np.int8)
     if level is IterationLevel.HISPANIC:
-        if hispanic.size and not np.isin(hispanic, (1, 2)).all():
-            raise ValueError("ethnicity outside {1, 2}")
         out = np.full(race.shape, NOT_IN_LEVEL, dtype=np.int8)
         out[hispanic == 2] = 0  # H: Hispanic or Latino, any race
         out[(hispanic == 1) & (race == 1)] = 1  # I: White alone, not Hispanic

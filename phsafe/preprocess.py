@@ -102,7 +102,9 @@ def _lookup(keys: npt.NDArray[np.integer], sorted_keys: npt.NDArray[np.integer])
 
 
 def _state_of(mafid: npt.NDArray[np.integer], geo_mafid: npt.NDArray[np.integer], geo_state: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    out = np.empty(len(mafid), dtype=np.uint8)
+    out = np.full(len(mafid), NOT_TABULATED, dtype=np.uint8)
+    if len(geo_mafid) == 0:  # no tabulated geo row: every record is outside the run
+        return out
     for start in range(0, len(mafid), _CHUNK):
         pos, found = _lookup(mafid[start : start + _CHUNK], geo_mafid)
         out[start : start + _CHUNK] = np.where(found, geo_state[pos], NOT_TABULATED)
