@@ -11,7 +11,6 @@ place -- a crash never leaves a half-written directory under the published name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
 from phsafe.domain import measurement_domain
 from phsafe.errors import OutputExistsError
+from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, TableSpec, output_spec
 from phsafe.tabulate import TableCounts
 
@@ -133,14 +133,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:
     """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``.
 
@@ -157,7 +149,7 @@ def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[st
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), pq_path)
         for p in (csv_path, pq_path):
             _fsync(p)
-            digests[p.relative_to(directory).as_posix()] = sha256_file(p)
+            digests[p.relative_to(directory).as_posix()] = file_digest(p)
     return digests
 
 
@@ -182,7 +174,7 @@ class Publication:
         path = self.staging / MANIFEST
         path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         _fsync(path)
-        return sha256_file(path)
+        return file_digest(path)
 
     def publish(self) -> Path:
         """Atomically rename the staging directory to the target."""

@@ -40,6 +40,7 @@ from phsafe.ledger import (
     read_ledger,
 )
 from phsafe.noise import vector_digest
+from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 CHECKPOINT_KEYS = frozenset({"ledger_size", "head_hash", "signature", "public_key"})
-_CHUNK = 1 << 20
 
 
 class VerificationFailure(PHSafeError):
@@ -70,14 +70,6 @@ class VerifyResult:
 
     state: LedgerState
     notes: list[str] = field(default_factory=list)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verify(
@@ -280,7 +272,7 @@ def verify_outputs(state: LedgerState, outdir: Path, trusted: "Ed25519PublicKey 
             raise VerificationFailure(rel, f"is in the output directory but not in the ledger's {published}")
         if rel not in on_disk:
             raise VerificationFailure(rel, f"is listed in {published} but missing")
-        if sha256_file(outdir / rel) != files[rel]:
+        if file_digest(outdir / rel) != files[rel]:
             raise VerificationFailure(rel, f"SHA-256 differs from the digest logged in {published}")
     notes.append(f"outputs: {len(files)} file digests match {published} of run {run_id}")
     notes.extend(_verify_tables(run, outdir, files))
