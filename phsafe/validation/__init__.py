@@ -1,0 +1,94 @@
+"""Input and output validation as Great Expectations suites, before any budget is spent.
+
+The rules live in ``expectations/*.json`` (Great Expectations 1.x suites, reviewed like code);
+this package builds the frames they are evaluated on and reports every broken rule by file,
+column(s), rule and number of failing rows -- never a value or a MAFID of a record.
+
+Public surface:
+
+* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), with the
+  cross-file rules on derived frames; streaming, batch by batch.
+* :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
+* :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
+* :class:`ValidationReport`, :class:`Failure`.
+
+Importing this package is cheap: Great Expectations is imported on first use only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from phsafe.errors import PHSafeError
+from phsafe.validation._report import Failure, ValidationError, ValidationReport
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from phsafe.config import PHSafeConfig
+
+__all__ = ["Failure", "ValidationError", "ValidationReport", "validate", "validate_inputs", "validate_outputs"]
+
+
+def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationReport:
+    """Run ``call``; turn an unexpected exception into a ValidationError that quotes no data."""
+    try:
+        return call()
+    except PHSafeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- its message may hold a value: not chained
+        raise ValidationError(f"{stage} could not complete ({type(exc).__name__})") from None
+
+
+def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
+    """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
+
+    See :func:`phsafe.validation._inputs.validate_inputs`.
+    """
+    from phsafe.validation._inputs import validate_inputs as run
+
+    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir))
+
+
+def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
+    """Validate the private output tables in ``output_dir`` (e.g. the staging directory).
+
+    See :func:`phsafe.validation._outputs.validate_outputs`.
+    """
+    from phsafe.validation._outputs import validate_outputs as run
+
+    return _guarded("output validation", lambda: run(config, output_dir, report_dir=report_dir))
+
+
+def validate(
+    frames: Mapping[str, "pd.DataFrame"],
+    suite: str,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    file_names: Mapping[str, str] | None = None,
+) -> ValidationReport:
+    """Evaluate the suite ``expectations/<suite>.json`` on named frames.
+
+    Args:
+        frames: Frame name (as in the suite's expectations' ``meta.frame``) -> data. Only the
+            rules of the frames given are evaluated.
+        suite: Suite name.
+        parameters: Values of the suite's ``$PARAMETER`` references (e.g. ``state_filter``).
+        file_names: File stem (``persons``, ``output``, ...) -> name to report.
+
+    Raises:
+        ValueError: A frame name is not one of the suite's frames.
+    """
+    from phsafe.validation._run import SuiteRun
+
+    run = SuiteRun(suite, parameters)
+    for name, data in frames.items():
+        run.check(name, data)
+    report = ValidationReport(subject=suite)
+    report.failures.extend(run.tally.failures(dict(file_names or {})))
+    report.notes.extend(run.tally.notes())
+    if run.tally.any_evaluated():
+        report.results.append(run.tally.result_json())
+    return report

@@ -1,0 +1,274 @@
+"""The one module that imports Great Expectations (pinned in pyproject.toml).
+
+Great Expectations is heavy (seconds to import) and its API churns between releases, so it stays
+behind this small surface: :func:`run` evaluates the rules of one suite on one pandas frame and
+returns value-free counts; :func:`render_data_docs` renders a result as a Data Docs page. It is
+imported lazily -- ``phsafe --help`` never pays for it -- with its analytics and progress bars
+off and an ephemeral (in-memory) context: nothing is written anywhere by Great Expectations.
+
+Results are requested as verdicts only (``BOOLEAN_ONLY``) or as counts (``SUMMARY`` with no
+partial unexpected list, no unexpected rows and no index query), and only counts are kept from
+them: an expectation result can otherwise carry values of the rows it rejects
+(``observed_value``, ``partial_unexpected_list``, ...). Exceptions raised by Great Expectations
+are reduced to their class name, because their messages may quote data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from phsafe.validation._report import safe_result_counts
+from phsafe.validation._suites import Rule, Suite, subsuite_json
+
+# Verdicts only: no counts, no values.
+VERDICT_FORMAT: dict[str, Any] = {"result_format": "BOOLEAN_ONLY"}
+# Counts, and no value: an empty partial list, no unexpected rows, no index query.
+COUNTS_FORMAT: dict[str, Any] = {
+    "result_format": "SUMMARY",
+    "partial_unexpected_count": 0,
+    "include_unexpected_rows": False,
+    "return_unexpected_index_query": False,
+}
+
+
+class RuleResult(NamedTuple):
+    rule_id: str
+    success: bool
+    counts: dict[str, Any]
+    raised: str | None  # exception class name, never its message
+
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def _gx() -> dict[str, Any]:
+    """Import Great Expectations once, configured for a batch pipeline (thread-safe)."""
+    with _lock:
+        if _state:
+            return _state
+        # Before the import: analytics read this variable when the package loads.
+        os.environ["GX_ANALYTICS_ENABLED"] = "False"
+        # Great Expectations' own log lines may quote data from failed metric computations.
+        logging.getLogger("great_expectations").setLevel(logging.CRITICAL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import great_expectations as gx
+            from great_expectations.data_context.types.base import (
+                DataContextConfig,
+                InMemoryStoreBackendDefaults,
+                ProgressBarsConfig,
+            )
+            from great_expectations.execution_engine import pandas_execution_engine
+
+            _hoist_configuration(gx.__version__)
+            # GX fingerprints every pandas batch below this size by hashing all of its values
+            # (an MD5 of the confidential data, written into the result's metadata, and a full
+            # extra pass over the batch). Fingerprinting is off: threshold 0.
+            pandas_execution_engine.HASH_THRESHOLD = 0
+
+            context = gx.get_context(
+                mode="ephemeral",
+                project_config=DataContextConfig(
+                    analytics_enabled=False,
+                    progress_bars=ProgressBarsConfig(globally=False, metric_calculations=False),
+                    store_backend_defaults=InMemoryStoreBackendDefaults(),
+                ),
+            )
+            asset = context.data_sources.add_pandas("phsafe").add_dataframe_asset("frame")
+            _state.update(
+                gx=gx,
+                context=context,
+                batch_definition=asset.add_batch_definition_whole_dataframe("whole"),
+                suites={},
+            )
+        return _state
+
+
+PINNED_VERSION = "1.24.1"
+
+
+def _hoist_configuration(version: str) -> None:
+    """Build an expectation's configuration once per kwargs lookup, not once per key.
+
+    In GX 1.24.1, ``Expectation._get_domain_kwargs``, ``_get_success_kwargs`` and
+    ``_get_runtime_kwargs`` evaluate the ``configuration`` property -- a full pydantic
+    serialisation of the expectation, value sets included -- inside a dict comprehension, once
+    for every key, and GX calls them for every metric of every expectation: about half of the
+    time of validating a small file. These replacements compute the same dicts from a single
+    evaluation (``configuration`` is a pure function of the expectation, which does not change
+    while the dicts are built). Applied only to the pinned version, whose code they mirror.
+    """
+    if version != PINNED_VERSION:
+        return
+    from great_expectations.expectations.expectation import Expectation, parse_result_format
+
+    if getattr(Expectation, "_phsafe_hoisted", False):
+        return
+
+    def _default(self: Any, key: str, kwargs: Mapping[str, Any]) -> Any:
+        return kwargs.get(key, self._get_default_value(key))
+
+    def _get_domain_kwargs(self: Any) -> dict[str, Any]:
+        kwargs = self.configuration.kwargs
+        return {key: _default(self, key, kwargs) for key in self.domain_keys}
+
+    def _get_success_kwargs(self: Any) -> dict[str, Any]:
+        domain_kwargs = self._get_domain_kwargs()
+        kwargs = self.configuration.kwargs
+        success_kwargs = {key: _default(self, key, kwargs) for key in self.success_keys}
+        success_kwargs.update(domain_kwargs)
+        return success_kwargs
+
+    def _success_kwarg(self: Any, key: str, kwargs: Mapping[str, Any]) -> Any:
+        # Expectation._get_success_kwarg with the configuration evaluated by the caller.
+        if key in kwargs:
+            return kwargs[key]
+        field = self.__fields__.get(key)
+        if field is not None:
+            return field.default if not field.required else None
+        return None
+
+    def _get_runtime_kwargs(self: Any, runtime_configuration: dict | None = None) -> dict:
+        runtime_configuration = runtime_configuration or {}
+        kwargs = self.configuration.kwargs
+        # _get_success_kwargs, inlined on the same kwargs (no subclass overrides these methods).
+        success_kwargs = {key: _default(self, key, kwargs) for key in self.success_keys}
+        success_kwargs.update({key: _default(self, key, kwargs) for key in self.domain_keys})
+        runtime_kwargs = {
+            key: runtime_configuration.get(key, _success_kwarg(self, key, kwargs)) for key in self.runtime_keys
+        }
+        runtime_kwargs.update(success_kwargs)
+        runtime_kwargs["result_format"] = parse_result_format(runtime_kwargs["result_format"])
+        return runtime_kwargs
+
+    Expectation._get_domain_kwargs = _get_domain_kwargs
+    Expectation._get_success_kwargs = _get_success_kwargs
+    Expectation._get_runtime_kwargs = _get_runtime_kwargs
+    Expectation._phsafe_hoisted = True
+
+
+def prewarm() -> threading.Thread:
+    """Start importing Great Expectations in the background.
+
+    The import is mostly Python bytecode while reading the input files is mostly pyarrow work
+    that releases the GIL, so the two overlap.
+    """
+    thread = threading.Thread(target=_gx, name="phsafe-gx-import", daemon=True)
+    thread.start()
+    return thread
+
+
+def _suite(suite: Suite, frame: str, rules: Sequence[Rule]) -> Any:
+    state = _gx()
+    key = (suite.name, frame, tuple(r.rule_id for r in rules))
+    cached = state["suites"].get(key)
+    if cached is None:
+        raw = subsuite_json(suite, rules)
+        raw["name"] = f"{suite.name}.{frame}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cached = state["gx"].ExpectationSuite(**raw)
+        if len(cached.expectations) != len(rules):
+            # GX drops an expectation it cannot parse (and only logs it): never run a suite
+            # with a silently missing rule.
+            raise ValueError(f"suite {suite.name}: an expectation of frame {frame} is not valid for this GX version")
+        state["suites"][key] = cached
+    return cached
+
+
+def run(
+    suite: Suite,
+    frame: str,
+    data: Any,
+    rules: Sequence[Rule],
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    counts: bool = True,
+) -> list[RuleResult]:
+    """Evaluate ``rules`` (all of ``suite``'s frame ``frame``) on the pandas frame ``data``.
+
+    Args:
+        counts: Ask for counts (``SUMMARY``); otherwise for verdicts only (``BOOLEAN_ONLY``).
+
+    Returns:
+        One value-free result per rule.
+    """
+    if not rules:
+        return []
+    state = _gx()
+    gx_suite = _suite(suite, frame, rules)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            batch = state["batch_definition"].get_batch(batch_parameters={"dataframe": data})
+            result = batch.validate(
+                gx_suite,
+                result_format=COUNTS_FORMAT if counts else VERDICT_FORMAT,
+                expectation_parameters=dict(parameters or {}),
+            )
+    except Exception as exc:  # noqa: BLE001 -- reduced to its class: the message may hold data
+        return [RuleResult(r.rule_id, False, {}, type(exc).__name__) for r in rules]
+    out: dict[str, RuleResult] = {}
+    for r in result.results:
+        config = r.expectation_config
+        rule_id = (config.meta or {}).get("rule_id")
+        info = r.exception_info or {}
+        # exception_info is keyed by metric when several metrics failed; find any raise.
+        raised = None
+        if isinstance(info, dict):
+            entries = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+            if any(e.get("raised_exception") for e in entries):
+                raised = "ExpectationError"
+        out[rule_id] = RuleResult(rule_id, bool(r.success), safe_result_counts(r.result), raised)
+    missing = [r for r in rules if r.rule_id not in out]
+    for r in missing:
+        out[r.rule_id] = RuleResult(r.rule_id, False, {}, "NotEvaluated")
+    return [out[r.rule_id] for r in rules]
+
+
+def render_data_docs(result: Mapping[str, Any]) -> str:
+    """Great Expectations' Data Docs HTML page of a (value-free) suite result."""
+    _gx()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from great_expectations.core.expectation_validation_result import (
+            ExpectationSuiteValidationResult,
+            ExpectationValidationResult,
+        )
+        from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+        from great_expectations.render.renderer import ValidationResultsPageRenderer
+        from great_expectations.render.view import DefaultJinjaPageView
+
+        results = []
+        for r in result["results"]:
+            cfg = dict(r["expectation_config"])
+            counts = dict(r["result"])
+            if cfg["type"] == "expect_table_columns_to_match_ordered_list":
+                # The renderer needs an observed header. The real one is withheld (a file
+                # without a header row has a data row there); when the rule held it equals
+                # the expected list, which is public.
+                expected = cfg["kwargs"].get("column_list")
+                counts["observed_value"] = expected if r["success"] and isinstance(expected, list) else []
+            results.append(
+                ExpectationValidationResult(
+                    success=r["success"],
+                    expectation_config=ExpectationConfiguration(**cfg),
+                    result=counts,
+                    exception_info=dict(r["exception_info"]),
+                )
+            )
+        suite_result = ExpectationSuiteValidationResult(
+            success=result["success"],
+            results=results,
+            suite_name=result["suite_name"],
+            statistics=dict(result["statistics"]),
+            meta=dict(result.get("meta") or {}),
+        )
+        document = ValidationResultsPageRenderer().render(suite_result)
+        return DefaultJinjaPageView().render(document)

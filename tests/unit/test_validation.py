@@ -1,0 +1,456 @@
+"""The validation suites and the machinery around them (phsafe.validation).
+
+The suites in ``expectations/`` are the reviewed statement of the rules; these tests pin them to
+the facts they restate (phsafe/schema.py, the tables, the DHC paper's age table), and check that
+reports count failing rows exactly and never carry a value.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from phsafe import synthetic
+from phsafe.accounting import plan_run
+from phsafe.config import parse_config
+from phsafe.outputs import private_tables, write_tables
+from phsafe.schema import FILES, PUERTO_RICO, STATE_CODES, ColumnKind
+from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
+from phsafe.validation import (
+    Failure,
+    ValidationError,
+    ValidationReport,
+    _config,
+    _gx,
+    _inputs,
+    _read,
+    validate,
+    validate_inputs,
+    validate_outputs,
+)
+from phsafe.validation._report import write_report
+from phsafe.validation._run import SuiteRun
+from phsafe.validation._suites import load_suite, suites_dir
+from tests.conftest import PR_CONFIG, US_CONFIG
+
+SUITES = sorted(p.stem for p in suites_dir().glob("*.json"))
+FILE_STEMS = ("persons", "units", "geo", "config", "output")
+
+
+def _expectations(suite: str) -> list[dict]:
+    return load_suite(suite).raw["expectations"]
+
+
+def _by_id(suite: str) -> dict[str, dict]:
+    return {e["meta"]["rule_id"]: e for e in _expectations(suite)}
+
+
+# ------------------------------------------------------------------------------ the suites
+def test_every_expected_suite_exists() -> None:
+    assert {"persons", "units", "geo", "config", "outputs", "persons_in_units", "households",
+            "units_geo"} <= set(SUITES)
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_suite_metadata_is_complete(suite: str) -> None:
+    s = load_suite(suite)
+    frames = s.raw["meta"]["phsafe"]["frames"]
+    ids = [r.rule_id for r in s.rules]
+    assert len(ids) == len(set(ids))
+    for rule in s.rules:
+        assert rule.description and rule.description != rule.type
+        assert rule.file in FILE_STEMS
+        assert rule.frame in frames, f"{rule.rule_id}: frame {rule.frame} is not described"
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_great_expectations_accepts_every_expectation(suite: str) -> None:
+    s = load_suite(suite)
+    for frame in s.frames:
+        rules = s.rules_for(frame)
+        # _suite refuses a suite from which GX silently dropped an expectation.
+        assert len(_gx._suite(s, frame, rules).expectations) == len(rules)
+
+
+@pytest.mark.parametrize("stem", list(FILES))
+def test_file_suites_agree_with_schema(stem: str) -> None:
+    rules = _by_id(stem)
+    columns = FILES[stem]
+    assert rules[f"{stem}.header"]["kwargs"]["column_list"] == [c.name for c in columns]
+    for c in columns:
+        assert rules[f"{stem}.{c.name}.present"]["type"] == "expect_column_values_to_not_be_null"
+        if c.kind is ColumnKind.CODE:
+            assert rules[f"{stem}.{c.name}.format"]["kwargs"]["regex"] == f"^[0-9]{{{c.width}}}$"
+            if c.allowed is not None:
+                assert rules[f"{stem}.{c.name}.domain"]["kwargs"]["value_set"] == c.allowed_strings()
+            else:
+                assert f"{stem}.{c.name}.domain" not in rules
+        elif c.allowed is not None:
+            assert rules[f"{stem}.{c.name}.domain"]["kwargs"]["value_set"] == sorted(c.allowed)
+        else:
+            kwargs = rules[f"{stem}.{c.name}.range"]["kwargs"]
+            assert (kwargs["min_value"], kwargs["max_value"]) == (c.minimum, c.maximum)
+    known = {c.name for c in columns}
+    for rule in load_suite(stem).rules:
+        assert rule.referenced_columns() <= known, rule.rule_id
+
+
+# DHC TopDown paper, Table 2 (CEF edit constraints, constraint P3), rows about RELSHIP 20-36.
+DHC_AGE_RANGES = {
+    "20": (15, 115), "21": (15, 115), "22": (15, 115), "23": (15, 115), "24": (15, 115),
+    "25": (0, 89), "26": (0, 89), "27": (0, 89), "28": (0, 115), "29": (30, 115), "30": (0, 74),
+    "31": (30, 115), "32": (15, 89), "33": (0, 115), "34": (0, 115), "35": (0, 20), "36": (0, 115),
+}
+
+
+def test_age_rules_follow_the_dhc_edit_constraints() -> None:
+    covered: dict[str, tuple[int, int]] = {}
+    for rule_id, exp in _by_id("persons").items():
+        if not rule_id.startswith("persons.age."):
+            continue
+        cond, kwargs = exp["kwargs"]["row_condition"], exp["kwargs"]
+        codes = cond["parameter"] if cond["operator"] == "IN" else [cond["parameter"]]
+        for code in codes:
+            assert code not in covered
+            covered[code] = (kwargs["min_value"], kwargs["max_value"])
+    narrower = {k: v for k, v in DHC_AGE_RANGES.items() if v != (0, 115)}
+    assert covered == narrower
+
+
+def test_config_suite_agrees_with_the_tables() -> None:
+    rules = _by_id("config")
+    keys = [f"privacy_budget.{t}.{lv.config_key}" for t in MEASURED_TABLES for lv in TABLE_LEVELS[t]]
+    keys += [f"tau.{t}" for t in TAU_TABLES]
+    assert rules["config.required_keys"]["kwargs"]["value_set"] == keys
+    assert rules["config.known_keys"]["kwargs"]["value_set"] == keys
+    assert set(rules["config.state_code"]["kwargs"]["value_set"]) == STATE_CODES | {PUERTO_RICO}
+
+
+@pytest.mark.parametrize("path", [US_CONFIG, PR_CONFIG])
+def test_production_configs_pass_the_config_suite(path: Path) -> None:
+    raw = json.loads(path.read_text())
+    report = validate({"config": _config.flatten(raw)}, "config")
+    assert report.ok, report.to_text()
+    assert report.results[0]["statistics"]["evaluated_expectations"] == len(load_suite("config").rules)
+
+
+def test_config_suite_reports_every_broken_rule_at_once() -> None:
+    raw = json.loads(US_CONFIG.read_text())
+    raw["tau"]["PH3"] = 0
+    raw["privacy_budget"]["PH2"]["state_*"] = -1
+    raw["privacy_budget"]["PH1_num"]["usa_all"] = raw["privacy_budget"]["PH1_num"].pop("usa_*")
+    raw["state_filter"].append("72")
+    report = validate({"config": _config.flatten(raw)}, "config")
+    assert {f.rule_id for f in report.failures} == {
+        "config.tau_positive", "config.budget_nonnegative", "config.known_keys", "config.required_keys",
+        "config.pr_alone",
+    }
+
+
+def test_config_error_becomes_a_failure_naming_the_key(tmp_path: Path) -> None:
+    raw = json.loads(US_CONFIG.read_text())
+    raw["tau"]["PH3"] = 0
+    path = tmp_path / "my_config.json"
+    path.write_text(json.dumps(raw))
+    config, failure = _config.load(path)
+    assert config is None
+    assert failure == Failure("my_config.json", ("tau.PH3",), "must be at least 1", None, None, "config.load", "key")
+
+
+# ------------------------------------------------------------------------------ the wrapper
+def _persons_frame(n: int = 1000) -> pd.DataFrame:
+    rng = np.random.default_rng(1)
+    return pd.DataFrame({
+        "RTYPE": pd.Series(["3"] * n, dtype="str"),
+        "MAFID": rng.integers(100_000_001, 900_000_000, n).astype(float),
+        "QAGE": np.full(n, 40.0),
+        "CENHISP": np.full(n, 1.0),
+        "CENRACE": pd.Series(["01"] * n, dtype="str"),
+        "RELSHIP": pd.Series(["34"] * n, dtype="str"),
+    })
+
+
+def test_validate_counts_failing_rows_exactly_and_quotes_no_value() -> None:
+    frame = _persons_frame()
+    frame.loc[frame.index[:37], "QAGE"] = 131.0
+    frame.loc[frame.index[100:103], "CENRACE"] = "7"
+    report = validate({"persons": frame}, "persons", file_names={"persons": "persons.csv"})
+    got = {(f.rule_id, f.failing_rows) for f in report.failures}
+    assert got == {("persons.QAGE.range", 37), ("persons.CENRACE.format", 3), ("persons.CENRACE.domain", 3)}
+    text = report.to_text() + json.dumps(report.to_dict()) + json.dumps(report.results)
+    assert "131" not in text
+    assert not any(f"{m:.0f}" in text for m in frame.MAFID)
+    assert "persons.csv [QAGE]: QAGE is between 0 and 115 (37 failing rows)" in report.to_text()
+
+
+def test_distinct_rows_give_the_same_counts() -> None:
+    frame = pd.concat([_persons_frame()] * 5, ignore_index=True)
+    frame.loc[frame.index[::7], "RELSHIP"] = "38"  # RTYPE 3 with a GQ code
+    exact = SuiteRun("persons")
+    exact.check("persons", frame.drop(columns=["MAFID"]), exclude={"persons.header"})
+    distinct = SuiteRun("persons")
+    distinct.check("persons", frame.drop(columns=["MAFID"]), exclude={"persons.header"}, distinct=True)
+    counts = [{f.rule_id: f.failing_rows for f in run.tally.failures({})} for run in (exact, distinct)]
+    assert counts[0] == counts[1] == {"persons.hu_relship": len(frame.index[::7])}
+
+
+def test_results_hold_counts_only() -> None:
+    frame = _persons_frame(50)
+    frame.loc[0, "CENRACE"] = "SECRET"
+    s = load_suite("persons")
+    for result in _gx.run(s, "persons", frame, s.rules_for("persons"), counts=True):
+        assert set(result.counts) <= set(_gx_safe_keys())
+    report = validate({"persons": frame}, "persons")
+    for r in report.results[0]["results"]:
+        assert set(r["result"]) <= set(_gx_safe_keys()) | {"unexpected_percent"}
+        assert r["exception_info"]["exception_message"] is None
+    assert "SECRET" not in json.dumps(report.results)
+
+
+def _gx_safe_keys() -> tuple[str, ...]:
+    from phsafe.validation._report import _SAFE_RESULT_KEYS
+
+    return _SAFE_RESULT_KEYS
+
+
+def test_validate_refuses_an_unknown_frame() -> None:
+    with pytest.raises(ValueError, match="no frame"):
+        validate({"people": _persons_frame(3)}, "persons")
+
+
+def test_a_rule_without_its_parameter_is_noted_not_skipped_silently() -> None:
+    frame = pd.DataFrame({"TABBLKST": pd.Series(["01"], dtype="str")})
+    report = validate({"geo": frame}, "geo")
+    assert {f.rule_id for f in report.failures} == {"geo.header"}  # the frame has one column
+    assert any("state_filter" in n and "geo.TABBLKST.state_filter" in n for n in report.notes)
+
+
+def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    def broken(*args: object) -> None:
+        raise ValueError("invalid literal for int(): '123456789'")
+
+    monkeypatch.setattr(_inputs, "_validate", broken)
+    with pytest.raises(ValidationError) as info:
+        validate_inputs(US_CONFIG, tmp_path)
+    assert "123456789" not in str(info.value) and "ValueError" in str(info.value)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_header_description_never_echoes_a_data_row() -> None:
+    expected = [c.name for c in FILES["persons"]]
+    text = _read.describe_header(["3", "123456789", "44", "1", "01", "20"], expected)
+    assert not re.search(r"[0-9]{2,}", text.replace("6 other columns", ""))
+    assert "missing RTYPE" in text
+    assert _read.describe_header([*expected, "EXTRA"], expected) == "unexpected EXTRA"
+
+
+# ------------------------------------------------------------------------------ input files
+@pytest.fixture(scope="module")
+def small() -> synthetic.SyntheticData:
+    return synthetic.generate(3000, ["01", "06"], seed=5)
+
+
+def _write(data: synthetic.SyntheticData, directory: Path, fmt: str = "csv") -> Path:
+    synthetic.write(data, directory, fmt=fmt)
+    raw = json.loads(US_CONFIG.read_text())
+    raw["state_filter"] = ["01", "06"]
+    (directory / "config.json").write_text(json.dumps(raw))
+    return directory
+
+
+def _broken(data: synthetic.SyntheticData) -> synthetic.SyntheticData:
+    persons = data.persons.copy()
+    persons["QAGE"] = persons["QAGE"].astype(int)
+    rows = persons.index[persons.RELSHIP == "34"][:4]
+    persons.loc[rows, "QAGE"] = 120  # out of range
+    kids = persons.index[persons.RELSHIP == "25"][:3]
+    persons.loc[kids, "CENRACE"] = "00"  # not a race code
+    return synthetic.SyntheticData(persons=persons, units=data.units, geo=data.geo)
+
+
+def _summary(report: ValidationReport) -> set[tuple[str, str | None, int | None]]:
+    return {(f.file, f.rule_id, f.failing_rows) for f in report.failures}
+
+
+def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, tmp_path: Path) -> None:
+    csv_dir = _write(_broken(small), tmp_path / "csv")
+    pq_dir = _write(_broken(small), tmp_path / "parquet", fmt="parquet")
+    csv_report = validate_inputs(csv_dir / "config.json", csv_dir)
+    pq_report = validate_inputs(pq_dir / "config.json", pq_dir)
+    assert {(r, n) for _, r, n in _summary(csv_report)} == {(r, n) for _, r, n in _summary(pq_report)}
+    assert {f for f, _, _ in _summary(pq_report)} == {"persons.parquet"}
+    assert ("persons.csv", "persons.QAGE.range", 4) in _summary(csv_report)
+    assert ("persons.csv", "persons.CENRACE.domain", 3) in _summary(csv_report)
+
+
+def test_batches_and_distinct_rows_do_not_change_the_report(
+    small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _write(_broken(small), tmp_path / "data")
+    whole = validate_inputs(data / "config.json", data)
+    # Many small batches, each checked on its distinct rows.
+    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)
+    batched = validate_inputs(data / "config.json", data)
+    assert _summary(batched) == _summary(whole)
+    assert not whole.ok
+
+
+@pytest.mark.slow
+def test_second_process_gives_the_same_report(
+    small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _write(_broken(small), tmp_path / "data")
+    here = validate_inputs(data / "config.json", data)
+    monkeypatch.setattr(_inputs, "PARALLEL_MIN_ROWS", 0)
+    started = []
+    real = _inputs._Worker.__init__
+
+    def spy(self, source):  # type: ignore[no-untyped-def]
+        started.append(source.stem)
+        real(self, source)
+
+    monkeypatch.setattr(_inputs._Worker, "__init__", spy)
+    there = validate_inputs(data / "config.json", data)
+    assert started == ["persons"]
+    assert _summary(there) == _summary(here)
+
+
+def test_report_files(small: synthetic.SyntheticData, tmp_path: Path) -> None:
+    data = _write(_broken(small), tmp_path / "data")
+    report = validate_inputs(data / "config.json", data, report_dir=tmp_path / "report")
+    folder = tmp_path / "report" / "inputs"
+    assert (folder / "report.txt").read_text().startswith("inputs: 2 rules failed")
+    saved = json.loads((folder / "report.json").read_text())
+    assert saved["ok"] is False and len(saved["failures"]) == len(report.failures)
+    result = json.loads((folder / "results" / "persons.json").read_text())
+    assert result["suite_name"] == "persons" and result["success"] is False
+    index = (folder / "index.html").read_text()
+    assert "http" not in index  # self-contained
+    assert "DHC edit constraint" in (folder / "data_docs" / "persons.html").read_text()
+
+
+def test_write_report_of_an_empty_report(tmp_path: Path) -> None:
+    folder = write_report(ValidationReport(subject="inputs"), tmp_path)
+    assert (folder / "index.html").exists() and (tmp_path / "index.html").exists()
+
+
+# ------------------------------------------------------------------------------ laziness
+def test_importing_the_cli_and_validation_does_not_import_great_expectations() -> None:
+    code = "import sys, phsafe.cli, phsafe.validation; print('great_expectations' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_great_expectations_runs_without_analytics_or_progress_bars() -> None:
+    import os
+
+    state = _gx._gx()
+    assert os.environ["GX_ANALYTICS_ENABLED"] == "False"
+    context = state["context"]
+    assert context.config.analytics_enabled is False
+    assert context.progress_bars["globally"] is False
+    assert type(context).__name__ == "EphemeralDataContext"
+
+
+# ------------------------------------------------------------------------------ outputs
+def _small_config(**changes: object):
+    raw = json.loads(US_CONFIG.read_text())
+    raw["state_filter"] = ["01", "06"]
+    for key, value in changes.items():
+        raw[key] = value
+    return parse_config(raw)
+
+
+def _outputs(config, directory: Path) -> Path:
+    plan = plan_run(config)
+    noisy = {m.key: np.arange(m.n_cells, dtype=np.int64) - 3 for m in plan.measurements}
+    write_tables(private_tables(config, plan, noisy), directory)
+    return directory
+
+
+def _edit(path: Path, change) -> None:  # type: ignore[no-untyped-def]
+    frame = pd.read_csv(path, sep="|", dtype=str, keep_default_na=False)
+    frame = change(frame)
+    frame.to_csv(path, sep="|", index=False, lineterminator="\n")
+
+
+def test_private_outputs_pass(tmp_path: Path) -> None:
+    config = _small_config()
+    report = validate_outputs(config, _outputs(config, tmp_path / "out"), report_dir=tmp_path / "report")
+    assert report.ok, report.to_text()
+    stats = report.results[0]["statistics"]
+    assert report.results[0]["suite_name"] == "outputs"
+    assert stats["evaluated_expectations"] == len(load_suite("outputs").rules) == stats["successful_expectations"]
+    assert (tmp_path / "report" / "outputs" / "index.html").exists()
+
+
+def test_puerto_rico_outputs_pass(tmp_path: Path) -> None:
+    raw = json.loads(PR_CONFIG.read_text())
+    config = parse_config(raw)
+    report = validate_outputs(config, _outputs(config, tmp_path / "out"))
+    assert report.ok, report.to_text()
+
+
+OUTPUT_BREAKS = {
+    "missing_row": ("PH2", lambda f: f.iloc[1:], "outputs.domain_complete"),
+    "duplicate_row": ("PH3", lambda f: pd.concat([f, f.iloc[[4]]]), "outputs.cell_unique"),
+    "wrong_variance": ("PH4", lambda f: f.assign(VARIANCE=f.VARIANCE.where(f.index != 2, "1.5")),
+                       "outputs.variance_planned"),
+    "non_integer_count": ("PH7", lambda f: f.assign(COUNT=f.COUNT.where(f.index != 0, "2.5")),
+                          "outputs.count_integer"),
+    "unconfigured_state": ("PH1_num", lambda f: f.assign(REGION_ID=f.REGION_ID.where(f.index != 30, "04")),
+                           "outputs.states"),
+    "missing_iteration_column": ("PH8_denom", lambda f: f.drop(columns=["ITERATION_CODE"]), "outputs.header"),
+    "wrong_noise": ("PH6", lambda f: f.assign(NOISE_DISTRIBUTION="Laplace"), "outputs.noise_distribution"),
+    "derived_variance_not_summed": (
+        "PH8_num", lambda f: f.assign(VARIANCE=f.groupby("PH8_NUM_DATA_CELL").VARIANCE.transform("min")),
+        "outputs.variance_planned"),
+}
+
+
+@pytest.mark.parametrize("name", list(OUTPUT_BREAKS))
+def test_broken_outputs_are_reported(name: str, tmp_path: Path) -> None:
+    table, change, rule_id = OUTPUT_BREAKS[name]
+    config = _small_config()
+    out = _outputs(config, tmp_path / "out")
+    _edit(out / table / f"{table}.csv", change)
+    report = validate_outputs(config, out)
+    assert rule_id in {f.rule_id for f in report.failures}, report.to_text()
+    assert all(f.file == f"{table}/{table}.csv" for f in report.failures)
+
+
+def test_usa_rows_in_a_puerto_rico_run_are_reported(tmp_path: Path) -> None:
+    us = _small_config()
+    pr = parse_config(json.loads(PR_CONFIG.read_text()))
+    out = _outputs(pr, tmp_path / "out")
+    usa = _outputs(us, tmp_path / "us")
+    # Put the US run's USA rows of PH2 into the Puerto Rico table.
+    frame = pd.read_csv(out / "PH2" / "PH2.csv", sep="|", dtype=str, keep_default_na=False)
+    extra = pd.read_csv(usa / "PH2" / "PH2.csv", sep="|", dtype=str, keep_default_na=False)
+    pd.concat([frame, extra[extra.REGION_TYPE == "USA"]]).to_csv(out / "PH2" / "PH2.csv", sep="|", index=False)
+    rules = {f.rule_id for f in validate_outputs(pr, out).failures}
+    assert {"outputs.region_type", "outputs.domain_only"} <= rules
+
+
+def test_missing_and_unexpected_tables_are_reported(tmp_path: Path) -> None:
+    config = _small_config()
+    out = _outputs(config, tmp_path / "out")
+    (out / "PH3" / "PH3.csv").unlink()
+    raw = json.loads(US_CONFIG.read_text())
+    raw["state_filter"] = ["01", "06"]
+    raw["privacy_budget"]["PH6"] = {"usa_*": 0, "state_*": 0}
+    no_ph6 = parse_config(copy.deepcopy(raw))
+    report = validate_outputs(no_ph6, out)
+    texts = {f.to_text() for f in report.failures}
+    assert "PH3/PH3.csv: the table is present (it has a measured level)" in texts
+    assert "PH6/PH6.csv: is not produced: every level of PH6 has budget 0" in texts
