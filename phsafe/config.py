@@ -120,7 +120,10 @@ def load_config(path: str | Path) -> PHSafeConfig:
         raise ConfigError(
             "<file>", f"{path.name} is not valid JSON (line {exc.lineno}, column {exc.colno})"
         ) from None
-    return parse_config(raw)
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.rule, file=path.name) from None
 
 
 def parse_config(raw: Any) -> PHSafeConfig:

@@ -17,12 +17,15 @@ class ConfigError(PHSafeError):
     Args:
         key: Dotted path of the offending key, e.g. ``privacy_budget.PH2.usa_*``.
         rule: The rule in plain words.
+        file: Name of the config file, when the config was read from one.
     """
 
-    def __init__(self, key: str, rule: str) -> None:
+    def __init__(self, key: str, rule: str, *, file: str | None = None) -> None:
         self.key = key
         self.rule = rule
-        super().__init__(f"config key '{key}': {rule}")
+        self.file = file
+        where = f"{file}: " if file else ""
+        super().__init__(f"{where}config key '{key}': {rule}")
 
 
 class InputError(PHSafeError):
