@@ -10,11 +10,12 @@
   :mod:`phsafe.truncation`.
 
 Memory: records stay in file order in their compact columns; preprocessing only adds one byte
-per record, its state (or "not tabulated"). :func:`partitions` then cuts the data into groups of
-whole states and builds, per partition, the MAFID grouping that truncate-join-count needs, so the
-temporaries of the data path are bounded by the partition size, not by the nation. A state's
-truncate-join-count never looks at another state; the nation's count vector is the sum of the
-exact state vectors before any noise.
+per record, its state (or "not tabulated"). :func:`partitions` then cuts the tabulated records
+into MAFID ranges and builds, per partition, the MAFID grouping that truncate-join-count needs.
+Truncation and unit uniqueness are decided per MAFID and counts add up, so any MAFID-disjoint
+split gives the same exact counts -- cutting by MAFID range (rather than by state) bounds the
+temporaries of the data path by the partition size even for the largest state. Count vectors are
+kept per state; the nation's vector is the sum of the exact state vectors before any noise.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class PreparedData:
 
 @dataclass
 class Partition:
-    """Whole states' records, grouped by MAFID.
+    """The records of one MAFID range, grouped by MAFID.
 
     Attributes:
         units: Unit columns, rows sorted by MAFID.
@@ -63,7 +64,6 @@ class Partition:
         persons: Person columns of persons whose MAFID has a unit in the partition.
         person_group: MAFID group of each person.
         n_groups: Number of MAFID groups.
-        n_states: Number of states in the partition.
     """
 
     units: Columns
@@ -72,7 +72,6 @@ class Partition:
     persons: Columns
     person_group: npt.NDArray[np.int64]
     n_groups: int
-    n_states: int
 
 
 def _take(cols: Columns, index: npt.NDArray[np.integer] | slice) -> Columns:
@@ -151,28 +150,38 @@ def prepare(inputs: InputTables, states: tuple[str, ...]) -> PreparedData:
     )
 
 
-def _state_runs(person_counts: npt.NDArray[np.int64], max_persons: int) -> Iterator[tuple[int, int]]:
-    """Consecutive state index ranges holding at most ``max_persons`` persons (or one state)."""
-    start, n = 0, len(person_counts)
-    while start < n:
-        stop, total = start + 1, int(person_counts[start])
-        while stop < n and total + person_counts[stop] <= max_persons:
-            total += int(person_counts[stop])
-            stop += 1
-        yield start, stop
-        start = stop
+def _mafid_ranges(person_mafid: npt.NDArray[np.integer], max_persons: int) -> list[tuple[int, int]]:
+    """Cut the MAFID range into consecutive ranges of about ``max_persons`` persons each.
+
+    The cut points come from a histogram of the tabulated persons' MAFIDs (one pass); a range
+    exceeds ``max_persons`` only if a single histogram bin does.
+    """
+    n = len(person_mafid)
+    k = max(1, -(-n // max_persons))
+    if k == 1:
+        return [(MAFID_MIN, MAFID_MAX + 1)]
+    edges = np.linspace(MAFID_MIN, MAFID_MAX + 1, 64 * k + 1).astype(np.int64)
+    per_bin, _ = np.histogram(person_mafid, bins=edges)
+    cumulative = np.cumsum(per_bin)
+    targets = np.arange(1, k) * (n / k)
+    cuts = edges[1:][np.searchsorted(cumulative, targets)]
+    bounds = np.unique(np.concatenate([[MAFID_MIN], cuts, [MAFID_MAX + 1]]))
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
-def partitions(data: PreparedData, max_persons: int = 16_000_000) -> Iterator[Partition]:
-    """Yield groups of whole states, each with at most ``max_persons`` persons unless one state
-    alone has more."""
-    n_states = len(data.states)
-    person_counts = np.bincount(data.person_state, minlength=256)[:n_states]
-    for lo, hi in _state_runs(person_counts, max_persons):
-        in_run = (data.unit_state >= lo) & (data.unit_state < hi)
-        unit_rows = np.flatnonzero(in_run)
-        del in_run
-        order = np.argsort(data.units["MAFID"][unit_rows], kind="stable")
+def partitions(data: PreparedData, max_persons: int = 8_000_000) -> Iterator[Partition]:
+    """Yield the tabulated records by MAFID range, about ``max_persons`` persons at a time."""
+    tabulated_persons = data.person_state != NOT_TABULATED
+    ranges = _mafid_ranges(data.persons["MAFID"][tabulated_persons], max_persons)
+    for lo, hi in ranges:
+        whole = len(ranges) == 1
+        unit_mafid = data.units["MAFID"]
+        in_range = data.unit_state != NOT_TABULATED
+        if not whole:
+            in_range &= (unit_mafid >= lo) & (unit_mafid < hi)
+        unit_rows = np.flatnonzero(in_range)
+        del in_range
+        order = np.argsort(unit_mafid[unit_rows], kind="stable")
         unit_rows = unit_rows[order]
         units = _take(data.units, unit_rows)
         unit_state = data.unit_state[unit_rows]
@@ -183,7 +192,12 @@ def partitions(data: PreparedData, max_persons: int = 16_000_000) -> Iterator[Pa
         unit_group = np.cumsum(new_group, dtype=np.int64) - 1
         group_mafid = mafid[new_group]
 
-        person_rows = np.flatnonzero((data.person_state >= lo) & (data.person_state < hi))
+        in_range = tabulated_persons.copy() if not whole else tabulated_persons
+        if not whole:
+            person_mafid = data.persons["MAFID"]
+            in_range &= (person_mafid >= lo) & (person_mafid < hi)
+        person_rows = np.flatnonzero(in_range)
+        del in_range
         # Hash look-up of each person's MAFID among the partition's (unique) group MAFIDs.
         group = pd.Index(group_mafid).get_indexer(data.persons["MAFID"][person_rows])
         found = group >= 0
@@ -195,5 +209,4 @@ def partitions(data: PreparedData, max_persons: int = 16_000_000) -> Iterator[Pa
             persons=_take(data.persons, person_rows),
             person_group=person_group,
             n_groups=len(group_mafid),
-            n_states=hi - lo,
         )

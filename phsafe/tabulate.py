@@ -187,9 +187,9 @@ def tabulate(
     *,
     taus: dict[str, int] | None,
     key: bytes | None,
-    max_persons_per_partition: int = 16_000_000,
+    max_persons_per_partition: int = 8_000_000,
 ) -> dict[str, TableCounts]:
-    """Exact counts of every table in ``specs``, summed over state partitions.
+    """Exact counts of every table in ``specs``, summed over MAFID-range partitions.
 
     Args:
         specs: Tables to count.
@@ -204,7 +204,7 @@ def tabulate(
     n_states = len(data.states)
     totals: dict[str, TableCounts] = {s.name: TableCounts(s) for s in specs}
     for number, part in enumerate(partitions(data, max_persons_per_partition), start=1):
-        log.info("tabulating partition", partition=number, states=part.n_states)
+        log.info("tabulating partition", partition=number)
         for spec in specs:
             tau = taus[spec.tau_key] if (taus is not None and spec.tau_key) else None
             counts = tabulate_partition(spec, part, n_states, tau=tau, key=key)

@@ -481,7 +481,7 @@ def test_untruncated_counts_equal_an_independent_tabulation(base: Dataset) -> No
 
 @PROPERTY_SETTINGS
 @given(base=datasets(max_units=14), taus=taus_strategy, key=keys, limit=st.integers(1, 40))
-def test_partitioning_by_state_does_not_change_counts(base: Dataset, taus, key: bytes, limit: int) -> None:
+def test_partitioning_does_not_change_counts(base: Dataset, taus, key: bytes, limit: int) -> None:
     prepared = prepare(base.inputs(), base.states)
     one = cubes_to_vectors(tabulate(list(TABLES.values()), prepared, taus=taus, key=key))
     many = cubes_to_vectors(
