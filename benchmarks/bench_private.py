@@ -19,21 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-US_CONFIG = REPO.parent / "shared" / "fixtures" / "production_config_us.json"
-
-
-def _dataset(n: int, fmt: str, states: list[str]) -> Path:
-    from phsafe.synthetic import generate, write
-
-    path = HERE / "_work" / f"{n}-{fmt}"
-    if not (path / f"persons.{fmt}").exists():
-        path.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        write(generate(n, states, seed=n), path, fmt=fmt)
-        print(f"generated {n:,} persons in {time.perf_counter() - start:.1f} s -> {path}")
-    return path
+from _data import US_CONFIG, dataset  # benchmarks/ is the script's directory
 
 
 def main() -> int:
@@ -44,7 +30,7 @@ def main() -> int:
     args = parser.parse_args()
 
     states = json.loads(args.config.read_text())["state_filter"]
-    data = _dataset(args.persons, args.format, states)
+    data = dataset(args.persons, args.format, states)
     work = Path(tempfile.mkdtemp(prefix="phsafe-bench-"))
     try:
         cmd = [str(Path(sys.executable).parent / "phsafe"), "private", str(args.config), str(data),

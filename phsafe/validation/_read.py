@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from phsafe.reader import InputFile as SourceFile  # one located input file, as the engine sees it
 from phsafe.schema import FILES, Column, ColumnKind
 from phsafe.validation._report import Failure
 
@@ -34,19 +35,6 @@ PARQUET_BATCH_ROWS = 1_000_000
 _HEADER_MAX_BYTES = 1 << 16
 _OTHER_DELIMITERS = (";", "|", "\t")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One located input file."""
-
-    stem: str  # persons, units or geo
-    path: Path
-    format: str  # csv or parquet
-
-    @property
-    def name(self) -> str:
-        return self.path.name
 
 
 def locate(data_dir: Path) -> tuple[dict[str, SourceFile], list[Failure]]:
