@@ -14,7 +14,6 @@ would spend longer importing Great Expectations than it saves.
 from __future__ import annotations
 
 import itertools
-import logging
 import os
 import pickle
 import subprocess
@@ -30,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from phsafe.logs import get_logger
 from phsafe.schema import FILES
 from phsafe.validation import _config, _gx
 from phsafe.validation._frames import (
@@ -46,7 +46,7 @@ from phsafe.validation._read import FileReader, SourceFile, describe_header, loc
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._run import SuiteRun
 
-log = logging.getLogger("phsafe.validation")
+log = get_logger("phsafe.validation")
 
 _ROW_NOUNS = {"persons_in_units": "person", "households": "household", "units_geo": "MAFID", "config": "key"}
 PARALLEL_MIN_ROWS = 4_000_000
@@ -331,8 +331,8 @@ def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
         try:
             return worker.result()
         except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
-            log.warning("validation worker failed (%s); validating %s in this process", type(exc).__name__,
-                        source.name)
+            log.warning("validation worker failed; validating in this process",
+                        error_type=type(exc).__name__, file=source.name)
     return validate_file(source)
 
 

@@ -12,18 +12,18 @@ caller allows it.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandas as pd
 
+from phsafe.logs import get_logger
 from phsafe.validation import _gx
 from phsafe.validation._report import Tally
 from phsafe.validation._suites import Rule, Suite, load_suite
 
-log = logging.getLogger("phsafe.validation")
+log = get_logger("phsafe.validation")
 
 
 class SuiteRun:
@@ -101,7 +101,7 @@ class SuiteRun:
                                                      [r for r in rules if r.rule_id in failed],
                                                      params, counts=True)}
             results = [recount.get(r.rule_id, r) for r in results]
-        log.debug("suite %s/%s: %d rules on %d rows in %.2fs", self.suite.name, frame, len(rules), len(data),
-                  time.perf_counter() - started)
+        log.debug("suite evaluated", suite=self.suite.name, frame=frame, rules=len(rules),
+                  seconds=round(time.perf_counter() - started, 3))
         for result in results:
             self.tally.add(result.rule_id, result.success, result.counts, result.raised)
