@@ -189,7 +189,9 @@ def run_private(
 
     stage = _Stages(progress)
     run_id = new_run_id()
+    config_sha256 = config_digest(Path(config_path))
     config = load_config(config_path)
+    version = code_version()
     output_dir = Path(output_dir).absolute()
     if output_dir.exists():
         raise PHSafeError(f"output directory {output_dir} already exists; choose a new one")
@@ -220,12 +222,13 @@ def run_private(
 
     ledger = Ledger.open(Path(options.ledger))
     recorder = ledger.start_run(
-        run_id=run_id, plan=plan, config_digest=config_digest(Path(config_path)),
-        input_digests=digests, code_version=code_version(), truncation_key_hex=key.hex(),
+        run_id=run_id, plan=plan, config_digest=config_sha256,
+        input_digests=digests, code_version=version, truncation_key_hex=key.hex(),
         lifetime_cap=options.lifetime_cap, cap_reason=options.cap_reason,
         non_confidential=options.non_confidential,
     )
     publication = None
+    finished = False
     try:
         noisy: dict[str, np.ndarray] = {}
         with stage("measure (noise)"):
@@ -246,15 +249,16 @@ def run_private(
         with stage("publish"):
             recorder.record_outputs_published(file_digests)
             recorder.finish()
+            finished = True
             checkpoint = recorder.checkpoint(options.signing_key)
             publication.write_manifest({
                 "run_id": run_id,
                 "mode": "private",
                 "privacy_defn": config.privacy_defn.value,
                 "total_budget": str(plan.total),
-                "config": {"path": str(config_path), "sha256": config_digest(Path(config_path))},
+                "config": {"path": str(config_path), "sha256": config_sha256},
                 "inputs": digests,
-                "code_version": code_version(),
+                "code_version": version,
                 "ledger": str(Path(options.ledger).absolute()),
                 "checkpoint": checkpoint,
                 "files": file_digests,
@@ -262,8 +266,14 @@ def run_private(
             publication.publish()
     except BaseException as exc:
         if publication is not None and publication.staging.exists():
-            publication.abandon()
-        recorder.fail(type(exc).__name__ if not isinstance(exc, PHSafeError) else str(exc).splitlines()[0][:200])
+            if finished:
+                # Spent, recorded and complete, only not renamed: keep it for the operator.
+                log.error("publication failed after the run finished; staged outputs kept",
+                          staging=str(publication.staging), target=str(output_dir))
+            else:
+                publication.abandon()
+        if not finished:  # a finished run stays finished: its spends are recorded either way
+            recorder.fail(type(exc).__name__ if not isinstance(exc, PHSafeError) else str(exc).splitlines()[0][:200])
         raise
     log.info("published", run_id=run_id, output=str(output_dir), files=len(file_digests))
     return RunResult(run_id, output_dir, file_digests, plan, stage.timings)
