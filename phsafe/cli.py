@@ -141,15 +141,21 @@ def non_private(config: Path, data: Path, output: Path, validate_inputs: bool, l
     click.echo(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")
 
 
-def _mount_audit() -> None:
-    try:
-        from phsafe.audit.cli import audit
-    except ImportError:  # pragma: no cover - the audit package is part of the distribution
-        return
-    main.add_command(audit)
+# Commands that live in their own modules: (module, click command name). Imported when the CLI
+# starts; each module owns its command and its options.
+_COMMAND_MODULES: tuple[tuple[str, str], ...] = (
+    ("phsafe.audit.cli", "audit"),
+)
 
 
-_mount_audit()
+def _mount_commands() -> None:
+    import importlib
+
+    for module_name, attribute in _COMMAND_MODULES:
+        main.add_command(getattr(importlib.import_module(module_name), attribute))
+
+
+_mount_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover
