@@ -33,16 +33,16 @@ import numpy as np
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, load_config
+from phsafe.counting import exact_counts
 from phsafe.domain import measurement_domain
 from phsafe.errors import BudgetError, PHSafeError
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.noise import check_privacy_map, measure
 from phsafe.outputs import Publication, nonprivate_tables, private_tables, write_tables
-from phsafe.preprocess import PreparedData, prepare
-from phsafe.reader import input_digests, locate_inputs, read_inputs
+from phsafe.reader import input_digests, locate_inputs
 from phsafe.tables import DERIVED_TABLES, TABLES
-from phsafe.tabulate import TableCounts, tabulate
+from phsafe.tabulate import TableCounts
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
 log = get_logger("phsafe.engine")
@@ -152,16 +152,6 @@ def _validate_inputs(config_path: Path, data_dir: Path, report_dir: Path | None)
         raise ValidationFailed("input", report.to_text())
 
 
-def _exact_tables(config: PHSafeConfig, data_dir: Path, stage: _Stages, *, key: bytes | None, specs) -> dict[str, TableCounts]:
-    with stage("read"):
-        inputs = read_inputs(data_dir)
-    with stage("preprocess"):
-        data: PreparedData = prepare(inputs, config.states)
-        del inputs
-    with stage("truncate, join and count" if key is not None else "join and count"):
-        return tabulate(specs, data, taus=dict(config.tau) if key is not None else None, key=key)
-
-
 def exact_vector(m: PlannedMeasurement, counts: TableCounts) -> np.ndarray:
     """The exact count vector of ``m`` in domain order; the nation is the sum of the states."""
     cube = counts.by_level[m.level.iteration]
@@ -212,7 +202,7 @@ def run_private(
     key = bytes.fromhex(options.truncation_key) if options.truncation_key else secrets.token_bytes(TRUNCATION_KEY_BYTES)
     if len(key) != TRUNCATION_KEY_BYTES:
         raise PHSafeError(f"a truncation key is {TRUNCATION_KEY_BYTES} bytes ({2 * TRUNCATION_KEY_BYTES} hex digits)")
-    counts = _exact_tables(config, Path(data_dir), stage, key=key, specs=list(TABLES.values()))
+    counts = exact_counts(config, Path(data_dir), list(TABLES.values()), key=key, stage=stage)
 
     plan = plan_run(config)
     for m in plan.measurements:
@@ -302,7 +292,7 @@ def run_nonprivate(
     files = locate_inputs(data_dir)
     digests = input_digests(files)
     specs = list(TABLES.values()) + [d.nonprivate for d in DERIVED_TABLES.values()]
-    counts = _exact_tables(config, Path(data_dir), stage, key=None, specs=specs)
+    counts = exact_counts(config, Path(data_dir), specs, key=None, stage=stage)
     with stage("write outputs"):
         publication = Publication.begin(output_dir, run_id)
         try:
