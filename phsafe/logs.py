@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 import structlog
 
@@ -32,13 +32,36 @@ class _JsonFileTee:
 _log_stream: TextIO | None = None
 
 
-def configure(log_file: Path | None = None, *, console_level: int = logging.INFO) -> None:
-    """Send events to the console (human-readable) and, if given, to ``log_file`` (JSON lines)."""
+class _Forward:
+    """A structlog processor handing a copy of each event to ``sink`` (e.g. an orchestrator's
+    run log), which must not raise."""
+
+    def __init__(self, sink: Callable[[str, dict[str, Any]], None]) -> None:
+        self.sink = sink
+
+    def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        self.sink(method, dict(event))
+        return event
+
+
+def configure(
+    log_file: Path | None = None,
+    *,
+    console_level: int = logging.INFO,
+    sinks: Sequence[Callable[[str, dict[str, Any]], None]] = (),
+) -> None:
+    """Configure structlog once for the process.
+
+    Events carry the context bound with ``structlog.contextvars`` (run id, table, level, ...);
+    they go to the console (human-readable), to ``log_file`` as JSON lines if given, and to each
+    of ``sinks`` as ``(level, event dict)``.
+    """
     global _log_stream
     if _log_stream is not None:
         _log_stream.close()
         _log_stream = None
     processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
@@ -47,6 +70,7 @@ def configure(log_file: Path | None = None, *, console_level: int = logging.INFO
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         _log_stream = open(log_file, "a", encoding="utf-8")
         processors.append(_JsonFileTee(_log_stream))
+    processors.extend(_Forward(sink) for sink in sinks)
     processors.append(_ConsoleFilter(console_level))
     processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_no_traceback))
     structlog.configure(

@@ -22,7 +22,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -122,6 +122,8 @@ def measure(
     m: PlannedMeasurement,
     exact: npt.NDArray[np.integer],
     recorder: SpendRecorder,
+    *,
+    keep: Callable[[npt.NDArray[np.int64]], None] | None = None,
 ) -> npt.NDArray[np.int64]:
     """Release ``exact`` (the full-domain count vector of ``m``) with noise.
 
@@ -132,6 +134,9 @@ def measure(
         m: The planned measurement.
         exact: Exact counts over the full domain of ``m``, in domain order.
         recorder: The audit ledger.
+        keep: Called with the noisy vector after the draw and before COMMITTED is recorded, to
+            store it durably; a committed measurement can then always be reused instead of
+            re-drawn (a failure in ``keep`` leaves the spend recorded and uncommitted).
 
     Returns:
         The noisy counts, int64, same order.
@@ -151,6 +156,8 @@ def measure(
         noisy = exact.astype(np.int64, copy=True)
     else:
         noisy = np.asarray(mechanism(exact.astype(np.int64).tolist()), dtype=np.int64)
+    if keep is not None:
+        keep(noisy)
     recorder.record_committed(receipt, noisy_digest=vector_digest(noisy))
     return noisy
 

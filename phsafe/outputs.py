@@ -160,13 +160,19 @@ class Publication:
     target: Path
     staging: Path
 
+    @staticmethod
+    def staging_path(target: Path, run_id: str) -> Path:
+        """The hidden sibling of ``target`` where run ``run_id`` stages its outputs."""
+        target = Path(target).absolute()
+        return target.parent / f".{target.name}.partial-{run_id}"
+
     @classmethod
     def begin(cls, target: Path, run_id: str) -> "Publication":
         target = Path(target).absolute()
         if target.exists():
             raise OutputExistsError(f"output directory {target} already exists; choose a new one")
         target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.parent / f".{target.name}.partial-{run_id}"
+        staging = cls.staging_path(target, run_id)
         staging.mkdir()
         return cls(target, staging)
 

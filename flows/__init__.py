@@ -1,0 +1,1 @@
+"""Prefect flows of the S-DHC production runs (see ``flows/sdhc.py``)."""

@@ -1,0 +1,264 @@
+"""The S-DHC production flows: the US, Puerto Rico, and the release running both.
+
+Each dataset flow chains, as Prefect tasks over :mod:`phsafe.engine`::
+
+    validate inputs ─► fingerprint ─► preprocess + count ─► plan ─► open ledger run
+        ─► nine measurements, submitted concurrently ─► derive PH5_num/PH8_num, variances,
+        write ─► validate outputs ─► publish (ledger finished, signed checkpoint, manifest,
+        atomic rename)
+
+and publishes four artifacts: budget spends, validation summary, output manifest and ledger
+checkpoint. A validation failure ends the flow Failed before the ledger is touched: nothing is
+spent.
+
+Re-running never re-draws noise silently. The phsafe run id is derived from the Prefect flow run
+(``us-20261121T0200Z-<flow run id>``), so a *flow retry* finds its run in the ledger and resumes
+it; an operator re-runs a failed run explicitly with ``resume_run_id``. A resumed run reads back
+every measurement the ledger shows COMMITTED (checked against the recorded digest) and draws only
+the rest -- each such draw is a new spend in the ledger, charged again and checked against the
+lifetime cap. A new run on the same data is refused by the lifetime cap unless the operator
+raises it with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prefect import flow
+from prefect.futures import wait
+from prefect.runtime import flow_run
+
+from flows._logging import configure_once
+from phsafe import engine
+from phsafe.config import PHSafeConfig
+from phsafe.errors import ConfigError, PHSafeError
+from phsafe.ledger import Ledger, RunStatus
+from phsafe.tables import TABLES
+from tasks import artifacts
+from tasks import pipeline as t
+
+log = structlog.get_logger("flows.sdhc")
+
+PUERTO_RICO = "72"
+
+
+def _scheduled_start() -> datetime:
+    when = flow_run.scheduled_start_time or datetime.now(timezone.utc)
+    return when.astimezone(timezone.utc)
+
+
+def _run_name(label: str):
+    """Flow run names that say what they are: ``us-2026-11-21T02:00Z``."""
+    def name() -> str:
+        return f"{label}-{_scheduled_start():%Y-%m-%dT%H:%MZ}"
+    return name
+
+
+def _run_id(label: str) -> str:
+    """A phsafe run id that is the same on every retry of this flow run."""
+    return f"{label}-{_scheduled_start():%Y%m%dT%H%MZ}-{str(flow_run.id).split('-')[0]}"
+
+
+def _cap(value: str | None) -> Fraction | None:
+    if value is None:
+        return None
+    try:
+        return Fraction(Decimal(value))
+    except (InvalidOperation, ValueError):
+        raise PHSafeError(f"lifetime_cap {value!r} is not a decimal number") from None
+
+
+def _check_dataset(label: str, config: PHSafeConfig, config_path: Path) -> None:
+    """The US and Puerto Rico are separate runs with separate configs and ledgers."""
+    states = set(config.states)
+    if label == "pr" and states != {PUERTO_RICO}:
+        raise ConfigError("state_filter", "the Puerto Rico flow needs state_filter [\"72\"]", file=str(config_path))
+    if label == "us" and PUERTO_RICO in states:
+        raise ConfigError("state_filter", "Puerto Rico (72) is its own run: use the Puerto Rico flow",
+                          file=str(config_path))
+
+
+def run_dataset(
+    label: str,
+    *,
+    config: str,
+    data: str,
+    output_root: str,
+    ledger: str,
+    signing_key: str | None,
+    validate_inputs: bool,
+    validate_outputs: bool,
+    lifetime_cap: str | None,
+    cap_reason: str | None,
+    resume_run_id: str | None,
+    resume_reason: str | None,
+    non_confidential: bool,
+    log_file: str | None,
+) -> dict[str, Any]:
+    """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``)."""
+    root = Path(output_root).absolute()
+    configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
+    run_id = resume_run_id or _run_id(label)
+    run_dir = root / run_id
+    options = engine.PrivateRunOptions(
+        ledger=Path(ledger).absolute(), lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
+        signing_key=Path(signing_key) if signing_key else None, non_confidential=non_confidential,
+        report_dir=run_dir / "validation",
+        resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
+    )
+    earlier = Ledger.open(options.ledger).run(run_id) if options.ledger.exists() else None
+    if resume_run_id and earlier is None:
+        raise PHSafeError(f"run {resume_run_id} is not in the ledger {options.ledger}; nothing to resume")
+    if earlier is not None and earlier.status is RunStatus.FINISHED:
+        raise PHSafeError(f"run {run_id} already finished and published; it is never run again")
+    with structlog.contextvars.bound_contextvars(run_id=run_id, flow_run_id=str(flow_run.id), dataset=label):
+        run, cfg = engine.begin_private_run(
+            Path(config), Path(data), run_dir / "tables", options, run_id=run_id, resume=earlier is not None,
+        )
+        _check_dataset(label, cfg, run.config_path)
+        if validate_inputs:
+            report = t.validate_inputs(run)
+            artifacts.validation_summary(label, run_id, "input", report)
+            if not report.ok:  # before the ledger is opened: nothing spent
+                raise engine.ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
+        digests = t.fingerprint_inputs(run.data_dir)
+        counts = t.preprocess_and_count(run, cfg)
+        plan = t.plan_budget(cfg)
+        reusable = t.open_ledger_run(run, plan, digests)
+        try:
+            futures = [t.measure_table.submit(run, plan, table, counts, reusable) for table in TABLES]
+            wait(futures)
+            del counts
+            outcomes = [o for f in futures for o in f.result()]  # raises the first failure
+            file_digests = t.derive_and_write_tables(run, cfg, plan)
+            if validate_outputs:
+                report = t.validate_outputs(run, cfg)
+                artifacts.validation_summary(label, run_id, "output", report)
+                if not report.ok:
+                    raise engine.ValidationFailed("output", report.to_text() + f"\nreport: {run.report_dir}")
+            checkpoint = t.publish(run, cfg, plan, digests, file_digests)
+        except BaseException as exc:
+            resumable = t.record_failure(run, plan, engine.failure_reason(exc))
+            artifacts.budget_spends(label, run_id, engine.spend_summary(run, plan), str(plan.total))
+            if resumable:
+                log.error("run failed; committed measurements kept for a resume", resume_run_id=run_id)
+            raise
+        artifacts.budget_spends(label, run_id, engine.spend_summary(run, plan), str(plan.total))
+        artifacts.output_manifest(label, run.output_dir)
+        artifacts.ledger_checkpoint(label, run_id, checkpoint)
+        (run_dir / "checkpoint.json").write_text(json.dumps(checkpoint, indent=2, sort_keys=True) + "\n")
+        summary = {
+            "dataset": label,
+            "run_id": run_id,
+            "outputs": str(run.output_dir),
+            "validation_reports": str(run.report_dir),
+            "ledger": str(options.ledger),
+            "checkpoint": str(run_dir / "checkpoint.json"),
+            "total_budget": str(plan.total),
+            "privacy_defn": plan.privacy_defn.value,
+            "measurements": {s: sum(o.status == s for o in outcomes) for s in ("drawn", "reused", "noiseless")},
+        }
+        log.info("run published", **{k: v for k, v in summary.items() if k != "measurements"})
+        return summary
+
+
+_COMMON_DOC = """
+    Args:
+        config: The production ``config.json`` of this dataset.
+        data: Folder with persons, units and geo (CSV or Parquet).
+        output_root: Each run writes ``<output_root>/<run id>/`` (``tables/``, ``validation/``,
+            ``checkpoint.json``); the log is ``<output_root>/phsafe-log.jsonl`` unless ``log_file``.
+        ledger: This dataset's audit ledger (JSON Lines), created if missing.
+        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoint.
+        validate_inputs: Validate config and inputs first (Great Expectations).
+        validate_outputs: Validate the tables before publishing them.
+        lifetime_cap: Raise the dataset's lifetime budget to this (decimal); needs ``cap_reason``.
+        cap_reason: Why the cap is raised (recorded in the ledger).
+        resume_run_id: Resume this failed run: its committed measurements are reused.
+        resume_reason: Why it is resumed (recorded in the ledger).
+        non_confidential: The data is synthetic (allows Infinity budgets).
+        log_file: JSON-lines log file (default under ``output_root``).
+"""
+
+
+@flow(name="sdhc-us", flow_run_name=_run_name("us"), retries=0, validate_parameters=True)
+def us_flow(
+    config: str,
+    data: str,
+    output_root: str,
+    ledger: str,
+    signing_key: str | None = None,
+    validate_inputs: bool = True,
+    validate_outputs: bool = True,
+    lifetime_cap: str | None = None,
+    cap_reason: str | None = None,
+    resume_run_id: str | None = None,
+    resume_reason: str | None = None,
+    non_confidential: bool = False,
+    log_file: str | None = None,
+) -> dict[str, Any]:
+    """S-DHC for the 50 states and DC: Nation and State levels."""
+    return run_dataset("us", **locals())
+
+
+@flow(name="sdhc-pr", flow_run_name=_run_name("pr"), retries=0, validate_parameters=True)
+def pr_flow(
+    config: str,
+    data: str,
+    output_root: str,
+    ledger: str,
+    signing_key: str | None = None,
+    validate_inputs: bool = True,
+    validate_outputs: bool = True,
+    lifetime_cap: str | None = None,
+    cap_reason: str | None = None,
+    resume_run_id: str | None = None,
+    resume_reason: str | None = None,
+    non_confidential: bool = False,
+    log_file: str | None = None,
+) -> dict[str, Any]:
+    """S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level."""
+    return run_dataset("pr", **locals())
+
+
+us_flow.__doc__ = (us_flow.__doc__ or "") + _COMMON_DOC
+pr_flow.__doc__ = (pr_flow.__doc__ or "") + _COMMON_DOC
+
+
+@flow(name="sdhc-release", flow_run_name=_run_name("release"), retries=0, validate_parameters=True)
+def release_flow(
+    us_config: str,
+    us_data: str,
+    us_ledger: str,
+    pr_config: str,
+    pr_data: str,
+    pr_ledger: str,
+    output_root: str,
+    signing_key: str | None = None,
+    validate_outputs: bool = True,
+    non_confidential: bool = False,
+    log_file: str | None = None,
+) -> dict[str, Any]:
+    """The release: the US and Puerto Rico flows as subflows, each with its own ledger.
+
+    Both datasets run even if one fails; the release fails if either does.
+    """
+    root = Path(output_root).absolute()
+    configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
+    common = dict(output_root=str(root), signing_key=signing_key, validate_outputs=validate_outputs,
+                  non_confidential=non_confidential, log_file=log_file)
+    states = {
+        "us": us_flow(config=us_config, data=us_data, ledger=us_ledger, return_state=True, **common),
+        "pr": pr_flow(config=pr_config, data=pr_data, ledger=pr_ledger, return_state=True, **common),
+    }
+    failed = [label for label, state in states.items() if not state.is_completed()]
+    if failed:
+        raise PHSafeError("release incomplete: " + ", ".join(
+            f"{label} {states[label].type.value.lower()} ({states[label].message})" for label in failed))
+    return {label: state.result() for label, state in states.items()}

@@ -1,0 +1,1 @@
+"""Thin Prefect tasks over the :mod:`phsafe` library (see ``tasks/pipeline.py``)."""

@@ -1,0 +1,103 @@
+"""Prefect tasks: one per pipeline stage, each a thin wrapper over a function of ``phsafe.engine``.
+
+What crosses a task boundary is small: paths, digests, the plan, summaries. The one exception
+is the exact counts, an in-memory :class:`phsafe.engine.ExactCounts` handed from the counting
+task to the measurement tasks in the same process; it cannot be serialized, and no task here
+persists its result.
+
+Privacy rules (DEVELOPERS.md):
+
+* No task caches or persists its result (``cache_policy=NONE``, ``persist_result=False``): a
+  cached result could replay a noisy release, or write exact counts to result storage.
+* A task that draws noise or appends to the ledger has no retries. A retried draw would be a new
+  spend; the ledger's write-ahead rule and the measurement store make a *resumed run* reuse
+  committed measurements instead (see ``flows/sdhc.py``).
+* Retries with exponential backoff only on pure reads and idempotent writes (fingerprinting the
+  inputs, writing the tables from stored vectors).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+from prefect import task
+from prefect.cache_policies import NONE
+from prefect.tasks import exponential_backoff
+
+from phsafe import engine
+from phsafe.accounting import RunPlan
+from phsafe.config import PHSafeConfig
+from phsafe.engine import ExactCounts, MeasurementOutcome, PrivateRun
+
+# Every task: no cache, no persisted result.
+_NOTHING_KEPT = {"cache_policy": NONE, "persist_result": False}
+# Pure I/O: a few retries with backoff (1 s, 2 s, 4 s, with jitter).
+_IO_RETRIES = {"retries": 3, "retry_delay_seconds": exponential_backoff(backoff_factor=1), "retry_jitter_factor": 0.5}
+# Spends budget or writes the ledger: exactly once per call.
+_NO_RETRIES = {"retries": 0}
+
+
+@task(name="fingerprint-inputs", **_NOTHING_KEPT, **_IO_RETRIES)
+def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
+    """SHA-256 of every input file; the ledger derives the dataset id from them."""
+    return engine.fingerprint_inputs(Path(data_dir))
+
+
+@task(name="validate-inputs", **_NOTHING_KEPT, **_NO_RETRIES)
+def validate_inputs(run: PrivateRun):
+    """Great Expectations over config, persons, units and geo. Returns the (value-free) report."""
+    return engine.check_inputs(run)
+
+
+@task(name="preprocess-and-count", **_NOTHING_KEPT, **_NO_RETRIES)
+def preprocess_and_count(run: PrivateRun, config: PHSafeConfig) -> ExactCounts:
+    """Read, state-filter, geography and group quarters, truncate and join, count exactly."""
+    return engine.count_exact(run, config)
+
+
+@task(name="plan-budget", **_NOTHING_KEPT, **_NO_RETRIES)
+def plan_budget(config: PHSafeConfig) -> RunPlan:
+    """Every measurement's exact budget, sensitivity and variance, checked against OpenDP."""
+    return engine.plan_private_run(config)
+
+
+@task(name="open-ledger-run", **_NOTHING_KEPT, **_NO_RETRIES)
+def open_ledger_run(run: PrivateRun, plan: RunPlan, input_digests: dict[str, str]) -> dict[str, str]:
+    """Start (lifetime cap checked) or resume the run in the ledger; committed measurements."""
+    return engine.open_run_in_ledger(run, plan, input_digests)
+
+
+@task(name="measure", task_run_name="measure-{table}", **_NOTHING_KEPT, **_NO_RETRIES)
+def measure_table(
+    run: PrivateRun, plan: RunPlan, table: str, counts: ExactCounts, reusable: dict[str, str]
+) -> list[MeasurementOutcome]:
+    """Noise for every level of one table: spend recorded first, committed vectors reused."""
+    with structlog.contextvars.bound_contextvars(table=table):
+        return engine.measure_table(run, plan, table, counts, reusable)
+
+
+@task(name="derive-and-write-tables", **_NOTHING_KEPT, **_IO_RETRIES)
+def derive_and_write_tables(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> dict[str, str]:
+    """PH5_num and PH8_num from their sources, variances attached, eleven tables staged."""
+    return engine.write_private_outputs(run, config, plan)
+
+
+@task(name="validate-outputs", **_NOTHING_KEPT, **_NO_RETRIES)
+def validate_outputs(run: PrivateRun, config: PHSafeConfig):
+    """Great Expectations over the staged tables. Returns the report."""
+    return engine.check_outputs(run, config)
+
+
+@task(name="publish", **_NOTHING_KEPT, **_NO_RETRIES)
+def publish(
+    run: PrivateRun, config: PHSafeConfig, plan: RunPlan, input_digests: dict[str, str], file_digests: dict[str, str]
+) -> dict:
+    """Finish the run in the ledger, write the signed checkpoint and the manifest, rename."""
+    return engine.publish_private_run(run, config, plan, input_digests, file_digests)
+
+
+@task(name="record-failure", **_NOTHING_KEPT, **_NO_RETRIES)
+def record_failure(run: PrivateRun, plan: RunPlan, reason: str) -> bool:
+    """Mark the run failed in the ledger; True if it can be resumed from its committed spends."""
+    return engine.record_failure(run, plan, reason)
