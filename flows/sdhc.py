@@ -130,9 +130,9 @@ def run_dataset(
         digests = t.fingerprint_inputs(run.data_dir)
         counts = t.preprocess_and_count(run, cfg)
         plan = t.plan_budget(cfg)
-        reusable = t.open_ledger_run(run, plan, digests)
+        attempt = t.open_ledger_run(run, plan, digests)
         try:
-            futures = [t.measure_table.submit(run, plan, table, counts, reusable) for table in TABLES]
+            futures = [t.measure_table.submit(run, plan, table, counts, attempt) for table in TABLES]
             wait(futures)
             del counts
             outcomes = [o for f in futures for o in f.result()]  # raises the first failure
@@ -142,9 +142,9 @@ def run_dataset(
                 artifacts.validation_summary(label, run_id, "output", report)
                 if not report.ok:
                     raise engine.ValidationFailed("output", report.to_text() + f"\nreport: {run.report_dir}")
-            checkpoint = t.publish(run, cfg, plan, digests, file_digests)
+            checkpoint = t.publish(run, cfg, plan, digests, file_digests, attempt)
         except BaseException as exc:
-            resumable = t.record_failure(run, plan, engine.failure_reason(exc))
+            resumable = t.record_failure(run, plan, attempt, engine.failure_reason(exc))
             artifacts.budget_spends(label, run_id, engine.spend_summary(run, plan), str(plan.total))
             if resumable:
                 log.error("run failed; committed measurements kept for a resume", resume_run_id=run_id)

@@ -99,9 +99,14 @@ def validate(config: Path, data: Path, report_dir: Path | None, log_file: Path |
 @click.option("--non-confidential", is_flag=True,
               help="Declare the data synthetic/non-confidential (allows Infinity budgets).")
 @click.option("--truncation-key", default=None, help="Replay a run with its recorded truncation key (hex).")
+@click.option("--resume", "resume_run_id", default=None, metavar="RUN_ID",
+              help="Resume the failed run RUN_ID (same CONFIG, DATA and OUTPUT): its committed "
+                   "measurements are reused, the rest are new spends.")
+@click.option("--resume-reason", default=None, help="Why the run is resumed (recorded in the ledger).")
 def private(config: Path, data: Path, output: Path, validate_inputs: bool, validate_outputs: bool,
             log_file: Path | None, ledger: Path | None, lifetime_cap: str | None, cap_reason: str | None,
-            signing_key: Path | None, non_confidential: bool, truncation_key: str | None) -> None:
+            signing_key: Path | None, non_confidential: bool, truncation_key: str | None,
+            resume_run_id: str | None, resume_reason: str | None) -> None:
     """Run PHSafe on DATA with CONFIG and publish the eleven tables to OUTPUT."""
     logs.configure(log_file)
     try:
@@ -111,9 +116,9 @@ def private(config: Path, data: Path, output: Path, validate_inputs: bool, valid
             ledger=ledger or DEFAULT_LEDGER, lifetime_cap=_parse_cap(lifetime_cap),
             cap_reason=cap_reason, signing_key=signing_key, non_confidential=non_confidential,
             validate_inputs=validate_inputs, validate_outputs=validate_outputs,
-            truncation_key=truncation_key,
+            truncation_key=truncation_key, resume_reason=resume_reason,
         )
-        result = run_private(config, data, output, options)
+        result = run_private(config, data, output, options, run_id=resume_run_id, resume=resume_run_id is not None)
     except click.BadParameter:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -145,6 +150,10 @@ def non_private(config: Path, data: Path, output: Path, validate_inputs: bool, l
 # starts; each module owns its command and its options.
 _COMMAND_MODULES: tuple[tuple[str, str], ...] = (
     ("phsafe.audit.cli", "audit"),
+    ("phsafe.planner_cli", "plan"),
+    ("phsafe.risk_cli", "risk"),
+    ("phsafe.postprocess_cli", "postprocess"),
+    ("phsafe.accuracy_cli", "accuracy"),
 )
 
 

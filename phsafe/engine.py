@@ -347,12 +347,23 @@ def plan_private_run(config: PHSafeConfig) -> RunPlan:
     return plan
 
 
-def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str]) -> dict[str, str]:
-    """Start the run in the ledger (lifetime cap checked under the lock), or resume it.
+@dataclass(frozen=True)
+class LedgerAttempt:
+    """This process's attempt at a run, as opened in the ledger.
 
-    Returns:
-        Measurement key -> the noisy-vector digest the ledger recorded at COMMITTED, for the
-        measurements an earlier attempt committed (empty for a new run).
+    Attributes:
+        attempt: 1 for a new run, 1 + the number of resumes otherwise. The ledger refuses
+            records from an attempt that another resume has replaced.
+        reusable: Measurement key -> the noisy-vector digest recorded at COMMITTED, for the
+            measurements earlier attempts committed (empty for a new run).
+    """
+
+    attempt: int
+    reusable: dict[str, str]
+
+
+def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str]) -> LedgerAttempt:
+    """Start the run in the ledger (lifetime cap checked under the lock), or resume it.
 
     Raises:
         BudgetError: The dataset's lifetime budget does not admit the run.
@@ -369,23 +380,23 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             lifetime_cap=run.options.lifetime_cap, cap_reason=run.options.cap_reason,
             non_confidential=run.options.non_confidential,
         )
-        return {}
-    ledger.resume_run(
+        return LedgerAttempt(1, {})
+    recorder = ledger.resume_run(
         run.run_id, config_digest=run.config_sha256, input_digests=input_digests_,
         code_version=run.code_version, reason=run.options.resume_reason or "resumed by the operator",
         lifetime_cap=run.options.lifetime_cap, cap_reason=run.options.cap_reason,
     )
     state = ledger.run(run.run_id)
     assert state is not None
-    log.info("run resumed", run_id=run.run_id, attempt=state.attempt, reusable=len(state.reusable))
-    return dict(state.reusable)
+    log.info("run resumed", run_id=run.run_id, attempt=recorder.attempt, reusable=len(state.reusable))
+    return LedgerAttempt(recorder.attempt, dict(state.reusable))
 
 
-def recorder_for(run: PrivateRun, plan: RunPlan):
-    """A spend recorder for the started run (each caller gets its own handle on the ledger)."""
+def recorder_for(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt):
+    """A spend recorder for this attempt of the run (each caller gets its own ledger handle)."""
     from phsafe.ledger import Ledger, RunRecorder
 
-    return RunRecorder(Ledger.open(Path(run.options.ledger)), run.run_id, plan)
+    return RunRecorder(Ledger.open(Path(run.options.ledger)), run.run_id, plan, attempt=attempt.attempt)
 
 
 def measure_table(
@@ -393,7 +404,7 @@ def measure_table(
     plan: RunPlan,
     table: str,
     counts: ExactCounts,
-    reusable: dict[str, str],
+    attempt: LedgerAttempt,
 ) -> list[MeasurementOutcome]:
     """Measure every level of ``table``: reuse what an earlier attempt committed, draw the rest.
 
@@ -402,7 +413,8 @@ def measure_table(
     the noisy vector is stored before the spend is marked committed.
     """
     store = run.store
-    recorder = recorder_for(run, plan)
+    recorder = recorder_for(run, plan, attempt)
+    reusable = attempt.reusable
     outcomes = []
     for m in plan.for_table(table):
         with structlog.contextvars.bound_contextvars(table=m.table, level=m.level.config_key):
@@ -461,6 +473,7 @@ def publish_private_run(
     plan: RunPlan,
     input_digests_: dict[str, str],
     file_digests: dict[str, str],
+    attempt: LedgerAttempt,
 ) -> dict:
     """Record the outputs and finish the run in the ledger, sign a checkpoint, write the
     manifest and rename the staging directory into place.
@@ -468,7 +481,7 @@ def publish_private_run(
     Returns:
         The ledger checkpoint (signed if the options name a signing key).
     """
-    recorder = recorder_for(run, plan)
+    recorder = recorder_for(run, plan, attempt)
     recorder.record_outputs_published(file_digests)
     recorder.finish()
     checkpoint = recorder.checkpoint(run.options.signing_key)
@@ -504,7 +517,7 @@ def failure_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def record_failure(run: PrivateRun, plan: RunPlan, reason: str) -> bool:
+def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> bool:
     """Mark the run failed in the ledger (unless it finished) and tidy its staging directory.
 
     The staging directory is kept when it holds committed measurements, so the run can be
@@ -521,8 +534,8 @@ def record_failure(run: PrivateRun, plan: RunPlan, reason: str) -> bool:
         return False
     if state.status is RunStatus.FINISHED:
         return False
-    if state.status is RunStatus.RUNNING:
-        recorder_for(run, plan).fail(reason)
+    if state.status is RunStatus.RUNNING and attempt is not None and state.attempt == attempt.attempt:
+        recorder_for(run, plan, attempt).fail(reason)
     resumable = bool(state.reusable) and run.staging.exists()
     if not resumable:
         Publication(run.output_dir, run.staging).abandon()
@@ -559,11 +572,11 @@ def run_private(
             digests = fingerprint_inputs(run.data_dir)
         counts = count_exact(run, config, stage)
         plan = plan_private_run(config)
-        reusable = open_run_in_ledger(run, plan, digests)
+        attempt = open_run_in_ledger(run, plan, digests)
         try:
             with stage("measure (noise)"):
                 for table in TABLES:
-                    measure_table(run, plan, table, counts, reusable)
+                    measure_table(run, plan, table, counts, attempt)
             del counts
             with stage("write outputs"):
                 file_digests = write_private_outputs(run, config, plan)
@@ -573,9 +586,9 @@ def run_private(
                     if not report.ok:
                         raise ValidationFailed("output", report.to_text())
             with stage("publish"):
-                publish_private_run(run, config, plan, digests, file_digests)
+                publish_private_run(run, config, plan, digests, file_digests, attempt)
         except BaseException as exc:
-            if record_failure(run, plan, failure_reason(exc)):
+            if record_failure(run, plan, attempt, failure_reason(exc)):
                 log.error("run failed; its committed measurements are kept for a resume",
                           run_id=run.run_id, staging=str(run.staging))
                 if isinstance(exc, PHSafeError):

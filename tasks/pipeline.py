@@ -28,7 +28,7 @@ from prefect.tasks import exponential_backoff
 from phsafe import engine
 from phsafe.accounting import RunPlan
 from phsafe.config import PHSafeConfig
-from phsafe.engine import ExactCounts, MeasurementOutcome, PrivateRun
+from phsafe.engine import ExactCounts, LedgerAttempt, MeasurementOutcome, PrivateRun
 
 # Every task: no cache, no persisted result.
 _NOTHING_KEPT = {"cache_policy": NONE, "persist_result": False}
@@ -63,18 +63,18 @@ def plan_budget(config: PHSafeConfig) -> RunPlan:
 
 
 @task(name="open-ledger-run", **_NOTHING_KEPT, **_NO_RETRIES)
-def open_ledger_run(run: PrivateRun, plan: RunPlan, input_digests: dict[str, str]) -> dict[str, str]:
+def open_ledger_run(run: PrivateRun, plan: RunPlan, input_digests: dict[str, str]) -> LedgerAttempt:
     """Start (lifetime cap checked) or resume the run in the ledger; committed measurements."""
     return engine.open_run_in_ledger(run, plan, input_digests)
 
 
 @task(name="measure", task_run_name="measure-{table}", **_NOTHING_KEPT, **_NO_RETRIES)
 def measure_table(
-    run: PrivateRun, plan: RunPlan, table: str, counts: ExactCounts, reusable: dict[str, str]
+    run: PrivateRun, plan: RunPlan, table: str, counts: ExactCounts, attempt: LedgerAttempt
 ) -> list[MeasurementOutcome]:
     """Noise for every level of one table: spend recorded first, committed vectors reused."""
     with structlog.contextvars.bound_contextvars(table=table):
-        return engine.measure_table(run, plan, table, counts, reusable)
+        return engine.measure_table(run, plan, table, counts, attempt)
 
 
 @task(name="derive-and-write-tables", **_NOTHING_KEPT, **_IO_RETRIES)
@@ -91,13 +91,14 @@ def validate_outputs(run: PrivateRun, config: PHSafeConfig):
 
 @task(name="publish", **_NOTHING_KEPT, **_NO_RETRIES)
 def publish(
-    run: PrivateRun, config: PHSafeConfig, plan: RunPlan, input_digests: dict[str, str], file_digests: dict[str, str]
+    run: PrivateRun, config: PHSafeConfig, plan: RunPlan, input_digests: dict[str, str],
+    file_digests: dict[str, str], attempt: LedgerAttempt,
 ) -> dict:
     """Finish the run in the ledger, write the signed checkpoint and the manifest, rename."""
-    return engine.publish_private_run(run, config, plan, input_digests, file_digests)
+    return engine.publish_private_run(run, config, plan, input_digests, file_digests, attempt)
 
 
 @task(name="record-failure", **_NOTHING_KEPT, **_NO_RETRIES)
-def record_failure(run: PrivateRun, plan: RunPlan, reason: str) -> bool:
+def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> bool:
     """Mark the run failed in the ledger; True if it can be resumed from its committed spends."""
-    return engine.record_failure(run, plan, reason)
+    return engine.record_failure(run, plan, attempt, reason)

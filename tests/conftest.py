@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
+
+# Prefect reads its settings when first imported: point it at a throwaway home (its database and
+# settings), off the network (no telemetry), before any test module imports it.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="phsafe-prefect-home-")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.pop("PREFECT_API_URL", None)
 
 import pytest
 

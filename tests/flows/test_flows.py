@@ -1,0 +1,270 @@
+"""The Prefect flows on the demo data, against a temporary Prefect server.
+
+What they must show: the US and PR flows complete with the nine measurement tasks; their
+artifacts exist and hold no microdata; a validation failure ends Failed before any spend; a
+failure injected after some measurements leaves a ledger that verifies, and neither a re-run nor
+a flow retry re-draws a committed measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from phsafe.tables import TABLES
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "demo" / "data"
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def _flow_run_id(state):
+    return state.state_details.flow_run_id
+
+
+def _artifacts(flow_run_id) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+
+
+def _task_run_names(flow_run_id) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return [r.name for r in runs if r.state is not None and r.state.is_completed()]
+
+
+def _ledger_entries(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _verify(ledger: Path, outputs: Path | None = None) -> None:
+    from phsafe.audit.verify import verify
+
+    verify(ledger, outputs=outputs)  # raises VerificationFailure naming the broken rule
+
+
+def _mafids(data: Path) -> set[str]:
+    return set(pd.read_csv(data / "units.csv", dtype=str)["MAFID"])
+
+
+def _assert_no_microdata(artifacts: list, data: Path) -> None:
+    """No artifact holds an identifier of a record (MAFID) or any per-record field."""
+    mafids = _mafids(data)
+    for artifact in artifacts:
+        text = json.dumps(artifact.data) if not isinstance(artifact.data, str) else artifact.data
+        tokens = set(re.findall(r"[A-Za-z0-9]+", text))
+        assert not tokens & mafids, artifact.key
+        for column in ("MAFID", "QAGE", "RELSHIP", "CENRACE", "TABBLK"):
+            assert column not in text, (artifact.key, column)
+
+
+def _params(tmp_path: Path, dataset: str, **kw) -> dict:
+    base = dict(
+        config=str(DEMO / dataset / "config.json"),
+        data=str(DEMO / dataset),
+        output_root=str(tmp_path / "out"),
+        ledger=str(tmp_path / f"{dataset}-ledger.jsonl"),
+    )
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("dataset", ["us", "pr"])
+def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset):
+    from flows.sdhc import pr_flow, us_flow
+
+    flow_fn = us_flow if dataset == "us" else pr_flow
+    log_file = tmp_path / "flow-log.jsonl"
+    state = flow_fn(**_params(tmp_path, dataset, log_file=str(log_file)), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["measurements"]["reused"] == 0 and summary["measurements"]["drawn"] > 0
+    run_id = summary["run_id"]
+    assert re.fullmatch(rf"{dataset}-\d{{8}}T\d{{4}}Z-[0-9a-f]{{8}}", run_id)
+
+    flow_run_id = _flow_run_id(state)
+    names = _task_run_names(flow_run_id)
+    assert sorted(n for n in names if n.startswith("measure-")) == sorted(f"measure-{t}" for t in TABLES)
+    for stage in ("validate-inputs", "fingerprint-inputs", "preprocess-and-count", "plan-budget",
+                  "open-ledger-run", "derive-and-write-tables", "validate-outputs", "publish"):
+        assert any(n.startswith(stage) for n in names), stage
+
+    artifacts = _artifacts(flow_run_id)
+    keys = {a.key for a in artifacts}
+    assert keys == {f"{dataset}-budget-spends", f"{dataset}-input-validation", f"{dataset}-output-validation",
+                    f"{dataset}-output-manifest", f"{dataset}-ledger-checkpoint"}
+    _assert_no_microdata(artifacts, DEMO / dataset)
+    spends = next(a for a in artifacts if a.key == f"{dataset}-budget-spends")
+    rows = json.loads(spends.data) if isinstance(spends.data, str) else spends.data
+    assert {r["table"] for r in rows} == set(TABLES)
+    assert all(r["status"] == "committed" and r["spends"] == 1 for r in rows)
+    levels = {r["level"] for r in rows}
+    assert any(lv.startswith("usa") for lv in levels) is (dataset == "us")  # PR has no Nation level
+
+    outputs = Path(summary["outputs"])
+    assert (outputs / "manifest.json").exists() and not (outputs / ".measurements").exists()
+    _verify(Path(summary["ledger"]), outputs)
+
+    events = [json.loads(line) for line in log_file.read_text().splitlines()]
+    measured = [e for e in events if e.get("event") == "measurement"]
+    assert measured and all(e["run_id"] == run_id and e["flow_run_id"] == str(flow_run_id)
+                            and e["table"] and e["level"] for e in measured)
+
+
+def test_validation_failure_ends_failed_before_any_spend(tmp_path):
+    from flows.sdhc import us_flow
+
+    data = tmp_path / "bad"
+    shutil.copytree(DEMO / "us", data)
+    persons = pd.read_csv(data / "persons.csv", dtype=str)
+    persons.loc[persons.index[:3], "QAGE"] = "999"  # out of range: a rule of the persons suite
+    persons.to_csv(data / "persons.csv", index=False)
+    ledger = tmp_path / "us-ledger.jsonl"
+
+    state = us_flow(**_params(tmp_path, "us", data=str(data)), return_state=True)
+    assert state.is_failed()
+    assert "input validation failed" in state.message and "QAGE" in state.message
+    assert "999" not in state.message
+    assert not [e for e in _ledger_entries(ledger) if e["kind"] in ("RUN_STARTED", "INTENT")]
+    assert not list((tmp_path / "out").glob("*/tables"))
+
+    artifacts = _artifacts(_flow_run_id(state))
+    report = next(a for a in artifacts if a.key == "us-input-validation")
+    rows = json.loads(report.data) if isinstance(report.data, str) else report.data
+    assert any("QAGE" in r["columns"] for r in rows)
+    assert "999" not in json.dumps(rows)
+
+
+class _FailAfter:
+    """Makes storing the n-th noisy vector fail: the failure lands after its spend is recorded
+    (INTENT) and before it is committed -- the worst place for a crash."""
+
+    def __init__(self, monkeypatch, n: int) -> None:
+        from phsafe.measurements import MeasurementStore
+
+        self.calls = 0
+        original = MeasurementStore.save
+
+        def save(store, key, vector):
+            self.calls += 1
+            if self.calls == n:
+                raise OSError("injected: disk went away")
+            return original(store, key, vector)
+
+        monkeypatch.setattr(MeasurementStore, "save", save)
+
+
+def _intents(ledger: Path, run_id: str) -> Counter:
+    return Counter(e["key"] for e in _ledger_entries(ledger) if e["kind"] == "INTENT" and e["run_id"] == run_id)
+
+
+def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, monkeypatch):
+    from flows.sdhc import us_flow
+    from phsafe.ledger import read_ledger
+
+    ledger = tmp_path / "us-ledger.jsonl"
+    injector = _FailAfter(monkeypatch, n=7)
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert state.is_failed()
+    _verify(ledger)
+    run_id = next(e["run_id"] for e in _ledger_entries(ledger) if e["kind"] == "RUN_STARTED")
+    first = read_ledger(ledger).runs[run_id]
+    committed_before = dict(first.reusable)
+    lost = set(first.intents) - set(committed_before)
+    assert len(lost) == 1 and committed_before  # one spend without its release; some committed
+    monkeypatch.undo()
+
+    # A new run on the same data is refused by the lifetime cap: no silent second spend.
+    again = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert again.is_failed() and "lifetime" in again.message
+    assert set(_intents(ledger, run_id)) == set(first.intents)
+
+    # Resuming re-spends the lost measurement: under the unchanged cap that is refused, loudly.
+    refused = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id=run_id,
+                                resume_reason="disk replaced"), return_state=True)
+    assert refused.is_failed() and "re-spending" in refused.message and "lifetime cap" in refused.message
+    assert set(_intents(ledger, run_id)) == set(first.intents)
+    _verify(ledger)
+
+    # With the cap raised (and the reason recorded), the resume completes. Committed measurements
+    # are read back, never re-drawn; the lost one is drawn again as a new, visible spend.
+    resumed = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id=run_id,
+                                resume_reason="disk replaced", lifetime_cap="1.4",
+                                cap_reason="re-spend of the measurement lost with the disk"),
+                      return_state=True)
+    assert resumed.is_completed(), resumed.message
+    summary = resumed.result()
+    assert summary["measurements"]["reused"] == len(committed_before)
+    intents = _intents(ledger, run_id)
+    assert all(intents[k] == 1 for k in committed_before)  # never re-spent
+    assert all(intents[k] == 2 for k in lost)  # the lost one is a new, visible spend
+    final = read_ledger(ledger).runs[run_id]
+    for key, digest in committed_before.items():
+        assert final.reusable[key] == digest
+    assert final.charge() > final.planned_total  # the re-spend is charged on top of the plan
+    _verify(ledger, Path(summary["outputs"]))
+    assert injector.calls >= 7
+
+
+def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypatch):
+    from flows.sdhc import us_flow
+    from phsafe import engine
+
+    ledger = tmp_path / "us-ledger.jsonl"
+    calls = []
+    original = engine.check_outputs
+
+    def flaky_check(run, config):  # fails once, after every measurement was committed
+        calls.append(run.run_id)
+        if len(calls) == 1:
+            raise OSError("injected: report folder unavailable")
+        return original(run, config)
+
+    monkeypatch.setattr(engine, "check_outputs", flaky_check)
+    state = us_flow.with_options(retries=1)(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["measurements"]["drawn"] == 0 and summary["measurements"]["reused"] > 0
+    kinds = [e["kind"] for e in _ledger_entries(ledger)]
+    assert kinds.count("RUN_STARTED") == 1 and kinds.count("RUN_FAILED") == 1 and kinds.count("RUN_RESUMED") == 1
+    assert set(_intents(ledger, summary["run_id"]).values()) == {1}  # nothing drawn twice
+    _verify(ledger, Path(summary["outputs"]))
+
+
+def test_release_flow_runs_both_datasets(tmp_path):
+    from flows.sdhc import release_flow
+
+    result = release_flow(
+        us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"),
+        us_ledger=str(tmp_path / "us-ledger.jsonl"),
+        pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"),
+        pr_ledger=str(tmp_path / "pr-ledger.jsonl"),
+        output_root=str(tmp_path / "out"), validate_outputs=False,
+    )
+    assert set(result) == {"us", "pr"}
+    for label, summary in result.items():
+        assert summary["dataset"] == label
+        _verify(Path(summary["ledger"]), Path(summary["outputs"]))
+
+
+def test_us_flow_refuses_puerto_rico_config(tmp_path):
+    from flows.sdhc import us_flow
+
+    state = us_flow(**_params(tmp_path, "us", config=str(DEMO / "pr" / "config.json"), data=str(DEMO / "pr")),
+                    return_state=True)
+    assert state.is_failed() and "Puerto Rico" in state.message
+    assert not (tmp_path / "us-ledger.jsonl").exists()
