@@ -1,0 +1,82 @@
+"""``phsafe plan``: budgets from 90% MOE targets, or MOEs from a config's budgets.
+
+Mounted by :mod:`phsafe.cli`. The planner itself (and matplotlib) is imported only when the
+command runs, so the CLI starts fast.
+
+    phsafe plan --targets FILE --tau SPEC... [--privacy-defn zcdp|puredp] [--state-filter us|pr|LIST]
+                [--digits N] [--delta D] [--out DIR]
+    phsafe plan --from-config CONFIG [--digits N] [--delta D] [--out DIR]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+@click.command("plan")
+@click.option("--targets", "targets_file", type=_FILE, default=None,
+              help="MOE targets (CSV or JSON: table, geography, iteration, moe); see docs/planning_and_risk.md.")
+@click.option("--from-config", "config_file", type=_FILE, default=None,
+              help="Instead of targets: report the MOEs of this config's budgets.")
+@click.option("--tau", "tau_specs", multiple=True, metavar="SPEC",
+              help="Truncation thresholds: TABLE=N (e.g. PH3=6), comma-separated lists of them, or N "
+                   "for every person table; repeatable, later values win.")
+@click.option("--privacy-defn", type=click.Choice(["zcdp", "puredp"]), default="zcdp", show_default=True,
+              help="Which budgets go into config.json (both are reported).")
+@click.option("--state-filter", default="us", show_default=True,
+              help="us (50 states and DC), pr (Puerto Rico: no USA levels) or FIPS codes, e.g. 01,06.")
+@click.option("--digits", type=click.IntRange(1, 15), default=6, show_default=True,
+              help="Significant digits of the budgets (always rounded up).")
+@click.option("--delta", type=float, default=1e-10, show_default=True,
+              help="delta of the (epsilon, delta) conversion of the zCDP totals.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("phsafe-plan"),
+              show_default=True, help="Output directory.")
+@click.pass_context
+def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None, tau_specs: tuple[str, ...],
+         privacy_defn: str, state_filter: str, digits: int, delta: float, out: Path) -> None:
+    """Plan budgets for MOE targets (writes config.json), or the MOEs of a config.
+
+    Writes config.json (from targets), plan.json, plan_report.md/.html, moe_vs_rho.png and
+    budget_split.png into OUT. Budgets are rounded up so every MOE target is met.
+    """
+    from phsafe.config import PrivacyDefinition
+    from phsafe.errors import PHSafeError
+    from phsafe import planner
+
+    if (targets_file is None) == (config_file is None):
+        raise click.UsageError("give exactly one of --targets FILE and --from-config CONFIG")
+    if config_file is not None:
+        for name in ("tau_specs", "privacy_defn", "state_filter"):
+            if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE:
+                flag = "--" + name.replace("_specs", "").replace("_", "-")
+                raise click.UsageError(f"{flag} applies to --targets only (the config fixes it)")
+    if not 0 < delta < 1:
+        raise click.BadParameter("must be between 0 and 1", param_hint="--delta")
+    try:
+        if targets_file is not None:
+            targets, json_tau = planner.read_targets(targets_file)
+            tau = planner.parse_tau(tau_specs, base=json_tau)
+            result = planner.plan_from_targets(
+                targets, tau, privacy_defn=PrivacyDefinition(privacy_defn),
+                state_filter=planner.parse_state_filter(state_filter), digits=digits, delta=delta,
+                source=str(targets_file),
+            )
+        else:
+            result = planner.plan_from_config(config_file, digits=digits, delta=delta)
+        paths = planner.write_plan(result, out)
+    except PHSafeError as exc:
+        click.echo(f"phsafe: error: {exc}", err=True)
+        raise SystemExit(1) from None
+    measure = "rho" if result.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
+    total = result.total(measure)
+    click.echo(f"phsafe: planned {len(result.levels)} population-group levels; total {measure} "
+               f"{planner.amount_text(total, 12)} (bounded {planner.amount_text(None if total is None else 2 * total, 12)})")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    for path in paths.values():
+        click.echo(f"wrote {path}")
