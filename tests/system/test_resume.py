@@ -1,0 +1,95 @@
+"""Resuming a failed private run from the command line: committed measurements are reused,
+never re-drawn; a lost one is a new spend, refused unless the lifetime cap admits it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from phsafe.engine import PrivateRunOptions, run_private
+from phsafe.errors import BudgetError, PHSafeError
+from phsafe.ledger import read_ledger
+from phsafe.measurements import MeasurementStore
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_US = REPO / "demo" / "data" / "us"
+PHSAFE = Path(sys.executable).parent / "phsafe"
+
+
+def _intents(ledger: Path, run_id: str) -> Counter:
+    entries = [json.loads(x) for x in ledger.read_text().splitlines()]
+    return Counter(e["key"] for e in entries if e["kind"] == "INTENT" and e["run_id"] == run_id)
+
+
+def _fail_on_save(monkeypatch, n: int) -> None:
+    original, calls = MeasurementStore.save, []
+
+    def save(store, key, vector):
+        calls.append(key)
+        if len(calls) == n:
+            raise OSError("injected")
+        return original(store, key, vector)
+
+    monkeypatch.setattr(MeasurementStore, "save", save)
+
+
+def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monkeypatch):
+    ledger = tmp_path / "ledger.jsonl"
+    out = tmp_path / "out"
+    _fail_on_save(monkeypatch, 10)
+    with pytest.raises(OSError):
+        run_private(DEMO_US / "config.json", DEMO_US, out, PrivateRunOptions(ledger=ledger))
+    monkeypatch.undo()
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert run.status.value == "failed" and len(run.reusable) == 9 and len(run.intents) == 10
+    staged = MeasurementStore(out.parent / f".{out.name}.partial-{run_id}" / ".measurements")
+    assert len(list(staged.directory.glob("*.npy"))) == 9
+    assert not out.exists()
+
+    # The CLI: resuming with the unchanged cap is refused (the lost measurement is a re-spend).
+    cmd = [str(PHSAFE), "private", str(DEMO_US / "config.json"), str(DEMO_US), str(out), "--ledger", str(ledger),
+           "--resume", run_id, "--resume-reason", "test"]
+    refused = subprocess.run(cmd, capture_output=True, text=True)
+    assert refused.returncode == 1 and "lifetime cap" in refused.stderr
+    assert sum(_intents(ledger, run_id).values()) == 10
+
+    resumed = subprocess.run(cmd + ["--lifetime-cap", "1.3", "--cap-reason", "re-spend after disk failure"],
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    intents = _intents(ledger, run_id)
+    assert sum(intents.values()) == len(intents) + 1 and max(intents.values()) == 2
+    final = read_ledger(ledger).runs[run_id]
+    assert final.status.value == "finished"
+    for key, digest in run.reusable.items():
+        assert final.reusable[key] == digest  # the released vectors of attempt 1 were published
+    verify = subprocess.run([str(PHSAFE), "audit", "verify", str(ledger), "--outputs", str(out)],
+                            capture_output=True, text=True)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert not (out / ".measurements").exists()
+
+
+def test_resume_needs_the_same_config(tmp_path, monkeypatch):
+    ledger = tmp_path / "ledger.jsonl"
+    _fail_on_save(monkeypatch, 3)
+    with pytest.raises(OSError):
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger))
+    monkeypatch.undo()
+    (run_id, _), = read_ledger(ledger).runs.items()
+    other = tmp_path / "config.json"
+    other.write_text((DEMO_US / "config.json").read_text().replace('"zcdp"', '"zcdp" '))
+    with pytest.raises(PHSafeError, match="different config"):
+        run_private(other, DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger), run_id=run_id, resume=True)
+
+
+def test_a_finished_run_is_never_resumed(tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger))
+    with pytest.raises((BudgetError, PHSafeError)):
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out2", PrivateRunOptions(ledger=ledger),
+                    run_id=result.run_id, resume=True)
+    assert sum(_intents(ledger, result.run_id).values()) == len(_intents(ledger, result.run_id))
