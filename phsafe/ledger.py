@@ -6,11 +6,11 @@ Format
     ``prev`` (hash of the previous entry, 64 zeros for the first), ``kind``, ``time`` (UTC ISO),
     ``run_id``, the body fields of its kind, and ``hash`` = SHA-256 over ``ENTRY_DOMAIN`` followed
     by the canonical JSON of the entry without ``hash``. Kinds: ``RUN_STARTED``, ``INTENT``,
-    ``COMMITTED``, ``OUTPUTS_PUBLISHED``, ``RUN_FINISHED``, ``RUN_FAILED``.
+    ``COMMITTED``, ``OUTPUTS_PUBLISHED``, ``RUN_FINISHED``, ``RUN_FAILED``, ``RUN_RESUMED``.
 
     The ledger holds no microdata: only file digests, the config digest, the plan (budgets,
     sensitivities, cell counts of public domains), digests of released noisy vectors, output
-    file digests and short fixed failure messages.
+    file digests and short fixed failure and resume messages.
 
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
@@ -18,37 +18,79 @@ Write-ahead spends
     one line, flushes and ``fsync``\\ s the file (and the directory when the file is created), and
     only then releases the lock and returns. :func:`phsafe.noise.measure` draws noise only after
     :meth:`RunRecorder.record_intent` returned, so a spend is on disk before its noise exists.
+    Within one process a :class:`Ledger` object also holds a thread mutex around the same
+    section, so recorders used from many threads (one per measurement task) append one at a time.
+
+Attempts: resuming a failed or crashed run
+    A run whose status is failed (it recorded ``RUN_FAILED``) or running (no terminal entry: it is
+    running or it crashed) can be resumed by a ``RUN_RESUMED`` entry (:meth:`Ledger.resume_run`);
+    a finished run never can. ``RUN_RESUMED`` records ``config_digest`` and ``dataset_id``, which
+    must equal the run's ``RUN_STARTED`` values (the same config and inputs: otherwise reused
+    measurements would be inconsistent with new ones), the ``code_version`` that resumes (it may
+    differ, and is recorded), the operator's ``reason`` (non-empty), and the run's new
+    ``lifetime_cap`` (same encoding as at start; kept or raised, never lowered; raising it needs a
+    non-empty ``cap_reason``; Infinity only for a non-confidential run) with ``cap_reason`` (null
+    or text). The run is running again; its attempt number is 1 + its number of ``RUN_RESUMED``
+    entries, and the earlier attempts (how each ended, with its entry and reason) stay in the
+    history.
+
+    A measurement (planned key) has at most one ``INTENT`` per attempt: a further ``INTENT`` of a
+    key is valid only if a ``RUN_RESUMED`` of its run lies between the key's previous ``INTENT``
+    and the new one. A ``COMMITTED`` refers to its key's latest ``INTENT`` (``intent_seq`` and
+    ``intent_hash``) and must be in the same attempt; each attempt publishes outputs at most once
+    and spends nothing after that. A key whose latest ``INTENT`` is committed is *reusable*: a
+    resumed attempt releases the noisy vector it stored, checked against the ``COMMITTED`` digest,
+    instead of drawing noise again. Anything else -- an ``INTENT`` without ``COMMITTED`` (its
+    noise may have been drawn and lost) or a committed vector that is missing or corrupt -- is
+    spent again by a new ``INTENT``, charged again. Noise is never re-drawn without a new spend.
+    A resumed attempt must tabulate with the run's recorded truncation key
+    (:attr:`RunState.truncation_key`), so that what it spends again is computed from the same
+    truncated data as what it reuses. A :class:`RunRecorder` belongs to one attempt: once the run
+    is resumed, recorders of earlier attempts (a worker thought dead) are refused.
 
 Lifetime rule (the odometer)
     A dataset is identified by :func:`dataset_id` (SHA-256 over its sorted input file digests).
-    What a run *charges* against its dataset is:
+    Write ``b_k`` for the budget of planned key ``k`` and ``n_k`` for its number of ``INTENT``
+    entries over all the run's attempts. What a run *charges* against its dataset is:
 
-    * a run that recorded ``RUN_FAILED``: the budgets of the INTENTs it recorded (an INTENT
-      without COMMITTED counts -- its noise may have been drawn); the rest of its plan is released;
-    * any other run -- finished, still running, or crashed without a terminal entry: its whole
-      planned total. A crashed run's reservation is never released: nobody can prove which noise
-      it drew.
+    * a run whose status is failed: ``sum_k b_k * n_k`` -- every ``INTENT`` it recorded, re-spends
+      included (an ``INTENT`` without ``COMMITTED`` counts: its noise may have been drawn); the
+      unspent rest of its plan is released;
+    * any other run -- finished, still running, or crashed without a terminal entry:
+      ``sum over its planned keys of b_k * max(1, n_k)`` -- its whole plan stays reserved and every
+      re-spend is charged on top. A crashed run's reservation is never released: nobody can prove
+      which noise it drew. A resumed run is running again, so it reserves its whole plan again.
 
-    Nothing is ever refunded. :meth:`Ledger.start_run` sums the charges of every run on the same
-    dataset under the lock and refuses (:class:`~phsafe.errors.BudgetError`) a run for which
-    ``spent + planned > cap``; the cap defaults to the run's own planned total, so a second full
-    run on the same data is refused unless the operator raises the cap and says why (the cap and
-    the reason are recorded). Two processes cannot both pass the check: the check and the
-    RUN_STARTED append happen under one lock.
+    For a run never resumed ``n_k <= 1``, so this is its planned total (its INTENTs if it failed).
+    ``RUN_FINISHED.spent`` is the run's charge and ``RUN_FAILED.spent`` the sum of all its
+    INTENTs. Nothing is ever refunded. The cap is checked in three places, each under the lock
+    with the append it guards, so two processes cannot both pass a check:
+
+    * :meth:`Ledger.start_run` refuses (:class:`~phsafe.errors.BudgetError`) a run for which
+      ``spent + planned > cap``; the cap defaults to the run's own planned total, so a second full
+      run on the same data is refused unless the operator raises the cap and says why (the cap and
+      the reason are recorded);
+    * :meth:`Ledger.resume_run` refuses a resume after which the odometer (with the run reserving
+      its whole plan again, re-spends included) exceeds the new cap;
+    * :meth:`RunRecorder.record_intent` refuses a re-spend (an ``INTENT`` of a key that already has
+      one) that makes the odometer exceed the run's current cap, the latest recorded at start or
+      resume. A first ``INTENT`` of a key adds nothing: it was reserved at start or resume.
 
     Charges are compared in the new run's unit. A pure-DP spend of epsilon counts as
     epsilon^2/2 against a zCDP run (epsilon-DP implies epsilon^2/2-zCDP, per measurement); a zCDP
     spend cannot be bounded in pure DP, so it makes a pure-DP run's odometer infinite.
 
     Non-confidential runs (synthetic or public data, declared by the operator) may use
-    ``Infinity`` budgets and are not refused by the cap; they are recorded like any other run, their
-    spends count against the dataset for every later run, and the audit report flags them.
+    ``Infinity`` budgets and are not refused by the cap (at start, resume or re-spend); they are
+    recorded like any other run, their spends count against the dataset for every later run, and
+    the audit report flags them.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import enum
 import errno
 import fcntl
@@ -87,6 +129,7 @@ class EntryKind(str, enum.Enum):
     OUTPUTS_PUBLISHED = "OUTPUTS_PUBLISHED"
     RUN_FINISHED = "RUN_FINISHED"
     RUN_FAILED = "RUN_FAILED"
+    RUN_RESUMED = "RUN_RESUMED"
 
 
 class RunStatus(str, enum.Enum):
@@ -283,6 +326,9 @@ _BODY: dict[EntryKind, frozenset[str]] = {
     EntryKind.OUTPUTS_PUBLISHED: frozenset({"files"}),
     EntryKind.RUN_FINISHED: frozenset({"spent"}),
     EntryKind.RUN_FAILED: frozenset({"spent", "reason"}),
+    EntryKind.RUN_RESUMED: frozenset(
+        {"config_digest", "dataset_id", "code_version", "reason", "lifetime_cap", "cap_reason"}
+    ),
 }
 _PLANNED_KEYS = frozenset(
     {"key", "table", "level", "budget", "sensitivity", "tau", "n_cells", "distribution",
@@ -317,8 +363,46 @@ class PlannedSpend:
 
 
 @dataclass
+class RunAttempt:
+    """One attempt of a run: from its RUN_STARTED or RUN_RESUMED entry to how it ended.
+
+    Attributes:
+        number: 1 for the attempt RUN_STARTED opened, then 2, 3, ... per RUN_RESUMED.
+        seq: The RUN_STARTED or RUN_RESUMED entry that opened it.
+        time: That entry's time.
+        code_version: The code version that ran it.
+        lifetime_cap: The run's lifetime cap during this attempt.
+        cap_reason: The cap reason recorded with that cap (None if none was given).
+        resume_reason: Why the run was resumed (None for the first attempt).
+        end: FINISHED or FAILED when it recorded that terminal entry; RUNNING when it has none
+            (still running, or -- if a later attempt exists -- crashed).
+        end_seq: The terminal entry, when there is one.
+        end_time: Its time.
+        end_reason: The RUN_FAILED reason, when it failed.
+    """
+
+    number: int
+    seq: int
+    time: str
+    code_version: str
+    lifetime_cap: Amount
+    cap_reason: str | None
+    resume_reason: str | None = None
+    end: RunStatus = RunStatus.RUNNING
+    end_seq: int | None = None
+    end_time: str | None = None
+    end_reason: str | None = None
+
+
+@dataclass
 class RunState:
-    """Everything the ledger says about one run."""
+    """Everything the ledger says about one run.
+
+    The RUN_STARTED fields stay as recorded at start, except ``lifetime_cap`` and ``cap_reason``,
+    which are the run's current cap (the latest recorded at start or resume); every attempt's own
+    values are in ``attempts``. ``status``, ``terminal_seq``, ``terminal_time`` and
+    ``failure_reason`` describe the current attempt (a resume sets them back to running).
+    """
 
     run_id: str
     started_seq: int
@@ -335,36 +419,118 @@ class RunState:
     cap_reason: str | None
     non_confidential: bool
     spent_before: Amount
-    intents: dict[str, int] = field(default_factory=dict)  # key -> INTENT seq
-    intent_hashes: dict[str, str] = field(default_factory=dict)
-    committed: dict[str, str] = field(default_factory=dict)  # key -> noisy digest
-    committed_seq: dict[str, int] = field(default_factory=dict)
+    intents: dict[str, list[int]] = field(default_factory=dict)  # key -> every INTENT seq, in order
+    intent_hashes: dict[str, str] = field(default_factory=dict)  # key -> hash of its latest INTENT
+    committed: dict[str, str] = field(default_factory=dict)  # key -> noisy digest of its latest COMMITTED
+    committed_seq: dict[str, int] = field(default_factory=dict)  # key -> seq of its latest COMMITTED
+    committed_intent: dict[str, int] = field(default_factory=dict)  # key -> INTENT seq that COMMITTED names
     outputs: dict[str, str] | None = None
     outputs_seq: int | None = None
     status: RunStatus = RunStatus.RUNNING
     terminal_seq: int | None = None
     terminal_time: str | None = None
     failure_reason: str | None = None
+    attempts: list[RunAttempt] = field(default_factory=list)
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt's number: 1 + the number of RUN_RESUMED entries of the run."""
+        return len(self.attempts)
+
+    @property
+    def attempt_seq(self) -> int:
+        """The entry (RUN_STARTED or the latest RUN_RESUMED) that opened the current attempt."""
+        return self.attempts[-1].seq if self.attempts else self.started_seq
+
+    @property
+    def failures(self) -> list[RunAttempt]:
+        """The attempts that ended without finishing, in order.
+
+        Those that recorded RUN_FAILED (the current one too, once it has), and the crashed ones:
+        attempts with no terminal entry that a later RUN_RESUMED replaced.
+        """
+        last = len(self.attempts) - 1
+        return [
+            a for i, a in enumerate(self.attempts)
+            if a.end is RunStatus.FAILED or (a.end is RunStatus.RUNNING and i < last)
+        ]
+
+    @property
+    def reusable(self) -> dict[str, str]:
+        """Key -> noisy digest, for the keys whose latest INTENT is COMMITTED.
+
+        A resumed attempt may release such a key's stored vector, if it hashes to this digest,
+        instead of spending the key again.
+        """
+        return {
+            key: digest
+            for key, digest in self.committed.items()
+            if self.committed_intent[key] == self.intents[key][-1]
+        }
+
+    @property
+    def respent(self) -> dict[str, int]:
+        """Key -> number of INTENTs, for the keys spent more than once."""
+        return {key: len(seqs) for key, seqs in self.intents.items() if len(seqs) > 1}
+
+    def spent_in_attempt(self, key: str) -> int | None:
+        """The key's INTENT in the current attempt, if it has one."""
+        seqs = self.intents.get(key)
+        if seqs and seqs[-1] > self.attempt_seq:
+            return seqs[-1]
+        return None
+
+    def outputs_in_attempt(self) -> bool:
+        """Whether the current attempt already recorded OUTPUTS_PUBLISHED."""
+        return self.outputs_seq is not None and self.outputs_seq > self.attempt_seq
 
     def charged_keys(self) -> list[str]:
-        """Measurements the run charges: its INTENTs if it failed, else its whole plan."""
+        """Measurements the run charges at least once: its INTENTs if it failed, else its plan."""
         if self.status is RunStatus.FAILED:
             return list(self.intents)
         return list(self.planned)
 
-    def charge(self, unit: PrivacyDefinition | None = None) -> Amount:
-        """What this run counts against its dataset, in ``unit`` (default: its own)."""
+    def multiplicity(self, key: str, status: RunStatus | None = None) -> int:
+        """How many times ``key``'s budget is charged (see the module docstring)."""
+        n = len(self.intents.get(key, ()))
+        if (status or self.status) is RunStatus.FAILED:
+            return n
+        return max(1, n) if key in self.planned else 0
+
+    def key_charge(self, key: str, unit: PrivacyDefinition | None = None) -> Amount:
+        """What ``key`` charges against the dataset, in ``unit`` (default: the run's own)."""
+        return _times(_convert(self.planned[key].budget, self.privacy_defn, unit or self.privacy_defn),
+                      self.multiplicity(key))
+
+    def charge(self, unit: PrivacyDefinition | None = None, *, status: RunStatus | None = None) -> Amount:
+        """What this run counts against its dataset, in ``unit`` (default: its own).
+
+        Args:
+            unit: The privacy definition to count in.
+            status: Charge as if the run had this status (default: its own); the resume check
+                charges a failed run as running again.
+        """
         unit = unit or self.privacy_defn
         total: Amount = Fraction(0)
-        for key in self.charged_keys():
-            total = add_amounts(total, _convert(self.planned[key].budget, self.privacy_defn, unit))
+        for key in self.planned:
+            times = self.multiplicity(key, status)
+            if times:
+                total = add_amounts(total, _times(_convert(self.planned[key].budget, self.privacy_defn, unit), times))
         return total
 
     def intended_total(self) -> Amount:
+        """The budgets of every INTENT entry of the run, re-spends included."""
         total: Amount = Fraction(0)
-        for key in self.intents:
-            total = add_amounts(total, self.planned[key].budget)
+        for key, seqs in self.intents.items():
+            total = add_amounts(total, _times(self.planned[key].budget, len(seqs)))
         return total
+
+
+def _times(amount: Amount, n: int) -> Amount:
+    """``n`` times an amount (Infinity times 0 is 0: nothing was charged)."""
+    if n == 0:
+        return Fraction(0)
+    return INFINITE if _is_inf(amount) else Fraction(amount) * n
 
 
 def _convert(budget: Amount, source: PrivacyDefinition, unit: PrivacyDefinition) -> Amount:
@@ -403,6 +569,29 @@ class LedgerState:
             if run.dataset_id == dataset:
                 total = add_amounts(total, run.charge(unit))
         return total
+
+    def resume_odometer(self, run: RunState) -> Amount:
+        """The dataset's odometer, in ``run``'s unit, with ``run`` running again.
+
+        A resumed run reserves its whole plan again (plus its re-spends), so this is what the cap
+        of a RUN_RESUMED must cover. It is never below the odometer now.
+        """
+        unit = run.privacy_defn
+        total: Amount = run.charge(unit, status=RunStatus.RUNNING)
+        for other in self.runs.values():
+            if other.dataset_id == run.dataset_id and other is not run:
+                total = add_amounts(total, other.charge(unit))
+        return total
+
+    def respend_odometer(self, run: RunState, key: str) -> Amount | None:
+        """The odometer after a new INTENT of ``key``, or None if that INTENT adds nothing.
+
+        Only a re-spend (a key that already has an INTENT, in a running run) adds to the charge:
+        a first INTENT was reserved at start or resume.
+        """
+        if not run.intents.get(key):
+            return None
+        return add_amounts(self.dataset_spent(run.dataset_id, run.privacy_defn), run.planned[key].budget)
 
     def datasets(self) -> dict[str, list[RunState]]:
         out: dict[str, list[RunState]] = {}
@@ -559,6 +748,16 @@ class LedgerState:
                 cap_reason=reason,
                 non_confidential=non_conf,
                 spent_before=odometer,
+                attempts=[
+                    RunAttempt(
+                        number=1,
+                        seq=e["seq"],
+                        time=e["time"],
+                        code_version=e["code_version"],
+                        lifetime_cap=cap,
+                        cap_reason=reason,
+                    )
+                ],
             )
 
         return commit
@@ -568,15 +767,27 @@ class LedgerState:
         key = e["key"]
         if not isinstance(key, str) or key not in run.planned:
             raise _Invalid(f"measurement {key!r} is not in the run's plan")
-        if key in run.intents:
-            raise _Invalid(f"measurement {key!r} was already spent at entry {run.intents[key]}")
+        earlier = run.spent_in_attempt(key)
+        if earlier is not None:
+            raise _Invalid(
+                f"measurement {key!r} was already spent at entry {earlier} in this attempt "
+                "(a key is spent again only after a RUN_RESUMED)"
+            )
+        if run.outputs_in_attempt():
+            raise _Invalid(f"no spend may follow the attempt's OUTPUTS_PUBLISHED (entry {run.outputs_seq})")
         rec = run.planned[key].record
         for name in ("budget", "sensitivity", "n_cells"):
             if e[name] != rec[name] or type(e[name]) is not type(rec[name]):
                 raise _Invalid(f"{name} {e[name]!r} differs from the plan ({rec[name]!r})")
+        after = self.respend_odometer(run, key)
+        if after is not None and not run.non_confidential and amount_exceeds(after, run.lifetime_cap):
+            raise _Invalid(
+                f"re-spending {key} exceeds the run's lifetime cap: the dataset's odometer would be "
+                f"{format_exact(after)} > cap {format_exact(run.lifetime_cap)}"
+            )
 
         def commit() -> None:
-            run.intents[key] = e["seq"]
+            run.intents.setdefault(key, []).append(e["seq"])
             run.intent_hashes[key] = e["hash"]
 
         return commit
@@ -586,26 +797,35 @@ class LedgerState:
         key = e["key"]
         if not isinstance(key, str) or key not in run.intents:
             raise _Invalid(f"no INTENT of measurement {key!r} precedes this commit")
-        if key in run.committed:
+        latest = run.intents[key][-1]
+        if run.committed_intent.get(key) == latest:
             raise _Invalid(f"measurement {key!r} was already committed at entry {run.committed_seq[key]}")
-        if e["intent_seq"] != run.intents[key] or not _is_int(e["intent_seq"]):
-            raise _Invalid(f"intent_seq does not point at the INTENT of {key!r} (entry {run.intents[key]})")
+        if e["intent_seq"] != latest or not _is_int(e["intent_seq"]):
+            raise _Invalid(f"intent_seq does not point at the latest INTENT of {key!r} (entry {latest})")
         if e["intent_hash"] != run.intent_hashes[key]:
             raise _Invalid("intent_hash is not the hash of the INTENT entry")
+        if latest < run.attempt_seq:
+            # The noise of an earlier attempt's INTENT cannot be vouched for now: spend again.
+            raise _Invalid(
+                f"the INTENT of {key!r} (entry {latest}) belongs to an earlier attempt; "
+                f"the run was resumed at entry {run.attempt_seq}"
+            )
         if not _is_hex64(e["noisy_digest"]):
             raise _Invalid("noisy_digest is not a SHA-256 hex digest")
 
         def commit() -> None:
             run.committed[key] = e["noisy_digest"]
             run.committed_seq[key] = e["seq"]
+            run.committed_intent[key] = latest
 
         return commit
 
     def _check_outputs_published(self, e: Mapping[str, Any]):
         run = self._running(e)
-        if run.outputs is not None:
+        if run.outputs_in_attempt():
             raise _Invalid(f"outputs were already published at entry {run.outputs_seq}")
-        missing = [k for k in run.planned if k not in run.committed]
+        reusable = run.reusable
+        missing = [k for k in run.planned if k not in reusable]
         if missing:
             raise _Invalid(f"outputs published before every measurement was committed (missing {missing[0]})")
         files = e["files"]
@@ -623,16 +843,24 @@ class LedgerState:
 
     def _check_run_finished(self, e: Mapping[str, Any]):
         run = self._running(e)
-        missing = [k for k in run.planned if k not in run.committed]
+        reusable = run.reusable
+        missing = [k for k in run.planned if k not in reusable]
         if missing:
             raise _Invalid(f"run finished without committing {missing[0]}")
-        if _amount(e, "spent") != run.planned_total:
-            raise _Invalid(f"spent {e['spent']} differs from the run's planned total")
+        charge = run.charge()
+        if _amount(e, "spent") != charge:
+            raise _Invalid(
+                f"spent {e['spent']} differs from the run's charge {format_exact(charge)} "
+                "(its planned total plus any re-spends)"
+            )
 
         def commit() -> None:
             run.status = RunStatus.FINISHED
             run.terminal_seq = e["seq"]
             run.terminal_time = e["time"]
+            run.attempts[-1].end = RunStatus.FINISHED
+            run.attempts[-1].end_seq = e["seq"]
+            run.attempts[-1].end_time = e["time"]
 
         return commit
 
@@ -648,6 +876,77 @@ class LedgerState:
             run.terminal_seq = e["seq"]
             run.terminal_time = e["time"]
             run.failure_reason = e["reason"]
+            run.attempts[-1].end = RunStatus.FAILED
+            run.attempts[-1].end_seq = e["seq"]
+            run.attempts[-1].end_time = e["time"]
+            run.attempts[-1].end_reason = e["reason"]
+
+        return commit
+
+    def _check_run_resumed(self, e: Mapping[str, Any]):
+        run = self.runs.get(e["run_id"])
+        if run is None:
+            raise _Invalid(f"run {e['run_id']!r} was never started")
+        if run.status is RunStatus.FINISHED:
+            raise _Invalid(
+                f"run {e['run_id']!r} finished at entry {run.terminal_seq}; a finished run cannot be resumed"
+            )
+        if not _is_hex64(e["config_digest"]):
+            raise _Invalid("config_digest is not a SHA-256 hex digest")
+        if e["config_digest"] != run.config_digest:
+            raise _Invalid(
+                f"config_digest differs from the run's RUN_STARTED (entry {run.started_seq}): another config"
+            )
+        if not _is_hex64(e["dataset_id"]):
+            raise _Invalid("dataset_id is not a SHA-256 hex digest")
+        if e["dataset_id"] != run.dataset_id:
+            raise _Invalid(
+                f"dataset_id differs from the run's RUN_STARTED (entry {run.started_seq}): other inputs"
+            )
+        if not _is_text(e["code_version"]):
+            raise _Invalid("code_version must be a short string")
+        reason = e["reason"]
+        if not _is_text(reason) or not reason.strip():
+            raise _Invalid("reason must be a non-empty short string")
+        cap = _amount(e, "lifetime_cap")
+        if _is_inf(cap) and not run.non_confidential:
+            raise _Invalid("an Infinity lifetime cap is allowed only in a non-confidential run")
+        cap_reason = e["cap_reason"]
+        if cap_reason is not None and not _is_text(cap_reason):
+            raise _Invalid("cap_reason must be null or a short string")
+        if amount_exceeds(run.lifetime_cap, cap):
+            raise _Invalid(
+                f"lifetime_cap {e['lifetime_cap']} is below the run's cap {format_exact(run.lifetime_cap)}: "
+                "a cap is kept or raised, never lowered"
+            )
+        if amount_exceeds(cap, run.lifetime_cap) and not (cap_reason and cap_reason.strip()):
+            raise _Invalid("a lifetime cap above the run's previous cap needs a recorded cap_reason")
+        after = self.resume_odometer(run)
+        if not run.non_confidential and amount_exceeds(after, cap):
+            raise _Invalid(
+                f"resumed run exceeds the lifetime cap: the dataset's odometer with the run reserved "
+                f"again is {format_exact(after)} > cap {format_exact(cap)}"
+            )
+
+        def commit() -> None:
+            # A crashed attempt keeps end RUNNING (it has no terminal entry); the next one starts.
+            run.status = RunStatus.RUNNING
+            run.terminal_seq = None
+            run.terminal_time = None
+            run.failure_reason = None
+            run.lifetime_cap = cap
+            run.cap_reason = cap_reason
+            run.attempts.append(
+                RunAttempt(
+                    number=len(run.attempts) + 1,
+                    seq=e["seq"],
+                    time=e["time"],
+                    code_version=e["code_version"],
+                    lifetime_cap=cap,
+                    cap_reason=cap_reason,
+                    resume_reason=reason,
+                )
+            )
 
         return commit
 
@@ -1010,6 +1309,151 @@ class Ledger:
             self._append(EntryKind.RUN_STARTED, run_id, {**body, "spent_before": format_exact(spent)})
         return RunRecorder(self, run_id, plan)
 
+    def run(self, run_id: str) -> RunState | None:
+        """A snapshot of what the ledger says about ``run_id`` now, or None if it was never started.
+
+        The ledger is caught up with the file first (other processes may have appended); the
+        snapshot is a copy, safe to read while other threads keep recording.
+        """
+        with self._locked() as state:
+            run = state.runs.get(run_id)
+            return None if run is None else copy.deepcopy(run)
+
+    def resume_run(
+        self,
+        run_id: str,
+        *,
+        config_digest: str,
+        input_digests: Mapping[str, str],
+        code_version: str,
+        reason: str,
+        lifetime_cap: Fraction | Decimal | None = None,
+        cap_reason: str | None = None,
+        plan: RunPlan | None = None,
+    ) -> "RunRecorder":
+        """Record RUN_RESUMED for a failed or crashed run and return its recorder, atomically.
+
+        The run is running again, as attempt ``n + 1``. Its plan is the one recorded at start:
+        the returned recorder spends from it, and :attr:`RunState.reusable` (see :meth:`run`)
+        says which measurements may be released from their stored vectors instead of spent again.
+        Everything else is spent again through the recorder and charged again.
+
+        Args:
+            run_id: The run to resume.
+            config_digest: SHA-256 of the config file; must be the run's.
+            input_digests: Input file name -> SHA-256; must give the run's dataset id.
+            code_version: Version of the code that resumes (may differ from the start's; recorded).
+            reason: Why the run is resumed (non-empty; recorded, one line of at most 500
+                characters).
+            lifetime_cap: The run's new lifetime cap, in its unit; None keeps its current cap. A
+                cap is kept or raised, never lowered.
+            cap_reason: Why the cap is raised above the run's current cap (required then).
+            plan: The plan the caller computed from the config, if any. It is only checked: it
+                must record exactly as the run's recorded plan (same measurements, budgets,
+                sensitivities, cells and variances, same order), so that code that would now plan
+                differently cannot reuse the old measurements. The recorder always uses the
+                recorded plan.
+
+        Raises:
+            LedgerError: The run is unknown or finished, the config, the inputs or ``plan`` differ
+                from the run's, ``reason`` is empty, or the ledger is broken. Nothing is appended.
+            BudgetError: The cap is lowered, raised without a reason, Infinity for confidential
+                data, or below the dataset's odometer with the run reserved again. Nothing is
+                appended.
+        """
+        reason = _clean_text(reason)
+        if not reason:
+            raise LedgerError(f"give the reason for resuming run {run_id} (it is recorded in the ledger)")
+        if cap_reason is not None:
+            cap_reason = _clean_text(cap_reason) or None
+        new_cap = None if lifetime_cap is None else _as_amount(lifetime_cap)
+        digests = {str(k): str(v).lower() for k, v in input_digests.items()}
+        dataset = dataset_id(digests)
+        with self._locked() as state:
+            run = state.runs.get(run_id)
+            if run is None:
+                raise LedgerError(f"cannot resume run {run_id}: it was never started in this ledger")
+            if run.status is RunStatus.FINISHED:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: it finished at entry {run.terminal_seq}; a finished run "
+                    "is never resumed (start a new run instead)"
+                )
+            if config_digest != run.config_digest:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: the config differs from the one it started with "
+                    f"(SHA-256 {config_digest[:16]}, recorded {run.config_digest[:16]}); reused "
+                    "measurements would be inconsistent -- start a new run instead"
+                )
+            if dataset != run.dataset_id:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: the inputs differ from the ones it started with "
+                    f"(dataset {dataset[:16]}, recorded {run.dataset_id[:16]}); start a new run instead"
+                )
+            if plan is not None:
+                self._check_same_plan(run, plan)
+            cap = run.lifetime_cap if new_cap is None else new_cap
+            if _is_inf(cap) and not run.non_confidential:
+                raise BudgetError("an Infinity lifetime cap is allowed only for non-confidential data")
+            if amount_exceeds(run.lifetime_cap, cap):
+                raise BudgetError(
+                    f"cannot resume run {run_id} with lifetime cap {format_exact(cap)}: it is below the "
+                    f"run's cap {format_exact(run.lifetime_cap)}; a cap is kept or raised, never lowered"
+                )
+            if amount_exceeds(cap, run.lifetime_cap) and not cap_reason:
+                raise BudgetError(
+                    f"the lifetime cap {format_exact(cap)} is above run {run_id}'s cap "
+                    f"{format_exact(run.lifetime_cap)}: give the reason for raising it (--cap-reason "
+                    "TEXT); it is recorded in the ledger"
+                )
+            after = state.resume_odometer(run)
+            if not run.non_confidential and amount_exceeds(after, cap):
+                raise BudgetError(
+                    f"privacy-loss budget refused: resuming run {run_id} reserves its whole plan again, "
+                    f"so dataset {run.dataset_id[:16]} would have spent {format_exact(after)} "
+                    f"({_unit_name(run.privacy_defn)}), above the lifetime cap {format_exact(cap)}. "
+                    "Spends are never refunded. To resume anyway, raise the cap to at least "
+                    f"{format_exact(after)} (plus the budget of every measurement that must be spent "
+                    "again) with --lifetime-cap and say why with --cap-reason (both are recorded)."
+                )
+            self._append(
+                EntryKind.RUN_RESUMED,
+                run_id,
+                {
+                    "config_digest": config_digest,
+                    "dataset_id": dataset,
+                    "code_version": code_version,
+                    "reason": reason,
+                    "lifetime_cap": format_exact(cap),
+                    "cap_reason": cap_reason,
+                },
+            )
+            attempt = run.attempt
+            recorded = RunPlan(run.privacy_defn, tuple(s.measurement for s in run.planned.values()))
+        return RunRecorder(self, run_id, recorded, attempt=attempt)
+
+    @staticmethod
+    def _check_same_plan(run: RunState, plan: RunPlan) -> None:
+        """Raise LedgerError unless ``plan`` records exactly as ``run``'s recorded plan."""
+        if plan.privacy_defn is not run.privacy_defn:
+            raise LedgerError(
+                f"cannot resume run {run.run_id}: it was planned in {run.privacy_defn.value}, not "
+                f"{plan.privacy_defn.value}"
+            )
+        given = [_planned_item(m) for m in plan.measurements]
+        recorded = [s.record for s in run.planned.values()]
+        if given != recorded:
+            keys = [g["key"] for g in given]
+            if keys != [r["key"] for r in recorded]:
+                detail = "other measurements or another order"
+            else:
+                g, r = next((g, r) for g, r in zip(given, recorded) if g != r)
+                fields = ", ".join(sorted(k for k in g if g[k] != r[k]))
+                detail = f"{g['key']} differs in {fields}"
+            raise LedgerError(
+                f"cannot resume run {run.run_id}: the plan computed now differs from the recorded "
+                f"one ({detail}); reused measurements would be inconsistent"
+            )
+
     def checkpoint(self, signing_key: Path | None = None) -> dict[str, Any]:
         """Size and head hash of the ledger now, signed with an Ed25519 PEM key if given.
 
@@ -1049,6 +1493,10 @@ def _as_amount(value: Any) -> Amount:
     raise BudgetError("the lifetime cap must be an exact number (Fraction or Decimal), not a float")
 
 
+def _unit_name(defn: PrivacyDefinition) -> str:
+    return "rho (zCDP)" if defn is PrivacyDefinition.ZCDP else "epsilon (pure DP)"
+
+
 def _clean_text(text: str) -> str:
     """A single printable line of at most 500 characters (what the ledger accepts)."""
     cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text)).strip()
@@ -1056,14 +1504,21 @@ def _clean_text(text: str) -> str:
 
 
 class RunRecorder:
-    """Records one run's spends; satisfies :class:`phsafe.noise.SpendRecorder`.
+    """Records one attempt of one run's spends; satisfies :class:`phsafe.noise.SpendRecorder`.
 
-    Obtained from :meth:`Ledger.start_run`; every method appends durably before returning.
+    Obtained from :meth:`Ledger.start_run` (attempt 1) or :meth:`Ledger.resume_run`; every method
+    appends durably before returning. Safe to share between threads: it holds no mutable state,
+    and every method reads and appends under the ledger's thread mutex and file lock.
+
+    A recorder belongs to its attempt: once the run is resumed (by anyone, in any process) the
+    recorders of earlier attempts are refused, so a process thought dead cannot spend, commit,
+    publish, finish or fail on behalf of the attempt that replaced it.
     """
 
-    def __init__(self, ledger: Ledger, run_id: str, plan: RunPlan) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, plan: RunPlan, *, attempt: int = 1) -> None:
         self._ledger = ledger
         self.run_id = run_id
+        self.attempt = attempt
         self._plan = {m.key: m for m in plan.measurements}
 
     @property
@@ -1073,22 +1528,52 @@ class RunRecorder:
     def _run(self, state: LedgerState) -> RunState:
         return state.runs[self.run_id]
 
+    def _current(self, state: LedgerState) -> RunState:
+        """The run, if this recorder's attempt is still its current attempt."""
+        run = self._run(state)
+        if run.attempt != self.attempt:
+            raise BudgetError(
+                f"run {self.run_id} was resumed (attempt {run.attempt}, entry {run.attempt_seq}) after this "
+                f"recorder's attempt {self.attempt}; refusing to record for a replaced attempt"
+            )
+        return run
+
     def record_intent(self, measurement: PlannedMeasurement) -> SpendReceipt:
         """Durably record that ``measurement``'s budget is being spent (before its noise).
 
         Raises:
-            BudgetError: The measurement is not in the run's plan, differs from it, or was
-                already spent in this run.
+            BudgetError: The measurement is not in the run's plan or differs from it, was already
+                spent in this attempt, the run has ended or was resumed since, or the spend is a
+                re-spend that would take the dataset's odometer above the run's lifetime cap.
+                Nothing is appended then.
         """
         key = measurement.key
         if self._plan.get(key) != measurement:
             raise BudgetError(f"{key} is not a measurement of run {self.run_id}'s plan; refusing to spend")
         with self._ledger._locked() as state:
-            run = self._run(state)
-            if key in run.intents:
-                raise BudgetError(f"{key} was already spent in run {self.run_id} (entry {run.intents[key]})")
+            run = self._current(state)
+            earlier = run.spent_in_attempt(key)
+            if earlier is not None:
+                raise BudgetError(
+                    f"{key} was already spent in run {self.run_id} (entry {earlier}, attempt {run.attempt}); "
+                    "a measurement is spent at most once per attempt"
+                )
             if run.status is not RunStatus.RUNNING:
                 raise BudgetError(f"run {self.run_id} has ended; refusing to spend")
+            if run.outputs_in_attempt():
+                raise BudgetError(f"run {self.run_id} already published its outputs; refusing to spend")
+            after = state.respend_odometer(run, key)
+            if after is not None and not run.non_confidential and amount_exceeds(after, run.lifetime_cap):
+                previous = run.intents[key]
+                raise BudgetError(
+                    f"privacy-loss budget refused: re-spending {key} in run {self.run_id} (attempt "
+                    f"{run.attempt}; spent {len(previous)} time(s) before, last at entry {previous[-1]}) "
+                    f"would take dataset {run.dataset_id[:16]} to spent {format_exact(after)}, above the "
+                    f"run's lifetime cap {format_exact(run.lifetime_cap)} ({_unit_name(run.privacy_defn)}). "
+                    "Spends are never refunded. To spend it again, record the failure and resume the run "
+                    f"with the cap raised to at least {format_exact(after)} (--lifetime-cap) and the "
+                    "reason (--cap-reason); both are recorded."
+                )
             rec = run.planned[key].record
             entry = self._ledger._append(
                 EntryKind.INTENT,
@@ -1098,8 +1583,15 @@ class RunRecorder:
         return SpendReceipt(measurement_key=key, sequence=entry["seq"], entry_hash=entry["hash"])
 
     def record_committed(self, receipt: SpendReceipt, *, noisy_digest: str) -> None:
-        """Record that the noise of ``receipt``'s spend was drawn; ``noisy_digest`` hashes it."""
-        with self._ledger._locked():
+        """Record that the noise of ``receipt``'s spend was drawn; ``noisy_digest`` hashes it.
+
+        Raises:
+            BudgetError: The run was resumed since this recorder's attempt.
+            LedgerError: The receipt is not the key's latest INTENT of this attempt, the key is
+                already committed, or the digest is malformed.
+        """
+        with self._ledger._locked() as state:
+            self._current(state)
             self._ledger._append(
                 EntryKind.COMMITTED,
                 self.run_id,
@@ -1114,24 +1606,29 @@ class RunRecorder:
     def record_outputs_published(self, file_digests: dict[str, str]) -> None:
         """Record the digests of every released file (relative path -> SHA-256)."""
         files = {str(k): str(v).lower() for k, v in file_digests.items()}
-        with self._ledger._locked():
+        with self._ledger._locked() as state:
+            self._current(state)
             self._ledger._append(EntryKind.OUTPUTS_PUBLISHED, self.run_id, {"files": files})
 
     def finish(self) -> None:
-        """Record that the run ended successfully (every planned measurement committed)."""
+        """Record that the run ended successfully (every planned measurement committed).
+
+        ``spent`` is the run's charge: its planned total plus every re-spend.
+        """
         with self._ledger._locked() as state:
-            spent = self._run(state).planned_total
+            spent = self._current(state).charge()
             self._ledger._append(EntryKind.RUN_FINISHED, self.run_id, {"spent": format_exact(spent)})
 
     def fail(self, reason: str) -> None:
-        """Record that the run failed; a no-op if it already ended.
+        """Record that the run failed; a no-op if it already ended or was resumed since.
 
         Args:
             reason: A short, fixed, safe message (never data); cut to one line of 500 characters.
         """
         with self._ledger._locked() as state:
             run = self._run(state)
-            if run.status is not RunStatus.RUNNING:
+            if run.status is not RunStatus.RUNNING or run.attempt != self.attempt:
+                # Ended, or a later attempt owns the run now: failing it would be a lie.
                 return
             spent = run.intended_total()
             self._ledger._append(

@@ -11,6 +11,10 @@ and converts the totals:
   (SafeTab paper, eq. 7);
 * pure-DP runs: epsilon directly (delta = 0) and bounded epsilon = 2 epsilon.
 
+A run that was resumed shows its attempts (how each ended, why it was resumed, the code version
+and the cap of each), the measurements spent more than once (every INTENT entry), and its charge
+with every re-spend included (see :mod:`phsafe.ledger`, "Lifetime rule").
+
 Floats appear only in these derived figures; every budget and sum is printed exactly.
 """
 
@@ -26,7 +30,16 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from phsafe.config import PrivacyDefinition
-from phsafe.ledger import Amount, LedgerState, RunState, RunStatus, format_exact, read_ledger
+from phsafe.ledger import (
+    Amount,
+    LedgerState,
+    RunAttempt,
+    RunState,
+    RunStatus,
+    add_amounts,
+    format_exact,
+    read_ledger,
+)
 
 DELTA = 1e-10
 REPORT_MD = "audit_report.md"
@@ -207,7 +220,8 @@ _TOTALS_HEADER = (
 
 
 def _status_of(run: RunState, key: str) -> str:
-    if key in run.committed:
+    """The state of ``key``'s latest spend (earlier spends are in the INTENTs column)."""
+    if key in run.reusable:
         return "committed"
     if key in run.intents:
         return "INTENT only (counts as spent)"
@@ -216,12 +230,77 @@ def _status_of(run: RunState, key: str) -> str:
     return "reserved (no terminal entry)" if run.status is RunStatus.RUNNING else "not spent"
 
 
+def _attempt_end(run: RunState, a: RunAttempt) -> str:
+    if a.end is RunStatus.FINISHED:
+        return f"finished (entry {a.end_seq})"
+    if a.end is RunStatus.FAILED:
+        return f"failed (entry {a.end_seq}): {a.end_reason}"
+    if a.number < run.attempt:
+        return "crashed: no terminal entry before the next attempt"
+    return "running or crashed (no terminal entry)"
+
+
+def _attempt_blocks(run: RunState) -> list[_Block]:
+    rows = [
+        [
+            str(a.number),
+            f"{'started' if a.number == 1 else 'resumed'} {a.time} (entry {a.seq})",
+            a.code_version,
+            a.resume_reason or "-",
+            format_exact(a.lifetime_cap),
+            a.cap_reason or "-",
+            _attempt_end(run, a),
+        ]
+        for a in run.attempts
+    ]
+    blocks: list[_Block] = [
+        _Heading(3, "Attempts"),
+        _Table(
+            ("Attempt", "Opened", "Code version", "Reason for resuming", "Lifetime cap", "Cap reason", "Ended"),
+            rows,
+        ),
+    ]
+    respent = run.respent
+    blocks.append(_Heading(3, "Measurements spent more than once"))
+    if not respent:
+        blocks.append(_Para("None: every measurement was spent at most once."))
+    else:
+        blocks.append(
+            _Table(
+                ("Measurement", "INTENT entries", "Budget", "Times charged", "Charged"),
+                [
+                    [
+                        key,
+                        ", ".join(str(seq) for seq in run.intents[key]),
+                        run.planned[key].record["budget"],
+                        str(run.multiplicity(key)),
+                        format_exact(run.key_charge(key)),
+                    ]
+                    for key in run.planned
+                    if key in respent
+                ],
+            )
+        )
+    return blocks
+
+
+def _respend_charge(run: RunState) -> Amount:
+    """The part of the run's charge due to re-spends: each INTENT beyond a key's first."""
+    total: Amount = Fraction(0)
+    for key, n in run.respent.items():
+        budget = run.planned[key].budget
+        extra = budget * (n - 1) if isinstance(budget, Fraction) else budget  # Infinity stays Infinity
+        total = add_amounts(total, extra)
+    return total
+
+
 def _run_blocks(run: RunState) -> list[_Block]:
     status = {
         RunStatus.FINISHED: "finished",
         RunStatus.FAILED: f"failed: {run.failure_reason}",
         RunStatus.RUNNING: "no terminal entry (running or crashed; its whole plan stays reserved)",
     }[run.status]
+    resumes = run.attempt - 1
     blocks: list[_Block] = [
         _Heading(2, f"Run {run.run_id}"),
         _Table(
@@ -230,14 +309,17 @@ def _run_blocks(run: RunState) -> list[_Block]:
                 ["Status", status],
                 ["Started", f"{run.started_time} (entry {run.started_seq})"],
                 ["Ended", f"{run.terminal_time} (entry {run.terminal_seq})" if run.terminal_seq is not None else "-"],
+                ["Attempts", f"{run.attempt} ({resumes} resume{'s' if resumes != 1 else ''}, "
+                             f"{len(run.failures)} failed or crashed)"],
                 ["Privacy definition", _unit(run.privacy_defn)],
                 ["Dataset", run.dataset_id],
                 ["Non-confidential (cap not enforced)", "YES" if run.non_confidential else "no"],
                 ["Spent on the dataset before the run", format_exact(run.spent_before)],
                 ["Planned total", format_exact(run.planned_total)],
-                ["Lifetime cap", format_exact(run.lifetime_cap)],
+                ["Lifetime cap" + (" (latest)" if resumes else ""), format_exact(run.lifetime_cap)],
                 ["Cap reason", run.cap_reason or "-"],
-                ["Charged to the dataset", format_exact(run.charge())],
+                ["Charged to the dataset (re-spends included)", format_exact(run.charge())],
+                ["of which re-spends", format_exact(_respend_charge(run))],
             ],
         ),
         _Heading(3, "Lineage"),
@@ -246,10 +328,11 @@ def _run_blocks(run: RunState) -> list[_Block]:
             [[f"input {name}", digest] for name, digest in sorted(run.input_digests.items())]
             + [
                 ["config", run.config_digest],
-                ["code version", run.code_version],
+                ["code version", run.code_version + (" (at start; see Attempts)" if resumes else "")],
                 ["truncation key", run.truncation_key],
             ],
         ),
+        *_attempt_blocks(run),
         _Heading(3, "Measurements"),
     ]
     rows = []
@@ -266,10 +349,15 @@ def _run_blocks(run: RunState) -> list[_Block]:
                 _sig(m.moe90) if not m.is_noiseless else "0",
                 str(m.n_cells),
                 _status_of(run, m.key),
+                str(len(run.intents.get(m.key, ()))),
+                format_exact(run.key_charge(m.key)),
             ]
         )
     blocks.append(
-        _Table(("Table", "Level", "Budget", "Delta", "tau", "sigma^2", "90% MOE", "Cells", "Status"), rows)
+        _Table(
+            ("Table", "Level", "Budget", "Delta", "tau", "sigma^2", "90% MOE", "Cells", "Status", "INTENTs", "Charged"),
+            rows,
+        )
     )
     blocks.append(_Heading(3, "Totals"))
     blocks.append(
@@ -308,8 +396,10 @@ def build_report(state: LedgerState, ledger_path: Path) -> list[_Block]:
         ),
         _Para(
             "The ledger's hash chain, sequence and rules were verified before this report was "
-            "written. A run charges its dataset its whole plan unless it recorded RUN_FAILED, in "
-            "which case it charges the INTENTs it recorded (an INTENT without COMMITTED counts). "
+            "written. A failed run charges its dataset every INTENT it recorded (an INTENT without "
+            "COMMITTED counts; a measurement spent again after a resume counts again); any other "
+            "run -- finished, running or crashed -- charges its whole plan, each measurement times "
+            "the number of its INTENTs if it was spent more than once. Nothing is refunded. "
             "Budgets and sums are exact; the epsilon figures are floating-point conversions."
         ),
         _Heading(2, "Totals by dataset"),

@@ -1,8 +1,8 @@
 """``phsafe audit verify``: prove a ledger and its outputs consistent, or name what is not.
 
-The ledger's own rules (encoding, hash chain, sequence, run state machine, lifetime caps in exact
-arithmetic) are checked by :func:`phsafe.ledger.read_ledger`, the same code that guards every
-append. On top of that this module checks
+The ledger's own rules (encoding, hash chain, sequence, run state machine including resumed runs
+and their re-spends, lifetime caps in exact arithmetic) are checked by
+:func:`phsafe.ledger.read_ledger`, the same code that guards every append. On top of that this module checks
 
 * checkpoints: a checkpoint (ledger size, head hash) must describe a prefix of the ledger, and
   its Ed25519 signature must verify -- against the auditor's trusted public key when one is given;
@@ -107,6 +107,14 @@ def verify(
             f"dataset {ds[:16]}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(ds, unit))} "
             f"({'rho' if unit is PrivacyDefinition.ZCDP else 'epsilon'}); every start was within its cap"
         )
+    for run in state.runs.values():
+        if run.attempt > 1:
+            respent = run.respent
+            result.notes.append(
+                f"run {run.run_id}: {run.attempt} attempts ({len(run.failures)} failed or crashed), "
+                f"{len(respent)} measurement(s) spent more than once, charged "
+                f"{format_exact(run.charge())} with every re-spend; each resume and re-spend was within its cap"
+            )
     if any(r.non_confidential for r in state.runs.values()):
         result.notes.append("note: the ledger holds runs declared non-confidential (cap not enforced)")
 

@@ -2,8 +2,10 @@
 
 A real ledger is built through the API with real noise: a zCDP run that publishes outputs, a
 second run on the same data (raised cap with a reason) that fails after an INTENT without
-COMMITTED, and a pure-DP run on another dataset; checkpoints are signed with a generated Ed25519
-key. The outputs are written by a small fixture writer in the documented layout (the engine's
+COMMITTED, a pure-DP run on another dataset, and a resumed run on a third dataset (it fails with
+one measurement committed and one INTENT without COMMITTED, is resumed with a raised cap, spends
+the uncommitted one again, reuses the committed one, and publishes); checkpoints are signed with a
+generated Ed25519 key. The outputs are written by a small fixture writer in the documented layout (the engine's
 writer is not under test here). Then hundreds of mutants of the ledger, the checkpoint and the
 outputs are generated and ``audit verify`` must reject every one, naming the first failing entry
 or file.
@@ -37,7 +39,7 @@ from phsafe.audit.cli import audit
 from phsafe.audit.report import epsilon_analytic, epsilon_renyi, renyi_epsilon_at
 from phsafe.config import PHSafeConfig, load_config, parse_config
 from phsafe.domain import measurement_domain
-from phsafe.ledger import Ledger, canonical_json, entry_hash, format_exact
+from phsafe.ledger import Ledger, canonical_json, dataset_id, entry_hash, format_exact
 from phsafe.noise import measure
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
 
@@ -45,6 +47,7 @@ from tests.conftest import PR_CONFIG, US_CONFIG
 
 DIGESTS_A = {"persons.csv": "1" * 64, "units.csv": "2" * 64, "geo.csv": "3" * 64}
 DIGESTS_B = {"persons.parquet": "4" * 64, "units.parquet": "5" * 64, "geo.parquet": "6" * 64}
+DIGESTS_C = {"persons.csv": "7" * 64, "units.csv": "8" * 64, "geo.csv": "9" * 64}
 
 
 def make_config(defn: str, budgets: dict[str, dict[str, str]]) -> PHSafeConfig:
@@ -162,6 +165,7 @@ class World:
     public_key = property(lambda self: self.root / "operator.pub")
     out_a = property(lambda self: (self.outputs_root or self.root) / "out-a1")
     out_b = property(lambda self: (self.outputs_root or self.root) / "out-b1")
+    out_c = property(lambda self: (self.outputs_root or self.root) / "out-c1")
 
     def copy(self, root: Path, *, with_outputs: bool) -> "World":
         """A copy to mutate; outputs are shared (read only) unless the mutant changes them."""
@@ -200,7 +204,27 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     measure(plan.measurements[0], np.zeros(plan.measurements[0].n_cells, dtype=np.int64), rec)
     rec.record_intent(plan.measurements[1])  # the worker died while sampling
     rec.fail("worker lost")
+    # A run that fails, and is resumed after another run (interleaved in the ledger).
+    rec = ledger.start_run(run_id="run-c1", plan=plan, config_digest="c" * 64, input_digests=DIGESTS_C,
+                           code_version="test", truncation_key_hex="ef" * 32)
+    rng = np.random.default_rng(11)  # exact counts of a fake dataset (not the noise)
+    exact = {m.key: rng.integers(0, 50, m.n_cells) for m in plan.measurements}
+    stored = {plan.measurements[0].key: measure(plan.measurements[0], exact[plan.measurements[0].key], rec)}
+    rec.record_intent(plan.measurements[1])  # its noise may have been drawn, then lost
+    rec.fail("worker lost during sampling")
     publish_run(ledger, CONFIG_B, "run-b1", DIGESTS_B, w.out_b, key_path)
+    respend = Fraction(plan.measurements[1].budget)
+    rec = ledger.resume_run("run-c1", config_digest="c" * 64, input_digests=DIGESTS_C, code_version="test-2",
+                            reason="flow retry after worker loss", lifetime_cap=plan.total + respend,
+                            cap_reason="re-spend of one lost measurement approved", plan=plan)
+    reusable = ledger.run("run-c1").reusable
+    noisy = {m.key: stored[m.key] if m.key in reusable else measure(m, exact[m.key], rec) for m in plan.measurements}
+    w.out_c.mkdir()
+    files = write_outputs(CONFIG_A, plan, noisy, w.out_c)
+    rec.record_outputs_published(files)
+    rec.finish()
+    manifest = {"run_id": "run-c1", "files": files, "checkpoint": rec.checkpoint(key_path)}
+    (w.out_c / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     w.checkpoint.write_text(json.dumps(ledger.checkpoint(key_path)))
     return w
 
@@ -221,11 +245,16 @@ def test_the_real_ledger_verifies(world: World) -> None:
     assert "OK" in result.output and "signature verified with the trusted public key" in result.output
     result = invoke(["verify", str(world.ledger), "--outputs", str(world.out_b), "--public-key", str(world.public_key)])
     assert result.exit_code == 0, result.output
+    # The resumed run's outputs: the reused measurement hashes to attempt 1's COMMITTED digest.
+    result = invoke(["verify", str(world.ledger), "--outputs", str(world.out_c), "--public-key", str(world.public_key)])
+    assert result.exit_code == 0, result.output
+    assert "run run-c1: 2 attempts (1 failed or crashed), 1 measurement(s) spent more than once" in result.output
     assert invoke(["verify", str(world.ledger)]).exit_code == 0
     # A manifest is accepted as a checkpoint file too.
     result = invoke(["verify", str(world.ledger), "--checkpoint", str(world.out_a / "manifest.json"),
-                     "--checkpoint", str(world.out_b / "manifest.json"), "--checkpoint", str(world.checkpoint)])
-    assert result.exit_code == 0 and result.output.count("embedded key") == 3
+                     "--checkpoint", str(world.out_b / "manifest.json"), "--checkpoint", str(world.out_c / "manifest.json"),
+                     "--checkpoint", str(world.checkpoint)])
+    assert result.exit_code == 0 and result.output.count("embedded key") == 4
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,6 +328,74 @@ def _set(entries: list[dict[str, Any]], run: str, kind: str, field: str, value: 
             e[field] = value
             return entries
     raise AssertionError((run, kind))
+
+
+def _index(entries: list[dict[str, Any]], run: str, kind: str, key: str | None = None, nth: int = 0) -> int:
+    """Index of the ``nth`` entry of ``run`` of ``kind`` (and ``key``)."""
+    found = [i for i, e in enumerate(entries)
+             if e["run_id"] == run and e["kind"] == kind and (key is None or e.get("key") == key)]
+    return found[nth]
+
+
+def _insert_copy(entries: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    return entries[:i + 1] + [json.loads(json.dumps(entries[i]))] + entries[i + 1:]
+
+
+def resume_mutants(parsed: list[dict[str, Any]]) -> list[Mutant]:
+    """Rewrites of the resumed run (run-c1) with every hash recomputed."""
+    resumed = parsed[_index(parsed, "run-c1", "RUN_RESUMED")]
+    started = parsed[_index(parsed, "run-c1", "RUN_STARTED")]
+    respent_key = started["planned"][1]["key"]
+    n = len(parsed)
+
+    def rehash(edit: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> Callable[[World], None]:
+        return _edit_lines(lambda ls: _rehash(ls, edit))
+
+    def set_resumed(field: str, value: Any) -> Callable[[World], None]:
+        return rehash(lambda es: _set(es, "run-c1", "RUN_RESUMED", field, value))
+
+    def retarget_commit(es: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        old_intent = es[_index(es, "run-c1", "INTENT", respent_key, 0)]
+        commit = es[_index(es, "run-c1", "COMMITTED", respent_key)]
+        commit["intent_hash"] = old_intent["hash"]  # _rehash then points intent_seq at it
+        return es
+
+    def resume_finished(es: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        e = es[_index(es, "run-c1", "RUN_RESUMED")]
+        e["run_id"] = "run-a1"
+        return es
+
+    assert resumed["cap_reason"] and resumed["lifetime_cap"] != started["lifetime_cap"]
+    return [
+        ("resume with another config, rehash", set_resumed("config_digest", "d" * 64), "config_digest differs"),
+        ("resume on other inputs, rehash", set_resumed("dataset_id", dataset_id(DIGESTS_A)), "dataset_id differs"),
+        ("resume without a reason, rehash", set_resumed("reason", ""), "reason"),
+        ("resume with a blank reason, rehash", set_resumed("reason", "   "), "reason"),
+        ("resume with a lowered cap, rehash", set_resumed("lifetime_cap", "0.001"), "never lowered"),
+        ("resume raising the cap without a reason, rehash", set_resumed("cap_reason", None), "cap_reason"),
+        ("resume with an Infinity cap, rehash", set_resumed("lifetime_cap", "Infinity"), "Infinity lifetime cap"),
+        ("resume with a cap too low for the re-spend, rehash", set_resumed("lifetime_cap", started["lifetime_cap"]),
+         "exceeds the run's lifetime cap"),
+        ("resume with a non-canonical cap, rehash", set_resumed("lifetime_cap", resumed["lifetime_cap"] + "0"),
+         "lifetime_cap is not a canonical"),
+        ("resume a finished run, rehash", rehash(resume_finished), "a finished run cannot be resumed"),
+        ("resume a run never started, rehash", set_resumed("run_id", "run-zz"), "never started"),
+        ("resumed with another code version, rehash", set_resumed("code_version", "other"), f"entry {n - 1}"),
+        ("drop the resume, rehash",
+         rehash(lambda es: [e for e in es if e["kind"] != "RUN_RESUMED"]), "already ended"),
+        ("re-spend twice in one attempt, rehash",
+         rehash(lambda es: _insert_copy(es, _index(es, "run-c1", "INTENT", respent_key, 1))), "already spent"),
+        ("re-spend a committed key without resuming, rehash",
+         rehash(lambda es: _insert_copy(es, _index(es, "run-c1", "INTENT", started["planned"][0]["key"], 0))),
+         "already spent"),
+        ("commit the superseded INTENT, rehash", rehash(retarget_commit), "latest INTENT"),
+        ("finish the resumed run without its re-spend charge, rehash",
+         rehash(lambda es: _set(es, "run-c1", "RUN_FINISHED", "spent", started["planned_total"])),
+         "differs from the run's charge"),
+        ("under-report the resumed run's failure, rehash",
+         rehash(lambda es: _set(es, "run-c1", "RUN_FAILED", "spent", started["planned"][0]["budget"])),
+         "spent"),
+    ]
 
 
 def mutants(w: World) -> list[Mutant]:
@@ -392,6 +489,7 @@ def mutants(w: World) -> list[Mutant]:
          "spent"),
         ("under-report a failed run, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: _set(es, "run-a2", "RUN_FAILED", "spent", "0"))),
          "spent"),
+        *resume_mutants(parsed),
         ("float budget, rehash", _edit_lines(lambda ls: _rehash(ls, lambda es: es)[:0] + [ls[0].replace(
             b'"planned_total":"', b'"planned_total":').replace(b'","privacy_defn"', b',"privacy_defn"')] + ls[1:]),
          "entry 0"),
@@ -602,6 +700,23 @@ def test_report_of_the_world(world: World, tmp_path: Path) -> None:
     # Pure DP: epsilon reported directly, total 0.5 + 1.5 = 2, bounded 4.
     assert "| epsilon (pure DP, delta = 0) | 2 | 4 |" in md
     assert "persons.parquet" in md and "PH1\\_denom/PH1\\_denom.csv" not in md and "PH1_denom/PH1_denom.csv" in md
+    # The resumed run: its attempts with their reasons, the measurement spent twice, and its
+    # charge with the re-spend (its plan plus the lost measurement's budget, exactly).
+    page = (tmp_path / "audit_report.html").read_text()
+    respent = plan_a.measurements[1]
+    charge_c = plan_a.total + Fraction(respent.budget)
+    run_c = md[md.index("## Run run-c1"):md.index("## Run", md.index("## Run run-c1") + 1)]
+    assert "| Attempts | 2 (1 resume, 1 failed or crashed) |" in run_c
+    assert f"| Charged to the dataset (re-spends included) | {format_exact(charge_c)} |" in run_c
+    assert f"| of which re-spends | {format_exact(Fraction(respent.budget))} |" in run_c
+    assert "failed (entry " in run_c and "): worker lost during sampling |" in run_c
+    assert "| flow retry after worker loss |" in run_c and "| re-spend of one lost measurement approved |" in run_c
+    assert "| test-2 |" in run_c and "finished (entry " in run_c
+    key = respent.key.replace("*", "\\*")  # Markdown escapes the star
+    assert re.search(rf"\| {re.escape(key)} \| \d+, \d+ \| {respent.budget} \| 2 \| {format_exact(2 * Fraction(respent.budget))} \|", run_c)
+    assert f"(1 runs) | rho (zCDP) | {format_exact(charge_c)} |" in md
+    assert "Measurements spent more than once" in page and "flow retry after worker loss" in page
+    assert md.count("None: every measurement was spent at most once.") == 3
 
 
 def test_report_refuses_a_broken_ledger(world: World, tmp_path: Path) -> None:
