@@ -35,6 +35,7 @@ from prefect.futures import wait
 from prefect.runtime import flow_run
 
 from flows._logging import configure_once
+from flows.counting import count_on_dask
 from phsafe import engine
 from phsafe.config import PHSafeConfig
 from phsafe.errors import ConfigError, PHSafeError
@@ -100,8 +101,14 @@ def run_dataset(
     resume_reason: str | None,
     non_confidential: bool,
     log_file: str | None,
+    counting: str = "local",
+    dask_address: str | None = None,
+    dask_workers: int | None = None,
+    partition_persons: int | None = None,
 ) -> dict[str, Any]:
     """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``)."""
+    if counting not in ("local", "dask"):
+        raise PHSafeError(f"counting must be 'local' or 'dask', not {counting!r}")
     root = Path(output_root).absolute()
     configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
     run_id = resume_run_id or _run_id(label)
@@ -128,7 +135,11 @@ def run_dataset(
             if not report.ok:  # before the ledger is opened: nothing spent
                 raise engine.ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
         digests = t.fingerprint_inputs(run.data_dir)
-        counts = t.preprocess_and_count(run, cfg)
+        if counting == "dask":  # per-partition counting on the cluster; sums come back here
+            counts = count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
+                                   max_persons=partition_persons)
+        else:
+            counts = t.preprocess_and_count(run, cfg)
         plan = t.plan_budget(cfg)
         attempt = t.open_ledger_run(run, plan, digests)
         try:
@@ -184,6 +195,11 @@ _COMMON_DOC = """
         resume_reason: Why it is resumed (recorded in the ledger).
         non_confidential: The data is synthetic (allows Infinity budgets).
         log_file: JSON-lines log file (default under ``output_root``).
+        counting: ``local`` (in this process) or ``dask`` (per-partition tasks on a Dask cluster;
+            validation, plan, ledger and noise stay here).
+        dask_address: Scheduler address of an existing Dask cluster (default: a LocalCluster).
+        dask_workers: Workers of the LocalCluster (default 2).
+        partition_persons: Cut partitions larger than this many persons into MAFID ranges.
 """
 
 
@@ -202,6 +218,10 @@ def us_flow(
     resume_reason: str | None = None,
     non_confidential: bool = False,
     log_file: str | None = None,
+    counting: str = "local",
+    dask_address: str | None = None,
+    dask_workers: int | None = None,
+    partition_persons: int | None = None,
 ) -> dict[str, Any]:
     """S-DHC for the 50 states and DC: Nation and State levels."""
     return run_dataset("us", **locals())
@@ -222,6 +242,10 @@ def pr_flow(
     resume_reason: str | None = None,
     non_confidential: bool = False,
     log_file: str | None = None,
+    counting: str = "local",
+    dask_address: str | None = None,
+    dask_workers: int | None = None,
+    partition_persons: int | None = None,
 ) -> dict[str, Any]:
     """S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level."""
     return run_dataset("pr", **locals())
