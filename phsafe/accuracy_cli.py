@@ -1,0 +1,69 @@
+"""The ``phsafe accuracy`` command (mounted by :mod:`phsafe.cli`).
+
+``phsafe accuracy CONFIG DATA OUT --trials K --non-confidential`` runs the private algorithm K
+times on synthetic (non-confidential) DATA and reports its accuracy against the non-private
+truth; without ``--non-confidential`` it refuses, runs nothing and writes nothing. See
+:mod:`phsafe.accuracy`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from phsafe import logs
+
+_EXISTING = click.Path(exists=True, path_type=Path)
+
+
+@click.command("accuracy")
+@click.argument("config", type=_EXISTING)
+@click.argument("data", type=_EXISTING)
+@click.argument("output", type=click.Path(path_type=Path))
+@click.option("--trials", "-k", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Number of private runs.")
+@click.option("--non-confidential", is_flag=True,
+              help="Required: confirm that DATA is synthetic or otherwise not confidential "
+                   "(the experiment publishes 2*K releases of it).")
+@click.option("--postprocess/--no-postprocess", "with_postprocess", default=True, show_default=True,
+              help="Post-process every trial and measure the coverage of its credible intervals.")
+@click.option("--draws", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Posterior draws per cell for the averages (post-processing).")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the post-processing simulations (default: random, shown in the report).")
+@click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("-l", "--log", "log_file", type=click.Path(path_type=Path), default=None,
+              help="Append JSON-lines logs (of every run) to FILE.")
+def accuracy(config: Path, data: Path, output: Path, trials: int, non_confidential: bool, with_postprocess: bool,
+             draws: int, seed: int | None, no_plots: bool, log_file: Path | None) -> None:
+    """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
+
+    Per table and level: mean and 90th-percentile absolute error against the non-private truth,
+    empirical coverage of the stated 90% MOE, the truncation error on its own, and (with
+    post-processing) the coverage of the 90% credible intervals; Markdown, HTML, CSV and plots.
+    Refuses unless --non-confidential is given.
+    """
+    if not non_confidential:
+        click.echo(
+            "phsafe: error: refusing to run: `phsafe accuracy` publishes 2*K private releases of DATA and is "
+            "for synthetic or otherwise non-confidential data only. Pass --non-confidential to confirm that "
+            "DATA is not confidential. Nothing was run or spent.",
+            err=True,
+        )
+        raise SystemExit(1)
+    logs.configure(log_file, console_level=logging.WARNING)
+    from phsafe.accuracy import run_accuracy
+    from phsafe.errors import PHSafeError
+
+    try:
+        result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
+                              with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
+                              progress=lambda line: click.echo(f"phsafe accuracy: {line}", err=True))
+    except PHSafeError as exc:
+        click.echo(f"phsafe: error: {exc}", err=True)
+        raise SystemExit(1) from None
+    overall = result.metrics[result.metrics["TABLE"] == "ALL"].iloc[0]
+    click.echo(f"phsafe: accuracy report in {result.output_dir / 'report.html'} "
+               f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}, {result.seconds:.0f} s)")

@@ -1,0 +1,148 @@
+"""The accuracy experiment (:mod:`phsafe.accuracy`, ``phsafe accuracy``).
+
+* without the explicit statement that the data is not confidential it refuses: non-zero exit,
+  nothing run, nothing written, no ledger, no budget spent;
+* a small experiment writes the metrics, the report and the plots; the truncation error is 0 for
+  the unit tables and where every household fits in tau, and positive where tau bites;
+* on the demo data with the production budgets (slow): the stated 90% MOE and the credible
+  intervals of counts and averages cover about 90% of the cells.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from phsafe import synthetic
+from phsafe.accuracy import (
+    AVERAGE_METRIC_COLUMNS,
+    METRIC_COLUMNS,
+    ConfidentialityNotConfirmed,
+    noiseless_config,
+    run_accuracy,
+)
+from phsafe.cli import main
+from phsafe.config import INFINITE, load_config
+from tests.conftest import REPO, US_CONFIG
+
+DEMO = REPO / "demo" / "data" / "us"
+STATES = ["01", "06"]
+UNIT_TABLES = ("PH1_denom", "PH5_denom", "PH8_denom")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Synthetic data and a config with tau 2 (so truncation bites) and moderate budgets."""
+    root = tmp_path_factory.mktemp("acc")
+    data = root / "data"
+    synthetic.write(synthetic.generate(1200, STATES, seed=3), data)
+    raw = json.loads(US_CONFIG.read_text())
+    raw["state_filter"] = STATES
+    raw["tau"] = {t: 2 for t in raw["tau"]}
+    raw["privacy_budget"]["PH6"]["usa_*"] = 0  # a level not measured stays unmeasured
+    config = root / "config.json"
+    config.write_text(json.dumps(raw))
+    return config, data
+
+
+def test_accuracy_refuses_without_the_acknowledgement(small: tuple[Path, Path], tmp_path: Path) -> None:
+    config, data = small
+    out = tmp_path / "acc"
+    before = sorted(tmp_path.rglob("*"))
+    result = CliRunner().invoke(main, ["accuracy", str(config), str(data), str(out), "--trials", "2"])
+    assert result.exit_code != 0
+    assert "--non-confidential" in result.output and "Nothing was run" in result.output
+    assert not out.exists()
+    assert sorted(tmp_path.rglob("*")) == before  # no ledger, no output, nothing
+    assert not list(Path.cwd().glob("phsafe-ledger*"))
+    with pytest.raises(ConfidentialityNotConfirmed):
+        run_accuracy(config, data, out, trials=1)
+    with pytest.raises(ConfidentialityNotConfirmed):
+        run_accuracy(config, data, out, trials=1, non_confidential="yes")  # type: ignore[arg-type]
+    assert not out.exists()
+
+
+def test_noiseless_config_replaces_positive_budgets_only(small: tuple[Path, Path], tmp_path: Path) -> None:
+    config, _ = small
+    derived = load_config(noiseless_config(config, tmp_path / "c.json"))
+    original = load_config(config)
+    for table, levels in original.privacy_budget.items():
+        for level, budget in levels.items():
+            assert derived.privacy_budget[table][level] == (INFINITE if budget > 0 else 0)
+    assert derived.tau == original.tau and derived.state_filter == original.state_filter
+
+
+def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Path], tmp_path: Path) -> None:
+    config, data = small
+    out = tmp_path / "acc"
+    result = run_accuracy(config, data, out, trials=2, non_confidential=True, draws=200, seed=1)
+    for name in ("metrics.csv", "average_metrics.csv", "cells.parquet", "averages.parquet", "report.md",
+                 "report.html", "plots/coverage.png", "plots/mae.png", "plots/error_distribution.png",
+                 "plots/abs_errors.png", "plots/averages_coverage.png", "ledgers/001.jsonl", "ledgers/002.jsonl",
+                 "truth/manifest.json", "trials/002/manifest.json", "truncated/002/manifest.json",
+                 "postprocessed/002/PH1.csv"):
+        assert (out / name).is_file(), name
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics.columns) == list(METRIC_COLUMNS)
+    assert list(pd.read_csv(out / "average_metrics.csv").columns) == list(AVERAGE_METRIC_COLUMNS)
+    levels = set(zip(metrics["TABLE"], metrics["LEVEL"]))
+    assert ("PH6", "state_*") in levels and ("PH6", "usa_*") not in levels
+    assert ("PH3", "state_A-G") in levels and ("ALL", "ALL") in levels
+    assert (metrics["TRIALS"] == 2).all()
+    by = metrics.set_index(["TABLE", "LEVEL"])
+    for table in UNIT_TABLES:  # unit tables are never truncated
+        assert (by.loc[table, "TRUNCATION_MAE"] == 0).all()
+    assert by.loc[("PH1_num", "usa_*"), "TRUNCATION_MAE"] > 0  # tau = 2 drops persons
+    for col in ("MOE_COVERAGE", "MOE_COVERAGE_VS_TRUTH", "CI90_COVERAGE"):
+        assert metrics[col].between(0, 1).all()
+    cells = pd.read_parquet(out / "cells.parquet")
+    assert (cells["TRUNCATED"] <= cells["TRUTH"]).all()  # truncation only removes persons
+    assert len(cells) == 2 * int(metrics.iloc[-1]["CELLS"])
+    # each trial's truncated exact counts are what its private run measured, without noise
+    ledger = [json.loads(line) for line in (out / "ledgers" / "001.jsonl").read_text().splitlines()]
+    started = [e for e in ledger if e["kind"] == "RUN_STARTED"]
+    assert len(started) == 2 and all(e["non_confidential"] for e in started)
+    assert "PH1_num" in result.metrics["TABLE"].values
+    report = (out / "report.md").read_text()
+    assert "MOE_COVERAGE" in report and "plots/coverage.png" in report
+    assert "<img" in (out / "report.html").read_text()
+
+
+def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
+    out = tmp_path / "acc"
+    result = CliRunner().invoke(main, ["accuracy", str(DEMO / "config.json"), str(DEMO), str(out), "--trials", "1",
+                                       "--non-confidential", "--no-plots", "--no-postprocess"])
+    assert result.exit_code == 0, result.output
+    assert "pooled MOE coverage" in result.output
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics["CI90_COVERAGE"].isna().all() and not (out / "average_metrics.csv").exists()
+    again = CliRunner().invoke(main, ["accuracy", str(DEMO / "config.json"), str(DEMO), str(out), "--trials", "1",
+                                      "--non-confidential"])
+    assert again.exit_code == 1 and "not empty" in again.output
+
+
+@pytest.mark.slow
+def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
+    """Production budgets on the demo data: coverage of the stated MOE and of the credible
+    intervals, pooled over 8 trials (about 11,700 cells; standard error about 0.003)."""
+    result = run_accuracy(DEMO / "config.json", DEMO, tmp_path / "acc", trials=8, non_confidential=True,
+                          draws=1000, seed=2, plots=False)
+    overall = result.metrics.set_index("TABLE").loc["ALL"]
+    averages = result.average_metrics.set_index("TABLE").loc["ALL"]
+    print({"MOE": overall["MOE_COVERAGE"], "MOE vs truth": overall["MOE_COVERAGE_VS_TRUTH"],
+           "CI90 counts": overall["CI90_COVERAGE"], "CI90 counts vs truth": overall["CI90_COVERAGE_VS_TRUTH"],
+           "CI90 averages": averages["CI90_COVERAGE"], "CI90 averages vs truth": averages["CI90_COVERAGE_VS_TRUTH"],
+           "seconds": result.seconds})
+    assert 0.885 <= overall["MOE_COVERAGE"] <= 0.915
+    assert 0.89 <= overall["CI90_COVERAGE"] <= 0.95
+    assert 0.87 <= averages["CI90_COVERAGE"] <= 0.95
+    per_table = result.metrics[result.metrics["TABLE"] != "ALL"]
+    # no table x level is far off: within 4 binomial standard errors of 0.9 (some have 8 cells)
+    n = per_table["CELLS"] * per_table["TRIALS"]
+    assert (per_table["MOE_COVERAGE"] >= 0.9 - 4 * np.sqrt(0.09 / n)).all()
+    assert np.isfinite(per_table["EXPECTED_NOISE_MAE"]).all()
