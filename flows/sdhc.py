@@ -39,7 +39,7 @@ from flows.counting import count_on_dask
 from phsafe import engine
 from phsafe.config import PHSafeConfig
 from phsafe.errors import ConfigError, PHSafeError
-from phsafe.ledger import Ledger, RunStatus
+from phsafe.ledger import RunStatus
 from phsafe.tables import TABLES
 from tasks import artifacts
 from tasks import pipeline as t
@@ -119,7 +119,7 @@ def run_dataset(
         report_dir=run_dir / "validation",
         resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
     )
-    earlier = Ledger.open(options.ledger).run(run_id) if options.ledger.exists() else None
+    earlier = engine.open_ledger(options.ledger).run(run_id) if options.ledger.exists() else None
     if resume_run_id and earlier is None:
         raise PHSafeError(f"run {resume_run_id} is not in the ledger {options.ledger}; nothing to resume")
     if earlier is not None and earlier.status is RunStatus.FINISHED:

@@ -20,6 +20,7 @@ import resource
 import secrets
 import shutil
 import subprocess
+import threading
 from contextlib import contextmanager
 import time
 import uuid
@@ -97,6 +98,37 @@ class RunResult:
     files: dict[str, str]
     plan: RunPlan | None = None
     timings: dict[str, float] = field(default_factory=dict)
+
+
+_ledgers: dict[Path, tuple[tuple[int, int], "Ledger"]] = {}
+_ledgers_lock = threading.Lock()
+
+
+def open_ledger(path: Path) -> "Ledger":
+    """The process's handle on the ledger at ``path``, verified once.
+
+    Every stage and every measurement task of a run needs the ledger; opening it anew each time
+    would re-read and re-verify the whole file (a cost growing with the ledger's history). One
+    :class:`~phsafe.ledger.Ledger` per file instead catches up with what other processes
+    appended, under the file lock, before every read and append. A file replaced on disk (other
+    inode) is opened anew.
+    """
+    from phsafe.ledger import Ledger
+
+    key = Path(path).absolute()
+    with _ledgers_lock:
+        cached = _ledgers.get(key)
+        try:
+            st = key.stat()
+            identity = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            identity = None
+        if cached is not None and identity == cached[0]:
+            return cached[1]
+        ledger = Ledger.open(key)
+        st = key.stat()
+        _ledgers[key] = ((st.st_dev, st.st_ino), ledger)
+        return ledger
 
 
 def new_run_id() -> str:
@@ -278,7 +310,6 @@ def begin_private_run(
         PHSafeError: Bad config, an existing output directory, Infinity budgets without
             ``non_confidential``, or a run that cannot be resumed. Nothing is spent.
     """
-    from phsafe.ledger import Ledger
 
     config_path, data_dir = Path(config_path), Path(data_dir)
     config_sha256 = config_digest(config_path)
@@ -294,7 +325,7 @@ def begin_private_run(
     if resume:
         if not run_id:
             raise PHSafeError("resuming needs the id of the run to resume")
-        earlier = Ledger.open(Path(options.ledger)).run(run_id)
+        earlier = open_ledger(options.ledger).run(run_id)
         if earlier is None:
             raise PHSafeError(f"run {run_id} is not in the ledger {options.ledger}; nothing to resume")
         if earlier.config_digest != config_sha256:
@@ -369,9 +400,8 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
         BudgetError: The dataset's lifetime budget does not admit the run.
         LedgerError: The run cannot be resumed (finished, other inputs, ...).
     """
-    from phsafe.ledger import Ledger
 
-    ledger = Ledger.open(Path(run.options.ledger))
+    ledger = open_ledger(run.options.ledger)
     if not run.resume:
         ledger.start_run(
             run_id=run.run_id, plan=plan, config_digest=run.config_sha256,
@@ -394,9 +424,9 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
 
 def recorder_for(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt):
     """A spend recorder for this attempt of the run (each caller gets its own ledger handle)."""
-    from phsafe.ledger import Ledger, RunRecorder
+    from phsafe.ledger import RunRecorder
 
-    return RunRecorder(Ledger.open(Path(run.options.ledger)), run.run_id, plan, attempt=attempt.attempt)
+    return RunRecorder(open_ledger(run.options.ledger), run.run_id, plan, attempt=attempt.attempt)
 
 
 def measure_table(
@@ -443,9 +473,8 @@ def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) 
     Returns:
         Relative path -> SHA-256 of every table file written.
     """
-    from phsafe.ledger import Ledger
 
-    state = Ledger.open(Path(run.options.ledger)).run(run.run_id)
+    state = open_ledger(run.options.ledger).run(run.run_id)
     if state is None:
         raise PHSafeError(f"run {run.run_id} is not in the ledger")
     store = run.store
@@ -526,9 +555,9 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     Returns:
         True if the run can be resumed (it has committed measurements kept on disk).
     """
-    from phsafe.ledger import Ledger, RunStatus
+    from phsafe.ledger import RunStatus
 
-    state = Ledger.open(Path(run.options.ledger)).run(run.run_id)
+    state = open_ledger(run.options.ledger).run(run.run_id)
     if state is None:  # never started: nothing spent, nothing to keep
         Publication(run.output_dir, run.staging).abandon()
         return False
@@ -640,9 +669,8 @@ def run_nonprivate(
 def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:
     """One row per planned measurement, as the ledger records it: budget, Δ, variance, MOE,
     cells, how many times it was spent and whether its release is committed. Value-free."""
-    from phsafe.ledger import Ledger
 
-    state = Ledger.open(Path(run.options.ledger)).run(run.run_id)
+    state = open_ledger(run.options.ledger).run(run.run_id)
     committed = state.reusable if state is not None else {}
     budget_name = "rho" if plan.privacy_defn.value == "zcdp" else "epsilon"
     rows: list[dict[str, object]] = []
