@@ -310,7 +310,6 @@ def begin_private_run(
         PHSafeError: Bad config, an existing output directory, Infinity budgets without
             ``non_confidential``, or a run that cannot be resumed. Nothing is spent.
     """
-
     config_path, data_dir = Path(config_path), Path(data_dir)
     config_sha256 = config_digest(config_path)
     config = load_config(config_path)
@@ -400,7 +399,6 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
         BudgetError: The dataset's lifetime budget does not admit the run.
         LedgerError: The run cannot be resumed (finished, other inputs, ...).
     """
-
     ledger = open_ledger(run.options.ledger)
     if not run.resume:
         ledger.start_run(
@@ -415,6 +413,7 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
         run.run_id, config_digest=run.config_sha256, input_digests=input_digests_,
         code_version=run.code_version, reason=run.options.resume_reason or "resumed by the operator",
         lifetime_cap=run.options.lifetime_cap, cap_reason=run.options.cap_reason,
+        plan=plan,  # the ledger refuses a resume whose plan differs from the recorded one
     )
     state = ledger.run(run.run_id)
     assert state is not None
@@ -473,7 +472,6 @@ def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) 
     Returns:
         Relative path -> SHA-256 of every table file written.
     """
-
     state = open_ledger(run.options.ledger).run(run.run_id)
     if state is None:
         raise PHSafeError(f"run {run.run_id} is not in the ledger")
