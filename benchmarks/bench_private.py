@@ -25,7 +25,7 @@ from _data import US_CONFIG, dataset  # benchmarks/ is the script's directory
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--persons", type=int, default=1_000_000)
-    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--format", choices=("csv", "parquet", "parquet-partitioned"), default="csv")
     parser.add_argument("--config", type=Path, default=US_CONFIG)
     args = parser.parse_args()
 

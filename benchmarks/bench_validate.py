@@ -49,7 +49,7 @@ def _run_once(config: Path, data: Path) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--persons", type=int, default=1_000_000)
-    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--format", choices=("csv", "parquet", "parquet-partitioned"), default="csv")
     parser.add_argument("--config", type=Path, default=US_CONFIG)
     parser.add_argument("--repeat", type=int, default=1, help="runs; the best wall time is reported")
     args = parser.parse_args()

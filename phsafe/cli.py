@@ -154,6 +154,7 @@ _COMMAND_MODULES: tuple[tuple[str, str], ...] = (
     ("phsafe.risk_cli", "risk"),
     ("phsafe.postprocess_cli", "postprocess"),
     ("phsafe.accuracy_cli", "accuracy"),
+    ("phsafe.synth_cli", "synth"),
 )
 
 

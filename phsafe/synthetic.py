@@ -7,9 +7,17 @@ with every other one: household type (HHT, HHT2, CPLT), family size (NPF), popul
 persons generated for the unit, never drawn independently, so the validation suites accept the
 data and the tables computed from it are meaningful.
 
+Structure: state populations in proportion to the 2020 census; household sizes 1..20 (a tail
+above the truncation threshold tau = 10); relationships, ages, HHT/HHT2/CPLT consistent; race
+and Hispanic origin varying by state; tenure by the householder's age; about 10 % vacant units
+and 2.5 % of persons in GQ facilities; Puerto Rico as its own dataset.
+
 Everything is vectorized with numpy over households and persons (no per-person Python loop;
 the only loops run over states, relationship groups or a handful of categories), and columns are
-kept in compact dtypes: ten million persons take about ten seconds and 1.3 GB on two cores.
+kept in compact dtypes. :func:`synthesize` generates any size in bounded memory, one chunk (one
+state, at most a few million persons, its own seed stream and MAFID range) at a time, and
+appends each chunk to the output files: about 1.5M persons a second on one core for CSV, 1M for
+Parquet, about 200 bytes of memory per person of a chunk.
 
 The ``seed`` only makes the synthetic data reproducible. It has nothing to do with privacy:
 this module never draws, and must never be used to draw, privacy noise.
@@ -19,11 +27,13 @@ Example::
     from pathlib import Path
     from phsafe import synthetic
 
-    data = synthetic.generate(20_000, ["01", "06"], seed=7)
+    data = synthetic.generate(20_000, ["01", "06"], seed=7)      # in memory (pandas)
     synthetic.write(data, Path("inputs"), fmt="csv")
+    synthetic.synthesize(Path("big"), 10_000_000, "us", fmt="parquet-partitioned", seed=7)
 
 or, from a shell::
 
+    phsafe synth --persons 10M --states us --format parquet-partitioned --out big --seed 7
     python -m phsafe.synthetic --persons 20000 --states 01,06 --out inputs --seed 7
 """
 
@@ -46,7 +56,7 @@ import pyarrow.parquet as pq
 
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, ColumnKind
 
-__all__ = ["SyntheticData", "generate", "write", "main"]
+__all__ = ["FORMATS", "SynthesisResult", "SyntheticData", "generate", "main", "synthesize", "write"]
 
 IntArray = npt.NDArray[np.integer]
 
@@ -622,15 +632,18 @@ def _group_quarters(rng: np.random.Generator, n_persons: int,
 
 def _geography(rng: np.random.Generator, states: Sequence[str],
                unit_state: npt.NDArray[np.int16],
-               offsets_cache: dict[tuple[int, int], pa.Buffer]) -> dict[str, pa.Array]:
+               offsets_cache: dict[tuple[int, int], pa.Buffer],
+               geo_seed: int) -> dict[str, pa.Array]:
     """Geo columns (beyond RTYPE and MAFID) for units in the given states.
 
     Counties follow a Zipf-like size distribution with real county counts; tract, block-group
     and block codes, place and AIAN/NH area are stable functions of the tract (hashes salted by
-    the generator), so units in one tract agree on everything above the block.
+    ``geo_seed``), so units in one tract agree on everything above the block. The county codes
+    of a state and the salt depend only on ``geo_seed`` and the state, not on ``rng``: chunks of
+    one state generated separately (see :func:`synthesize`) share one geography.
     """
     n = len(unit_state)
-    salt = np.uint64(rng.integers(0, 2**62))
+    salt = np.uint64(geo_seed % 2**62)
     county = np.zeros(n, dtype=np.int32)
     tract = np.zeros(n, dtype=np.int32)
     block = np.zeros(n, dtype=np.int32)
@@ -649,7 +662,7 @@ def _geography(rng: np.random.Generator, states: Sequence[str],
         _, _, pop_k, n_counties, _ = _STATES.get(code, _FALLBACK_STATE)
         w = 1.0 / np.arange(1, n_counties + 1) ** 1.1
         w /= w.sum()
-        county_codes = 2 * rng.permutation(n_counties) + 1
+        county_codes = 2 * np.random.default_rng([geo_seed, int(code)]).permutation(n_counties) + 1
         n_tracts = np.clip(np.rint(pop_k * 1000 * w / 4000), 1, 9000).astype(np.int64)
         c = _categorical(rng, w, m)
         t = np.floor(rng.random(m) * n_tracts[c]).astype(np.int64)
@@ -726,12 +739,110 @@ def _frame(columns: dict[str, pa.Array | npt.NDArray[np.integer]]) -> pd.DataFra
     return table.to_pandas(types_mapper=mapper, split_blocks=True)
 
 
+def _state_weights(codes: Sequence[str]) -> npt.NDArray[np.float64]:
+    """2020 populations of ``codes`` as weights (uniform if any code is unknown)."""
+    if all(c in _STATES for c in codes):
+        weights = np.array([_STATES[c][2] for c in codes], dtype=np.float64)
+    else:
+        weights = np.ones(len(codes))
+    return weights / weights.sum()
+
+
+Block = dict[str, dict[str, "pa.Array | npt.NDArray[np.integer]"]]
+"""File stem -> column name -> values (Arrow strings for codes, numpy integers), spec order."""
+
+
+def _block(rng: np.random.Generator, n_persons: int, codes: list[str], *, mafid_lo: int,
+           mafid_hi: int, geo_seed: int) -> Block:
+    """Generate ``n_persons`` persons with their units and geo rows, MAFIDs in [lo, hi).
+
+    This is the whole generator for one block of data: :func:`generate` calls it once for
+    everything, :func:`synthesize` once per chunk (one state, a few million persons).
+
+    Raises:
+        ValueError: If the MAFID range cannot hold the units.
+    """
+    weights = _state_weights(codes)
+    hisp_share, race_pmfs = _race_tables(codes)
+
+    n_gq = int(round(n_persons * _GQ_SHARE))
+    hh = _households(rng, n_persons - n_gq, weights, hisp_share, race_pmfs)
+    gq = _group_quarters(rng, n_gq, weights, hisp_share, race_pmfs)
+    n_hh, n_gq_units = len(hh.size), len(gq.size)
+    n_vac = int(round(n_hh * _VACANT_SHARE / (1 - _VACANT_SHARE)))
+    vac_state = np.repeat(np.arange(len(codes), dtype=np.int16), rng.multinomial(n_vac, weights))
+    n_units = n_hh + n_vac + n_gq_units
+    span = mafid_hi - mafid_lo
+    if n_units > span:
+        raise ValueError("too many units for the MAFID range")
+
+    # MAFIDs: sorted, unique, spread over the range; units get them in random order.
+    gap = max(1, span // (2 * n_units))
+    mafid_sorted = (mafid_lo - 1 + np.cumsum(rng.integers(1, 2 * gap, n_units), dtype=np.int64)
+                    ).astype(np.int32)
+    unit_order = rng.permutation(n_units).astype(np.int32)  # row j holds unit unit_order[j]
+    rank = np.empty(n_units, dtype=np.int32)
+    rank[unit_order] = np.arange(n_units, dtype=np.int32)
+    unit_mafid = mafid_sorted[rank]
+    del rank
+
+    # Units in generation order (households, vacant units, GQ facilities), then MAFID order.
+    def unit_col(hh_vals: IntArray, gq_vals: IntArray | int, dtype: type) -> IntArray:
+        gq_arr = np.broadcast_to(np.asarray(gq_vals, dtype=dtype), (n_gq_units,))
+        return np.concatenate([hh_vals.astype(dtype), np.zeros(n_vac, dtype=dtype),
+                               gq_arr])[unit_order]
+
+    cache: dict[tuple[int, int], pa.Buffer] = {}
+    code = functools.partial(_fixed_width, offsets_cache=cache)
+    rtype = code(np.concatenate([np.full(n_hh + n_vac, 2, np.int8),
+                                 np.full(n_gq_units, 4, np.int8)])[unit_order], 1)
+    units = {
+        "RTYPE": rtype,
+        "MAFID": mafid_sorted,
+        "FINAL_POP": unit_col(hh.size, gq.size, np.int32),
+        "NPF": unit_col(hh.npf, 0, np.int16),
+        "HHSPAN": unit_col(hh.hhspan, 0, np.int8),
+        "HHRACE": code(unit_col(hh.hhrace, 0, np.int8), 2),
+        "TEN": code(unit_col(hh.ten, 0, np.int8), 1),
+        "HHT": code(unit_col(hh.hht, 0, np.int8), 1),
+        "HHT2": code(unit_col(hh.hht2, 0, np.int8), 2),
+        "CPLT": code(unit_col(hh.cplt, 0, np.int8), 1),
+    }
+    u_state = np.concatenate([hh.state, vac_state, gq.state])[unit_order]
+    geo = {"RTYPE": rtype, "MAFID": mafid_sorted,
+           **_geography(rng, codes, u_state, cache, geo_seed)}
+    del u_state, unit_order, rtype
+
+    # Persons, shuffled so that file order carries no meaning.
+    cache.clear()
+    perm = rng.permutation(n_persons)
+    p_unit = np.concatenate([hh.p_unit, gq.p_unit + np.int32(n_hh + n_vac)])[perm]
+
+    def person_col(hh_vals: IntArray, gq_vals: IntArray) -> IntArray:
+        return np.concatenate([hh_vals, gq_vals])[perm]
+
+    persons = {
+        "RTYPE": code(person_col(np.full(len(hh.p_unit), 3, np.int8),
+                                 np.full(len(gq.p_unit), 5, np.int8)), 1),
+        "MAFID": unit_mafid[p_unit],
+        "QAGE": person_col(hh.p_age, gq.p_age).astype(np.int16),
+        "CENHISP": person_col(hh.p_hisp, gq.p_hisp).astype(np.int8),
+        "CENRACE": code(person_col(hh.p_race, gq.p_race), 2),
+        "RELSHIP": code(person_col(hh.p_rel, gq.p_rel), 2),
+    }
+    block = {"persons": persons, "units": units, "geo": geo}
+    for name, columns in block.items():
+        assert list(columns) == [c.name for c in FILES[name]], name
+    return block
+
+
 def generate(n_persons: int, states: Sequence[str], *, seed: int | None = None) -> SyntheticData:
-    """Generate consistent synthetic persons, units and geo tables.
+    """Generate consistent synthetic persons, units and geo tables, in memory.
 
     About 2.5 % of persons live in GQ facilities, the rest in households; about 10 % of
     housing units are vacant. Every consistency rule of spec §1 holds, and unit attributes
     (FINAL_POP, NPF, HHSPAN, HHRACE, HHT, HHT2, CPLT) are derived from the unit's persons.
+    For data larger than memory, and for files, use :func:`synthesize`.
 
     Args:
         n_persons: Exact number of persons to generate (at least 1).
@@ -751,81 +862,11 @@ def generate(n_persons: int, states: Sequence[str], *, seed: int | None = None) 
     if n_persons < 1:
         raise ValueError("n_persons must be at least 1")
     rng = np.random.default_rng(seed)
-    if all(c in _STATES for c in codes):
-        weights = np.array([_STATES[c][2] for c in codes], dtype=np.float64)
-    else:
-        weights = np.ones(len(codes))
-    weights /= weights.sum()
-    hisp_share, race_pmfs = _race_tables(codes)
-
-    n_gq = int(round(n_persons * _GQ_SHARE))
-    hh = _households(rng, n_persons - n_gq, weights, hisp_share, race_pmfs)
-    gq = _group_quarters(rng, n_gq, weights, hisp_share, race_pmfs)
-    n_hh, n_gq_units = len(hh.size), len(gq.size)
-    n_vac = int(round(n_hh * _VACANT_SHARE / (1 - _VACANT_SHARE)))
-    vac_state = np.repeat(np.arange(len(codes), dtype=np.int16), rng.multinomial(n_vac, weights))
-    n_units = n_hh + n_vac + n_gq_units
-    if n_units > MAFID_MAX - MAFID_MIN + 1:
-        raise ValueError("too many units for the MAFID range")
-
-    # MAFIDs: sorted, unique, spread over the valid range; units get them in random order.
-    gap = max(1, (MAFID_MAX - MAFID_MIN + 1) // (2 * n_units))
-    mafid_sorted = (MAFID_MIN - 1 + np.cumsum(rng.integers(1, 2 * gap, n_units), dtype=np.int64)
-                    ).astype(np.int32)
-    unit_order = rng.permutation(n_units).astype(np.int32)  # row j holds unit unit_order[j]
-    rank = np.empty(n_units, dtype=np.int32)
-    rank[unit_order] = np.arange(n_units, dtype=np.int32)
-    unit_mafid = mafid_sorted[rank]
-    del rank
-
-    # Units in generation order (households, vacant units, GQ facilities), then MAFID order.
-    def unit_col(hh_vals: IntArray, gq_vals: IntArray | int, dtype: type) -> IntArray:
-        gq_arr = np.broadcast_to(np.asarray(gq_vals, dtype=dtype), (n_gq_units,))
-        return np.concatenate([hh_vals.astype(dtype), np.zeros(n_vac, dtype=dtype),
-                               gq_arr])[unit_order]
-
-    cache: dict[tuple[int, int], pa.Buffer] = {}
-    code = functools.partial(_fixed_width, offsets_cache=cache)
-    rtype = code(np.concatenate([np.full(n_hh + n_vac, 2, np.int8),
-                                 np.full(n_gq_units, 4, np.int8)])[unit_order], 1)
-    units = _frame({
-        "RTYPE": rtype,
-        "MAFID": mafid_sorted,
-        "FINAL_POP": unit_col(hh.size, gq.size, np.int32),
-        "NPF": unit_col(hh.npf, 0, np.int16),
-        "HHSPAN": unit_col(hh.hhspan, 0, np.int8),
-        "HHRACE": code(unit_col(hh.hhrace, 0, np.int8), 2),
-        "TEN": code(unit_col(hh.ten, 0, np.int8), 1),
-        "HHT": code(unit_col(hh.hht, 0, np.int8), 1),
-        "HHT2": code(unit_col(hh.hht2, 0, np.int8), 2),
-        "CPLT": code(unit_col(hh.cplt, 0, np.int8), 1),
-    })
-    u_state = np.concatenate([hh.state, vac_state, gq.state])[unit_order]
-    geo = _frame({"RTYPE": rtype, "MAFID": mafid_sorted,
-                  **_geography(rng, codes, u_state, cache)})
-    del u_state, unit_order, rtype
-
-    # Persons, shuffled so that file order carries no meaning.
-    cache.clear()
-    perm = rng.permutation(n_persons)
-    p_unit = np.concatenate([hh.p_unit, gq.p_unit + np.int32(n_hh + n_vac)])[perm]
-
-    def person_col(hh_vals: IntArray, gq_vals: IntArray) -> IntArray:
-        return np.concatenate([hh_vals, gq_vals])[perm]
-
-    persons = _frame({
-        "RTYPE": code(person_col(np.full(len(hh.p_unit), 3, np.int8),
-                                 np.full(len(gq.p_unit), 5, np.int8)), 1),
-        "MAFID": unit_mafid[p_unit],
-        "QAGE": person_col(hh.p_age, gq.p_age).astype(np.int16),
-        "CENHISP": person_col(hh.p_hisp, gq.p_hisp).astype(np.int8),
-        "CENRACE": code(person_col(hh.p_race, gq.p_race), 2),
-        "RELSHIP": code(person_col(hh.p_rel, gq.p_rel), 2),
-    })
-    data = SyntheticData(persons=persons, units=units, geo=geo)
-    for name, frame in (("persons", persons), ("units", units), ("geo", geo)):
-        assert list(frame.columns) == [c.name for c in FILES[name]], name
-    return data
+    geo_seed = int(rng.integers(0, 2**62))
+    block = _block(rng, n_persons, codes, mafid_lo=MAFID_MIN, mafid_hi=MAFID_MAX + 1,
+                   geo_seed=geo_seed)
+    return SyntheticData(persons=_frame(block["persons"]), units=_frame(block["units"]),
+                         geo=_frame(block["geo"]))
 
 
 def _arrow_table(frame: pd.DataFrame, name: str, string_type: pa.DataType) -> pa.Table:
@@ -835,8 +876,34 @@ def _arrow_table(frame: pd.DataFrame, name: str, string_type: pa.DataType) -> pa
     if missing:
         raise ValueError(f"{name}: missing columns {missing}")
     table = pa.Table.from_pandas(frame[[c.name for c in columns]], preserve_index=False)
-    types = [string_type if c.kind is ColumnKind.CODE else pa.int32() for c in columns]
-    return table.cast(pa.schema([pa.field(c.name, t) for c, t in zip(columns, types)]))
+    return table.cast(_file_schema(name, string_type))
+
+
+@functools.cache
+def _file_schema(name: str, string_type: pa.DataType) -> pa.Schema:
+    """Arrow schema of an input file as written: codes as ``string_type``, integers ``int32``."""
+    return pa.schema([pa.field(c.name, string_type if c.kind is ColumnKind.CODE else pa.int32())
+                      for c in FILES[name]])
+
+
+def _block_table(columns: dict[str, pa.Array | npt.NDArray[np.integer]], name: str,
+                 string_type: pa.DataType) -> pa.Table:
+    """One stem of a :data:`Block` as an Arrow table of the written schema."""
+    schema = _file_schema(name, string_type)
+    arrays = []
+    for field_ in schema:
+        v = columns[field_.name]
+        arrays.append(v.cast(field_.type) if isinstance(v, pa.Array)
+                      else pa.array(np.asarray(v, dtype=np.int32)))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _write_csv_header(sink: pa.NativeFile, names: Sequence[str]) -> None:
+    # pyarrow quotes header names even with quoting disabled: the header is written by hand.
+    sink.write((",".join(names) + "\n").encode("ascii"))
+
+
+_CSV_OPTIONS = pacsv.WriteOptions(include_header=False, quoting_style="none", batch_size=1 << 16)
 
 
 def write(data: SyntheticData, directory: Path, *,
@@ -867,34 +934,388 @@ def write(data: SyntheticData, directory: Path, *,
             continue
         # Pandas holds Arrow large_string: writing it as is avoids a copy.
         table = _arrow_table(getattr(data, name), name, pa.large_string())
-        # pyarrow quotes header names even with quoting disabled: write the header ourselves.
-        options = pacsv.WriteOptions(include_header=False, quoting_style="none",
-                                     batch_size=1 << 16)
         with pa.OSFile(str(path), "wb") as sink:
-            sink.write((",".join(table.column_names) + "\n").encode("ascii"))
-            pacsv.write_csv(table, sink, options)
+            _write_csv_header(sink, table.column_names)
+            pacsv.write_csv(table, sink, _CSV_OPTIONS)
+
+
+# --------------------------------------------------------------------------------------------
+# Data of any size, written chunk by chunk
+# --------------------------------------------------------------------------------------------
+
+FORMATS = ("csv", "parquet", "parquet-partitioned")
+"""Output formats of :func:`synthesize`."""
+Format = Literal["csv", "parquet", "parquet-partitioned"]
+
+US_STATES: tuple[str, ...] = tuple(sorted(c for c in _STATES if c != "72"))
+"""The 50 states and DC: the ``state_filter`` of the production US run."""
+PUERTO_RICO = "72"
+PARTITION_KEY = "TABBLKST"
+"""Hive partition key of ``parquet-partitioned`` output: ``persons/TABBLKST=06/part-0.parquet``."""
+DEFAULT_CHUNK_PERSONS = 4_000_000
+"""Persons generated at once: memory is about 200 bytes a person of the chunk (~0.8 GB)."""
+_PARQUET_ROW_GROUP = 1 << 20
+_STEMS = ("persons", "units", "geo")
+
+
+def resolve_states(spec: str | Sequence[str]) -> dict[str, list[str]]:
+    """Datasets to generate: sub-folder name ("" for the output folder itself) -> states.
+
+    Args:
+        spec: ``"us"`` (the 50 states and DC), ``"pr"`` (Puerto Rico alone), ``"all"`` (both,
+            each as its own dataset in ``us/`` and ``pr/``), a comma-separated list of 2-digit
+            codes, or a sequence of codes.
+
+    Raises:
+        ValueError: An unknown code, a duplicate, or Puerto Rico listed with states (Puerto Rico
+            is always its own dataset, as in production: spec §2, §4).
+    """
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        if key == "us":
+            return {"": list(US_STATES)}
+        if key == "pr":
+            return {"": [PUERTO_RICO]}
+        if key == "all":
+            return {"us": list(US_STATES), "pr": [PUERTO_RICO]}
+        codes = [c.strip() for c in spec.split(",") if c.strip()]
+    else:
+        codes = list(spec)
+    codes = _check_states(codes)
+    unknown = [c for c in codes if c not in _STATES]
+    if unknown:
+        raise ValueError(f"unknown state code(s) {', '.join(unknown)}; use 2020 FIPS codes")
+    if PUERTO_RICO in codes and len(codes) > 1:
+        raise ValueError("Puerto Rico (72) is its own dataset: use --states pr, or all for both")
+    return {"": codes}
+
+
+def _allocate(total: int, weights: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    """Split ``total`` into integers proportional to ``weights`` (largest remainders)."""
+    exact = total * weights / weights.sum()
+    out = np.floor(exact).astype(np.int64)
+    short = total - int(out.sum())
+    if short:
+        out[np.argsort(-(exact - out), kind="stable")[:short]] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of generation: persons of one state, with their own MAFID range and seed.
+
+    Attributes:
+        dataset: Sub-folder of the output ("" for the output folder itself).
+        state: The state's 2-digit code.
+        n_persons: Persons in the chunk.
+        mafid_lo: First MAFID of the chunk's range.
+        mafid_hi: One past the last MAFID of the chunk's range (ranges never overlap).
+        seed: Independent seed stream of the chunk.
+    """
+
+    dataset: str
+    state: str
+    n_persons: int
+    mafid_lo: int
+    mafid_hi: int
+    seed: np.random.SeedSequence
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The chunks of one generation and the seeds that make it reproducible.
+
+    Attributes:
+        chunks: The chunks in writing order (dataset, then state).
+        entropy: Entropy of the root seed: the ``seed`` given, or the fresh one drawn.
+        geo_seed: Seed of the geography shared by all chunks (county codes, tract hashes).
+    """
+
+    chunks: list[Chunk]
+    entropy: int
+    geo_seed: int
+
+
+def plan_chunks(n_persons: int, datasets: dict[str, list[str]], *, seed: int | None,
+                chunk_persons: int = DEFAULT_CHUNK_PERSONS) -> ChunkPlan:
+    """Cut the generation of ``n_persons`` into chunks of at most ``chunk_persons``.
+
+    Persons are shared out over every state of every dataset in proportion to the 2020
+    populations; a state larger than ``chunk_persons`` is cut into near-equal chunks. The MAFID
+    range is cut into consecutive pieces in proportion to the chunks' persons, so MAFIDs are
+    unique across all chunks and datasets. Each chunk gets its own child of one
+    :class:`numpy.random.SeedSequence`, so the data is fully determined by
+    (``n_persons``, the states, ``seed``, ``chunk_persons``).
+
+
+    Raises:
+        ValueError: ``n_persons`` < 1, ``chunk_persons`` < 1, or more persons than the MAFID
+            range can house.
+    """
+    if n_persons < 1:
+        raise ValueError("n_persons must be at least 1")
+    if chunk_persons < 1:
+        raise ValueError("chunk_persons must be at least 1")
+    if n_persons > (MAFID_MAX - MAFID_MIN + 1):
+        raise ValueError("too many persons for the MAFID range")
+    pairs = [(name, code) for name, codes in datasets.items() for code in codes]
+    per_state = _allocate(n_persons, _state_weights([c for _, c in pairs]))
+    sizes: list[tuple[str, str, int]] = []
+    for (name, code), n in zip(pairs, per_state.tolist()):
+        k = -(-n // chunk_persons)
+        sizes.extend((name, code, int(m)) for m in _allocate(n, np.ones(k)) if m > 0)
+    root = np.random.SeedSequence(seed)
+    children = root.spawn(len(sizes) + 1)  # the last one seeds the shared geography
+    bounds = MAFID_MIN + (np.cumsum([0] + [m for _, _, m in sizes], dtype=np.float64)
+                          * (MAFID_MAX - MAFID_MIN + 1) / n_persons).astype(np.int64)
+    chunks = [Chunk(name, code, m, int(bounds[i]), int(bounds[i + 1]), children[i])
+              for i, (name, code, m) in enumerate(sizes)]
+    assert isinstance(root.entropy, int)
+    geo_seed = int(children[-1].generate_state(1, np.uint64)[0] >> np.uint64(2))
+    return ChunkPlan(chunks, root.entropy, geo_seed)
+
+
+class _Sink:
+    """Writes the chunks of one dataset to its files (base class: one writer per stem)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, state: str, tables: dict[str, pa.Table]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def string_type() -> pa.DataType:
+        return pa.string()
+
+
+class _CsvSink(_Sink):
+    """``persons.csv``, ``units.csv``, ``geo.csv``: one header row, chunks appended."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.files = {stem: pa.OSFile(str(directory / f"{stem}.csv"), "wb") for stem in _STEMS}
+        for stem, sink in self.files.items():
+            _write_csv_header(sink, [c.name for c in FILES[stem]])
+
+    @staticmethod
+    def string_type() -> pa.DataType:
+        return pa.large_string()  # what the generator holds: no conversion copy
+
+    def write(self, state: str, tables: dict[str, pa.Table]) -> None:
+        for stem, table in tables.items():
+            pacsv.write_csv(table, self.files[stem], _CSV_OPTIONS)
+
+    def close(self) -> None:
+        for sink in self.files.values():
+            sink.close()
+
+
+class _ParquetSink(_Sink):
+    """``persons.parquet``, ``units.parquet``, ``geo.parquet``: one row group per chunk part."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.writers = {stem: pq.ParquetWriter(directory / f"{stem}.parquet",
+                                               _file_schema(stem, pa.string()))
+                        for stem in _STEMS}
+
+    def write(self, state: str, tables: dict[str, pa.Table]) -> None:
+        for stem, table in tables.items():
+            self.writers[stem].write_table(table, row_group_size=_PARQUET_ROW_GROUP)
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+
+class _PartitionedSink(_Sink):
+    """``<stem>/TABBLKST=<state>/part-0.parquet``: one file per state and stem.
+
+    The chunks of a state arrive one after the other, so one state's files are open at a time.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.state: str | None = None
+        self.writers: dict[str, pq.ParquetWriter] = {}
+
+    def write(self, state: str, tables: dict[str, pa.Table]) -> None:
+        if state != self.state:
+            self.close()
+            self.state = state
+            for stem in _STEMS:
+                folder = self.directory / stem / f"{PARTITION_KEY}={state}"
+                folder.mkdir(parents=True, exist_ok=True)
+                self.writers[stem] = pq.ParquetWriter(folder / "part-0.parquet",
+                                                      _file_schema(stem, pa.string()))
+        for stem, table in tables.items():
+            self.writers[stem].write_table(table, row_group_size=_PARQUET_ROW_GROUP)
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+        self.writers.clear()
+        self.state = None
+
+
+_SINKS: dict[str, type[_Sink]] = {"csv": _CsvSink, "parquet": _ParquetSink,
+                                  "parquet-partitioned": _PartitionedSink}
+
+
+def _input_entries(directory: Path) -> list[Path]:
+    """Input files or folders of any format in ``directory``, and a previous ``synth.json``."""
+    names = [f"{stem}{ext}" for stem in _STEMS for ext in (".csv", ".parquet", "")]
+    return [directory / n for n in [*names, "synth.json"] if (directory / n).exists()]
+
+
+@dataclass
+class SynthesisResult:
+    """What :func:`synthesize` wrote.
+
+    Attributes:
+        datasets: Dataset folder -> its states.
+        n_persons: Persons written in all.
+        n_units: Units (housing units and GQ facilities) written in all.
+        seed: Entropy of the root seed (reproduces the data with the same arguments).
+        seconds: Wall time.
+    """
+
+    datasets: dict[Path, list[str]]
+    n_persons: int
+    n_units: int
+    seed: int
+    seconds: float
+
+
+def synthesize(directory: Path, n_persons: int, states: str | Sequence[str] = "us", *,
+               fmt: Format = "csv", seed: int | None = None,
+               chunk_persons: int = DEFAULT_CHUNK_PERSONS, overwrite: bool = False,
+               progress: Callable[[int, int], None] | None = None) -> SynthesisResult:
+    """Generate and write synthetic inputs of any size in bounded memory.
+
+    Data is generated chunk by chunk (:func:`plan_chunks`: one state, at most
+    ``chunk_persons`` persons, its own seed stream and MAFID range) and appended to the files,
+    so memory depends on ``chunk_persons``, not on ``n_persons``. Formats:
+
+    * ``csv``: ``persons.csv``, ``units.csv``, ``geo.csv`` -- the production format;
+    * ``parquet``: ``persons.parquet``, ``units.parquet``, ``geo.parquet``;
+    * ``parquet-partitioned``: a folder per file, partitioned by state in the Hive layout,
+      ``persons/TABBLKST=06/part-0.parquet`` (every record in the folder of its unit's
+      state; the files hold exactly the columns of spec §1, geo's ``TABBLKST`` included).
+
+    Files are written into a hidden staging folder and moved into place when complete, with a
+    ``synth.json`` recording the arguments and the seed. With ``states="all"`` the 50 states
+    and DC go to ``directory/us`` and Puerto Rico to ``directory/pr`` (separate datasets, as
+    production runs them), the persons shared out by population.
+
+    Args:
+        directory: Output folder.
+        n_persons: Persons to generate in all (at least 1).
+        states: See :func:`resolve_states`.
+        fmt: Output format.
+        seed: Seed of the synthetic data (None: fresh; the one used is returned). Never used
+            for privacy noise.
+        chunk_persons: Persons generated at once.
+        overwrite: Replace existing input files in the target folder(s); without it, existing
+            inputs are an error (a folder holding both CSV and Parquet would be ambiguous).
+        progress: Called with (persons written, n_persons) after each chunk.
+
+    Raises:
+        ValueError: Bad arguments.
+        FileExistsError: The target folder holds inputs and ``overwrite`` is False.
+    """
+    import json
+    import shutil
+    import time
+    import uuid
+
+    if fmt not in _SINKS:
+        raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    start = time.perf_counter()
+    datasets = resolve_states(states)
+    plan = plan_chunks(n_persons, datasets, seed=seed, chunk_persons=chunk_persons)
+    directory = Path(directory)
+    targets = {name: directory / name if name else directory for name in datasets}
+    for target in targets.values():
+        existing = _input_entries(target)
+        if existing and not overwrite:
+            raise FileExistsError(f"{target} already holds input files")
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".synth-staging-{uuid.uuid4().hex[:8]}"
+    n_units = 0
+    written = 0
+    sinks: dict[str, _Sink] = {}
+    try:
+        try:
+            for name in datasets:
+                sinks[name] = _SINKS[fmt](staging / (name or "data"))
+            for chunk in plan.chunks:
+                rng = np.random.default_rng(chunk.seed)
+                block = _block(rng, chunk.n_persons, [chunk.state], mafid_lo=chunk.mafid_lo,
+                               mafid_hi=chunk.mafid_hi, geo_seed=plan.geo_seed)
+                sink = sinks[chunk.dataset]
+                tables = {stem: _block_table(block[stem], stem, sink.string_type())
+                          for stem in _STEMS}
+                del block
+                n_units += tables["units"].num_rows
+                sink.write(chunk.state, tables)
+                del tables
+                written += chunk.n_persons
+                if progress is not None:
+                    progress(written, n_persons)
+        finally:
+            for sink in sinks.values():
+                sink.close()
+        for name, target in targets.items():
+            staged = staging / (name or "data")
+            (staged / "synth.json").write_text(json.dumps({
+                "generator": "phsafe.synthetic", "persons_requested": n_persons,
+                "persons": sum(c.n_persons for c in plan.chunks if c.dataset == name),
+                "states": datasets[name], "format": fmt, "seed": plan.entropy,
+                "chunk_persons": chunk_persons,
+                "note": "synthetic data; the seed is never used for privacy noise",
+            }, indent=1) + "\n")
+            target.mkdir(parents=True, exist_ok=True)
+            for old in _input_entries(target):
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            for entry in staged.iterdir():
+                entry.rename(target / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return SynthesisResult({targets[n]: codes for n, codes in datasets.items()}, written, n_units,
+                           plan.entropy, time.perf_counter() - start)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m phsafe.synthetic --persons N --states 01,06 --out DIR``."""
+    """Command line: ``python -m phsafe.synthetic --persons N --states 01,06 --out DIR``.
+
+    Kept for scripts written before ``phsafe synth`` (which has the same options and more); it
+    writes with :func:`synthesize`, replacing existing inputs in ``--out``.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m phsafe.synthetic",
-        description="Generate consistent synthetic PHSafe inputs (persons, units, geo).")
+        description="Generate consistent synthetic PHSafe inputs (persons, units, geo). "
+                    "See also: phsafe synth --help.")
     parser.add_argument("--persons", type=int, required=True, help="number of persons")
-    parser.add_argument("--states", required=True,
-                        help="comma-separated 2-digit state FIPS codes, e.g. 01,06,48 or 72")
+    parser.add_argument("--states", default="us",
+                        help="us, pr, all, or comma-separated 2-digit state FIPS codes")
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    parser.add_argument("--format", choices=FORMATS, default="csv")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed of the synthetic data (never used for privacy noise)")
+    parser.add_argument("--chunk-persons", type=int, default=DEFAULT_CHUNK_PERSONS)
     args = parser.parse_args(argv)
-    states = [s.strip() for s in args.states.split(",") if s.strip()]
     try:
-        data = generate(args.persons, states, seed=args.seed)
+        result = synthesize(args.out, args.persons, args.states, fmt=args.format, seed=args.seed,
+                            chunk_persons=args.chunk_persons, overwrite=True)
     except ValueError as exc:
         parser.error(str(exc))
-    write(data, args.out, fmt=args.format)
-    print(f"wrote {len(data.persons)} persons, {len(data.units)} units to {args.out}")
+    print(f"wrote {result.n_persons} persons, {result.n_units} units to {args.out}")
     return 0
 
 

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from phsafe.errors import InputError
 from phsafe.iterations import NOT_IN_LEVEL, IterationLevel, iteration_index
 from phsafe.logs import get_logger
-from phsafe.preprocess import Partition, PreparedData, partitions
+from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, Partition, PreparedData, partitions
 from phsafe.reader import Columns
 from phsafe.schema import FILES
 from phsafe.tables import Cell, IterationSource, Source, TableKind, TableSpec
@@ -101,6 +101,23 @@ class TableCounts:
                 self.by_level[level] = counts.copy()
 
 
+_RACE_VALUES, _ETH_VALUES = 64, 3  # race codes 0..63, ethnicity 0..2 (0: not in universe)
+
+
+@lru_cache(maxsize=None)
+def _iteration_matrix(level: IterationLevel) -> npt.NDArray[np.int64]:
+    """One-hot matrix (race x ethnicity grid, level codes): the iteration code of each valid
+    (race, ethnicity) pair, evaluated once with :func:`iteration_index`; invalid pairs (race 0
+    or ethnicity 0) map to no code (they are rejected before the matrix is used)."""
+    race, eth = np.meshgrid(np.arange(1, _RACE_VALUES), np.arange(1, _ETH_VALUES), indexing="ij")
+    codes = iteration_index(level, race.ravel(), eth.ravel())
+    flat = (race.ravel() * _ETH_VALUES + eth.ravel())
+    matrix = np.zeros((_RACE_VALUES * _ETH_VALUES, len(level.codes)), dtype=np.int64)
+    inside = codes != NOT_IN_LEVEL
+    matrix[flat[inside], codes[inside]] = 1
+    return matrix
+
+
 def count_records(
     spec: TableSpec,
     part: Partition,
@@ -109,7 +126,13 @@ def count_records(
     *,
     weights: npt.NDArray[np.integer] | None = None,
 ) -> TableCounts:
-    """Count joined records by state x iteration code x basis cell, for each iteration level."""
+    """Count joined records by state x iteration code x basis cell, for each iteration level.
+
+    One pass over the records: they are counted by (state, cell, race, ethnicity) into a small
+    cube (a few hundred thousand bins), and each iteration level's counts are sums over that
+    cube's race and ethnicity axes (:func:`_iteration_matrix`) -- exact integer sums, the same
+    as mapping every record to its code at every level.
+    """
     person_rows, unit_rows = joined.person_rows, joined.unit_rows
     lookup = cell_lookup(spec.basis)
     cells = lookup.cell_index(part.persons, part.units, person_rows, unit_rows)
@@ -124,38 +147,59 @@ def count_records(
             "these codes are inconsistent with each other",
             rows=unmatched,
         )
-    state = part.unit_state[unit_rows].astype(np.int64)
     n_cells = len(spec.basis)
-    out = TableCounts(spec)
     race_cols = _iteration_columns(spec)
+    by_race = race_cols is not None and any(lv is not IterationLevel.TOTAL for lv in spec.iteration_levels)
+    flat = part.unit_state[unit_rows].astype(np.int64)
+    flat *= n_cells
+    flat += cells
+    n_bins = n_states * n_cells
+    if by_race:
+        assert race_cols is not None
+        source, race_col, eth_col = race_cols
+        cols, rows = (part.persons, person_rows) if source is Source.PERSON else (part.units, unit_rows)
+        race = cols[race_col][rows]
+        eth = cols[eth_col][rows]
+        if len(race) and (int(race.max()) >= _RACE_VALUES or int(eth.max()) >= _ETH_VALUES):
+            raise AssertionError("race or ethnicity beyond its column's domain")  # the reader checks
+        flat *= _RACE_VALUES
+        flat += race
+        flat *= _ETH_VALUES
+        flat += eth
+        n_bins *= _RACE_VALUES * _ETH_VALUES
+    w = None if weights is None else weights.astype(np.float64)
+    binned = np.bincount(flat, weights=w, minlength=n_bins)
+    del flat
+    cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
+    out = TableCounts(spec)
+    if not by_race:
+        cube = cube.reshape(n_states, n_cells)
+        for level in spec.iteration_levels:
+            out.by_level[level] = cube[:, None, :].copy()
+        return out
+
+    grid = cube.reshape(n_states * n_cells, _RACE_VALUES, _ETH_VALUES)
+    invalid = grid.copy()
+    invalid[:, 1:, 1:] = 0  # what is left: records with race code 00 or ethnicity 0
+    bad_rows = int(invalid.sum())
+    if bad_rows:
+        assert race_cols is not None
+        source, race_col, eth_col = race_cols
+        why = "race code outside 01..63" if int(grid[:, 0, :].sum()) else "ethnicity outside {1, 2}"
+        raise InputError(
+            _SOURCE_FILE[source] + ".csv", f"{race_col},{eth_col}",
+            f"records in the {spec.name} universe need a race code 01..63 and an "
+            f"ethnicity 1 or 2 ({why})",
+            rows=bad_rows,
+        )
+    grid = grid.reshape(n_states * n_cells, _RACE_VALUES * _ETH_VALUES)
     for level in spec.iteration_levels:
-        n_codes = len(level.codes)
-        if race_cols is None or level is IterationLevel.TOTAL:
-            code = np.zeros(len(unit_rows), dtype=np.int64)
+        if level is IterationLevel.TOTAL:
+            counts = grid.sum(axis=1).reshape(n_states, 1, n_cells)
         else:
-            source, race_col, eth_col = race_cols
-            cols, rows = (part.persons, person_rows) if source is Source.PERSON else (part.units, unit_rows)
-            try:
-                code = iteration_index(level, cols[race_col][rows], cols[eth_col][rows]).astype(np.int64)
-            except ValueError as exc:
-                file = _SOURCE_FILE[source] + ".csv"
-                bad_rows = _bad_iteration_rows(cols[race_col][rows], cols[eth_col][rows])
-                raise InputError(
-                    file, f"{race_col},{eth_col}",
-                    f"records in the {spec.name} universe need a race code 01..63 and an "
-                    f"ethnicity 1 or 2 ({exc})",
-                    rows=bad_rows,
-                ) from None
-        inside = code != NOT_IN_LEVEL
-        flat = (state[inside] * n_codes + code[inside]) * n_cells + cells[inside]
-        w = None if weights is None else weights[inside].astype(np.float64)
-        counts = np.bincount(flat, weights=w, minlength=n_states * n_codes * n_cells)
-        out.by_level[level] = np.rint(counts).astype(np.int64).reshape(n_states, n_codes, n_cells)
+            counts = (grid @ _iteration_matrix(level)).reshape(n_states, n_cells, -1).transpose(0, 2, 1)
+        out.by_level[level] = np.ascontiguousarray(counts)
     return out
-
-
-def _bad_iteration_rows(race: np.ndarray, eth: np.ndarray) -> int:
-    return int(np.count_nonzero((race < 1) | (race > 63) | ~np.isin(eth, (1, 2))))
 
 
 def tabulate_partition(
@@ -187,7 +231,7 @@ def tabulate(
     *,
     taus: dict[str, int] | None,
     key: bytes | None,
-    max_persons_per_partition: int = 8_000_000,
+    max_persons_per_partition: int = MAX_PERSONS_PER_PARTITION,
 ) -> dict[str, TableCounts]:
     """Exact counts of every table in ``specs``, summed over MAFID-range partitions.
 
@@ -204,7 +248,7 @@ def tabulate(
     n_states = len(data.states)
     totals: dict[str, TableCounts] = {s.name: TableCounts(s) for s in specs}
     for number, part in enumerate(partitions(data, max_persons_per_partition), start=1):
-        log.info("tabulating partition", partition=number)
+        log.debug("tabulating partition", partition=number)
         for spec in specs:
             tau = taus[spec.tau_key] if (taus is not None and spec.tau_key) else None
             counts = tabulate_partition(spec, part, n_states, tau=tau, key=key)

@@ -24,7 +24,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from phsafe.reader import InputFile as SourceFile  # one located input file, as the engine sees it
+from phsafe.errors import InputError
+from phsafe.reader import InputFile as SourceFile  # one located input, as the engine sees it
+from phsafe.reader import find_input
 from phsafe.schema import FILES, Column, ColumnKind
 from phsafe.validation._report import Failure
 
@@ -38,22 +40,29 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 def locate(data_dir: Path) -> tuple[dict[str, SourceFile], list[Failure]]:
-    """Find each of persons, units, geo as ``.csv`` or ``.parquet`` in ``data_dir``."""
+    """Find each of persons, units, geo as ``.csv``, ``.parquet`` or a folder of Parquet files
+    in ``data_dir`` (see :func:`phsafe.reader.find_input`)."""
     found: dict[str, SourceFile] = {}
     failures: list[Failure] = []
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         return {}, [Failure(str(data_dir), (), "the data directory exists")]
     for stem in FILES:
-        present = [ext for ext in ("csv", "parquet") if (data_dir / f"{stem}.{ext}").is_file()]
-        if not present:
-            failures.append(Failure(f"{stem}.csv", (), f"the data directory holds {stem}.csv or {stem}.parquet"))
-        elif len(present) > 1:
-            failures.append(
-                Failure(f"{stem}.csv", (), f"exactly one of {stem}.csv and {stem}.parquet is present (both are)")
-            )
+        try:
+            source, problem = find_input(data_dir, stem)
+        except InputError as exc:  # a malformed folder input: names a file and a rule, no value
+            failures.append(Failure(exc.file, (), exc.rule))
+            continue
+        if problem == "missing":
+            failures.append(Failure(f"{stem}.csv", (), f"the data directory holds {stem}.csv or {stem}.parquet "
+                                    f"(a file, or a folder of Parquet files: {stem}.parquet/ or {stem}/)"))
+        elif problem is not None:
+            failures.append(Failure(
+                f"{stem}.csv", (), f"exactly one of {stem}.csv and {stem}.parquet is present (or a {stem}/ "
+                f"folder of Parquet files); found {problem.removeprefix('ambiguous: ')}"))
         else:
-            found[stem] = SourceFile(stem, data_dir / f"{stem}.{present[0]}", present[0])
+            assert source is not None
+            found[stem] = source
     return found, failures
 
 
@@ -214,18 +223,45 @@ class FileReader:
 
     # ---------------------------------------------------------------------------- Parquet
     def _parquet(self) -> Iterator[pa.RecordBatch]:
+        """Every Parquet file of the input (one file, or a folder's files in path order); the
+        files of a folder must all have the same columns."""
+        if not self.source.directory:
+            yield from self._parquet_file(self.source.path)
+            return
+        # A folder holds many small files (one per state): their batches are merged into batches
+        # of about PARQUET_BATCH_ROWS rows, since the suites cost a fixed overhead per batch.
+        pending: list[pa.RecordBatch] = []
+        rows = 0
+        for path in self.source.files:
+            for batch in self._parquet_file(path):
+                pending.append(_uniform(batch))
+                rows += batch.num_rows
+                if rows >= PARQUET_BATCH_ROWS:
+                    yield _merge(pending)
+                    pending, rows = [], 0
+        if pending:
+            yield _merge(pending)
+
+    def _parquet_file(self, path: Path) -> Iterator[pa.RecordBatch]:
         try:
-            pf = pq.ParquetFile(self.source.path)
+            pf = pq.ParquetFile(path)
             schema = pf.schema_arrow
         except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
-            self._fail("the file is a readable Parquet file")
+            self._fail("the file is a readable Parquet file" if not self.source.directory
+                       else f"every file is a readable Parquet file ({self._where(path)} is not)")
             self.complete = False
             return
-        self.header = list(schema.names)
-        if len(set(self.header)) != len(self.header):
-            self._fail("every column is named once")
-            self.complete = False
-            return
+        if self.header is not None:  # a later file of a folder
+            if list(schema.names) != self.header:
+                self._fail(f"every Parquet file of the folder has the same columns ({self._where(path)} differs)")
+                self.complete = False
+                return
+        else:
+            self.header = list(schema.names)
+            if len(set(self.header)) != len(self.header):
+                self._fail("every column is named once")
+                self.complete = False
+                return
         present = self.present
         if not present:
             self.complete = False
@@ -246,6 +282,25 @@ class FileReader:
         except Exception:  # noqa: BLE001
             self._fail("the file is a readable Parquet file (reading stopped at a corrupt page)")
             self.complete = False
+
+    def _where(self, path: Path) -> str:
+        """A folder's file as ``persons/TABBLKST=06/part-0.parquet`` (public: paths and states)."""
+        return self.source.file_name(path)
+
+
+def _uniform(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Integer columns as int64, so that batches of different files can be merged."""
+    arrays = [a.cast(pa.int64()) if pa.types.is_integer(a.type) and a.type != pa.int64() else a
+              for a in batch.columns]
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+def _merge(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch holding ``batches`` (same columns) in order."""
+    table = pa.Table.from_batches(batches)
+    if len(batches) == 1 or table.num_rows == 0:
+        return batches[0]
+    return table.combine_chunks().to_batches()[0]
 
 
 def _parquet_column(col: pa.Array, c: Column) -> pa.Array:

@@ -6,6 +6,7 @@ US sample, a Puerto Rico sample, a sample over all production states and a few t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -326,7 +327,7 @@ def test_command_line(tmp_path: Path) -> None:
     assert synthetic.main(["--persons", "300", "--states", "01,06", "--out", str(out),
                            "--format", "parquet", "--seed", "3"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["geo.parquet", "persons.parquet",
-                                                     "units.parquet"]
+                                                     "synth.json", "units.parquet"]
     assert len(pd.read_parquet(out / "persons.parquet")) == 300
 
 
@@ -342,3 +343,181 @@ def test_checker_catches_inconsistency(us: SyntheticData, column: str, before: s
     units.loc[row, column] = after
     with pytest.raises(AssertionError):
         assert_consistent(SyntheticData(us.persons, units, us.geo), US_STATES)
+
+
+# --------------------------------------------------------------------------------------------
+# synthesize: data of any size, chunk by chunk, in three formats
+# --------------------------------------------------------------------------------------------
+
+from phsafe.synth_cli import parse_count, synth  # noqa: E402
+from phsafe.synthetic import US_STATES, plan_chunks, resolve_states, synthesize  # noqa: E402
+
+TAU = 10  # the production tau of the person tables PH1_num, PH2, PH4, PH7
+
+
+def _read_dataset(directory: Path) -> SyntheticData:
+    """A written dataset (any format) back as string/integer frames like ``generate``'s."""
+    frames = {}
+    for stem in ("persons", "units", "geo"):
+        if (directory / f"{stem}.csv").exists():
+            dtypes = {c: str for c in CODE_PATTERNS[stem]} | {c: np.int64 for c in INTEGER_RANGES[stem]}
+            frames[stem] = pd.read_csv(directory / f"{stem}.csv", dtype=dtypes, keep_default_na=False)
+        else:
+            path = directory / (stem if (directory / stem).is_dir() else f"{stem}.parquet")
+            table = pq.ParquetDataset(path, partitioning=None).read() if path.is_dir() else pq.read_table(path)
+            frame = table.to_pandas()
+            frames[stem] = frame.astype({c: str for c in CODE_PATTERNS[stem]})
+        frames[stem] = frames[stem].astype({c: "string" for c in CODE_PATTERNS[stem]})
+    return SyntheticData(**frames)
+
+
+@pytest.fixture(scope="module")
+def big_us(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SyntheticData]:
+    """US data written in small chunks (California spans several), partitioned by state."""
+    out = tmp_path_factory.mktemp("synth") / "us"
+    synthesize(out, 60_000, "us", fmt="parquet-partitioned", seed=9, chunk_persons=3_000)
+    return out, _read_dataset(out)
+
+
+def test_synthesize_is_consistent_across_chunks(big_us: tuple[Path, SyntheticData]) -> None:
+    _, data = big_us
+    assert len(data.persons) == 60_000
+    assert_consistent(data, list(US_STATES))  # MAFIDs unique; tracts agree across chunks
+
+
+def test_synthesize_structure(big_us: tuple[Path, SyntheticData]) -> None:
+    out, data = big_us
+    geo, units, persons = data.geo, data.units, data.persons
+    # Every state present, in proportion to the 2020 populations.
+    per_state = geo.merge(persons, on="MAFID").groupby("TABBLKST").size()
+    assert set(per_state.index) == set(US_STATES)
+    pops = {s: synthetic._STATES[s][2] for s in US_STATES}
+    expected = pd.Series(pops) / sum(pops.values()) * len(persons)
+    assert ((per_state - expected[per_state.index]).abs() <= 1).all()
+    # Household sizes with a tail above tau.
+    households = units[(units["RTYPE"] == "2") & (units["HHT"] != "0")]
+    assert (households["FINAL_POP"] > TAU).sum() >= 20
+    # Vacant units and group quarters in the expected shares.
+    vacant = (units["RTYPE"] == "2") & (units["HHT"] == "0")
+    assert 0.08 <= vacant.sum() / (units["RTYPE"] == "2").sum() <= 0.12
+    assert 0.02 <= (persons["RTYPE"] == "5").mean() <= 0.03
+    assert set(persons.loc[persons["RTYPE"] == "5", "RELSHIP"]) == {"37", "38"}
+    # Tenure: owners and renters both common.
+    assert 0.5 <= households["TEN"].isin(["1", "2"]).mean() <= 0.8
+    # Race and ethnicity vary by state: Hispanic share much higher in California than in Maine.
+    by_state = geo[["MAFID", "TABBLKST"]].merge(persons, on="MAFID")
+    hisp = by_state.groupby("TABBLKST")["CENHISP"].apply(lambda c: (c == 2).mean())
+    assert hisp["06"] > 0.3 > 0.06 > hisp["23"]
+    asian = by_state.groupby("TABBLKST")["CENRACE"].apply(lambda c: (c == "04").mean())
+    assert asian["15"] > 0.2 > asian["06"] > asian["54"]
+    # The manifest records how to reproduce the data.
+    manifest = json.loads((out / "synth.json").read_text())
+    assert manifest["seed"] == 9 and manifest["persons"] == 60_000 and manifest["format"] == "parquet-partitioned"
+
+
+def test_all_states_writes_puerto_rico_as_its_own_dataset(tmp_path: Path) -> None:
+    result = synthesize(tmp_path, 40_000, "all", fmt="csv", seed=1)
+    assert set(result.datasets) == {tmp_path / "us", tmp_path / "pr"}
+    us, pr = _read_dataset(tmp_path / "us"), _read_dataset(tmp_path / "pr")
+    assert set(us.geo["TABBLKST"]) == set(US_STATES)
+    assert set(pr.geo["TABBLKST"]) == {"72"}
+    assert len(us.persons) + len(pr.persons) == 40_000
+    assert abs(len(pr.persons) - 40_000 * 3286 / (3286 + sum(synthetic._STATES[s][2] for s in US_STATES))) <= 1
+    assert not set(us.units["MAFID"]) & set(pr.units["MAFID"])  # MAFIDs unique nationally
+    assert_consistent(pr, ["72"])
+    assert (pr.persons["CENHISP"] == 2).mean() > 0.95
+
+
+def test_formats_hold_the_same_records(tmp_path: Path) -> None:
+    frames = {}
+    for fmt in ("csv", "parquet", "parquet-partitioned"):
+        synthesize(tmp_path / fmt, 5_000, "01,06,11", fmt=fmt, seed=3, chunk_persons=1_500)
+        frames[fmt] = _read_dataset(tmp_path / fmt)
+    for stem in ("persons", "units", "geo"):
+        ref = getattr(frames["csv"], stem)
+        key = list(ref.columns)
+        ref = ref.sort_values(key).reset_index(drop=True)
+        for fmt in ("parquet", "parquet-partitioned"):
+            other = getattr(frames[fmt], stem).sort_values(key).reset_index(drop=True)
+            pd.testing.assert_frame_equal(_as_strings(other), _as_strings(ref), obj=f"{fmt} {stem}")
+
+
+def test_synthesize_is_deterministic_and_chunks_are_independent(tmp_path: Path) -> None:
+    synthesize(tmp_path / "a", 8_000, "01,06", seed=5, chunk_persons=2_000)
+    synthesize(tmp_path / "b", 8_000, "01,06", seed=5, chunk_persons=2_000)
+    synthesize(tmp_path / "c", 8_000, "01,06", seed=6, chunk_persons=2_000)
+    for stem in ("persons", "units", "geo"):
+        a = (tmp_path / "a" / f"{stem}.csv").read_bytes()
+        assert a == (tmp_path / "b" / f"{stem}.csv").read_bytes()
+        assert a != (tmp_path / "c" / f"{stem}.csv").read_bytes()
+    plan = plan_chunks(8_000, {"": ["01", "06"]}, seed=5, chunk_persons=2_000).chunks
+    assert [c.state for c in plan] == ["01", "06", "06", "06", "06"]
+    assert sum(c.n_persons for c in plan) == 8_000
+    assert all(a.mafid_hi <= b.mafid_lo for a, b in zip(plan, plan[1:]))  # disjoint MAFID ranges
+    assert len({c.seed.spawn_key for c in plan}) == len(plan)  # independent seed streams
+
+
+def test_synthesize_refuses_to_mix_datasets(tmp_path: Path) -> None:
+    synthesize(tmp_path, 500, "01", fmt="csv", seed=1)
+    with pytest.raises(FileExistsError):
+        synthesize(tmp_path, 500, "01", fmt="parquet", seed=1)
+    synthesize(tmp_path, 500, "01", fmt="parquet", seed=1, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["geo.parquet", "persons.parquet", "synth.json",
+                                                          "units.parquet"]
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("us", {"": list(US_STATES)}), ("PR", {"": ["72"]}),
+    ("all", {"us": list(US_STATES), "pr": ["72"]}), ("06, 01", {"": ["06", "01"]}),
+])
+def test_resolve_states(spec: str, expected: dict[str, list[str]]) -> None:
+    assert resolve_states(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["06,72", "6", "06,06", "99", ""])
+def test_resolve_states_rejects(spec: str) -> None:
+    with pytest.raises((ValueError, TypeError)):
+        resolve_states(spec)
+
+
+def test_parse_count() -> None:
+    assert parse_count("1000") == 1000
+    assert parse_count("1_000_000") == 1_000_000
+    assert parse_count("10M") == 10_000_000
+    assert parse_count("331.4M") == 331_400_000
+    assert parse_count("1e6") == 1_000_000
+    assert parse_count("2k") == 2_000
+    for bad in ("0", "-5", "1.5", "ten", "1.2345k"):
+        with pytest.raises(Exception):
+            parse_count(bad)
+
+
+def test_synth_command(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(synth, ["--persons", "2k", "--out", str(tmp_path / "d"), "--states", "pr",
+                                        "--format", "parquet-partitioned", "--seed", "4", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "d" / "persons" / "TABBLKST=72" / "part-0.parquet").exists()
+    again = CliRunner().invoke(synth, ["--persons", "2k", "--out", str(tmp_path / "d"), "--states", "pr"])
+    assert again.exit_code == 1 and "--overwrite" in again.output
+    bad = CliRunner().invoke(synth, ["--persons", "10", "--out", str(tmp_path / "e"), "--states", "01,72"])
+    assert bad.exit_code == 2
+
+
+def test_synth_is_mounted_on_the_phsafe_command() -> None:
+    from phsafe.cli import main as cli_main
+
+    assert "synth" in cli_main.commands
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet-partitioned"])
+def test_generated_data_passes_validation(tmp_path: Path, fmt: str) -> None:
+    from phsafe.validation import validate_inputs
+
+    from tests.conftest import PR_CONFIG, US_CONFIG
+
+    synthesize(tmp_path, 30_000, "all", fmt=fmt, seed=21)  # type: ignore[arg-type]
+    for name, config in (("us", US_CONFIG), ("pr", PR_CONFIG)):
+        report = validate_inputs(config, tmp_path / name)
+        assert report.ok, report.to_text()
