@@ -19,7 +19,6 @@ from phsafe import logs
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
            "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
 _lock = threading.Lock()
-_configured_file: Path | None = None
 _configured = False
 
 
@@ -40,14 +39,10 @@ def configure_once(log_file: Path | None) -> None:
 
     A later call (a subflow, a retry) keeps the configuration; it does not reopen files.
     """
-    global _configured, _configured_file
+    global _configured
     with _lock:
         if _configured:
             return
         # The Prefect run logger prints to the console already: ours only warns there.
         logs.configure(log_file, console_level=logging.WARNING, sinks=[_to_prefect_run_log])
-        _configured, _configured_file = True, log_file
-
-
-def log_file() -> Path | None:
-    return _configured_file
+        _configured = True
