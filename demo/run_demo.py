@@ -26,6 +26,7 @@ PHSAFE = Path(sys.executable).parent / "phsafe"
 # Prefect settings are read at import. Ephemeral mode unless the operator points at a server;
 # offline: no telemetry (it costs seconds per start here), a generous start-up timeout.
 os.environ.setdefault("PREFECT_HOME", str(HERE / "output" / ".prefect"))
+Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect creates only the last level
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
