@@ -156,7 +156,9 @@ def _geo_layout(geo: InputFile, by_state: dict[str | None, tuple[Path, ...]],
                     st = batch.column(1)
                     codes = st.dictionary.to_pylist() if pa.types.is_dictionary(st.type) else None
                     if codes is not None:
-                        used = np.unique(st.indices.to_numpy(zero_copy_only=False))
+                        # (bincount, not np.unique: numpy 2's hash-based unique is slow here)
+                        used = np.flatnonzero(np.bincount(st.indices.fill_null(0).to_numpy(zero_copy_only=False),
+                                                          minlength=len(codes)))
                         wrong = any(codes[i] != state for i in used.tolist()) or st.null_count
                     else:
                         wrong = not st.equals(pa.array([state] * len(st), st.type))

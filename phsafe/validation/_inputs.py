@@ -310,7 +310,8 @@ def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple
     notes: list[str] = []
     usable = {stem for stem, part in parts.items() if part.usable}
     if {"units", "geo"} <= usable:
-        units_geo_run.check("units_geo", units_geo(_compact(parts["units"]), _compact(parts["geo"])), distinct=True)
+        distinct, every_row = units_geo(_compact(parts["units"]), _compact(parts["geo"]))
+        units_geo_run.check("units_geo", distinct, every_row=every_row)
     else:
         notes.append(_skipped("units_geo", ("units", "geo"), usable, file_names))
     if {"units", "persons"} <= usable:
@@ -320,7 +321,8 @@ def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple
             piece = {k: v[start:start + JOIN_SLICE_ROWS].astype(np.int32) for k, v in persons.items()}
             distinct, every_row = small_int_frames(index.persons_in_units(piece))
             pin_run.check("persons_in_units", distinct, every_row=every_row)
-        households_run.check("households", index.households(), distinct=True)
+        distinct, every_row = index.households()
+        households_run.check("households", distinct, every_row=every_row)
     else:
         notes.append(_skipped("persons_in_units and households", ("units", "persons"), usable, file_names))
     return [units_geo_run, pin_run, households_run], notes
