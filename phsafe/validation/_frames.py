@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from phsafe.validation._read import STATE_COLUMN
 from phsafe.schema import (
     FILES,
     MAFID_MAX,
@@ -93,8 +94,11 @@ def header_frame(header: list[str]) -> pd.DataFrame:
 
 
 def compact(batch: pa.RecordBatch, stem: str) -> dict[str, npt.NDArray[np.int32]]:
-    """The compact columns of one batch (``INVALID`` where a value broke its per-file rule)."""
+    """The compact columns of one batch (``INVALID`` where a value broke its per-file rule),
+    and ``STATE`` -- the state of the row's folder -- for input stored by state."""
     out: dict[str, npt.NDArray[np.int32]] = {}
+    if STATE_COLUMN in batch.schema.names:
+        out["STATE"] = batch.column(batch.schema.get_field_index(STATE_COLUMN)).to_numpy().astype(np.int32)
     for name in COMPACT_COLUMNS[stem]:
         c = _column(stem, name)
         arr = batch.column(batch.schema.get_field_index(name))
@@ -196,11 +200,29 @@ def small_int_frames(
     return _as_frame(distinct), lambda: _as_frame(columns)
 
 
+_STATE_SHIFT = 30  # MAFIDs are below 2**30
+
+
+def join_keys(columns: "CompactColumns | dict[str, npt.NDArray[np.int32]]") -> npt.NDArray[np.int64]:
+    """Each row's MAFID, made unique per state for input stored by state (``INVALID`` stays).
+
+    Records of different states' folders never join: the counting reads each state's folders
+    on their own, so a person whose unit is stored under another state has no unit there.
+    """
+    get = columns.get if isinstance(columns, CompactColumns) else columns.__getitem__
+    mafid = np.asarray(get("MAFID"), dtype=np.int64)
+    has_state = "STATE" in (columns.parts if isinstance(columns, CompactColumns) else columns)
+    if not has_state:
+        return mafid
+    state = np.asarray(get("STATE"), dtype=np.int64)
+    return np.where(mafid == INVALID, INVALID, (state << _STATE_SHIFT) | mafid)
+
+
 class UnitIndex:
     """Units sorted by MAFID for binary-search joins; the first row of a repeated MAFID wins."""
 
     def __init__(self, units: CompactColumns) -> None:
-        mafid = units.get("MAFID")
+        mafid = join_keys(units)
         self.rtype = units.get("RTYPE")
         self.hht = units.get("HHT")
         self.hht2 = units.get("HHT2")
@@ -216,8 +238,8 @@ class UnitIndex:
         # counts are unknown (null), not a second failure of the same value.
         self.unknown_relship = np.zeros(len(mafid), dtype=np.int64)
 
-    def lookup(self, mafid: npt.NDArray[np.int32]) -> npt.NDArray[np.int64]:
-        """Row of units holding each MAFID (its first row), or -1."""
+    def lookup(self, mafid: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Row of units holding each join key (its first row), or -1 (see :func:`join_keys`)."""
         if len(self.sorted_mafid) == 0:
             return np.full(len(mafid), -1, dtype=np.int64)
         pos = np.minimum(np.searchsorted(self.sorted_mafid, mafid), len(self.sorted_mafid) - 1)
@@ -230,7 +252,7 @@ class UnitIndex:
         Returns compact columns (``INVALID`` for null); see :func:`small_int_frames`.
         """
         keep = persons["MAFID"] != INVALID  # a bad MAFID is reported by persons.MAFID rules
-        row = self.lookup(persons["MAFID"][keep])
+        row = self.lookup(join_keys(persons)[keep])
         relship = persons["RELSHIP"][keep]
         found = row >= 0
         n_units = len(self.householders)
@@ -267,7 +289,7 @@ def units_geo(units: CompactColumns, geo: CompactColumns) -> tuple[pd.DataFrame,
     rows and a builder of every row (see :func:`small_int_frames`)."""
 
     def counted(cols: CompactColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        mafid = cols.get("MAFID")
+        mafid = join_keys(cols)
         valid = np.flatnonzero(mafid != INVALID)
         ids, first, counts = np.unique(mafid[valid], return_index=True, return_counts=True)
         return ids, cols.get("RTYPE")[valid[first]], counts

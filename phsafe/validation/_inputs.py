@@ -5,10 +5,17 @@ compact columns the cross-file rules need (a MAFID and a few codes per row), the
 derived frames of the cross-file rules are built from those compact columns; persons are joined
 to a sorted index of units in slices, so memory stays bounded by the compact form of the data.
 
-Great Expectations is single-threaded and most of its time is Python, so on large inputs the
-persons file -- the largest -- is validated in a second process while this one validates geo
-and units (the machine has two cores). Small inputs are validated in-process: a second process
-would spend longer importing Great Expectations than it saves.
+Input stored by state (every file a folder of ``TABBLKST=<state>`` partitions) is validated one
+state at a time -- the three files' folders of the state, then the cross-file rules on them --
+so memory is bounded by the largest state, as in the counting; what no single state can show (a
+MAFID of units or geo stored under two states) is checked across the folders on their MAFIDs.
+
+Great Expectations is single-threaded and most of its time is Python, so large inputs are
+validated on two processes (the machine has two cores): the states are shared between this
+process and a second one, or, for input not stored by state, the persons file -- the largest --
+is validated in the second process while this one validates geo and units. Small inputs are
+validated in-process: a second process would spend longer importing Great Expectations than it
+saves.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,10 +36,11 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from phsafe.logs import get_logger
-from phsafe.schema import FILES
+from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN
 from phsafe.validation import _config, _gx
 from phsafe.validation._frames import (
     COMPACT_COLUMNS,
@@ -39,12 +49,15 @@ from phsafe.validation._frames import (
     compact,
     file_frame,
     header_frame,
+    parse_integers,
     small_int_frames,
+    sorted_distinct,
     units_geo,
 )
-from phsafe.validation._read import FileReader, SourceFile, describe_header, locate
+from phsafe.validation._read import STATE_COLUMN, FileReader, SourceFile, describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._run import SuiteRun
+from phsafe.validation._suites import load_suite
 
 log = get_logger("phsafe.validation")
 
@@ -150,7 +163,7 @@ class FileValidation:
                 if stem in DISTINCT_FILES and _KEY in names and len(names) > 1:
                     # MAFID is (nearly) unique per row: its rules see every row, in a one-column
                     # frame; every other rule sees the distinct rows of the other columns.
-                    others = [n for n in names if n != _KEY]
+                    others = [n for n in names if n not in (_KEY, STATE_COLUMN)]
                     checks.append(_Check(file_frame(batch.select([_KEY]), stem, [_KEY]), only=key_rules))
                     checks.append(_Check(
                         file_frame(_distinct(batch, others), stem, [n for n in header if n != _KEY]),
@@ -173,10 +186,15 @@ def validate_file(source: SourceFile, parameters: dict | None = None) -> FilePar
 
 
 class _Worker:
-    """``validate_file`` of one source running in a second Python process."""
+    """One validation task running in a second Python process (see :mod:`._worker`).
 
-    def __init__(self, source: SourceFile) -> None:
-        self.source = source
+    Args:
+        request: ``{"task": "file", "source": ...}`` (:func:`validate_file`) or
+            ``{"task": "states", "sources": ..., "states": [...], ...}`` (:func:`validate_states`).
+    """
+
+    def __init__(self, request: dict) -> None:
+        self.request = request
         self._dir = tempfile.TemporaryDirectory(prefix="phsafe-validate-")
         self.result_path = Path(self._dir.name) / "part.pickle"
         self.process = subprocess.Popen(
@@ -186,21 +204,18 @@ class _Worker:
         try:
             assert self.process.stdin is not None
             with self.process.stdin as stdin:
-                pickle.dump({"source": source, "result": str(self.result_path)}, stdin)
+                pickle.dump({**request, "result": str(self.result_path)}, stdin)
         except BaseException:
             self.cancel()
             raise
 
-    def result(self) -> FilePart:
+    def result(self) -> object:
         """The worker's result; raises if it failed (the caller then validates in-process)."""
         try:
             if self.process.wait() != 0:
                 raise RuntimeError("validation worker failed")
             with open(self.result_path, "rb") as fh:
-                part = pickle.load(fh)
-            if not isinstance(part, FilePart):
-                raise RuntimeError("validation worker returned no result")
-            return part
+                return pickle.load(fh)
         finally:
             self._dir.cleanup()
 
@@ -211,21 +226,30 @@ class _Worker:
         self._dir.cleanup()
 
 
-def _estimated_rows(source: SourceFile) -> int:
-    if source.format == "parquet":
+def _parquet_rows(paths: Iterable[Path]) -> int:
+    total = 0
+    for path in paths:
         try:
-            return pq.ParquetFile(source.path).metadata.num_rows
+            total += pq.ParquetFile(path).metadata.num_rows
         except Exception:  # noqa: BLE001 -- unreadable: reported when it is validated
-            return 0
+            pass
+    return total
+
+
+def _estimated_rows(source: SourceFile) -> int:
+    """Rows of an input: exact for Parquet (one file or a folder's files), from the size for CSV."""
+    if source.format == "parquet":
+        return _parquet_rows(source.files)
     return source.path.stat().st_size // _CSV_BYTES_PER_PERSON
 
 
-def _start_worker(source: SourceFile) -> _Worker | None:
-    """Validate ``source`` in a second process if it is large and a second core exists."""
+def _second_core() -> bool:
+    return (os.cpu_count() or 1) >= 2
+
+
+def _start_worker(request: dict) -> _Worker | None:
     try:
-        if (os.cpu_count() or 1) < 2 or _estimated_rows(source) < PARALLEL_MIN_ROWS:
-            return None
-        return _Worker(source)
+        return _Worker(request)
     except (OSError, ValueError):
         return None
 
@@ -236,6 +260,10 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
     returned report.
 
+    Input stored by state (``persons/TABBLKST=06/...`` for all three files, as ``phsafe synth``
+    writes it) is validated one state partition at a time, like the counting reads it: memory
+    is bounded by the largest state, and the partitions are shared between two processes.
+
     Args:
         config_path: The run's configuration.
         data_dir: Folder holding persons, units and geo (CSV or Parquet).
@@ -244,39 +272,96 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     """
     config_path, data_dir = Path(config_path), Path(data_dir)
     sources, missing = locate(data_dir)
-    worker = _start_worker(sources["persons"]) if "persons" in sources else None
-    try:
-        report = _validate(config_path, sources, missing, worker)
-    finally:
-        if worker is not None:
-            worker.cancel()
+    report = _validate(config_path, sources, missing)
     if report_dir is not None:
         write_report(report, Path(report_dir))
     return report
 
 
-def _validate(config_path: Path, sources: dict[str, SourceFile], missing: list[Failure],
-              worker: "_Worker | None") -> ValidationReport:
+CROSS_FILE_SUITES = ("units_geo", "persons_in_units", "households")
+
+
+@dataclass
+class Outcome:
+    """What validating the three files yields, before it is reported.
+
+    Attributes:
+        tallies: Suite name -> its results, added up (the file suites and the cross-file ones).
+        failures: File stem -> structural failures (no suite can express them).
+        headers: File stem -> a header read from it (one that breaks the header rule, if any
+            does), to explain a failed header rule.
+        notes: What was not checked and why.
+    """
+
+    tallies: dict[str, Tally] = field(default_factory=dict)
+    failures: dict[str, list[Failure]] = field(default_factory=dict)
+    headers: dict[str, list[str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def merge(self, other: "Outcome") -> None:
+        """Add ``other`` (e.g. another state partition's outcome) to this one."""
+        for name, tally in other.tallies.items():
+            if name in self.tallies:
+                self.tallies[name].merge(tally)
+            else:
+                self.tallies[name] = tally
+        for stem, failures in other.failures.items():
+            self.failures[stem] = _added_up(self.failures.get(stem, []) + failures)
+        for stem, header in other.headers.items():
+            if stem not in self.headers or self.headers[stem] == _expected_header(stem):
+                self.headers[stem] = header
+        self.notes.extend(n for n in other.notes if n not in self.notes)
+
+
+def _expected_header(stem: str) -> list[str]:
+    return [c.name for c in FILES[stem]]
+
+
+def _added_up(failures: list[Failure]) -> list[Failure]:
+    """One failure per file, columns and rule, counts added (the partitions of a folder each
+    report their own rows)."""
+    merged: dict[tuple[str, tuple[str, ...], str], Failure] = {}
+    for f in failures:
+        key = (f.file, f.columns, f.rule)
+        if key in merged and merged[key].failing_rows is not None and f.failing_rows is not None:
+            merged[key] = replace(merged[key], failing_rows=merged[key].failing_rows + f.failing_rows)
+        else:
+            merged.setdefault(key, f)
+    return list(merged.values())
+
+
+def _outcome(parts: dict[str, FilePart], file_names: dict[str, str]) -> Outcome:
+    """The outcome of the files' parts and of the cross-file rules evaluated on them."""
+    outcome = Outcome()
+    for stem, part in parts.items():
+        outcome.tallies[stem] = part.tally
+        outcome.failures[stem] = list(part.failures)
+        if part.header is not None:
+            outcome.headers[stem] = part.header
+    runs, notes = _cross_file(parts, file_names)
+    for run in runs:
+        outcome.tallies[run.suite.name] = run.tally
+    outcome.notes.extend(notes)
+    return outcome
+
+
+def _file_names(sources: dict[str, SourceFile], config_path: Path) -> dict[str, str]:
+    names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
+    names["config"] = config_path.name
+    return names
+
+
+def _validate(config_path: Path, sources: dict[str, SourceFile], missing: list[Failure]) -> ValidationReport:
     _gx.prewarm()
     config, load_failure = _config.load(config_path)
     raw = _config.read_raw(config_path)
-    states = _config.state_filter(config, raw)
-    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_path.name
-
-    here = [stem for stem in ("geo", "units", "persons") if stem in sources and not (stem == "persons" and worker)]
-    validations = {stem: FileValidation(sources[stem], {"state_filter": states} if stem == "geo" else None)
-                   for stem in here}
-    for validation in validations.values():  # while Great Expectations is being imported
-        validation.read_ahead()
-    parts = {stem: validation.finish() for stem, validation in validations.items()}
-    validations.clear()
+    geo_parameters = {"state_filter": _config.state_filter(config, raw)}
+    file_names = _file_names(sources, config_path)
     config_run = SuiteRun("config", row_nouns=_ROW_NOUNS)
-    if raw is not None:
-        config_run.check("config", _config.flatten(raw))
-    if worker is not None:
-        parts["persons"] = _persons_part(worker, sources["persons"])
-    cross_runs, notes = _cross_file(parts, file_names)
+    if len(sources) == len(FILES) and all(source.partitioned for source in sources.values()):
+        outcome = _validate_by_state(sources, geo_parameters, file_names, config_run, raw)
+    else:
+        outcome = _validate_files(sources, geo_parameters, file_names, config_run, raw)
 
     # The report lists, in order: the config, each file, then the cross-file rules.
     report = ValidationReport(subject="inputs")
@@ -286,20 +371,262 @@ def _validate(config_path: Path, sources: dict[str, SourceFile], missing: list[F
     report.failures.extend(config_run.tally.failures(file_names))
     tallies = [config_run.tally]
     for stem in FILES:
-        if stem in parts:
-            part = parts[stem]
-            report.failures.extend(part.failures)
-            report.failures.extend(_explain_header(f, part) for f in part.tally.failures(file_names))
-            tallies.append(part.tally)
-    for run in cross_runs:
-        report.failures.extend(run.tally.failures(file_names))
-        tallies.append(run.tally)
+        report.failures.extend(outcome.failures.get(stem, []))
+        if stem in outcome.tallies:
+            header = outcome.headers.get(stem)
+            report.failures.extend(_explain_header(f, stem, header)
+                                   for f in outcome.tallies[stem].failures(file_names))
+            tallies.append(outcome.tallies[stem])
+    for name in CROSS_FILE_SUITES:
+        if name in outcome.tallies:
+            report.failures.extend(outcome.tallies[name].failures(file_names))
+            tallies.append(outcome.tallies[name])
     for tally in tallies:
         report.notes.extend(tally.notes())
         if tally.any_evaluated():
             report.results.append(tally.result_json())
-    report.notes.extend(notes)
+    report.notes.extend(outcome.notes)
     return report
+
+
+def _check_config(config_run: SuiteRun, raw: dict | None) -> None:
+    if raw is not None:
+        config_run.check("config", _config.flatten(raw))
+
+
+def _validate_files(sources: dict[str, SourceFile], geo_parameters: dict, file_names: dict[str, str],
+                    config_run: SuiteRun, raw: dict | None) -> Outcome:
+    """Each file as a whole (CSV, Parquet, or a folder not stored by state); a large persons
+    file in a second process while this one validates geo and units."""
+    worker = None
+    if "persons" in sources and _second_core() and _estimated_rows(sources["persons"]) >= PARALLEL_MIN_ROWS:
+        worker = _start_worker({"task": "file", "source": sources["persons"]})
+    try:
+        here = [stem for stem in ("geo", "units", "persons") if stem in sources and not (stem == "persons" and worker)]
+        validations = {stem: FileValidation(sources[stem], geo_parameters if stem == "geo" else None)
+                       for stem in here}
+        for validation in validations.values():  # while Great Expectations is being imported
+            validation.read_ahead()
+        parts = {stem: validation.finish() for stem, validation in validations.items()}
+        validations.clear()
+        _check_config(config_run, raw)
+        if worker is not None:
+            parts["persons"] = _persons_part(worker, sources["persons"])
+    finally:
+        if worker is not None:
+            worker.cancel()
+    return _outcome(parts, file_names)
+
+
+# ------------------------------------------------------------------------- input stored by state
+GROUP_MIN_ROWS = 3_000_000
+"""States are validated in groups of at least this many rows of persons, units and geo (a large
+state alone): each Great Expectations run costs a fixed overhead, about a second per state."""
+
+
+def validate_group(sources: dict[str, SourceFile], states: list[str], file_names: dict[str, str],
+                   geo_parameters: dict) -> Outcome:
+    """Validate the ``TABBLKST=<state>`` folders of ``states`` in each file, then the cross-file
+    rules on the three files' rows of those states.
+
+    The cross-file rules are decided per MAFID, and the counting reads a MAFID's records from its
+    state's folders only; so records of different states never join here (a person whose unit
+    is stored under another state has no unit), whichever states are validated together.
+    """
+    started = time.perf_counter()
+    parts: dict[str, FilePart] = {}
+    for stem in ("geo", "units", "persons"):
+        partitions = sources[stem].partitions()
+        files = tuple(f for state in states for f in partitions.get(state, ()))
+        if not files:
+            parts[stem] = _no_rows(stem)
+            continue
+        parts[stem] = FileValidation(sources[stem].subset(files), geo_parameters if stem == "geo" else None).finish()
+    persons = len(parts["persons"].columns.get("MAFID", ()))
+    outcome = _outcome(parts, file_names)
+    log.info("state partitions validated", states=",".join(states), persons=persons,
+             seconds=round(time.perf_counter() - started, 2))
+    return outcome
+
+
+def validate_states(sources: dict[str, SourceFile], groups: list[list[str]], file_names: dict[str, str],
+                    geo_parameters: dict) -> dict[str, Outcome]:
+    """:func:`validate_group` of each group of states, one after the other (keyed by its first state)."""
+    return {group[0]: validate_group(sources, group, file_names, geo_parameters) for group in groups}
+
+
+def _no_rows(stem: str) -> FilePart:
+    """The part of a file that holds no rows of some states: nothing to check, nothing missing."""
+    return FilePart(stem, Tally(load_suite(stem)), complete=True,
+                    columns={name: np.empty(0, dtype=np.int32) for name in (*COMPACT_COLUMNS[stem], "STATE")})
+
+
+def _state_rows(sources: dict[str, SourceFile]) -> dict[str, int]:
+    """Rows of persons, units and geo per state (Parquet metadata): the work of each state."""
+    rows: dict[str, int] = {}
+    for source in sources.values():
+        for state, files in source.partitions().items():
+            assert state is not None
+            rows[state] = rows.get(state, 0) + _parquet_rows(files)
+    return rows
+
+
+def _groups(rows: dict[str, int]) -> list[list[str]]:
+    """States in groups of at least GROUP_MIN_ROWS rows (the last may hold fewer), in state order."""
+    groups: list[list[str]] = [[]]
+    size = 0
+    for state in sorted(rows):
+        if size >= GROUP_MIN_ROWS:
+            groups.append([])
+            size = 0
+        groups[-1].append(state)
+        size += rows[state]
+    return [g for g in groups if g]
+
+
+def _share(groups: list[list[str]], rows: dict[str, int], head_start: int) -> tuple[list[list[str]], list[list[str]]]:
+    """Split the groups between this process and a second one, largest first, each to the
+    process with less work so far (this one starts with ``head_start`` rows of other work)."""
+    here: list[list[str]] = []
+    there: list[list[str]] = []
+    load_here, load_there = head_start, 0
+    for group in sorted(groups, key=lambda g: -sum(rows[s] for s in g)):
+        if load_here <= load_there:
+            here.append(group)
+            load_here += sum(rows[s] for s in group)
+        else:
+            there.append(group)
+            load_there += sum(rows[s] for s in group)
+    return here, there
+
+
+def _validate_by_state(sources: dict[str, SourceFile], geo_parameters: dict, file_names: dict[str, str],
+                       config_run: SuiteRun, raw: dict | None) -> Outcome:
+    """Input stored by state: groups of states on two processes, then the checks across states."""
+    rows = _state_rows(sources)
+    groups = _groups(rows)
+    # The layout check below reads the MAFIDs of units and geo: about a tenth of validating them.
+    layout_rows = (_estimated_rows(sources["units"]) + _estimated_rows(sources["geo"])) // 10
+    here, there = groups, []
+    if _second_core() and len(groups) > 1 and sum(rows.values()) >= PARALLEL_MIN_ROWS:
+        here, there = _share(groups, rows, layout_rows)
+    worker = None
+    if there:
+        worker = _start_worker({"task": "states", "sources": sources, "groups": there,
+                                "geo_parameters": geo_parameters, "file_names": file_names})
+        if worker is None:
+            here, there = groups, []
+    try:
+        by_group = validate_states(sources, here, file_names, geo_parameters)
+        _check_config(config_run, raw)
+        layout = _layout(sources)
+        if there:
+            by_group.update(_states_part(worker, sources, there, file_names, geo_parameters))
+    finally:
+        if worker is not None:
+            worker.cancel()
+    outcome = Outcome()
+    for first in sorted(by_group):  # the same report whichever process validated a group
+        outcome.merge(by_group[first])
+    outcome.merge(layout)
+    outcome.notes.append(
+        f"the input is stored by state ({len(rows)} TABBLKST=<state> folders): records join only "
+        "within a state's folders, as the counting reads them")
+    return outcome
+
+
+def _states_part(worker: _Worker | None, sources: dict[str, SourceFile], groups: list[list[str]],
+                 file_names: dict[str, str], geo_parameters: dict) -> dict[str, Outcome]:
+    if worker is not None:
+        try:
+            result = worker.result()
+            if isinstance(result, dict) and sorted(result) == sorted(g[0] for g in groups) \
+                    and all(isinstance(v, Outcome) for v in result.values()):
+                return result
+            raise RuntimeError("validation worker returned no result")
+        except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
+            log.warning("validation worker failed; validating in this process",
+                        error_type=type(exc).__name__, groups=len(groups))
+    return validate_states(sources, groups, file_names, geo_parameters)
+
+
+_REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder "
+                  "(this MAFID is also stored under another state)")
+_MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
+
+
+def _layout(sources: dict[str, SourceFile]) -> Outcome:
+    """What no group of states can see: a MAFID of units or geo stored under two states, and a
+    geo row stored under another state than its own (the counting would refuse both).
+
+    Reads only MAFID, and TABBLKST of geo; keeps two bits per possible MAFID (200 MB). Values
+    that break a per-file rule are left to that rule.
+    """
+    outcome = Outcome()
+    for stem in ("units", "geo"):
+        source = sources[stem]
+        seen = np.zeros((MAFID_MAX >> 3) + 1, dtype=np.uint8)
+        repeated = np.zeros_like(seen)
+        misplaced = 0
+        for state, files in sorted(source.partitions().items(), key=lambda kv: str(kv[0])):
+            assert state is not None
+            mafids, other_state = _layout_columns(files, state, tabblkst=stem == "geo")
+            misplaced += other_state
+            mafids = sorted_distinct(mafids)
+            byte, bit = mafids >> 3, np.left_shift(np.uint8(1), (mafids & 7).astype(np.uint8))
+            again = (seen[byte] & bit) != 0
+            np.bitwise_or.at(repeated, byte[again], bit[again])
+            np.bitwise_or.at(seen, byte, bit)
+        failures = []
+        if misplaced:
+            failures.append(Failure(source.name, ("TABBLKST",), _MISPLACED_RULE, misplaced))
+        n = int(np.unpackbits(repeated[repeated != 0]).sum())
+        if n:
+            failures.append(Failure(source.name, ("MAFID",), _REPEATED_RULE.format(stem=stem), n, row_noun="MAFID"))
+        if failures:
+            outcome.failures[stem] = failures
+    return outcome
+
+
+def _other_state_rows(codes: pa.Array, state: str) -> int:
+    """Rows whose code is a well-formed state code other than ``state`` (a malformed or missing
+    code is reported by the geo suite)."""
+    if pa.types.is_dictionary(codes.type):
+        # Each distinct code is looked at once, then its rows are counted.
+        values = codes.dictionary.to_pylist()
+        other = [i for i, v in enumerate(values) if isinstance(v, str) and _STATE_CODE.fullmatch(v) and v != state]
+        if not other:
+            return 0
+        counts = np.bincount(codes.indices.fill_null(len(values)).to_numpy(zero_copy_only=False),
+                             minlength=len(values) + 1)
+        return int(counts[other].sum())
+    if not pa.types.is_string(codes.type):
+        return 0
+    well_formed = pc.match_substring_regex(codes, _STATE_CODE.pattern)
+    return int(pc.sum(pc.and_(well_formed, pc.not_equal(codes, state))).as_py() or 0)
+
+
+_STATE_CODE = re.compile(r"^[0-9]{2}$")
+
+
+def _layout_columns(files: tuple[Path, ...], state: str, *, tabblkst: bool) -> tuple[npt.NDArray[np.int64], int]:
+    """The valid MAFIDs of ``files``, and how many rows have a TABBLKST code of another state."""
+    chunks, other_state = [], 0
+    for path in files:
+        try:
+            pf = pq.ParquetFile(path, read_dictionary=["TABBLKST"] if tabblkst else None)
+            names = pf.schema_arrow.names
+            columns = [c for c in ("MAFID", "TABBLKST") if c in names and (c == "MAFID" or tabblkst)]
+            for batch in pf.iter_batches(batch_size=4_000_000, columns=columns):
+                if "MAFID" in columns:
+                    values = parse_integers(batch.column(columns.index("MAFID"))).fill_null(-1)
+                    values = values.to_numpy(zero_copy_only=False)
+                    chunks.append(values[(values >= MAFID_MIN) & (values <= MAFID_MAX)].astype(np.int64))
+                if "TABBLKST" in columns:
+                    other_state += _other_state_rows(batch.column(columns.index("TABBLKST")), state)
+        except Exception:  # noqa: BLE001 -- unreadable or mistyped: the file's own rules say how
+            continue
+    return (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)), other_state
 
 
 def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple[list[SuiteRun], list[str]]:
@@ -309,6 +636,10 @@ def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple
     households_run = SuiteRun("households", row_nouns=_ROW_NOUNS)
     notes: list[str] = []
     usable = {stem for stem, part in parts.items() if part.usable}
+    if not all("STATE" in part.columns for part in parts.values()):
+        # Not every file is stored by state: records join on their MAFID alone.
+        for part in parts.values():
+            part.columns.pop("STATE", None)
     if {"units", "geo"} <= usable:
         distinct, every_row = units_geo(_compact(parts["units"]), _compact(parts["geo"]))
         units_geo_run.check("units_geo", distinct, every_row=every_row)
@@ -338,19 +669,32 @@ def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
     return validate_file(source)
 
 
+def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
+    if worker is not None:
+        try:
+            part = worker.result()
+            if isinstance(part, FilePart):
+                return part
+            raise RuntimeError("validation worker returned no result")
+        except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
+            log.warning("validation worker failed; validating in this process",
+                        error_type=type(exc).__name__, file=source.name)
+    return validate_file(source)
+
+
 def _compact(part: FilePart) -> CompactColumns:
     cols = CompactColumns()
     cols.add({k: v.astype(np.int32) for k, v in part.columns.items()})
     return cols
 
 
-def _explain_header(failure: Failure, part: FilePart) -> Failure:
+def _explain_header(failure: Failure, stem: str, header: list[str] | None) -> Failure:
     """Add which columns are missing, unexpected or out of order to a failed header rule."""
-    if part.header is None or not (failure.rule_id or "").endswith(".header"):
+    if header is None or not (failure.rule_id or "").endswith(".header"):
         return failure
-    expected = [c.name for c in FILES[part.stem]]
-    detail = describe_header(part.header, expected)
-    missing = tuple(n for n in expected if n not in part.header)
+    expected = _expected_header(stem)
+    detail = describe_header(header, expected)
+    missing = tuple(n for n in expected if n not in header)
     return replace(failure, rule=f"{failure.rule}: {detail}" if detail else failure.rule,
                    columns=missing or failure.columns)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -34,6 +35,9 @@ CSV_BLOCK_BYTES = 32 << 20
 """CSV text per batch (about 1.4 million persons rows): bounds memory and amortises GX's
 per-batch overhead."""
 PARQUET_BATCH_ROWS = 1_000_000
+STATE_COLUMN = "__state_folder__"
+"""Column added to the batches of input stored by state: the state of the row's folder (int8).
+Not a column of any file: no suite sees it."""
 _HEADER_MAX_BYTES = 1 << 16
 _OTHER_DELIMITERS = (";", "|", "\t")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -230,11 +234,18 @@ class FileReader:
             return
         # A folder holds many small files (one per state): their batches are merged into batches
         # of about PARQUET_BATCH_ROWS rows, since the suites cost a fixed overhead per batch.
+        # Rows of a folder stored by state carry their folder's state (STATE_COLUMN): the
+        # cross-file rules join records of the same state only, as the counting does.
+        by_state = self.source.partitioned
         pending: list[pa.RecordBatch] = []
         rows = 0
         for path in self.source.files:
+            state = int(self.source.partition_of(path) or 0) if by_state else None
             for batch in self._parquet_file(path):
-                pending.append(_uniform(batch))
+                batch = _uniform(batch)
+                if state is not None:
+                    batch = batch.append_column(STATE_COLUMN, pa.array(np.full(batch.num_rows, state, np.int8)))
+                pending.append(batch)
                 rows += batch.num_rows
                 if rows >= PARQUET_BATCH_ROWS:
                     yield _merge(pending)

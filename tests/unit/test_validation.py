@@ -315,9 +315,9 @@ def test_second_process_gives_the_same_report(
     started = []
     real = _inputs._Worker.__init__
 
-    def spy(self, source):  # type: ignore[no-untyped-def]
-        started.append(source.stem)
-        real(self, source)
+    def spy(self, request):  # type: ignore[no-untyped-def]
+        started.append(request["source"].stem)
+        real(self, request)
 
     monkeypatch.setattr(_inputs._Worker, "__init__", spy)
     there = validate_inputs(data / "config.json", data)
