@@ -34,7 +34,10 @@ from phsafe.validation._report import Failure
 CSV_BLOCK_BYTES = 32 << 20
 """CSV text per batch (about 1.4 million persons rows): bounds memory and amortises GX's
 per-batch overhead."""
-PARQUET_BATCH_ROWS = 1_000_000
+PARQUET_BATCH_ROWS = 4_000_000
+"""Rows per batch of Parquet input: the suites see a batch's distinct rows (or values), whose
+number grows far slower than the batch, so large batches mean fewer runs of the suites' fixed
+costs (persons: 3.2 s instead of 5.1 s of Great Expectations per 10M persons)."""
 STATE_COLUMN = "__state_folder__"
 """Column added to the batches of input stored by state: the state of the row's folder (int8).
 Not a column of any file: no suite sees it."""

@@ -305,6 +305,24 @@ def test_batches_and_distinct_rows_do_not_change_the_report(
     assert not whole.ok
 
 
+def test_geo_values_checked_column_by_column_give_exact_counts(
+    small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    geo = small.geo.copy()
+    geo.loc[geo.index[:3], "TABBLK"] = "12"  # too short
+    geo.loc[geo.index[10:12], "REGIONCE"] = "7"  # not a region
+    geo.loc[geo.index[20], "PLACEFP"] = None  # empty
+    data = _write(synthetic.SyntheticData(small.persons, small.units, geo), tmp_path / "data")
+    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 10**9)  # every row
+    every_row = validate_inputs(data / "config.json", data)
+    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)  # each column's distinct values
+    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
+    by_column = validate_inputs(data / "config.json", data)
+    assert _summary(by_column) == _summary(every_row) == {
+        ("geo.csv", "geo.TABBLK.format", 3), ("geo.csv", "geo.REGIONCE.domain", 2),
+        ("geo.csv", "geo.PLACEFP.present", 1)}
+
+
 @pytest.mark.slow
 def test_second_process_gives_the_same_report(
     small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
