@@ -29,7 +29,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from phsafe.validation._read import STATE_COLUMN
 from phsafe.schema import (
     FILES,
     MAFID_MAX,
@@ -39,6 +38,7 @@ from phsafe.schema import (
     Column,
     ColumnKind,
 )
+from phsafe.validation._read import STATE_COLUMN
 
 INVALID = -1
 _DIGITS = r"^[0-9]{1,18}$"
@@ -219,7 +219,8 @@ def join_keys(columns: "CompactColumns | dict[str, npt.NDArray[np.int32]]") -> n
 
 
 class UnitIndex:
-    """Units sorted by MAFID for binary-search joins; the first row of a repeated MAFID wins."""
+    """Units sorted by join key (MAFID, within its state for input stored by state; see
+    :func:`join_keys`) for binary-search joins; the first row of a repeated key wins."""
 
     def __init__(self, units: CompactColumns) -> None:
         mafid = join_keys(units)
