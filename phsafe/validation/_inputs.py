@@ -693,16 +693,6 @@ def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple
 def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
     if worker is not None:
         try:
-            return worker.result()
-        except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
-            log.warning("validation worker failed; validating in this process",
-                        error_type=type(exc).__name__, file=source.name)
-    return validate_file(source)
-
-
-def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
-    if worker is not None:
-        try:
             part = worker.result()
             if isinstance(part, FilePart):
                 return part
