@@ -66,7 +66,6 @@ StageTimer = Callable[[str], AbstractContextManager[None]]
 """Called with a stage name; times and logs the ``with`` block (see ``phsafe.engine``)."""
 
 STEMS = ("persons", "units", "geo")
-_CSV_BYTES_PER_PERSON = 23  # "3,123456789,44,1,01,20\n": to estimate the persons of a CSV file
 
 
 def _no_timer(name: str) -> AbstractContextManager[None]:
@@ -92,19 +91,6 @@ class CountingPartition:
     @property
     def files(self) -> dict[str, InputFile]:
         return dict(zip(STEMS, self.inputs))
-
-
-def _estimated_persons(f: InputFile) -> int:
-    """Persons in ``f`` from Parquet metadata (exact) or the CSV file size (an estimate)."""
-    if f.format == "csv":
-        return f.path.stat().st_size // _CSV_BYTES_PER_PERSON
-    total = 0
-    for path in f.files:
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001 -- unreadable: reported when the partition is read
-            pass
-    return total
 
 
 def _ranges(lo: int, hi: int, k: int) -> list[MafidRange]:
@@ -211,7 +197,7 @@ def plan_partitions(
     inputs = tuple(files[s] for s in STEMS)
     if not all(f.partitioned for f in inputs):
         whole = CountingPartition("all", None, inputs)  # type: ignore[arg-type]
-        n = _estimated_persons(files["persons"])
+        n = files["persons"].estimated_rows()
         if max_persons is None or n <= max_persons:
             return [whole]
         return _split(whole, _ranges(MAFID_MIN, MAFID_MAX + 1, -(-n // max_persons)))
@@ -224,7 +210,7 @@ def plan_partitions(
     big: dict[str, int] = {}
     if max_persons is not None:
         for state, part in base.items():
-            n = _estimated_persons(part.files["persons"])
+            n = part.files["persons"].estimated_rows()
             if n > max_persons:
                 big[state] = -(-n // max_persons)
     geo_mafids: dict[str, np.ndarray] = {}

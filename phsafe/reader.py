@@ -43,6 +43,7 @@ from phsafe.schema import FILES, Column, ColumnKind
 
 _BLOCK_SIZE = 8 << 20  # bytes of CSV text per batch: larger blocks cost memory, not speed
 _PARQUET_BATCH_ROWS = 4_000_000
+_CSV_BYTES_PER_PERSON = 23  # "3,123456789,44,1,01,20\n"
 PARTITION_KEY = "TABBLKST"
 """The one Hive partition key a folder of Parquet files may use: ``TABBLKST=<2-digit state>``."""
 _KEY_VALUE = re.compile(r"[0-9]{2}")
@@ -101,6 +102,20 @@ class InputFile:
     def partitioned(self) -> bool:
         """A folder whose every file lies in a ``TABBLKST=`` partition."""
         return self.directory and bool(self.parts) and None not in self.partitions()
+
+    def estimated_rows(self) -> int:
+        """Rows of the input: exact for Parquet (its files' metadata; an unreadable file counts
+        none, and is reported when it is read), estimated from the size for CSV (a persons row
+        is about 23 bytes)."""
+        if self.format == "csv":
+            return self.path.stat().st_size // _CSV_BYTES_PER_PERSON
+        total = 0
+        for path in self.files:
+            try:
+                total += pq.ParquetFile(path).metadata.num_rows
+            except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
+                pass
+        return total
 
     def subset(self, files: tuple[Path, ...]) -> "InputFile":
         """The same input restricted to ``files`` (a partition of a folder)."""

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -66,7 +66,6 @@ log = get_logger("phsafe.validation")
 _ROW_NOUNS = {"persons_in_units": "person", "households": "household", "units_geo": "MAFID", "config": "key"}
 PARALLEL_MIN_ROWS = 4_000_000
 """Persons files of at least this many rows (estimated) are validated in a second process."""
-_CSV_BYTES_PER_PERSON = 23  # "3,123456789,44,1,01,20\n"
 JOIN_SLICE_ROWS = 2_000_000
 """Persons per ``persons_in_units`` frame."""
 
@@ -258,23 +257,6 @@ class _Worker:
         self._dir.cleanup()
 
 
-def _parquet_rows(paths: Iterable[Path]) -> int:
-    total = 0
-    for path in paths:
-        try:
-            total += pq.ParquetFile(path).metadata.num_rows
-        except Exception:  # noqa: BLE001 -- unreadable: reported when it is validated
-            pass
-    return total
-
-
-def _estimated_rows(source: SourceFile) -> int:
-    """Rows of an input: exact for Parquet (one file or a folder's files), from the size for CSV."""
-    if source.format == "parquet":
-        return _parquet_rows(source.files)
-    return source.path.stat().st_size // _CSV_BYTES_PER_PERSON
-
-
 def _second_core() -> bool:
     return (os.cpu_count() or 1) >= 2
 
@@ -431,7 +413,7 @@ def _validate_files(sources: dict[str, SourceFile], geo_parameters: dict, file_n
     """Each file as a whole (CSV, Parquet, or a folder not stored by state); a large persons
     file in a second process while this one validates geo and units."""
     worker = None
-    if "persons" in sources and _second_core() and _estimated_rows(sources["persons"]) >= PARALLEL_MIN_ROWS:
+    if "persons" in sources and _second_core() and sources["persons"].estimated_rows() >= PARALLEL_MIN_ROWS:
         worker = _start_worker({"task": "file", "source": sources["persons"]})
     try:
         here = [stem for stem in ("geo", "units", "persons") if stem in sources and not (stem == "persons" and worker)]
@@ -498,7 +480,7 @@ def _state_rows(sources: dict[str, SourceFile]) -> dict[str, int]:
     for source in sources.values():
         for state, files in source.partitions().items():
             assert state is not None
-            rows[state] = rows.get(state, 0) + _parquet_rows(files)
+            rows[state] = rows.get(state, 0) + source.subset(files).estimated_rows()
     return rows
 
 
@@ -537,7 +519,7 @@ def _validate_by_state(sources: dict[str, SourceFile], geo_parameters: dict, fil
     rows = _state_rows(sources)
     groups = _groups(rows)
     # The layout check below reads the MAFIDs of units and geo: about a tenth of validating them.
-    layout_rows = (_estimated_rows(sources["units"]) + _estimated_rows(sources["geo"])) // 10
+    layout_rows = (sources["units"].estimated_rows() + sources["geo"].estimated_rows()) // 10
     here, there = groups, []
     if _second_core() and len(groups) > 1 and sum(rows.values()) >= PARALLEL_MIN_ROWS:
         here, there = _share(groups, rows, layout_rows)
