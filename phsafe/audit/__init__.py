@@ -4,7 +4,7 @@
   against caps, and released outputs against what the ledger logged.
 * :mod:`phsafe.audit.report` -- the auditors' Markdown and HTML report, with (epsilon, delta)
   conversions.
-* :mod:`phsafe.audit.cli` -- the ``phsafe audit`` command group.
+* :mod:`phsafe.cli.audit` -- the ``phsafe audit`` command group.
 
 An auditor needs only the ledger, the outputs and the operator's public key; nothing here trusts
 the operator's word.

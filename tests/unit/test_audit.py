@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phsafe.accounting import RunPlan, plan_run
-from phsafe.audit.cli import audit
+from phsafe.cli.audit import audit
 from phsafe.audit.report import epsilon_analytic, epsilon_renyi, renyi_epsilon_at
 from phsafe.config import PHSafeConfig, load_config, parse_config
 from phsafe.domain import measurement_domain

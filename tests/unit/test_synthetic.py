@@ -349,7 +349,7 @@ def test_checker_catches_inconsistency(us: SyntheticData, column: str, before: s
 # synthesize: data of any size, chunk by chunk, in three formats
 # --------------------------------------------------------------------------------------------
 
-from phsafe.synth_cli import parse_count, synth  # noqa: E402
+from phsafe.cli.synth import parse_count, synth  # noqa: E402
 from phsafe.synthetic import US_STATES, plan_chunks, resolve_states, synthesize  # noqa: E402
 
 TAU = 10  # the production tau of the person tables PH1_num, PH2, PH4, PH7

@@ -1,0 +1,48 @@
+"""The ``phsafe`` command line: one module per command, each a thin layer over the library.
+
+``validate``, ``private`` and ``non-private`` keep the production release's arguments and flags
+(spec §8); the other commands are this project's. Every command module owns its command and its
+options; this module only makes the group and mounts them. A failure exits non-zero with one
+human line on stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+import phsafe
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(phsafe.__version__, prog_name="phsafe")
+def main() -> None:
+    """PHSafe: the S-DHC tables under differential privacy."""
+
+
+# (module, click command) of every command, in the order ``--help`` lists them.
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("phsafe.cli.validate", "validate"),
+    ("phsafe.cli.private", "private"),
+    ("phsafe.cli.nonprivate", "non_private"),
+    ("phsafe.cli.audit", "audit"),
+    ("phsafe.cli.plan", "plan"),
+    ("phsafe.cli.risk", "risk"),
+    ("phsafe.cli.postprocess", "postprocess"),
+    ("phsafe.cli.accuracy", "accuracy"),
+    ("phsafe.cli.synth", "synth"),
+)
+
+
+def _mount_commands() -> None:
+    for module_name, attribute in COMMANDS:
+        main.add_command(getattr(importlib.import_module(module_name), attribute))
+
+
+_mount_commands()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""``phsafe non-private CONFIG DATA OUT``: ground-truth tables, for synthetic data only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from phsafe import logs
+from phsafe.cli._common import EXISTING, PATH, fail, log_option
+
+
+@click.command("non-private")
+@click.argument("config", type=EXISTING)
+@click.argument("data", type=EXISTING)
+@click.argument("output", type=PATH)
+@click.option("-v", "--validate", "validate_inputs", is_flag=True, help="Validate the inputs first.")
+@log_option
+def non_private(config: Path, data: Path, output: Path, validate_inputs: bool, log_file: Path | None) -> None:
+    """Ground-truth tables (no truncation, no noise) -- for synthetic data only."""
+    logs.configure(log_file)
+    try:
+        from phsafe.engine import run_nonprivate
+
+        result = run_nonprivate(config, data, output, validate=validate_inputs)
+    except Exception as exc:  # noqa: BLE001
+        fail(exc, log_file)
+        return
+    click.echo(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")
