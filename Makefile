@@ -4,7 +4,7 @@ VENV := .venv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test env clean bench
+.PHONY: demo test env clean bench chromium
 
 env: $(STAMP)
 
@@ -18,8 +18,16 @@ $(STAMP): pyproject.toml requirements.lock
 demo: $(STAMP)
 	$(VENV)/bin/python demo/run_demo.py
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -n 2 --durations=15
+
+# The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
+# Installed when missing and we are root; otherwise those tests fail saying what to install.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+	  { echo "installing Debian's chromium for the browser tests ..."; \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null; }; } ; } || true
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/bench_private.py --persons 1000000

@@ -6,6 +6,10 @@ Every error raised on the data path names *where* the problem is (file, column, 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 
 class PHSafeError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -58,3 +62,55 @@ class BudgetError(PHSafeError):
 
 class PrivacyMapMismatchError(PHSafeError):
     """OpenDP's privacy map disagrees with the planned budget of a measurement."""
+
+
+# --------------------------------------------------------------------------------------------
+# Naming the operator's options in messages
+# --------------------------------------------------------------------------------------------
+# A refusal says what to do ("raise the cap with --lifetime-cap ..."). The same library runs
+# behind the command line and behind the Prefect flows, whose operators set flow parameters, not
+# flags: messages name an option through :func:`option`, and each front end declares itself with
+# :func:`front_end`.
+
+_FRONT_END: contextvars.ContextVar[str] = contextvars.ContextVar("phsafe_front_end", default="cli")
+
+OPTIONS: dict[str, str] = {
+    "ledger": "--ledger",
+    "dataset": "--dataset",
+    "new_version": "--new-version",
+    "lifetime_cap": "--lifetime-cap",
+    "cap_reason": "--cap-reason",
+    "signing_key": "--signing-key",
+    "public_key": "--public-key",
+    "non_confidential": "--non-confidential",
+    "truncation_key": "--truncation-key",
+    "resume": "--resume",
+    "resume_reason": "--resume-reason",
+    "no_validate": "--no-validate",
+    "work_dir": "--work-dir",
+    "output": "OUT",
+}
+"""Option -> how the command line spells it. Flows spell it as the parameter of that name."""
+
+FLOW_PARAMETERS: dict[str, str] = {"resume": "resume_run_id", "no_validate": "validate_inputs=false",
+                                   "new_version": "new_version_reason", "output": "output_root"}
+"""Options whose flow parameter is not named like the option."""
+
+
+def option(name: str) -> str:
+    """How the operator sets ``name`` here: ``--lifetime-cap`` (CLI) or ``lifetime_cap`` (flow)."""
+    if _FRONT_END.get() == "flow":
+        return f"the flow parameter {FLOW_PARAMETERS.get(name, name)}"
+    return OPTIONS[name]
+
+
+@contextlib.contextmanager
+def front_end(kind: str) -> Iterator[None]:
+    """Name options as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block."""
+    if kind not in ("cli", "flow"):
+        raise ValueError(kind)
+    token = _FRONT_END.set(kind)
+    try:
+        yield
+    finally:
+        _FRONT_END.reset(token)
