@@ -11,8 +11,10 @@ process, and added up:
 * :func:`plan_partitions` -- small, picklable descriptions (file paths, a state, a MAFID
   range; never data);
 * :func:`count_partition` -- reads only its partition's rows and returns their exact count
-  cubes (states x iteration codes x cells: a few kilobytes);
-* :func:`combine_counts` -- adds the cubes (exact integers: the order does not matter).
+  cubes (states x iteration codes x cells: a few kilobytes) with the content digest of the
+  records it tabulated (:mod:`phsafe.fingerprint`), as :class:`Counts`;
+* :func:`combine_counts` -- adds the cubes and the digests (exact integers and sums modulo 2^64:
+  the order does not matter).
 
 :func:`exact_counts` runs them one after the other in this process. Only the sums reach the
 noise step, which stays on the coordinating process with the budget accounting.
@@ -53,8 +55,9 @@ import pyarrow.parquet as pq
 
 from phsafe.config import PHSafeConfig
 from phsafe.errors import InputError
+from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
-from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, prepare
+from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, NOT_TABULATED, prepare
 from phsafe.reader import PARTITION_KEY, InputFile, InputTables, MafidRange, locate_inputs, read_table
 from phsafe.schema import MAFID_MAX, MAFID_MIN
 from phsafe.tables import TableSpec
@@ -66,6 +69,32 @@ StageTimer = Callable[[str], AbstractContextManager[None]]
 """Called with a stage name; times and logs the ``with`` block (see ``phsafe.engine``)."""
 
 STEMS = ("persons", "units", "geo")
+
+
+class Counts(Mapping[str, TableCounts]):
+    """Exact count cubes by table name, with the content digest of the records counted.
+
+    A mapping table name -> :class:`~phsafe.tabulate.TableCounts`; ``content`` identifies the
+    tabulated records (see :mod:`phsafe.fingerprint`). Both are confidential.
+    """
+
+    __slots__ = ("_tables", "content")
+
+    def __init__(self, tables: Mapping[str, TableCounts], content: ContentDigest) -> None:
+        self._tables = dict(tables)
+        self.content = content
+
+    def __getitem__(self, table: str) -> TableCounts:
+        return self._tables[table]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __repr__(self) -> str:
+        return f"Counts(tables={sorted(self._tables)})"
 
 
 def _no_timer(name: str) -> AbstractContextManager[None]:
@@ -238,8 +267,8 @@ def count_partition(
     *,
     key: bytes | None,
     stage: StageTimer = _no_timer,
-) -> dict[str, TableCounts]:
-    """Exact count cubes of ``specs`` on one partition's rows.
+) -> Counts:
+    """Exact count cubes of ``specs`` on one partition's rows, and their records' content digest.
 
     Memory is bounded by the partition: its compact columns (about 23 bytes a person with
     its units and geo rows) and the temporaries of 2M persons at a time.
@@ -253,7 +282,8 @@ def count_partition(
             ``truncate, join and count``).
 
     Returns:
-        Table name -> exact counts over every released state (zeros outside the partition).
+        Table name -> exact counts over every released state (zeros outside the partition), with
+        the content digest of the partition's tabulated records.
 
     Raises:
         InputError: An input is unreadable, has inconsistent codes, or is not stored by state
@@ -274,19 +304,25 @@ def count_partition(
         data = prepare(inputs, config.states,
                        require_geo=partition.label if partition.state is not None else None)
         del inputs
+        content = content_digest(data.persons, data.person_state, data.units, data.unit_state,
+                                 data.states, not_tabulated=NOT_TABULATED)
     with stage("truncate, join and count" if key is not None else "join and count"):
-        return tabulate(list(specs), data, taus=dict(config.tau) if key is not None else None, key=key,
-                        max_persons_per_partition=MAX_PERSONS_PER_PARTITION)
+        tables = tabulate(list(specs), data, taus=dict(config.tau) if key is not None else None, key=key,
+                          max_persons_per_partition=MAX_PERSONS_PER_PARTITION)
+    return Counts(tables, content)
 
 
-def combine_counts(results: Iterable[Mapping[str, TableCounts]]) -> dict[str, TableCounts]:
-    """The sum of partitions' count cubes (exact integer sums: any order gives the same).
+def combine_counts(results: Iterable[Mapping[str, TableCounts]]) -> Counts:
+    """The sum of partitions' count cubes and content digests (exact integer sums: any order
+    gives the same).
 
     Raises:
         ValueError: No results, or results of different tables or shapes.
     """
     total: dict[str, TableCounts] | None = None
+    content = ContentDigest()
     for result in results:
+        content = content + getattr(result, "content", ContentDigest())
         if total is None:
             total = {name: TableCounts(c.spec, {lvl: a.copy() for lvl, a in c.by_level.items()})
                      for name, c in result.items()}
@@ -301,7 +337,7 @@ def combine_counts(results: Iterable[Mapping[str, TableCounts]]) -> dict[str, Ta
             mine.add(counts)
     if total is None:
         raise ValueError("no partition results to combine")
-    return total
+    return Counts(total, content)
 
 
 class _StageTotals:
@@ -326,8 +362,8 @@ def exact_counts(
     *,
     key: bytes | None,
     stage: StageTimer = _no_timer,
-) -> dict[str, TableCounts]:
-    """Exact count cubes of ``specs`` over the states of ``config``.
+) -> Counts:
+    """Exact count cubes of ``specs`` over the states of ``config``, and their content digest.
 
     The combination of :func:`count_partition` over :func:`plan_partitions`, one partition at a
     time in this process: peak memory is that of the largest partition.
@@ -348,7 +384,7 @@ def exact_counts(
         return count_partition(parts[0], config, specs, key=key, stage=stage)
     totals = _StageTotals()
     with stage("count partitions"):
-        result: dict[str, TableCounts] | None = None
+        result: Counts | None = None
         for number, part in enumerate(parts, start=1):
             start = time.perf_counter()
             counts = count_partition(part, config, specs, key=key, stage=totals)

@@ -23,6 +23,7 @@ messages of pyarrow's parser, which quote offending rows, are replaced by our ow
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import re
@@ -405,9 +406,12 @@ def _csv_batches(name: str, path: Path, columns: tuple[Column, ...]) -> Iterator
     with open(path, "rb") as fh:
         first = fh.readline()
     try:
-        header = first.decode("utf-8").rstrip("\r\n").split(",")
+        # The csv module reads the header as pyarrow reads the rows: quotes are allowed.
+        header = next(csv.reader([first.decode("utf-8").rstrip("\r\n")]), [])
     except UnicodeDecodeError:
         raise InputError(name, "", "header row is not valid UTF-8") from None
+    except csv.Error:
+        raise InputError(name, "", "header row is not a well-formed comma-separated line") from None
     _check_header(name, header, columns)
     try:
         reader = pacsv.open_csv(

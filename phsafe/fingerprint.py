@@ -1,0 +1,166 @@
+"""The content fingerprint of a dataset: which records the tables are computed from, not which bytes.
+
+The audit ledger's lifetime cap is per declared dataset, and a dataset's content versions are
+told apart by this fingerprint. It must not change when the same records are stored another
+way -- CSV, Parquet or Parquet stored by state; another row order; CRLF line endings; quoting;
+trailing blank lines; integers written with other widths -- and it must change when a record the
+tables are computed from changes.
+
+What is fingerprinted: every *tabulated* record -- each person and each unit whose MAFID has a
+geo row of a released state (after the state filter and the geography rules, spec §4) -- with
+every field the tabulation reads (persons: RTYPE, MAFID, QAGE, CENHISP, CENRACE, RELSHIP; units:
+RTYPE, MAFID, FINAL_POP, NPF, HHSPAN, HHRACE, TEN, HHT, HHT2, CPLT) and its state. Records the
+run sets aside (other states, group-quarters geo rows) and geo columns no table reads cannot
+change a release, so they do not change the identity either: the same tabulated records are the
+same dataset for privacy accounting, whatever else is in the files.
+
+How: each record is packed into 64-bit words (the parsed, normalised values: a code is the
+integer it spells), mixed by two independent 64-bit mixing functions, and the mixed values are
+*added* modulo 2^64 -- one sum per mixing function (a "lane"). Sums are order-independent and
+count duplicate records, so the fingerprint is a function of the multiset of records; partitions
+(states, MAFID ranges) are fingerprinted separately and added. The digest never leaves the run's
+process as such: :meth:`ContentDigest.commit` turns it into an HMAC-SHA256 under the ledger's
+lineage key, and only that commitment is recorded (in the confidential ledger). Without the key
+nobody can test a guessed dataset against it.
+
+The mixers are public and not collision-resistant against an adversary who crafts records; they
+need not be: the operator gains nothing from making different records look alike (their spends
+would count together), and cannot make the same records look different.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from phsafe.reader import Columns
+
+_U64 = np.uint64
+_MASK = (1 << 64) - 1
+_CHUNK = 1 << 20  # records mixed at a time: temporaries stay in the CPU caches
+COMMIT_DOMAIN = b"phsafe-content-fingerprint-v1\x00"
+
+# Lane constants: each lane mixes ``word XOR lane`` (and chains further words the same way).
+_LANES = (_U64(0x9E3779B97F4A7C15), _U64(0xD1B54A32D192ED03))
+# Record-kind tags, so that a person and a unit can never pack to the same message.
+_PERSON_TAG = _U64(0x5045_5253_4F4E_0001)  # "PERSON"
+_UNIT_TAG = _U64(0x554E_4954_0000_0002)  # "UNIT"
+
+PERSON_FIELDS: tuple[tuple[str, int], ...] = (
+    ("MAFID", 30), ("QAGE", 7), ("CENHISP", 2), ("CENRACE", 6), ("RELSHIP", 6), ("RTYPE", 3),
+)
+"""Person fields and their bit widths, packed into one word after the 7-bit state code."""
+UNIT_FIELDS: tuple[tuple[tuple[str, int], ...], ...] = (
+    (("MAFID", 30), ("FINAL_POP", 17), ("NPF", 7), ("HHSPAN", 2), ("HHRACE", 6)),
+    (("TEN", 3), ("HHT", 3), ("HHT2", 4), ("CPLT", 3), ("RTYPE", 3)),
+)
+"""Unit fields in two words; the second word also carries the 7-bit state code."""
+_STATE_BITS = 7  # state FIPS codes are at most 72
+
+
+def _mix(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """A bijective 64-bit mixing function with full avalanche (the splitmix64 finalizer), in place."""
+    z ^= z >> _U64(30)
+    z *= _U64(0xBF58476D1CE4E5B9)
+    z ^= z >> _U64(27)
+    z *= _U64(0x94D049BB133111EB)
+    z ^= z >> _U64(31)
+    return z
+
+
+def _pack(columns: Columns, rows: slice | npt.NDArray[np.integer], fields: tuple[tuple[str, int], ...],
+          state: npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint64]:
+    word = np.zeros(len(columns["MAFID"][rows]), dtype=np.uint64) if state is None \
+        else np.asarray(state, dtype=np.uint64).copy()
+    for name, bits in fields:
+        word <<= _U64(bits)
+        word |= columns[name][rows].astype(np.uint64)
+    return word
+
+
+def _lane_sums(tag: np.uint64, words: list[npt.NDArray[np.uint64]]) -> list[int]:
+    """For each lane: the sum modulo 2^64 of mix(... mix(mix(tag ^ lane) ^ w0) ... ^ wk)."""
+    sums = []
+    with np.errstate(over="ignore"):
+        for lane in _LANES:
+            h = np.full(len(words[0]), _mix(np.array([tag ^ lane], dtype=np.uint64))[0], dtype=np.uint64)
+            for w in words:
+                h ^= w
+                _mix(h)
+            sums.append(int(h.sum(dtype=np.uint64)))
+    return sums
+
+
+@dataclass(frozen=True)
+class ContentDigest:
+    """The order-independent digest of a set of tabulated records (confidential: never logged,
+    stored or published as such; see :meth:`commit`).
+
+    Attributes:
+        persons: Number of tabulated person records.
+        units: Number of tabulated unit records.
+        lanes: One sum modulo 2^64 per mixing function.
+    """
+
+    persons: int = 0
+    units: int = 0
+    lanes: tuple[int, ...] = (0,) * len(_LANES)
+
+    def __add__(self, other: "ContentDigest") -> "ContentDigest":
+        return ContentDigest(
+            self.persons + other.persons, self.units + other.units,
+            tuple((a + b) & _MASK for a, b in zip(self.lanes, other.lanes)),
+        )
+
+    def __repr__(self) -> str:  # the lanes are a plain function of the data: never shown
+        return "ContentDigest(<confidential>)"
+
+    def commit(self, key: bytes) -> str:
+        """The keyed commitment recorded in the ledger: HMAC-SHA256 under the lineage key, hex."""
+        if len(key) < 16:
+            raise ValueError("the lineage key must be at least 16 bytes")
+        message = COMMIT_DOMAIN + b"".join(
+            v.to_bytes(8, "big") for v in (self.persons, self.units, *self.lanes)
+        )
+        return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def content_digest(
+    persons: Columns,
+    person_state: npt.NDArray[np.uint8],
+    units: Columns,
+    unit_state: npt.NDArray[np.uint8],
+    states: tuple[str, ...],
+    *,
+    not_tabulated: int,
+) -> ContentDigest:
+    """The digest of the tabulated records of one partition.
+
+    Args:
+        persons, units: Columns of the partition's records (the reader's compact form).
+        person_state, unit_state: Index of each record's state into ``states``, or
+            ``not_tabulated``.
+        states: The released states (codes) the indices point into.
+        not_tabulated: The index of records the run sets aside.
+    """
+    codes = np.zeros(256, dtype=np.uint64)
+    codes[: len(states)] = [int(s) for s in states]
+    lanes = [0] * len(_LANES)
+    n_persons = n_units = 0
+    for tag, cols, state, fields in ((_PERSON_TAG, persons, person_state, (PERSON_FIELDS,)),
+                                     (_UNIT_TAG, units, unit_state, UNIT_FIELDS)):
+        rows = np.flatnonzero(state != not_tabulated)
+        for start in range(0, len(rows), _CHUNK):
+            chunk = rows[start : start + _CHUNK]
+            code = codes[state[chunk]]
+            words = [_pack(cols, chunk, f, code if i == len(fields) - 1 else None) for i, f in enumerate(fields)]
+            lanes = [(a + b) & _MASK for a, b in zip(lanes, _lane_sums(tag, words))]
+        if tag is _PERSON_TAG:
+            n_persons = len(rows)
+        else:
+            n_units = len(rows)
+    return ContentDigest(n_persons, n_units, tuple(lanes))
