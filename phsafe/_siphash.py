@@ -37,26 +37,30 @@ def _round(v0, v1, v2, v3):  # type: ignore[no-untyped-def]
     return v0, v1, v2, v3
 
 
-def _keys(key: bytes) -> tuple[np.uint64, np.uint64]:
+def siphash24_u64(key: bytes, words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """SipHash-2-4 of each 64-bit word, hashed as its 8 little-endian bytes.
+
+    Args:
+        key: 16-byte key.
+        words: Messages, one uint64 each.
+
+    Returns:
+        The 64-bit SipHash-2-4 of each message.
+    """
     if len(key) != 16:
         raise ValueError("SipHash needs a 16-byte key")
-    return _U64(int.from_bytes(key[:8], "little")), _U64(int.from_bytes(key[8:], "little"))
-
-
-def _siphash(key: bytes, blocks: list[npt.NDArray[np.uint64]], shape: tuple[int, ...]) -> npt.NDArray[np.uint64]:
-    """SipHash-2-4 of messages of ``len(blocks)`` words each (``blocks[j]``: every message's word j)."""
-    k0, k1 = _keys(key)
+    k0 = _U64(int.from_bytes(key[:8], "little"))
+    k1 = _U64(int.from_bytes(key[8:], "little"))
+    m = np.asarray(words, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        v0 = np.full(shape, k0 ^ _C0, dtype=np.uint64)
-        v1 = np.full(shape, k1 ^ _C1, dtype=np.uint64)
-        v2 = np.full(shape, k0 ^ _C2, dtype=np.uint64)
-        v3 = np.full(shape, k1 ^ _C3, dtype=np.uint64)
-        for m in blocks:
-            v3 = v3 ^ m
-            for _ in range(2):
-                v0, v1, v2, v3 = _round(v0, v1, v2, v3)
-            v0 = v0 ^ m
-        last = _U64(((8 * len(blocks)) & 0xFF) << 56)  # message length in the top byte, no tail
+        v0 = np.full(m.shape, k0 ^ _C0, dtype=np.uint64)
+        v1 = np.full(m.shape, k1 ^ _C1, dtype=np.uint64)
+        v2 = np.full(m.shape, k0 ^ _C2, dtype=np.uint64)
+        v3 = np.full(m.shape, k1 ^ _C3, dtype=np.uint64) ^ m
+        for _ in range(2):
+            v0, v1, v2, v3 = _round(v0, v1, v2, v3)
+        v0 = v0 ^ m
+        last = _U64(8 << 56)  # message length 8 in the top byte, no tail bytes
         v3 = v3 ^ last
         for _ in range(2):
             v0, v1, v2, v3 = _round(v0, v1, v2, v3)
@@ -65,33 +69,3 @@ def _siphash(key: bytes, blocks: list[npt.NDArray[np.uint64]], shape: tuple[int,
         for _ in range(4):
             v0, v1, v2, v3 = _round(v0, v1, v2, v3)
         return v0 ^ v1 ^ v2 ^ v3
-
-
-def siphash24_u64(key: bytes, words: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SipHash-2-4 of each 64-bit word, hashed as its 8 little-endian bytes.
-
-    Args:
-        key: 16-byte key.
-        words: Messages, one uint64 each (any shape).
-
-    Returns:
-        The 64-bit SipHash-2-4 of each message, same shape.
-    """
-    m = np.asarray(words, dtype=np.uint64)
-    return _siphash(key, [m], m.shape)
-
-
-def siphash24_words(key: bytes, messages: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """SipHash-2-4 of messages of k 64-bit words (8k bytes), each word little-endian.
-
-    Args:
-        key: 16-byte key.
-        messages: Shape ``(n, k)``: n messages of k words.
-
-    Returns:
-        The 64-bit SipHash-2-4 of each message, shape ``(n,)``.
-    """
-    m = np.asarray(messages, dtype=np.uint64)
-    if m.ndim != 2:
-        raise ValueError("messages must be an (n, k) array of words")
-    return _siphash(key, [np.ascontiguousarray(m[:, j]) for j in range(m.shape[1])], (m.shape[0],))

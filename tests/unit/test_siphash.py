@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from phsafe._siphash import siphash24_u64, siphash24_words
+from phsafe._siphash import siphash24_u64
 
 MASK = (1 << 64) - 1
 KEY = bytes(range(16))
@@ -110,21 +110,3 @@ def test_key_must_be_16_bytes(key: bytes) -> None:
 def test_no_overflow_warnings() -> None:
     with np.errstate(all="raise"):
         siphash24_u64(KEY, np.array([MASK, MASK - 1], dtype=np.uint64))
-
-
-@pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_multi_word_messages_agree_with_scalar_reference(k: int) -> None:
-    rng = random.Random(1000 + k)
-    for _ in range(10):
-        key = bytes(rng.getrandbits(8) for _ in range(16))
-        rows = [[rng.getrandbits(64) for _ in range(k)] for _ in range(30)] + [[0] * k, [MASK] * k]
-        got = siphash24_words(key, np.array(rows, dtype=np.uint64))
-        expected = [siphash24_reference(key, b"".join(w.to_bytes(8, "little") for w in row)) for row in rows]
-        assert [int(x) for x in got] == expected
-    one = np.array([[7], [8]], dtype=np.uint64)
-    assert siphash24_words(KEY, one).tolist() == siphash24_u64(KEY, one.ravel()).tolist()
-
-
-def test_multi_word_messages_need_a_matrix() -> None:
-    with pytest.raises(ValueError):
-        siphash24_words(KEY, np.arange(4, dtype=np.uint64))
