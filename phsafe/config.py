@@ -5,12 +5,20 @@ exactly 0.000022) and every sum of budgets is done in exact arithmetic. ``Infini
 ``json`` reads it) is allowed and means "no noise" -- for non-production test runs only.
 
 Every rule violation raises :class:`~phsafe.errors.ConfigError` naming the key and the rule.
+
+Budgets are checked for sanity as the file is read, before anything else runs: a duplicate key
+is an error (JSON would silently keep the last value); numbers are bounded in size so that exact
+arithmetic on them cannot hang; every positive budget must leave a noise scale that 64-bit counts
+can carry (:data:`MAX_NOISE_SCALE`). :func:`check_budget_policy` adds what a run on confidential
+data must meet: no ``Infinity`` and no budget so large that its noise scale falls below one count
+(such a release would be essentially exact).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -18,13 +26,22 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from phsafe.errors import ConfigError
+from phsafe.errors import BudgetError, ConfigError, option
 from phsafe.logs import get_logger
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
-KNOWN_KEYS = frozenset({"privacy_defn", "privacy_budget", "tau", "state_filter", "reader"})
+KNOWN_KEYS = frozenset({"privacy_defn", "privacy_budget", "tau", "state_filter", "reader", "dataset"})
 
+MAX_NOISE_SCALE = 2**30
+"""Largest noise scale a budget may imply (sigma for zCDP, s for pure DP): about 1e9 counts, so
+that noisy counts stay far inside 64-bit integers. Smaller budgets are rejected."""
+MIN_CONFIDENTIAL_SCALE = 1
+"""Smallest noise scale a run on confidential data may use: one count."""
+MAX_TAU = 100_000
+"""Largest truncation threshold (the largest FINAL_POP of a unit)."""
+_MAX_NUMBER_TEXT = 40  # characters of a JSON number literal
+_MAX_EXPONENT = 40  # |decimal exponent| of a budget
 
 class PrivacyDefinition(enum.Enum):
     """``zcdp``: budgets are rho, discrete Gaussian noise. ``puredp``: epsilon, geometric noise."""
@@ -34,6 +51,7 @@ class PrivacyDefinition(enum.Enum):
 
 
 INFINITE = Decimal("Infinity")
+_DATASET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class PHSafeConfig(BaseModel):
@@ -45,6 +63,8 @@ class PHSafeConfig(BaseModel):
         tau: person table -> truncation threshold.
         state_filter: state FIPS codes of the run, in config order.
         reader: always ``"csv"`` (CSV or Parquet files on disk).
+        dataset: the declared dataset name the runs of this config spend against (optional;
+            the command line's ``--dataset`` gives it otherwise).
         ignored_keys: top-level keys that were present but are not part of the contract.
     """
 
@@ -56,6 +76,7 @@ class PHSafeConfig(BaseModel):
     tau: Mapping[str, int]
     state_filter: tuple[str, ...]
     reader: str = "csv"
+    dataset: str | None = None
     ignored_keys: tuple[str, ...] = ()
 
     @property
@@ -94,32 +115,79 @@ class PHSafeConfig(BaseModel):
         )
 
 
-def _reject_nan(constant: str) -> Decimal:
-    if constant == "NaN":
-        # A NaN budget has no meaning; reported against the key by the checks below.
-        return Decimal("NaN")
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs, in order: duplicates are found with their path."""
+
+
+class _NumberTooLong(Exception):
+    pass
+
+
+def _number(text: str) -> Decimal | int:
+    """A JSON number, exactly: Decimal for fractions and exponents, int for plain integers.
+
+    Literals longer than 40 characters are refused, so that neither parsing nor exact arithmetic
+    on them can take unbounded time (``1e999999999`` is short but is caught by the range checks).
+    """
+    if len(text) > _MAX_NUMBER_TEXT:
+        raise _NumberTooLong()  # carries nothing of the literal
+    if any(c in text for c in ".eE"):
+        return Decimal(text)
+    return int(text)
+
+
+def _constant(constant: str) -> Decimal:
+    # Infinity is allowed (no noise, test runs only); NaN is reported against its key below.
     return Decimal(constant)
+
+
+def _unpairs(value: Any, path: str) -> Any:
+    """Turn parsed pairs into dicts, refusing duplicate keys (named with their path)."""
+    if isinstance(value, _Pairs):
+        out: dict[str, Any] = {}
+        for k, v in value:
+            where = f"{path}.{k}" if path else k
+            if k in out:
+                raise ConfigError(where, "appears twice in the same object (JSON would silently keep the last)")
+            out[k] = _unpairs(v, where)
+        return out
+    if isinstance(value, list):
+        return [_unpairs(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
 
 
 def load_config(path: str | Path) -> PHSafeConfig:
     """Read and validate ``config.json``.
 
     Raises:
-        ConfigError: The file is missing, is not JSON, or breaks a rule of spec §2.
+        ConfigError: The file is missing, is not JSON, has a duplicate key or an overlong
+            number, or breaks a rule of spec §2.
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("<file>", f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError("<file>", f"config file {path} is a directory") from None
     except UnicodeDecodeError:
         raise ConfigError("<file>", f"config file {path.name} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError("<file>", f"config file {path} cannot be read ({exc.strerror})") from None
     try:
-        raw = json.loads(text, parse_float=Decimal, parse_constant=_reject_nan)
+        raw = json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_constant,
+                         object_pairs_hook=_Pairs)
+        raw = _unpairs(raw, "")
     except json.JSONDecodeError as exc:
         raise ConfigError(
             "<file>", f"{path.name} is not valid JSON (line {exc.lineno}, column {exc.colno})"
         ) from None
+    except _NumberTooLong:
+        raise ConfigError("<file>", f"{path.name} holds a number longer than {_MAX_NUMBER_TEXT} characters") from None
+    except RecursionError:
+        raise ConfigError("<file>", f"{path.name} is nested too deeply") from None
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.rule, file=path.name) from None
     try:
         return parse_config(raw)
     except ConfigError as exc:
@@ -130,6 +198,7 @@ def parse_config(raw: Any) -> PHSafeConfig:
     """Validate an already-parsed configuration mapping (see :func:`load_config`)."""
     if not isinstance(raw, dict):
         raise ConfigError("<root>", "must be a JSON object")
+    raw = _unpairs(raw, "")
     for key in ("privacy_defn", "privacy_budget", "tau", "state_filter", "reader"):
         if key not in raw:
             raise ConfigError(key, "is required")
@@ -157,6 +226,14 @@ def parse_config(raw: Any) -> PHSafeConfig:
     budgets = _parse_budgets(raw["privacy_budget"])
     tau = _parse_tau(raw["tau"])
 
+    dataset = raw.get("dataset")
+    if dataset is not None and (not isinstance(dataset, str) or not _DATASET.fullmatch(dataset)):
+        raise ConfigError("dataset", "must be a dataset name: letters, digits, '.', '_' and '-', at most 128, "
+                                     "starting with a letter or digit (e.g. \"cef2020-us\")")
+    _check_scales(defn, budgets, tau)
+    if not any(b != 0 for levels in budgets.values() for b in levels.values()):
+        raise ConfigError("privacy_budget", "every budget is 0: the run would measure and release nothing")
+
     if states == (PUERTO_RICO,):
         for table, levels in budgets.items():
             for level, value in levels.items():
@@ -171,6 +248,7 @@ def parse_config(raw: Any) -> PHSafeConfig:
         tau=tau,
         state_filter=states,
         reader=reader,
+        dataset=dataset,
         ignored_keys=ignored,
     )
 
@@ -203,7 +281,70 @@ def _parse_budget_value(key: str, value: Any) -> Decimal:
         raise ConfigError(key, "must be a number, not NaN")
     if value < 0:
         raise ConfigError(key, "must be non-negative")
+    if value.is_finite() and value != 0 and abs(value.adjusted()) > _MAX_EXPONENT:
+        # Decided on the exponent alone: exact arithmetic on 1e999999999 would never finish.
+        raise ConfigError(key, f"is out of range (budgets lie between 1e-{_MAX_EXPONENT} and 1e{_MAX_EXPONENT})")
     return value
+
+
+def noise_scale(defn: PrivacyDefinition, budget: Decimal, sensitivity: int) -> float:
+    """The noise scale a finite positive budget implies: sigma = Delta / sqrt(2 rho) (zCDP) or
+    s = Delta / epsilon (pure DP), in counts."""
+    if defn is PrivacyDefinition.ZCDP:
+        return float(sensitivity) / float(2 * budget) ** 0.5
+    return float(sensitivity) / float(budget)
+
+
+def _sensitivity(table: str, tau: Mapping[str, int]) -> int:
+    # The spec's integer sensitivities (§5): 2*tau+2 for person tables, 2 for unit tables.
+    return 2 * tau[table] + 2 if table in tau else 2
+
+
+def _check_scales(defn: PrivacyDefinition, budgets: Mapping[str, Mapping[PopulationGroupLevel, Decimal]],
+                  tau: Mapping[str, int]) -> None:
+    """Every finite positive budget leaves a noise scale 64-bit counts can carry."""
+    for table, levels in budgets.items():
+        for level, b in levels.items():
+            if b == 0 or b.is_infinite():
+                continue
+            scale = noise_scale(defn, b, _sensitivity(table, tau))
+            if scale > MAX_NOISE_SCALE:
+                raise ConfigError(
+                    f"privacy_budget.{table}.{level.config_key}",
+                    f"is too small: its noise would have a scale of {scale:.3g} counts, more than 64-bit "
+                    f"counts can carry (at most {MAX_NOISE_SCALE:.3g})",
+                )
+
+
+def check_budget_policy(config: "PHSafeConfig", *, non_confidential: bool) -> None:
+    """What a run on confidential data must meet, on top of the config's own rules.
+
+    No ``Infinity`` budget (no noise) and no budget so large that its noise scale falls below
+    :data:`MIN_CONFIDENTIAL_SCALE` count: such a release would be essentially exact. Both are
+    allowed for data declared non-confidential (synthetic data, tests).
+
+    Raises:
+        BudgetError: naming the level and what to do.
+    """
+    if non_confidential:
+        return
+    if config.has_infinite_budget:
+        raise BudgetError(
+            "Infinity budgets (no noise) are for non-confidential test data only: "
+            f"pass {option('non_confidential')} if this data is synthetic"
+        )
+    for table, levels in config.privacy_budget.items():
+        for level, b in levels.items():
+            if b == 0:
+                continue
+            scale = noise_scale(config.privacy_defn, b, _sensitivity(table, config.tau))
+            if scale < MIN_CONFIDENTIAL_SCALE:
+                raise BudgetError(
+                    f"config key 'privacy_budget.{table}.{level.config_key}': {b} gives noise of scale "
+                    f"{scale:.3g} counts, below {MIN_CONFIDENTIAL_SCALE}: the release would be essentially "
+                    "exact. Production budgets are far smaller; such a budget is allowed only for "
+                    f"synthetic data ({option('non_confidential')})"
+                )
 
 
 def _parse_budgets(value: Any) -> dict[str, dict[PopulationGroupLevel, Decimal]]:
@@ -253,5 +394,7 @@ def _parse_tau(value: Any) -> dict[str, int]:
             raise ConfigError(key, "must be an integer")
         if tau < 1:
             raise ConfigError(key, "must be at least 1")
+        if tau > MAX_TAU:
+            raise ConfigError(key, f"must be at most {MAX_TAU} (the largest unit)")
         out[table] = tau
     return out

@@ -1,30 +1,42 @@
 """The private and non-private runs, stage by stage.
 
-Private run, in this order -- everything that can fail on bad input fails before any budget is
-spent:
+Private run, in this order -- everything that can fail on bad input or a bad setting fails before
+any budget is spent, and a failure after a spend can be completed without new noise:
 
-1. config, output directory check, optional input validation;
-2. read, preprocess, truncate-join-count every table exactly (inconsistent codes stop the run);
-3. plan every measurement (exact budgets) and cross-check each with OpenDP's privacy map;
-4. open the audit ledger and start the run: the lifetime budget of the dataset is checked and the
-   plan recorded under a lock;
-5. for each measurement, :func:`phsafe.noise.measure` records the spend, then draws the noise;
-6. write the tables into a staging directory, optionally validate them, record the output
-   digests, finish the run, and publish by renaming the staging directory into place.
+1. config (with its budget sanity checks), the run's identity (dataset, run id, paths);
+2. preflight (:func:`preflight`): the ledger, its lock and key files, the signing key, the output
+   folder's parent, free space, the run's work folder -- everything the run will need later --
+   and a first check of the dataset's lifetime cap;
+3. input validation (on by default), then read, preprocess, truncate-join-count every table
+   exactly, with the content fingerprint of the records (inconsistent codes stop the run);
+4. plan every measurement (exact budgets) and cross-check each with OpenDP's privacy map;
+5. start the run in the audit ledger: the dataset, its content version and its lifetime cap are
+   checked and the plan recorded under a lock;
+6. for each measurement, :func:`phsafe.noise.measure` records the spend, then draws the noise, and
+   the noisy vector is stored in the run's work folder before it is committed;
+7. write the release (tables, data package, manifest with a signed checkpoint) in the work folder,
+   optionally validate it, copy it beside the output folder, fsync, rename it into place -- and
+   only then record ``OUTPUTS_PUBLISHED`` and ``RUN_FINISHED``.
+
+Two zones. The public release ``OUT`` holds the tables and what describes them (data package,
+manifest, signed checkpoint, a keyed lineage commitment). Everything else -- the ledger and its
+keys, the run's work folder (noisy vectors before publication, validation reports), logs -- is
+confidential and lives beside the ledger: ``<ledger folder>/runs/<run id>/`` (or ``work_dir``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
+import os
 import resource
 import secrets
 import shutil
 import subprocess
 import threading
-from contextlib import contextmanager
 import time
 import uuid
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
@@ -35,23 +47,26 @@ import structlog
 
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
-from phsafe.config import PHSafeConfig, load_config
-from phsafe.counting import StageTimer, exact_counts
-from phsafe.domain import measurement_domain
-from phsafe.errors import BudgetError, PHSafeError
+from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
+from phsafe.counting import Counts, StageTimer, exact_counts
+from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
-from phsafe.measurements import MEASUREMENTS_DIR, MeasurementStore
+from phsafe.measurements import MeasurementStore
 from phsafe.noise import check_privacy_map, measure
-from phsafe.outputs import Publication, nonprivate_tables, private_tables, write_tables
-from phsafe.reader import input_digests, locate_inputs
+from phsafe.outputs import MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, write_tables
+from phsafe.reader import file_digest, input_digests, locate_inputs
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
 log = get_logger("phsafe.engine")
 
-DEFAULT_LEDGER = Path("phsafe-ledger") / "ledger.jsonl"
+LEDGER_ENV = "PHSAFE_LEDGER"
+"""Environment variable naming the ledger when no ``--ledger`` is given."""
+RUNS_DIR = "runs"
+NON_CONFIDENTIAL_DATASET = "non-confidential"
+_MIN_LEDGER_FREE = 1 << 20  # bytes the ledger's file system must have free before a run starts
 
 
 class ValidationFailed(PHSafeError):
@@ -67,25 +82,38 @@ class PrivateRunOptions:
     """Options of a private run.
 
     Attributes:
-        ledger: Audit ledger path (JSON Lines); created if missing.
-        lifetime_cap: Lifetime budget cap of the dataset (default: this run's planned total).
-        cap_reason: Why the operator raised the cap (recorded in the ledger).
-        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoint.
-        non_confidential: The data is synthetic/non-confidential (allows Infinity budgets).
-        validate_inputs: Validate the inputs before anything else.
+        ledger: The audit ledger (made by ``phsafe ledger init``). Required for confidential
+            data; a non-confidential run without one gets a throwaway ledger beside ``OUT``.
+        dataset: The declared dataset the run spends against (default: the config's
+            ``dataset`` key; non-confidential runs: ``non-confidential``).
+        new_version: Why these records are a new content version of the dataset (recorded);
+            needed the first time a dataset runs on records it has never seen.
+        lifetime_cap: Raise the dataset's lifetime cap to this (recorded with ``cap_reason``).
+        cap_reason: Why the cap is raised.
+        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoints.
+        public_key: The operator's public key (PEM): the signing key must match it.
+        non_confidential: The data is synthetic/non-confidential (allows Infinity budgets and
+            scales below one count; needs a non-confidential ledger).
+        validate_inputs: Run the full input suites first (default; recorded in the ledger).
         validate_outputs: Validate the output tables before publishing them.
-        report_dir: Where validation reports go (default: next to the output directory).
-        truncation_key: Replay a run with its recorded key (hex); fresh random key otherwise.
+        work_dir: Folder of the runs' work folders (default: ``runs/`` beside the ledger).
+        report_dir: Where validation reports go (default: the run's work folder).
+        truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
+            only: a chosen key must not depend on the data.
         resume_reason: Why a failed run is resumed (recorded in the ledger).
     """
 
-    ledger: Path = DEFAULT_LEDGER
+    ledger: Path | None = None
+    dataset: str | None = None
+    new_version: str | None = None
     lifetime_cap: Fraction | None = None
     cap_reason: str | None = None
     signing_key: Path | None = None
+    public_key: Path | None = None
     non_confidential: bool = False
-    validate_inputs: bool = False
+    validate_inputs: bool = True
     validate_outputs: bool = False
+    work_dir: Path | None = None
     report_dir: Path | None = None
     truncation_key: str | None = None
     resume_reason: str | None = None
@@ -98,6 +126,8 @@ class RunResult:
     files: dict[str, str]
     plan: RunPlan | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    ledger: Path | None = None
+    run_dir: Path | None = None
 
 
 _ledgers: dict[Path, tuple[tuple[int, int], "Ledger"]] = {}
@@ -112,8 +142,11 @@ def open_ledger(path: Path) -> "Ledger":
     :class:`~phsafe.ledger.Ledger` per file instead catches up with what other processes
     appended, under the file lock, before every read and append. A file replaced on disk (other
     inode) is opened anew.
+
+    Raises:
+        LedgerError: The ledger does not exist (it is never created here) or is broken.
     """
-    from phsafe.ledger import Ledger
+    from phsafe.ledger import Ledger, LedgerError
 
     key = Path(path).absolute()
     with _ledgers_lock:
@@ -123,6 +156,8 @@ def open_ledger(path: Path) -> "Ledger":
             identity = (st.st_dev, st.st_ino)
         except FileNotFoundError:
             identity = None
+        except OSError as exc:
+            raise LedgerError(f"cannot open the ledger {key}: {exc.strerror}") from None
         if cached is not None and identity == cached[0]:
             return cached[1]
         ledger = Ledger.open(key)
@@ -155,8 +190,7 @@ def code_version() -> str:
 
 
 def config_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
+    return file_digest(Path(path))
 
 
 def _peak_rss_mib() -> int:
@@ -179,14 +213,6 @@ class _Stages:
         yield
         self.timings[name] = round(time.perf_counter() - start, 3)
         log.info("stage finished", stage=name, seconds=self.timings[name], peak_rss_mib=_peak_rss_mib())
-
-
-def _validate_inputs(config_path: Path, data_dir: Path, report_dir: Path | None) -> None:
-    from phsafe.validation import validate_inputs
-
-    report = validate_inputs(config_path, data_dir, report_dir=report_dir)
-    if not report.ok:
-        raise ValidationFailed("input", report.to_text())
 
 
 def exact_vector(m: PlannedMeasurement, counts: TableCounts) -> np.ndarray:
@@ -214,13 +240,15 @@ class PrivateRun:
         run_id: The ledger's run id.
         config_path: The config file.
         data_dir: The input folder.
-        output_dir: Where the tables are published (must not exist yet).
+        output_dir: Where the release is published (must not exist yet).
         options: The run's options.
+        ledger: The audit ledger (resolved: the option, ``$PHSAFE_LEDGER`` or the throwaway one).
+        dataset: The declared dataset name.
         config_sha256: Digest of the config file, recorded in the ledger.
         code_version: Package version and commit, recorded in the ledger.
         resume: This continues an earlier, failed or interrupted attempt of ``run_id``.
         truncation_key: The key of the truncation hash: fresh for a new run, the recorded one
-            for a resumed run (so the exact counts are the same).
+            for a resumed run (so the exact counts are the same); set by :func:`preflight`.
     """
 
     run_id: str
@@ -228,22 +256,32 @@ class PrivateRun:
     data_dir: Path
     output_dir: Path
     options: PrivateRunOptions
+    ledger: Path
+    dataset: str
     config_sha256: str
     code_version: str
     resume: bool = False
     truncation_key: bytes = field(default=b"", repr=False)
 
     @property
-    def report_dir(self) -> Path:
-        return self.options.report_dir or self.output_dir.parent / f"{self.output_dir.name}-validation"
+    def run_dir(self) -> Path:
+        """The run's confidential work folder: ``<ledger folder>/runs/<run id>/``."""
+        base = self.options.work_dir or self.ledger.parent / RUNS_DIR
+        return Path(base).absolute() / self.run_id
 
     @property
-    def staging(self) -> Path:
-        return Publication.staging_path(self.output_dir, self.run_id)
+    def report_dir(self) -> Path:
+        return Path(self.options.report_dir).absolute() if self.options.report_dir else self.run_dir / "validation"
+
+    @property
+    def release_dir(self) -> Path:
+        """Where the release is assembled (tables, data package, manifest) before it is copied
+        beside ``output_dir`` and renamed into place."""
+        return self.run_dir / "release"
 
     @property
     def store(self) -> MeasurementStore:
-        return MeasurementStore(self.staging / MEASUREMENTS_DIR)
+        return MeasurementStore(self.run_dir / "measurements")
 
 
 @dataclass(frozen=True)
@@ -253,7 +291,8 @@ class MeasurementOutcome:
     Attributes:
         key: ``TABLE/level``.
         status: ``drawn`` (noise drawn now), ``reused`` (committed by an earlier attempt and read
-            back from the staged vector) or ``noiseless`` (Infinity budget, test data only).
+            back from the stored vector) or ``noiseless`` (Infinity budget, test data only).
+        budget: The budget as a decimal (exactly as configured).
     """
 
     key: str
@@ -269,25 +308,46 @@ class MeasurementOutcome:
 
 
 class ExactCounts:
-    """The exact (truncated) count cubes of a run: confidential, kept in memory only.
+    """The exact (truncated) count cubes of a run and its content digest: confidential, kept in
+    memory only.
 
     The wrapper exists so that nothing (a log line, a Prefect state, a traceback) ever prints
-    the counts by accident: its ``repr`` names the tables only.
+    the counts by accident: its ``repr`` names the tables only, and it cannot be pickled.
     """
 
-    __slots__ = ("_by_table",)
+    __slots__ = ("_counts",)
 
-    def __init__(self, by_table: dict[str, TableCounts]) -> None:
-        self._by_table = by_table
+    def __init__(self, counts: Counts) -> None:
+        self._counts = counts
 
     def __getitem__(self, table: str) -> TableCounts:
-        return self._by_table[table]
+        return self._counts[table]
+
+    @property
+    def content(self):  # noqa: ANN201 -- phsafe.fingerprint.ContentDigest
+        """The content digest of the tabulated records (see :mod:`phsafe.fingerprint`)."""
+        return self._counts.content
 
     def __repr__(self) -> str:
-        return f"ExactCounts(tables={sorted(self._by_table)})"
+        return f"ExactCounts(tables={sorted(self._counts)})"
 
     def __reduce__(self):  # never pickled: exact counts do not leave the process by accident
         raise TypeError("exact counts are confidential and are not serialized")
+
+
+def resolve_ledger(options: PrivateRunOptions, output_dir: Path) -> Path:
+    """The run's ledger: the option, else ``$PHSAFE_LEDGER``, else -- for non-confidential
+    data only -- a throwaway ledger beside the output folder (``<OUT>-ledger/ledger.jsonl``)."""
+    if options.ledger is not None:
+        return Path(options.ledger).absolute()
+    if os.environ.get(LEDGER_ENV):
+        return Path(os.environ[LEDGER_ENV]).absolute()
+    if options.non_confidential:
+        return output_dir.parent / f"{output_dir.name}-ledger" / "ledger.jsonl"
+    raise PHSafeError(
+        f"name the audit ledger with {option('ledger')} (or ${LEDGER_ENV}). A ledger is created once, "
+        "before any data is seen: `phsafe ledger init LEDGER --lifetime-cap RHO --reason TEXT`"
+    )
 
 
 def begin_private_run(
@@ -299,7 +359,7 @@ def begin_private_run(
     run_id: str | None = None,
     resume: bool = False,
 ) -> tuple[PrivateRun, PHSafeConfig]:
-    """Check everything that needs neither the data nor the ledger's lock; fix the run's identity.
+    """Read the config and fix the run's identity; touches no file but the config.
 
     Args:
         run_id: The run id (default: a fresh one). To resume, the id of the run to continue.
@@ -307,46 +367,254 @@ def begin_private_run(
             reused and its truncation key replayed; its config must be unchanged.
 
     Raises:
-        PHSafeError: Bad config, an existing output directory, Infinity budgets without
-            ``non_confidential``, or a run that cannot be resumed. Nothing is spent.
+        PHSafeError: A bad config or budget, no ledger or dataset named, a truncation key where
+            none may be chosen. Nothing is spent.
     """
     config_path, data_dir = Path(config_path), Path(data_dir)
-    config_sha256 = config_digest(config_path)
     config = load_config(config_path)
+    check_budget_policy(config, non_confidential=options.non_confidential)
+    config_sha256 = config_digest(config_path)
     output_dir = Path(output_dir).absolute()
-    if output_dir.exists():
-        raise PHSafeError(f"output directory {output_dir} already exists; choose a new one")
-    if config.has_infinite_budget and not options.non_confidential:
-        raise BudgetError(
-            "Infinity budgets (no noise) are for non-confidential test data only: "
-            "pass --non-confidential if this data is synthetic"
-        )
-    if resume:
-        if not run_id:
-            raise PHSafeError("resuming needs the id of the run to resume")
-        earlier = open_ledger(options.ledger).run(run_id)
-        if earlier is None:
-            raise PHSafeError(f"run {run_id} is not in the ledger {options.ledger}; nothing to resume")
-        if earlier.config_digest != config_sha256:
-            raise PHSafeError(f"run {run_id} was started with a different config; it can only be resumed with the same one")
-        key = bytes.fromhex(earlier.truncation_key)
-    else:
-        if options.truncation_key:
+    if resume and not run_id:
+        raise PHSafeError("resuming needs the id of the run to resume")
+    if options.truncation_key is not None:
+        if not options.non_confidential:
+            raise PHSafeError(
+                f"{option('truncation_key')} is for non-confidential data only: on confidential data the "
+                "truncation key is drawn fresh for every run (a chosen key could depend on the data), "
+                f"and a resumed run ({option('resume')}) replays the key its ledger recorded"
+            )
+        try:
             key = bytes.fromhex(options.truncation_key)
-            if len(key) != TRUNCATION_KEY_BYTES:
-                raise PHSafeError(f"a truncation key is {TRUNCATION_KEY_BYTES} bytes ({2 * TRUNCATION_KEY_BYTES} hex digits)")
-        else:
-            key = secrets.token_bytes(TRUNCATION_KEY_BYTES)
+        except ValueError:
+            key = b""
+        if len(key) != TRUNCATION_KEY_BYTES:
+            raise PHSafeError(f"{option('truncation_key')} must be {2 * TRUNCATION_KEY_BYTES} hex digits "
+                              f"({TRUNCATION_KEY_BYTES} bytes)")
+    dataset = options.dataset or config.dataset
+    if options.dataset and config.dataset and options.dataset != config.dataset:
+        raise PHSafeError(f"the config names dataset {config.dataset!r} but {option('dataset')} says "
+                          f"{options.dataset!r}; they must agree")
+    if dataset is None:
+        if not options.non_confidential:
+            raise PHSafeError(f"name the dataset this run spends against: the config key \"dataset\" or "
+                              f"{option('dataset')} NAME (e.g. cef2020-us)")
+        dataset = NON_CONFIDENTIAL_DATASET
+    ledger = resolve_ledger(options, output_dir)
     run = PrivateRun(
         run_id=run_id or new_run_id(), config_path=config_path, data_dir=data_dir,
-        output_dir=output_dir, options=options, config_sha256=config_sha256,
-        code_version=code_version(), resume=resume, truncation_key=key,
+        output_dir=output_dir, options=options, ledger=ledger, dataset=dataset,
+        config_sha256=config_sha256, code_version=code_version(), resume=resume,
     )
-    if not resume and run.staging.exists():
-        raise PHSafeError(f"staging directory {run.staging} exists: run {run.run_id} was started before; resume it")
     log.info("private run", run_id=run.run_id, config=str(config_path), data=str(data_dir),
-             output=str(output_dir), privacy_defn=config.privacy_defn.value, resume=resume)
+             output=str(output_dir), privacy_defn=config.privacy_defn.value, resume=resume,
+             dataset=dataset)
     return run, config
+
+
+# --------------------------------------------------------------------------------------------
+# Preflight: everything the run needs later, checked before the first spend
+# --------------------------------------------------------------------------------------------
+
+_NAME_MAX = 255
+
+
+def _probe_folder(folder: Path, what: str) -> None:
+    """Create, write, fsync, rename and remove a probe in ``folder``: proves it usable."""
+    probe = folder / f".phsafe-probe-{uuid.uuid4().hex[:12]}"
+    try:
+        probe.mkdir()
+        try:
+            f = probe / "probe"
+            with open(f, "wb") as fh:
+                fh.write(b"phsafe\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            f.rename(probe / "renamed")
+            fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+    except OSError as exc:
+        raise PHSafeError(f"{what} {folder} cannot be written: {_reason(exc)}") from None
+
+
+def _reason(exc: OSError) -> str:
+    from phsafe.ledger import _os_reason
+
+    return _os_reason(exc)
+
+
+def _free_bytes(folder: Path) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize
+
+
+def estimated_release_bytes(plan: RunPlan) -> int:
+    """A generous estimate of a release's size: every cell of every table (derived tables
+    included) as a CSV row and a Parquet row, plus the manifest and data package."""
+    cells = sum(m.n_cells for m in plan.measurements)
+    derived = sum(m.n_cells for m in plan.measurements if m.table in {d.source for d in DERIVED_TABLES.values()})
+    return (cells + derived) * 96 + (1 << 20)
+
+
+def _check_output_dir(run: PrivateRun, needed: int) -> None:
+    out = run.output_dir
+    if len(out.name.encode()) + len(f"..partial-{run.run_id}".encode()) > _NAME_MAX:
+        raise PHSafeError(f"the output folder's name is too long ({len(out.name.encode())} bytes; with the "
+                          f"staging suffix a name must fit in {_NAME_MAX} bytes): choose a shorter {option('output')}")
+    parent = out.parent
+    if not parent.exists():
+        raise PHSafeError(f"the output folder's parent {parent} does not exist: create it, or choose another "
+                          f"{option('output')}")
+    if not parent.is_dir():
+        raise PHSafeError(f"the output folder's parent {parent} is not a folder: choose another {option('output')}")
+    _probe_folder(parent, "the output folder's parent")
+    free = _free_bytes(parent)
+    if free < needed:
+        raise PHSafeError(f"the output folder's file system has {free >> 20} MiB free; the release needs about "
+                          f"{needed >> 20} MiB: free space or choose another {option('output')}")
+
+
+def _existing_release_of(run: PrivateRun) -> bool:
+    """Whether ``output_dir`` already holds this very run's release (a publish whose ledger
+    record was interrupted): then a resume only records it."""
+    manifest = run.output_dir / MANIFEST
+    try:
+        return json.loads(manifest.read_text(encoding="utf-8")).get("run_id") == run.run_id
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the preflight established.
+
+    Attributes:
+        run: The run, with its truncation key (fresh, or the recorded one for a resume).
+        created_ledger: A throwaway ledger was created for this non-confidential run.
+        republish: ``output_dir`` already holds this run's release; only the ledger record of
+            the publication is missing.
+    """
+
+    run: PrivateRun
+    created_ledger: bool = False
+    republish: bool = False
+
+
+def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight:
+    """Check everything the run will need later, before any budget is spent.
+
+    The ledger (a regular file this process can append to and fsync, its lock file, its lineage
+    key, its policy and kind), the dataset's lifetime cap for this plan (checked again, under the
+    lock, when the run starts), the signing key (loads, is Ed25519, matches ``public_key``), the
+    output folder (does not exist; its parent is a writable folder with room for the release; the
+    staging name fits), and the run's work folder (created and fsynced; for a resume, the run and
+    its work folder exist). A non-confidential run without a ledger gets a throwaway one here.
+
+    Raises:
+        PHSafeError: One clear line saying what is wrong and what to do. Nothing is spent.
+    """
+    from phsafe.ledger import (
+        RunStatus, add_amounts, amount_exceeds, check_ledger_file, check_ledger_kind, format_exact, init_ledger,
+        load_signing_key, plan_charge,
+    )
+
+    options = run.options
+    created = False
+    if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
+        init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
+                    privacy_defn=config.privacy_defn, non_confidential=True, code_version=run.code_version)
+        log.warning("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
+        created = True
+    check_ledger_file(run.ledger)
+    ledger = open_ledger(run.ledger)
+    ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
+    state = ledger.state
+    assert state.policy is not None
+    check_ledger_kind(state.policy, options.non_confidential)
+    if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
+        raise PHSafeError(f"the ledger's file system has less than 1 MiB free: free space before running "
+                          f"(the ledger must be able to record every spend)")
+    if options.signing_key is not None:
+        load_signing_key(options.signing_key, options.public_key)
+    elif options.public_key is not None:
+        raise PHSafeError(f"{option('public_key')} is given without {option('signing_key')}: nothing would be signed")
+
+    key = run.truncation_key
+    republish = False
+    if run.resume:
+        earlier = ledger.run(run.run_id)
+        if earlier is None:
+            raise PHSafeError(f"run {run.run_id} is not in the ledger {run.ledger}; nothing to resume")
+        if earlier.status is RunStatus.FINISHED:
+            raise PHSafeError(f"run {run.run_id} finished and published to {earlier.output_path}; a finished "
+                              "run is never resumed")
+        if earlier.config_digest != run.config_sha256:
+            raise PHSafeError(f"run {run.run_id} was started with a different config; it can only be resumed "
+                              "with the same one")
+        if earlier.dataset != run.dataset:
+            raise PHSafeError(f"run {run.run_id} was started as dataset {earlier.dataset!r}, not {run.dataset!r}")
+        key = bytes.fromhex(earlier.truncation_key)
+        if options.truncation_key is not None and options.truncation_key.lower() != earlier.truncation_key:
+            raise PHSafeError(f"{option('truncation_key')} differs from the key run {run.run_id} recorded")
+        republish = run.output_dir.exists() and _existing_release_of(run)
+        if not run.run_dir.is_dir():
+            log.warning("the run's work folder is missing: its committed measurements cannot be reused, and "
+                        "every measurement would be spent again", run_dir=str(run.run_dir))
+    else:
+        if options.truncation_key is not None:
+            key = bytes.fromhex(options.truncation_key)
+        else:
+            key = secrets.token_bytes(TRUNCATION_KEY_BYTES)
+        if run.run_dir.exists():
+            raise PHSafeError(f"the work folder {run.run_dir} exists: run {run.run_id} was started before; "
+                              f"resume it ({option('resume')})")
+    if run.output_dir.exists() and not republish:
+        raise OutputExistsError(f"the output folder {run.output_dir} already exists; a release is never "
+                                f"overwritten: choose a new {option('output')}")
+    needed = estimated_release_bytes(plan)
+    if not republish:
+        _check_output_dir(run, needed)
+    try:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PHSafeError(f"cannot create the run's work folder {run.run_dir}: {_reason(exc)} "
+                          f"(choose another with {option('work_dir')})") from None
+    _probe_folder(run.run_dir, "the run's work folder")
+    if _free_bytes(run.run_dir) < 2 * needed:
+        raise PHSafeError(f"the work folder's file system has {_free_bytes(run.run_dir) >> 20} MiB free; the run "
+                          f"needs about {2 * needed >> 20} MiB for its measurements and release")
+
+    # The dataset's cap, before hours of reading: the authoritative check is repeated under the
+    # ledger's lock when the run starts (or resumes).
+    if not options.non_confidential and not run.resume:
+        cap = state.dataset_cap(run.dataset)
+        if options.lifetime_cap is not None:
+            cap = options.lifetime_cap
+        spent = state.dataset_spent(run.dataset, state.policy.privacy_defn)
+        planned = plan_charge(plan, state.policy.privacy_defn)
+        need = add_amounts(spent, planned)
+        if amount_exceeds(need, cap):
+            raise BudgetError(
+                f"privacy-loss budget refused for dataset {run.dataset!r}: already spent {format_exact(spent)}, "
+                f"this run plans {format_exact(planned)}, lifetime cap {format_exact(cap)}; spent + planned "
+                f"= {format_exact(need)} exceeds the cap. Spends are never refunded. To run anyway, raise the "
+                f"cap to at least {format_exact(need)} with {option('lifetime_cap')} and say why with "
+                f"{option('cap_reason')} (both are recorded in the ledger)."
+            )
+    if options.lifetime_cap is not None and not (options.cap_reason or "").strip():
+        raise BudgetError(f"{option('lifetime_cap')} raises the dataset's cap: say why with {option('cap_reason')} "
+                          "(it is recorded in the ledger)")
+    return Preflight(replace(run, truncation_key=key), created_ledger=created, republish=republish)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and counting
+# --------------------------------------------------------------------------------------------
 
 
 def check_inputs(run: PrivateRun):
@@ -357,7 +625,7 @@ def check_inputs(run: PrivateRun):
 
 
 def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
-    """SHA-256 of every input file (the ledger's dataset id is derived from these)."""
+    """SHA-256 of every input file: confidential lineage, recorded only in the ledger."""
     return input_digests(locate_inputs(data_dir))
 
 
@@ -372,9 +640,26 @@ def plan_private_run(config: PHSafeConfig) -> RunPlan:
     plan = plan_run(config)
     for m in plan.measurements:
         check_privacy_map(m)
-    log.info("plan", measurements=len(plan.measurements), total=str(plan.total),
+    log.info("plan", measurements=len(plan.measurements), total=budget_text(plan.total),
              cells=sum(m.n_cells for m in plan.measurements))
     return plan
+
+
+def budget_text(amount) -> str:  # noqa: ANN001 -- Fraction | Decimal
+    """An exact budget as people read it: ``1.257281`` (a fraction only if it has no decimal form)."""
+    from phsafe.ledger import format_exact
+
+    return format_exact(amount)
+
+
+def content_fingerprint(run: PrivateRun, counts: ExactCounts) -> str:
+    """The records' content fingerprint, committed under the ledger's lineage key."""
+    return counts.content.commit(open_ledger(run.ledger).lineage_key())
+
+
+# --------------------------------------------------------------------------------------------
+# The ledger run and the measurements
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -392,27 +677,33 @@ class LedgerAttempt:
     reusable: dict[str, str]
 
 
-def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str]) -> LedgerAttempt:
-    """Start the run in the ledger (lifetime cap checked under the lock), or resume it.
+def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str) -> LedgerAttempt:
+    """Start the run in the ledger (dataset, version and lifetime cap checked under the lock),
+    or resume it.
 
     Raises:
-        BudgetError: The dataset's lifetime budget does not admit the run.
-        LedgerError: The run cannot be resumed (finished, other inputs, ...).
+        BudgetError: The dataset's lifetime cap does not admit the run, or the records are a
+            content version the operator has not declared.
+        LedgerError: The run cannot be resumed (finished, other records, ...).
     """
-    ledger = open_ledger(run.options.ledger)
+    ledger = open_ledger(run.ledger)
+    options = run.options
+    cap_raise = (options.lifetime_cap, options.cap_reason) if options.lifetime_cap is not None else None
     if not run.resume:
+        new_version = options.new_version
+        if new_version is None and options.non_confidential:
+            new_version = "non-confidential data: content version declared automatically"
         ledger.start_run(
-            run_id=run.run_id, plan=plan, config_digest=run.config_sha256,
-            input_digests=input_digests_, code_version=run.code_version,
-            truncation_key_hex=run.truncation_key.hex(),
-            lifetime_cap=run.options.lifetime_cap, cap_reason=run.options.cap_reason,
-            non_confidential=run.options.non_confidential,
+            run_id=run.run_id, plan=plan, dataset=run.dataset, fingerprint=fingerprint,
+            config_digest=run.config_sha256, input_digests=input_digests_, code_version=run.code_version,
+            truncation_key_hex=run.truncation_key.hex(), non_confidential=options.non_confidential,
+            validated=options.validate_inputs, new_version=new_version, cap_raise=cap_raise,
         )
         return LedgerAttempt(1, {})
     recorder = ledger.resume_run(
-        run.run_id, config_digest=run.config_sha256, input_digests=input_digests_,
-        code_version=run.code_version, reason=run.options.resume_reason or "resumed by the operator",
-        lifetime_cap=run.options.lifetime_cap, cap_reason=run.options.cap_reason,
+        run.run_id, config_digest=run.config_sha256, dataset=run.dataset, fingerprint=fingerprint,
+        code_version=run.code_version, reason=options.resume_reason or "resumed by the operator",
+        cap_raise=cap_raise,
         plan=plan,  # the ledger refuses a resume whose plan differs from the recorded one
     )
     state = ledger.run(run.run_id)
@@ -425,7 +716,7 @@ def recorder_for(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt):
     """A spend recorder for this attempt of the run (each caller gets its own ledger handle)."""
     from phsafe.ledger import RunRecorder
 
-    return RunRecorder(open_ledger(run.options.ledger), run.run_id, plan, attempt=attempt.attempt)
+    return RunRecorder(open_ledger(run.ledger), run.run_id, plan, attempt=attempt.attempt)
 
 
 def measure_table(
@@ -458,21 +749,25 @@ def measure_table(
             log.info("measurement", measurement=m.key, status=status, cells=m.n_cells)
             outcomes.append(MeasurementOutcome(
                 key=m.key, table=m.table, level=m.level.config_key, status=status,
-                privacy_defn=m.privacy_defn.value, budget=str(m.budget), sensitivity=m.sensitivity,
+                privacy_defn=m.privacy_defn.value, budget=budget_text(m.budget), sensitivity=m.sensitivity,
                 variance=m.variance, moe90=m.moe90, cells=m.n_cells,
             ))
     return outcomes
 
 
-def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> dict[str, str]:
-    """Derive PH5_num and PH8_num, attach variances and write the eleven tables to staging.
+# --------------------------------------------------------------------------------------------
+# The release
+# --------------------------------------------------------------------------------------------
 
-    Reads the noisy vectors from the run's measurement store (every one must be committed).
+
+def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> dict[str, str]:
+    """Derive PH5_num and PH8_num, attach variances and write the release's tables into the
+    run's work folder (``release/``), from the committed noisy vectors.
 
     Returns:
-        Relative path -> SHA-256 of every table file written.
+        Relative path -> SHA-256 of every file written.
     """
-    state = open_ledger(run.options.ledger).run(run.run_id)
+    state = open_ledger(run.ledger).run(run.run_id)
     if state is None:
         raise PHSafeError(f"run {run.run_id} is not in the ledger")
     store = run.store
@@ -484,57 +779,118 @@ def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) 
             raise PHSafeError(f"{m.key} has no committed noisy vector; the run cannot be written")
         noisy[m.key] = vector
     frames = private_tables(config, plan, noisy)
-    return write_tables(frames, run.staging)
+    shutil.rmtree(run.release_dir, ignore_errors=True)  # an earlier attempt's, rewritten identically
+    run.release_dir.mkdir(parents=True)
+    return write_tables(frames, run.release_dir)
 
 
 def check_outputs(run: PrivateRun, config: PHSafeConfig):
-    """Validate the staged output tables (Great Expectations); the report."""
+    """Validate the release's tables (Great Expectations); the report."""
     from phsafe.validation import validate_outputs
 
-    return validate_outputs(config, run.staging, report_dir=run.report_dir)
+    return validate_outputs(config, run.release_dir, report_dir=run.report_dir)
+
+
+def public_manifest(run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_digests: dict[str, str],
+                    checkpoint: dict) -> dict:
+    """The release's manifest: public facts only.
+
+    The plan (budgets as decimals, sensitivities, variances, cells), the config's public settings,
+    the code version, the dataset name, the table files' digests, the signed ledger checkpoint,
+    and the keyed lineage commitment (:func:`phsafe.ledger.lineage_commitment`). No digest of an
+    input, no fingerprint, no path of the confidential zone: nothing here is a function of the
+    confidential records but through the noisy tables.
+    """
+    from phsafe.ledger import lineage_commitment
+
+    ledger = open_ledger(run.ledger)
+    recorded = ledger.run(run.run_id)
+    assert recorded is not None
+    return {
+        "run_id": run.run_id,
+        "mode": "private",
+        "dataset": run.dataset,
+        "privacy_defn": config.privacy_defn.value,
+        "total_budget": budget_text(plan.total),
+        "non_confidential": run.options.non_confidential,
+        "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau)},
+        "measurements": [
+            {"table": m.table, "level": m.level.config_key, "budget": budget_text(m.budget),
+             "sensitivity": m.sensitivity, "variance": m.variance, "moe90": m.moe90, "cells": m.n_cells,
+             "noise": m.distribution.value}
+            for m in plan.measurements
+        ],
+        "code_version": run.code_version,
+        "lineage": {
+            "commitment": lineage_commitment(ledger.lineage_key(), recorded),
+            "algorithm": "HMAC-SHA256 under the ledger's lineage key (held by the auditors, never published)",
+        },
+        "checkpoint": checkpoint,
+        "files": file_digests,
+    }
 
 
 def publish_private_run(
     run: PrivateRun,
     config: PHSafeConfig,
     plan: RunPlan,
-    input_digests_: dict[str, str],
     file_digests: dict[str, str],
     attempt: LedgerAttempt,
 ) -> dict:
-    """Record the outputs and finish the run in the ledger, sign a checkpoint, write the
-    manifest and rename the staging directory into place.
+    """Publish the release, then record it: the order that keeps the ledger truthful.
+
+    Signs a checkpoint of the ledger (every spend of the run is in it), writes the public
+    manifest into the release, copies the release beside the output folder, fsyncs it and
+    renames it into place -- and only then records ``OUTPUTS_PUBLISHED`` and ``RUN_FINISHED``.
+    Writes the final signed checkpoint into the run's work folder and removes the noisy vectors
+    there. If the output folder already holds this run's release (an earlier attempt published
+    it and stopped before recording), the release is checked against what the run would write
+    and only recorded.
 
     Returns:
-        The ledger checkpoint (signed if the options name a signing key).
+        The checkpoint published in the manifest (signed if the options name a signing key).
+
+    Raises:
+        PHSafeError: The output folder exists (not this run's), the copy or rename failed (no
+            space, permissions): nothing is recorded and the run can be resumed, drawing nothing.
     """
+    from phsafe.ledger import load_signing_key
+
+    options = run.options
+    signing_key = load_signing_key(options.signing_key, options.public_key) if options.signing_key else None
     recorder = recorder_for(run, plan, attempt)
-    recorder.record_outputs_published(file_digests)
-    recorder.finish()
-    checkpoint = recorder.checkpoint(run.options.signing_key)
-    publication = Publication(run.output_dir, run.staging)
-    shutil.rmtree(run.staging / MEASUREMENTS_DIR, ignore_errors=True)
-    publication.write_manifest({
-        "run_id": run.run_id,
-        "mode": "private",
-        "privacy_defn": config.privacy_defn.value,
-        "total_budget": str(plan.total),
-        "config": {"path": str(run.config_path), "sha256": run.config_sha256},
-        "inputs": input_digests_,
-        "code_version": run.code_version,
-        "ledger": str(Path(run.options.ledger).absolute()),
-        "checkpoint": checkpoint,
-        "files": file_digests,
-    })
-    try:
-        publication.publish()
-    except BaseException:
-        # Spent, recorded and complete, only not renamed: keep it for the operator.
-        log.error("publication failed after the run finished; staged outputs kept",
-                  staging=str(run.staging), target=str(run.output_dir))
-        raise
-    log.info("published", run_id=run.run_id, output=str(run.output_dir), files=len(file_digests))
+    release_files = dict(file_digests)
+    if run.output_dir.exists() and _existing_release_of(run):
+        published = _check_existing_release(run, file_digests)
+        checkpoint = published["checkpoint"]
+        release_files[MANIFEST] = file_digest(run.output_dir / MANIFEST)
+        log.info("the release was already in place; recording its publication", output=str(run.output_dir))
+    else:
+        checkpoint = recorder.checkpoint(signing_key)
+        manifest = public_manifest(run, config, plan, file_digests, checkpoint)
+        release_files[MANIFEST] = publish_release(run.release_dir, run.output_dir, run.run_id, manifest)
+    recorder.record_published(release_files, run.output_dir)
+    final = recorder.checkpoint(signing_key)
+    (run.run_dir / "checkpoint.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(run.store.directory, ignore_errors=True)
+    shutil.rmtree(run.release_dir, ignore_errors=True)
+    log.info("published", run_id=run.run_id, output=str(run.output_dir), files=len(release_files))
     return checkpoint
+
+
+def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> dict:
+    """The manifest of this run's release already in ``output_dir``, if its files are exactly
+    what the run writes now (same digests); else an error."""
+    manifest = json.loads((run.output_dir / MANIFEST).read_text(encoding="utf-8"))
+    if manifest.get("files") != file_digests:
+        raise OutputExistsError(f"{run.output_dir} holds a release of run {run.run_id} whose files differ from "
+                                f"what it writes now; choose a new {option('output')}")
+    for rel, digest in file_digests.items():
+        path = run.output_dir / rel
+        if not path.is_file() or file_digest(path) != digest:
+            raise OutputExistsError(f"{run.output_dir} holds an incomplete release of run {run.run_id} ({rel}); "
+                                    f"choose a new {option('output')}")
+    return manifest
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -545,28 +901,35 @@ def failure_reason(exc: BaseException) -> str:
 
 
 def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> bool:
-    """Mark the run failed in the ledger (unless it finished) and tidy its staging directory.
+    """Mark the run failed in the ledger (unless it finished), if the ledger can still be written.
 
-    The staging directory is kept when it holds committed measurements, so the run can be
-    resumed without drawing them again; otherwise it is removed.
+    The run's work folder is kept: it holds the validation reports, and the committed noisy
+    vectors that let a resume complete the run without drawing them again. A partial copy of the
+    release beside the output folder is removed.
 
     Returns:
-        True if the run can be resumed (it has committed measurements kept on disk).
+        True if the run spent and can be resumed.
     """
-    from phsafe.ledger import RunStatus
+    from phsafe.ledger import LedgerError, RunStatus
 
-    state = open_ledger(run.options.ledger).run(run.run_id)
-    if state is None:  # never started: nothing spent, nothing to keep
-        Publication(run.output_dir, run.staging).abandon()
+    for partial in run.output_dir.parent.glob(f".{run.output_dir.name}.partial-{run.run_id}"):
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+        state = open_ledger(run.ledger).run(run.run_id)
+    except LedgerError as exc:  # e.g. a full disk: the run stays "running" (resumable) in the ledger
+        log.error("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
+        return True
+    if state is None:  # never started: nothing spent
         return False
     if state.status is RunStatus.FINISHED:
         return False
     if state.status is RunStatus.RUNNING and attempt is not None and state.attempt == attempt.attempt:
-        recorder_for(run, plan, attempt).fail(reason)
-    resumable = bool(state.reusable) and run.staging.exists()
-    if not resumable:
-        Publication(run.output_dir, run.staging).abandon()
-    return resumable
+        try:
+            recorder_for(run, plan, attempt).fail(reason)
+        except LedgerError as exc:
+            log.error("could not record the failure in the ledger; the run stays open and can be resumed",
+                      error=str(exc).splitlines()[0])
+    return bool(state.intents)
 
 
 def run_private(
@@ -585,21 +948,25 @@ def run_private(
         run_id, resume: See :func:`begin_private_run`.
 
     Raises:
-        PHSafeError: Bad config or input (nothing spent), budget refused, or validation failed.
+        PHSafeError: Bad config, setting or input (nothing spent), budget refused, validation
+            failed, or a failure after spending (the message says how to resume).
     """
     stage = _Stages(progress)
     run, config = begin_private_run(config_path, data_dir, output_dir, options, run_id=run_id, resume=resume)
+    plan = plan_private_run(config)
     with structlog.contextvars.bound_contextvars(run_id=run.run_id):
+        with stage("preflight"):
+            run = preflight(run, config, plan).run
         if options.validate_inputs:
             with stage("validate inputs"):
                 report = check_inputs(run)
                 if not report.ok:
-                    raise ValidationFailed("input", report.to_text())
+                    raise ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
         with stage("digest inputs"):
             digests = fingerprint_inputs(run.data_dir)
         counts = count_exact(run, config, stage)
-        plan = plan_private_run(config)
-        attempt = open_run_in_ledger(run, plan, digests)
+        fingerprint = content_fingerprint(run, counts)
+        attempt = open_run_in_ledger(run, plan, digests, fingerprint)
         try:
             with stage("measure (noise)"):
                 for table in TABLES:
@@ -611,17 +978,25 @@ def run_private(
                 with stage("validate outputs"):
                     report = check_outputs(run, config)
                     if not report.ok:
-                        raise ValidationFailed("output", report.to_text())
+                        raise ValidationFailed("output", report.to_text() + f"\nreport: {run.report_dir}")
             with stage("publish"):
-                publish_private_run(run, config, plan, digests, file_digests, attempt)
+                publish_private_run(run, config, plan, file_digests, attempt)
         except BaseException as exc:
-            if record_failure(run, plan, attempt, failure_reason(exc)):
-                log.error("run failed; its committed measurements are kept for a resume",
-                          run_id=run.run_id, staging=str(run.staging))
-                if isinstance(exc, PHSafeError):
-                    raise type(exc)(f"{exc}\n(resume with: phsafe private ... --resume {run.run_id})") from exc
+            if record_failure(run, plan, attempt, failure_reason(exc)) and isinstance(exc, PHSafeError):
+                log.debug("run failed after spending; its committed measurements are kept for a resume",
+                          run_id=run.run_id, run_dir=str(run.run_dir))
+                raise type(exc)(f"{exc}\n(run {run.run_id} spent budget; complete it without drawing noise again: "
+                                f"{resume_hint(run)})") from exc
             raise
-    return RunResult(run.run_id, run.output_dir, file_digests, plan, stage.timings)
+    return RunResult(run.run_id, run.output_dir, file_digests, plan, stage.timings, run.ledger, run.run_dir)
+
+
+def resume_hint(run: PrivateRun) -> str:
+    """How the operator resumes ``run`` from where they ran it."""
+    if option("resume").startswith("--"):
+        return (f"phsafe private CONFIG DATA OUT --ledger {run.ledger} --resume {run.run_id} "
+                "--resume-reason TEXT, with a new OUT if the old one is unusable")
+    return f"run the flow again with {option('resume')}={run.run_id}"
 
 
 def run_nonprivate(
@@ -629,46 +1004,60 @@ def run_nonprivate(
     data_dir: Path,
     output_dir: Path,
     *,
+    non_confidential: bool = False,
     validate: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Ground-truth tabulation for testing on synthetic data: no truncation, no noise."""
+    """Ground-truth tabulation for testing on synthetic data: no truncation, no noise.
+
+    Args:
+        non_confidential: Must be True: the data is declared synthetic or public. Exact counts
+            of confidential data are never written.
+
+    Raises:
+        PHSafeError: The data is not declared non-confidential, or a bad config or input.
+    """
+    if not non_confidential:
+        raise PHSafeError(
+            "non-private tables are the exact counts, with no noise: they are for synthetic or public "
+            f"data only. Declare that the data is not confidential with {option('non_confidential')}"
+        )
     stage = _Stages(progress)
     run_id = new_run_id()
     config = load_config(config_path)
     output_dir = Path(output_dir).absolute()
     if output_dir.exists():
-        raise PHSafeError(f"output directory {output_dir} already exists; choose a new one")
+        raise OutputExistsError(f"output directory {output_dir} already exists; choose a new one")
     log.info("non-private run", run_id=run_id, config=str(config_path), data=str(data_dir),
              output=str(output_dir))
     if validate:
         with stage("validate inputs"):
-            _validate_inputs(Path(config_path), Path(data_dir), output_dir.parent / f"{output_dir.name}-validation")
-    files = locate_inputs(data_dir)
-    digests = input_digests(files)
+            from phsafe.validation import validate_inputs
+
+            report = validate_inputs(Path(config_path), Path(data_dir),
+                                     report_dir=output_dir.parent / f"{output_dir.name}-validation")
+            if not report.ok:
+                raise ValidationFailed("input", report.to_text())
     specs = list(TABLES.values()) + [d.nonprivate for d in DERIVED_TABLES.values()]
     counts = exact_counts(config, Path(data_dir), specs, key=None, stage=stage)
     with stage("write outputs"):
-        publication = Publication.begin(output_dir, run_id)
+        staging = Publication.begin(output_dir, run_id).staging
         try:
-            file_digests = write_tables(nonprivate_tables(config, counts), publication.staging)
-            publication.write_manifest({
-                "run_id": run_id, "mode": "non-private",
-                "config": {"path": str(config_path), "sha256": config_digest(Path(config_path))},
-                "inputs": digests, "code_version": code_version(), "files": file_digests,
-            })
-            publication.publish()
-        except BaseException:
-            publication.abandon()
-            raise
+            file_digests = write_tables(nonprivate_tables(config, counts), staging)
+            manifest = {"run_id": run_id, "mode": "non-private", "non_confidential": True,
+                        "config": {"state_filter": list(config.state_filter)},
+                        "code_version": code_version(), "files": file_digests}
+            publish_release(staging, output_dir, run_id, manifest, move=True)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return RunResult(run_id, output_dir, file_digests, None, stage.timings)
 
 
 def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:
-    """One row per planned measurement, as the ledger records it: budget, Δ, variance, MOE,
-    cells, how many times it was spent and whether its release is committed. Value-free."""
+    """One row per planned measurement, as the ledger records it: budget (a decimal), Δ, variance,
+    MOE, cells, how many times it was spent and whether its release is committed. Value-free."""
 
-    state = open_ledger(run.options.ledger).run(run.run_id)
+    state = open_ledger(run.ledger).run(run.run_id)
     committed = state.reusable if state is not None else {}
     budget_name = "rho" if plan.privacy_defn.value == "zcdp" else "epsilon"
     rows: list[dict[str, object]] = []
@@ -677,7 +1066,7 @@ def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:
         rows.append({
             "table": m.table,
             "level": m.level.config_key,
-            budget_name: str(m.budget),
+            budget_name: budget_text(m.budget),
             "sensitivity": m.sensitivity,
             "variance": m.variance,
             "moe90": m.moe90,

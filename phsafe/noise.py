@@ -89,10 +89,13 @@ def _build_mechanism(m: PlannedMeasurement):
         scale = float(m.geometric_scale)
         make = dp.m.make_laplace
     domain = dp.vector_domain(dp.atom_domain(T="i64"))
+    planned = m.budget_fraction
     for _ in range(_MAX_NUDGES):
         mechanism = make(domain, metric, scale=scale)
         spent = mechanism.map(m.sensitivity)
-        if spent <= budget:
+        # Exact: the float OpenDP returns, as the rational it is, against the exact budget -- a
+        # float comparison could round a spend above the budget down to equal it.
+        if Fraction(spent) <= planned:
             break
         scale = math.nextafter(scale, math.inf)  # more noise, never less
     else:

@@ -4,9 +4,12 @@ Private tables hold one row per cell of the full domain of every measured level,
 ``NOISE_DISTRIBUTION`` and ``VARIANCE``. Non-private (ground-truth) tables, for synthetic data
 only, hold basis and aggregate cells over the full domain, without the noise columns.
 
-Publication: every file is written into a hidden temporary sibling of the output directory and
-fsynced, the manifest (SHA-256 of every file) is written last, and the directory is renamed into
-place -- a crash never leaves a half-written directory under the published name.
+Publication (:func:`publish_release`): the release is assembled in a folder of its own (for a
+private run, in its confidential work folder), the manifest (SHA-256 of every file) is written
+last, the whole is copied into a hidden sibling of the output folder and fsynced, and that
+sibling is renamed into place -- a crash never leaves a half-written folder under the published
+name, and a failure (no space, no permission) leaves nothing published and the assembled release
+intact for another try.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pyarrow.parquet as pq
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
 from phsafe.domain import measurement_domain
-from phsafe.errors import OutputExistsError
+from phsafe.errors import OutputExistsError, PHSafeError
 from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, TableSpec, output_spec
 from phsafe.tabulate import TableCounts
@@ -155,7 +158,7 @@ def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[st
 
 @dataclass
 class Publication:
-    """An output directory being written: a hidden sibling, renamed into place on publish."""
+    """An output folder being written: a hidden sibling, renamed into place on publish."""
 
     target: Path
     staging: Path
@@ -168,11 +171,13 @@ class Publication:
 
     @classmethod
     def begin(cls, target: Path, run_id: str) -> "Publication":
+        """Make the hidden sibling (a stale one of the same run, from a crash, is replaced)."""
         target = Path(target).absolute()
         if target.exists():
             raise OutputExistsError(f"output directory {target} already exists; choose a new one")
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = cls.staging_path(target, run_id)
+        shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         return cls(target, staging)
 
@@ -197,3 +202,55 @@ class Publication:
     def abandon(self) -> None:
         """Remove the staging directory after a failure (nothing was published)."""
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _copy_tree(source: Path, destination: Path) -> None:
+    """Copy every file of ``source`` into ``destination`` (which exists), fsyncing each."""
+    for path in sorted(source.rglob("*")):
+        target = destination / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+            _fsync(target)
+
+
+def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *, move: bool = False) -> str:
+    """Write ``manifest`` into the assembled ``release`` and publish it as ``target``.
+
+    The release is copied into the hidden sibling ``.<target>.partial-<run_id>`` (or, with
+    ``move``, ``release`` is that sibling already), everything is fsynced, and the sibling is
+    renamed to ``target``. On failure nothing is published, the sibling is removed, and
+    ``release`` is left as it was.
+
+    Returns:
+        The SHA-256 of the manifest file.
+
+    Raises:
+        OutputExistsError: ``target`` exists (a release is never overwritten).
+        PHSafeError: The release could not be written there (no space, no permission), naming
+            the cause.
+    """
+    target = Path(target).absolute()
+    path = Path(release) / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _fsync(path)
+    digest = file_digest(path)
+    publication = Publication(target, Path(release)) if move else None
+    try:
+        if publication is None:
+            publication = Publication.begin(target, run_id)
+            _copy_tree(Path(release), publication.staging)
+        publication.publish()
+    except OutputExistsError:
+        if publication is not None and not move:
+            publication.abandon()
+        raise
+    except OSError as exc:
+        if publication is not None and not move:
+            publication.abandon()
+        from phsafe.ledger import _os_reason
+
+        raise PHSafeError(f"cannot publish the release to {target}: {_os_reason(exc)}; nothing was published") from None
+    return digest

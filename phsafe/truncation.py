@@ -5,8 +5,9 @@ For one table, on one partition:
 1. filter persons and units by the table's universe;
 2. drop every unit whose MAFID occurs more than once among the in-universe units;
 3. keep at most tau persons per MAFID: the tau with the smallest keyed hash (SipHash-2-4 under
-   a fresh per-run key) of the record's content. The choice depends only on the record and the
-   key -- not on file order, not on any other record, not on an attribute such as age;
+   a fresh per-run key) of the record's content, a tie of hashes broken by the content itself.
+   The choice depends only on the record and the key -- not on file order, not on any other
+   record, not on an attribute such as age;
 4. inner-join persons to units on MAFID.
 
 Why the sensitivity is 2*tau + 2 (paper, Lemma 6): adding or removing one person changes the
@@ -105,8 +106,11 @@ def truncate(
     over = np.flatnonzero(size[unit_rows] > tau)
     if len(over) == 0:
         return keep
-    h = siphash24_u64(key, record_words(persons, person_rows[over]))
-    order = np.lexsort((h, unit_rows[over]))  # by unit, then by keyed hash
+    words = record_words(persons, person_rows[over])
+    h = siphash24_u64(key, words)
+    # By unit, then by keyed hash; a tie of hashes (of different records) is broken by the
+    # record's content, never by its position in the file. Identical records are interchangeable.
+    order = np.lexsort((words, h, unit_rows[over]))
     u_sorted = unit_rows[over][order]
     starts = np.ones(len(u_sorted), dtype=bool)
     starts[1:] = u_sorted[1:] != u_sorted[:-1]

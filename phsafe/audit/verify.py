@@ -6,9 +6,14 @@ and their re-spends, lifetime caps in exact arithmetic) are checked by
 
 * checkpoints: a checkpoint (ledger size, head hash) must describe a prefix of the ledger, and
   its Ed25519 signature must verify -- against the auditor's trusted public key when one is given;
-* outputs: the manifest's run is in the ledger with the same file digests, every file on disk has
-  the logged digest, every released cell's VARIANCE is what the logged budget and sensitivity
-  imply, and the released counts of each measurement hash to the COMMITTED noisy digest.
+* outputs: the manifest's run is in the ledger with the same file digests (the manifest's own
+  digest included), every file on disk has the logged digest, every released cell's VARIANCE is
+  what the logged budget and sensitivity imply, the released counts of each measurement hash to
+  the COMMITTED noisy digest, the manifest's checkpoint covers every spend of the run, and -- with
+  the ledger's lineage key -- the manifest's lineage commitment is the one the ledger implies;
+* publications: every release the ledger says it published is checked where it was published
+  (when that folder is reachable from here), and runs that spent without publishing are named,
+  with how to complete them without new noise.
 
 Every failure raises :class:`VerificationFailure` whose message names the first failing entry or
 file and the reason.
@@ -37,6 +42,9 @@ from phsafe.ledger import (
     RunStatus,
     checkpoint_message,
     format_exact,
+    key_id,
+    key_path,
+    lineage_commitment,
     read_ledger,
 )
 from phsafe.noise import vector_digest
@@ -78,6 +86,7 @@ def verify(
     checkpoints: Sequence[Path] = (),
     public_key: Path | None = None,
     outputs: Path | None = None,
+    lineage_key: Path | None = None,
 ) -> VerifyResult:
     """Verify ``ledger`` and, optionally, checkpoint files and an output directory.
 
@@ -87,6 +96,7 @@ def verify(
         public_key: The operator's Ed25519 public key (PEM) the auditor trusts; every checkpoint
             must then be signed by it.
         outputs: An output directory (``manifest.json`` plus the released tables).
+        lineage_key: The ledger's lineage key file (default: ``<ledger>.key`` if present).
 
     Raises:
         VerificationFailure: naming the first failing entry or file and why.
@@ -96,17 +106,35 @@ def verify(
     except LedgerError as exc:
         where = f"entry {exc.seq}" + (f" ({exc.kind})" if exc.kind else "") if exc.seq is not None else "ledger"
         raise VerificationFailure(where, exc.reason) from None
-    except OSError as exc:
-        raise VerificationFailure("ledger", f"cannot read {Path(ledger).name}: {exc.strerror}") from None
     result = VerifyResult(state=state)
     result.notes.append(f"ledger: {state.size} entries, chain and rules hold, head {state.head_hash}")
-    for ds, runs in state.datasets().items():
-        units = {r.privacy_defn for r in runs}
-        unit = PrivacyDefinition.ZCDP if PrivacyDefinition.ZCDP in units else PrivacyDefinition.PUREDP
+    key = _lineage_key(Path(ledger), state, lineage_key)
+    if state.policy is None:
+        result.notes.append("format: written before ledgers had a policy (verified under its own rules); "
+                            "migrate it before the next run (phsafe ledger migrate)")
+    else:
+        p = state.policy
+        kind = "non-confidential (throwaway)" if p.non_confidential else "confidential"
+        result.notes.append(f"policy: {kind} ledger {p.ledger_id}, every dataset's cap {format_exact(p.lifetime_cap)} "
+                            f"({_unit(p.privacy_defn)}) set at entry {p.seq}; lineage key "
+                            + ("checked" if key is not None else "not available here (lineage not checked)"))
+    unit = state.unit
+    for account, runs in state.datasets().items():
+        run_unit = unit or (PrivacyDefinition.ZCDP if any(r.privacy_defn is PrivacyDefinition.ZCDP for r in runs)
+                            else PrivacyDefinition.PUREDP)
+        ds = state.dataset_states.get(account)
+        extra = ""
+        if ds is not None:
+            extra = (f", {len(ds.versions)} content version(s), cap {format_exact(ds.lifetime_cap)}"
+                     + (f" after {len(ds.raises)} recorded raise(s)" if ds.raises else ""))
+        label = f"dataset {account}" if not account.startswith("legacy:") else f"dataset {account[7:23]}"
         result.notes.append(
-            f"dataset {ds[:16]}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(ds, unit))} "
-            f"({'rho' if unit is PrivacyDefinition.ZCDP else 'epsilon'}); every start was within its cap"
+            f"{label}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(account, run_unit))} "
+            f"({_unit(run_unit)}){extra}; every start was within its cap"
         )
+    for repair in state.repairs:
+        result.notes.append(f"entry {repair.seq}: an interrupted write of {repair.dropped_bytes} bytes was dropped "
+                            f"(TAIL_REPAIRED, SHA-256 {repair.dropped_sha256[:16]}...)")
     for run in state.runs.values():
         if run.attempt > 1:
             respent = run.respent
@@ -115,6 +143,13 @@ def verify(
                 f"{len(respent)} measurement(s) spent more than once, charged "
                 f"{format_exact(run.charge())} with every re-spend; each resume and re-spend was within its cap"
             )
+        if run.validated is False:
+            result.notes.append(f"run {run.run_id}: its inputs were not validated by the full suites (--no-validate)")
+    for run in state.unpublished():
+        result.notes.append(
+            f"run {run.run_id} spent {format_exact(run.intended_total())} and published nothing "
+            f"({run.status.value}); complete it without new noise: phsafe private ... --resume {run.run_id}"
+        )
     if any(r.non_confidential for r in state.runs.values()):
         result.notes.append("note: the ledger holds runs declared non-confidential (cap not enforced)")
 
@@ -124,9 +159,45 @@ def verify(
     for path in checkpoints:
         cp = _load_checkpoint_file(Path(path))
         result.notes.append(verify_checkpoint(state, cp, trusted, source=Path(path).name))
+    checked: set[str] = set()
     if outputs is not None:
-        result.notes.extend(verify_outputs(state, Path(outputs), trusted))
+        notes, run_id = verify_outputs(state, Path(outputs), trusted, key)
+        result.notes.extend(notes)
+        checked.add(run_id)
+    for run in state.runs.values():
+        if run.output_path is None or run.run_id in checked:
+            continue
+        place = Path(run.output_path)
+        if not place.exists():
+            result.notes.append(f"run {run.run_id}: published to {place}, not reachable from here "
+                                "(check it with --outputs)")
+            continue
+        notes, _ = verify_outputs(state, place, trusted, key, expected_run=run.run_id)
+        result.notes.append(f"run {run.run_id}: its release at {place} matches the ledger")
     return result
+
+
+def _unit(defn: PrivacyDefinition) -> str:
+    return "rho" if defn is PrivacyDefinition.ZCDP else "epsilon"
+
+
+def _lineage_key(ledger: Path, state: LedgerState, given: Path | None) -> bytes | None:
+    """The lineage key, checked against the ledger's policy: the given file, else ``<ledger>.key``
+    if it is there (None: lineage is not checked)."""
+    if state.policy is None:
+        if given is not None:
+            raise VerificationFailure("--lineage-key", "the ledger has no policy, so no lineage key")
+        return None
+    path = Path(given) if given is not None else key_path(ledger)
+    if given is None and not path.exists():
+        return None
+    try:
+        key = bytes.fromhex(path.read_text(encoding="ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise VerificationFailure(path.name, "is not a readable lineage key") from None
+    if key_id(key) != state.policy.key_id:
+        raise VerificationFailure(path.name, "is not this ledger's lineage key (its id differs from the policy's)")
+    return key
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,45 +307,83 @@ def verify_checkpoint(
 # --------------------------------------------------------------------------------------------
 
 
-def verify_outputs(state: LedgerState, outdir: Path, trusted: "Ed25519PublicKey | None" = None) -> list[str]:
+def verify_outputs(
+    state: LedgerState,
+    outdir: Path,
+    trusted: "Ed25519PublicKey | None" = None,
+    key: bytes | None = None,
+    *,
+    expected_run: str | None = None,
+) -> tuple[list[str], str]:
     """Check a published output directory against the ledger (see the module docstring).
 
+    Args:
+        state: The verified ledger.
+        outdir: The release folder.
+        trusted: The auditor's public key, if any.
+        key: The ledger's lineage key, if available: the manifest's lineage commitment is checked.
+        expected_run: The run the folder must hold (when checking a recorded publication).
+
     Returns:
-        Notes of what was verified.
+        Notes of what was verified, and the run id of the release.
     """
     manifest_path = outdir / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise VerificationFailure(MANIFEST, f"cannot be read as JSON ({type(exc).__name__})") from None
+        raise VerificationFailure(str(manifest_path), f"cannot be read as JSON ({type(exc).__name__})") from None
     if not isinstance(manifest, dict) or not {"run_id", "files", "checkpoint"} <= set(manifest):
         raise VerificationFailure(MANIFEST, "needs run_id, files and checkpoint")
     run_id, files = manifest["run_id"], manifest["files"]
     if not isinstance(files, dict):
         raise VerificationFailure(MANIFEST, "files must be an object")
+    if expected_run is not None and run_id != expected_run:
+        raise VerificationFailure(str(manifest_path), f"holds run {run_id!r}, but the ledger recorded run "
+                                  f"{expected_run} as published here")
     run = state.runs.get(run_id) if isinstance(run_id, str) else None
     if run is None:
         raise VerificationFailure(MANIFEST, f"run {run_id!r} is not in the ledger")
     if run.outputs is None:
-        raise VerificationFailure(MANIFEST, f"run {run_id} recorded no OUTPUTS_PUBLISHED entry")
+        raise VerificationFailure(MANIFEST, f"run {run_id} recorded no OUTPUTS_PUBLISHED entry: the ledger does "
+                                  "not vouch for this release")
     published = f"entry {run.outputs_seq} (OUTPUTS_PUBLISHED)"
     if run.status is not RunStatus.FINISHED:
         raise VerificationFailure(MANIFEST, f"run {run_id} did not record RUN_FINISHED")
-    if set(files) != set(run.outputs):
-        diff = sorted(set(files) ^ set(run.outputs))[0]
+    logged = dict(run.outputs)
+    manifest_logged = logged.pop(MANIFEST, None)
+    if not run.legacy and manifest_logged is None:
+        raise VerificationFailure(published, "does not record the manifest's digest")
+    if set(files) != set(logged):
+        diff = sorted(set(files) ^ set(logged))[0]
         raise VerificationFailure(published, f"lists other files than the manifest (e.g. {diff})")
     for rel in sorted(files):
-        if files[rel] != run.outputs[rel]:
+        if files[rel] != logged[rel]:
             raise VerificationFailure(published, f"digest of {rel} differs from the manifest's")
     notes = [verify_checkpoint(state, manifest["checkpoint"], trusted, source=MANIFEST)]
-    if manifest["checkpoint"]["ledger_size"] <= (run.terminal_seq or 0):
-        raise VerificationFailure(MANIFEST, "its checkpoint does not cover the run's RUN_FINISHED entry")
+    covered = manifest["checkpoint"]["ledger_size"]
+    last_spend = max((seq for seqs in run.intents.values() for seq in seqs), default=run.started_seq)
+    last_spend = max([last_spend, *run.committed_seq.values()])
+    if run.legacy:
+        if covered <= (run.terminal_seq or 0):
+            raise VerificationFailure(MANIFEST, "its checkpoint does not cover the run's RUN_FINISHED entry")
+    elif covered <= last_spend:
+        raise VerificationFailure(MANIFEST, "its checkpoint does not cover every spend of the run")
+    if key is not None and not run.legacy:
+        lineage = manifest.get("lineage")
+        want = lineage_commitment(key, run)
+        if not isinstance(lineage, dict) or lineage.get("commitment") != want:
+            raise VerificationFailure(MANIFEST, "its lineage commitment is not the one the ledger's lineage key gives "
+                                      f"for run {run_id}: the release is not linked to the recorded inputs")
+        notes.append(f"lineage: the manifest's commitment matches run {run_id}'s recorded dataset, fingerprint "
+                     "and input digests under the ledger's lineage key")
 
     on_disk = {
         p.relative_to(outdir).as_posix()
         for p in outdir.rglob("*")
         if p.is_file() and p.relative_to(outdir).as_posix() != MANIFEST
     }
+    if manifest_logged is not None and file_digest(manifest_path) != manifest_logged:
+        raise VerificationFailure(MANIFEST, f"SHA-256 differs from the digest logged in {published}")
     for rel in sorted(on_disk | set(files)):
         if rel not in files:
             raise VerificationFailure(rel, f"is in the output directory but not in the ledger's {published}")
@@ -282,9 +391,9 @@ def verify_outputs(state: LedgerState, outdir: Path, trusted: "Ed25519PublicKey 
             raise VerificationFailure(rel, f"is listed in {published} but missing")
         if file_digest(outdir / rel) != files[rel]:
             raise VerificationFailure(rel, f"SHA-256 differs from the digest logged in {published}")
-    notes.append(f"outputs: {len(files)} file digests match {published} of run {run_id}")
+    notes.append(f"outputs: {len(run.outputs)} file digests match {published} of run {run_id}")
     notes.extend(_verify_tables(run, outdir, files))
-    return notes
+    return notes, run_id
 
 
 @dataclass(frozen=True)

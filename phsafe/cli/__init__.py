@@ -27,6 +27,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("phsafe.cli.validate", "validate"),
     ("phsafe.cli.private", "private"),
     ("phsafe.cli.nonprivate", "non_private"),
+    ("phsafe.cli.ledger", "ledger"),
     ("phsafe.cli.audit", "audit"),
     ("phsafe.cli.plan", "plan"),
     ("phsafe.cli.risk", "risk"),

@@ -1,7 +1,17 @@
-"""What every command shares: the log option, one-line failures, exact-number options."""
+"""What every command shares: the log option, one-line failures, exact-number options.
+
+A failure is one line on stderr and a non-zero exit: ``phsafe: error: ...`` for everything this
+package refuses on purpose (exit 1), ``phsafe: internal error: <type>`` for a bug (exit 2). No
+traceback reaches a console or a file on a user error; for a bug, the log file gets the
+exception's type and the file, line and function of each frame -- never its message, which may
+quote a value of the data.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
+import traceback
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
@@ -12,6 +22,12 @@ from phsafe import logs
 
 PATH = click.Path(path_type=Path)
 EXISTING = click.Path(exists=True, path_type=Path)
+EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+
+
+def crash_frames(exc: BaseException) -> list[str]:
+    """Where ``exc`` was raised, as ``file:line in function`` per frame: no message, no values."""
+    return [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
 
 
 def fail(exc: BaseException, log_file: Path | None) -> None:
@@ -20,26 +36,70 @@ def fail(exc: BaseException, log_file: Path | None) -> None:
 
     log = logs.get_logger("phsafe.cli")
     if isinstance(exc, PHSafeError):
-        log.error("run failed", error=str(exc).splitlines()[0], error_type=type(exc).__name__)
+        log.debug("run failed", error=str(exc).splitlines()[0] if str(exc) else "", error_type=type(exc).__name__)
         click.echo(f"phsafe: error: {exc}", err=True)
         raise SystemExit(1)
-    log.error("internal error", error_type=type(exc).__name__, exc_info=exc)
-    where = f" (details in {log_file})" if log_file else " (re-run with --log FILE for details)"
+    if isinstance(exc, OSError):
+        # An operating-system refusal the code did not foresee: its kind and the file, no data.
+        from phsafe.ledger import _os_reason
+
+        log.error("operating-system error", error_type=type(exc).__name__, frames=crash_frames(exc))
+        where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
+        click.echo(f"phsafe: error: {_os_reason(exc)}{where}", err=True)
+        raise SystemExit(1)
+    log.error("internal error", error_type=type(exc).__name__, frames=crash_frames(exc))
+    where = f" (frames in {log_file})" if log_file else " (re-run with --log FILE for where it happened)"
     click.echo(f"phsafe: internal error: {type(exc).__name__}{where}", err=True)
     raise SystemExit(2)
 
 
-def parse_cap(value: str | None) -> Fraction | None:
+def start(log_file: Path | None) -> None:
+    """Set up a command: the log file (checked first: one line if unusable) and signals.
+
+    A file-size limit (``ulimit -f``) must end in an error the run handles -- a failed write,
+    rolled back -- not in the process being killed mid-write by SIGXFSZ.
+    """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if log_file is not None:
+        log_file = Path(log_file)
+        problem = None
+        if log_file.is_dir() or str(log_file).endswith(os.sep):
+            problem = "is a folder; give a file"
+        elif not log_file.parent.is_dir():
+            problem = f"is in {log_file.parent}, which is not an existing folder"
+        elif log_file.exists() and not os.access(log_file, os.W_OK):
+            problem = "is not writable"
+        elif not log_file.exists() and not os.access(log_file.parent, os.W_OK):
+            problem = "cannot be created (its folder is not writable)"
+        if problem:
+            click.echo(f"phsafe: error: the log file {log_file} (--log) {problem}", err=True)
+            raise SystemExit(1)
+    try:
+        logs.configure(log_file)
+    except OSError as exc:
+        click.echo(f"phsafe: error: the log file {log_file} (--log) cannot be opened ({exc.strerror})", err=True)
+        raise SystemExit(1) from None
+
+
+def parse_amount(value: str | None, *, what: str = "budget") -> Fraction | None:
+    """A decimal option (``2.514562``) as an exact Fraction; finite, non-negative, bounded."""
     if value is None:
         return None
+    text = value.strip()
+    if len(text) > 40:
+        raise click.BadParameter(f"a {what} has at most 40 characters")
     try:
-        cap = Fraction(Decimal(value))
-    except (InvalidOperation, ValueError):
+        number = Decimal(text)
+    except InvalidOperation:
         raise click.BadParameter("must be a decimal number, e.g. 2.514562") from None
-    if cap < 0:
+    if not number.is_finite():
+        raise click.BadParameter(f"must be a finite number: an infinite {what} has no meaning on confidential data")
+    if number < 0:
         raise click.BadParameter("must be non-negative")
-    return cap
+    if number != 0 and abs(number.adjusted()) > 40:
+        raise click.BadParameter("is out of range")
+    return Fraction(number)
 
 
 log_option = click.option("-l", "--log", "log_file", type=PATH, default=None,
-                          help="Append JSON-lines logs to FILE.")
+                          help="Append JSON-lines logs to FILE (confidential: keep it with the data).")

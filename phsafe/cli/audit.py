@@ -31,14 +31,18 @@ def audit() -> None:
               help="Checkpoint JSON (or a manifest holding one) to check; may be repeated.")
 @click.option("--public-key", type=_FILE, help="The operator's Ed25519 public key (PEM) to trust.")
 @click.option("--outputs", type=_DIR, help="Output directory to check against the ledger.")
-def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path | None, outputs: Path | None) -> None:
+@click.option("--lineage-key", type=_FILE, default=None,
+              help="The ledger's lineage key (default: LEDGER.key beside the ledger, if there).")
+def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path | None, outputs: Path | None,
+                   lineage_key: Path | None) -> None:
     """Recompute the ledger's chain and check checkpoints, caps and outputs.
 
     Exits 0 only if everything holds; otherwise prints the first failing entry or file and why
     and exits 1.
     """
     try:
-        result = verify(ledger, checkpoints=checkpoints, public_key=public_key, outputs=outputs)
+        result = verify(ledger, checkpoints=checkpoints, public_key=public_key, outputs=outputs,
+                        lineage_key=lineage_key)
     except VerificationFailure as exc:
         click.echo(f"FAILED: {exc}", err=True)
         raise SystemExit(1) from None

@@ -6,23 +6,25 @@ from pathlib import Path
 
 import click
 
-from phsafe import logs
-from phsafe.cli._common import EXISTING, PATH, fail, log_option
+from phsafe.cli._common import EXISTING, PATH, fail, log_option, start
 
 
 @click.command("non-private")
 @click.argument("config", type=EXISTING)
 @click.argument("data", type=EXISTING)
 @click.argument("output", type=PATH)
+@click.option("--non-confidential", is_flag=True,
+              help="Declare the data synthetic/non-confidential (required: the tables are exact counts).")
 @click.option("-v", "--validate", "validate_inputs", is_flag=True, help="Validate the inputs first.")
 @log_option
-def non_private(config: Path, data: Path, output: Path, validate_inputs: bool, log_file: Path | None) -> None:
+def non_private(config: Path, data: Path, output: Path, non_confidential: bool, validate_inputs: bool,
+                log_file: Path | None) -> None:
     """Ground-truth tables (no truncation, no noise) -- for synthetic data only."""
-    logs.configure(log_file)
+    start(log_file)
     try:
         from phsafe.engine import run_nonprivate
 
-        result = run_nonprivate(config, data, output, validate=validate_inputs)
+        result = run_nonprivate(config, data, output, non_confidential=non_confidential, validate=validate_inputs)
     except Exception as exc:  # noqa: BLE001
         fail(exc, log_file)
         return

@@ -6,51 +6,71 @@ from pathlib import Path
 
 import click
 
-from phsafe import logs
-from phsafe.cli._common import EXISTING, PATH, fail, log_option, parse_cap
+from phsafe.cli._common import EXISTING, EXISTING_FILE, PATH, fail, log_option, parse_amount, start
 
 
 @click.command()
 @click.argument("config", type=EXISTING)
 @click.argument("data", type=EXISTING)
 @click.argument("output", type=PATH)
-@click.option("-v", "--validate", "validate_inputs", is_flag=True, help="Validate the inputs first.")
+@click.option("--ledger", type=PATH, default=None, envvar="PHSAFE_LEDGER", show_envvar=True,
+              help="The audit ledger, made once by `phsafe ledger init` (required for confidential data).")
+@click.option("--dataset", default=None, metavar="NAME",
+              help="The dataset this run spends against, e.g. cef2020-us (default: the config's \"dataset\").")
+@click.option("--new-version", default=None, metavar="REASON",
+              help="These records are a new content version of the dataset, and why (recorded).")
+@click.option("--no-validate", "no_validate", is_flag=True,
+              help="Skip the full input suites (recorded in the ledger); the config and file checks still run.")
+@click.option("-v", "--validate", "validate_flag", is_flag=True,
+              help="Validate the inputs first (the default; kept for the production release's scripts).")
 @click.option("-vo", "--validate-private-output", "validate_outputs", is_flag=True,
               help="Validate the output tables before publishing them.")
 @log_option
-@click.option("--ledger", type=PATH, default=None,
-              help="Audit ledger (JSON Lines). Default: phsafe-ledger/ledger.jsonl in the working directory.")
-@click.option("--lifetime-cap", default=None,
-              help="Lifetime privacy-loss cap of this dataset (default: this run's planned total).")
-@click.option("--cap-reason", default=None, help="Why the cap is raised (recorded in the ledger).")
-@click.option("--signing-key", type=EXISTING, default=None,
-              help="Ed25519 private key (PEM) to sign the ledger checkpoint.")
+@click.option("--lifetime-cap", default=None, metavar="RHO",
+              help="Raise the dataset's lifetime cap to RHO (epsilon for pure DP); needs --cap-reason.")
+@click.option("--cap-reason", default=None, metavar="TEXT", help="Why the cap is raised (recorded in the ledger).")
+@click.option("--signing-key", type=EXISTING_FILE, default=None, metavar="PEM",
+              help="Ed25519 private key (PEM) that signs the ledger checkpoints.")
+@click.option("--public-key", type=EXISTING_FILE, default=None, metavar="PEM",
+              help="The operator's Ed25519 public key: the signing key must match it.")
+@click.option("--work-dir", type=PATH, default=None, metavar="DIR",
+              help="Folder of the runs' confidential work folders (default: runs/ beside the ledger).")
 @click.option("--non-confidential", is_flag=True,
-              help="Declare the data synthetic/non-confidential (allows Infinity budgets).")
-@click.option("--truncation-key", default=None, help="Replay a run with its recorded truncation key (hex).")
+              help="Declare the data synthetic/non-confidential (Infinity budgets, a throwaway ledger).")
+@click.option("--truncation-key", default=None, metavar="HEX",
+              help="Replay a run with this truncation key -- non-confidential data only.")
 @click.option("--resume", "resume_run_id", default=None, metavar="RUN_ID",
-              help="Resume the failed run RUN_ID (same CONFIG, DATA and OUTPUT): its committed "
-                   "measurements are reused, the rest are new spends.")
-@click.option("--resume-reason", default=None, help="Why the run is resumed (recorded in the ledger).")
-def private(config: Path, data: Path, output: Path, validate_inputs: bool, validate_outputs: bool,
-            log_file: Path | None, ledger: Path | None, lifetime_cap: str | None, cap_reason: str | None,
-            signing_key: Path | None, non_confidential: bool, truncation_key: str | None,
+              help="Complete the failed run RUN_ID: its committed measurements are reused (no new noise), "
+                   "the rest are new spends; OUT may be a new folder.")
+@click.option("--resume-reason", default=None, metavar="TEXT", help="Why the run is resumed (recorded in the ledger).")
+def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset: str | None,
+            new_version: str | None, no_validate: bool, validate_flag: bool, validate_outputs: bool,
+            log_file: Path | None, lifetime_cap: str | None, cap_reason: str | None, signing_key: Path | None,
+            public_key: Path | None, work_dir: Path | None, non_confidential: bool, truncation_key: str | None,
             resume_run_id: str | None, resume_reason: str | None) -> None:
-    """Run PHSafe on DATA with CONFIG and publish the eleven tables to OUTPUT."""
-    logs.configure(log_file)
+    """Run PHSafe on DATA with CONFIG and publish the eleven tables to OUT.
+
+    Checks everything first (config, ledger, keys, paths, space, inputs) and spends nothing
+    if anything is wrong. The public release goes to OUT; the run's confidential work folder
+    (validation reports, noisy vectors until published, the final checkpoint) is
+    runs/<run id>/ beside the ledger.
+    """
+    if no_validate and validate_flag:
+        raise click.UsageError("give either --validate or --no-validate")
+    cap = parse_amount(lifetime_cap, what="lifetime cap")
+    start(log_file)
     try:
-        from phsafe.engine import DEFAULT_LEDGER, PrivateRunOptions, run_private
+        from phsafe.engine import PrivateRunOptions, run_private
 
         options = PrivateRunOptions(
-            ledger=ledger or DEFAULT_LEDGER, lifetime_cap=parse_cap(lifetime_cap),
-            cap_reason=cap_reason, signing_key=signing_key, non_confidential=non_confidential,
-            validate_inputs=validate_inputs, validate_outputs=validate_outputs,
+            ledger=ledger, dataset=dataset, new_version=new_version, lifetime_cap=cap, cap_reason=cap_reason,
+            signing_key=signing_key, public_key=public_key, non_confidential=non_confidential,
+            validate_inputs=not no_validate, validate_outputs=validate_outputs, work_dir=work_dir,
             truncation_key=truncation_key, resume_reason=resume_reason,
         )
         result = run_private(config, data, output, options, run_id=resume_run_id, resume=resume_run_id is not None)
-    except click.BadParameter:
-        raise
     except Exception as exc:  # noqa: BLE001
         fail(exc, log_file)
         return
-    click.echo(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id})")
+    click.echo(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id}; "
+               f"ledger {result.ledger})")

@@ -1,0 +1,138 @@
+"""``phsafe ledger``: create, raise, repair and migrate the privacy-loss ledger.
+
+``init`` is the only way a ledger comes to exist: a private run on confidential data refuses a
+ledger that is not there. Every command appends an entry that says what was done and why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from phsafe.cli._common import EXISTING_FILE, PATH, fail, parse_amount, start
+
+
+@click.group()
+def ledger() -> None:
+    """Create, raise, repair and migrate the privacy-loss ledger."""
+
+
+@ledger.command("init")
+@click.argument("path", type=PATH)
+@click.option("--lifetime-cap", required=True, metavar="RHO",
+              help="Every dataset's lifetime cap (rho for zCDP, epsilon with --privacy-defn puredp).")
+@click.option("--reason", required=True, metavar="TEXT", help="Why this policy (recorded).")
+@click.option("--privacy-defn", type=click.Choice(["zcdp", "puredp"]), default="zcdp", show_default=True,
+              help="The unit of caps and charges.")
+@click.option("--non-confidential", is_flag=True,
+              help="A throwaway ledger for synthetic data (caps not enforced; only non-confidential runs).")
+def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool) -> None:
+    """Create the ledger PATH and its lineage key PATH.key, with its policy.
+
+    Set the policy before any data is seen. Keep PATH.key with the ledger, inside the
+    enclave: it is needed to verify lineage and is never published.
+    """
+    from phsafe.config import PrivacyDefinition
+
+    cap = parse_amount(lifetime_cap, what="lifetime cap")
+    start(None)
+    try:
+        from phsafe.engine import code_version
+        from phsafe.ledger import format_exact, init_ledger, key_path
+
+        made = init_ledger(path, lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
+                           non_confidential=non_confidential, code_version=code_version())
+    except Exception as exc:  # noqa: BLE001
+        fail(exc, None)
+        return
+    policy = made.state.policy
+    assert policy is not None
+    unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
+    kind = "non-confidential (throwaway)" if policy.non_confidential else "confidential"
+    click.echo(f"phsafe: created the {kind} ledger {made.path} (id {policy.ledger_id}): every dataset's lifetime "
+               f"cap is {unit} {format_exact(policy.lifetime_cap)}")
+    click.echo(f"phsafe: its lineage key is {key_path(made.path)} -- keep it with the ledger; never publish it")
+
+
+@ledger.command("raise-cap")
+@click.argument("path", type=EXISTING_FILE)
+@click.option("--dataset", required=True, metavar="NAME", help="The dataset whose cap is raised.")
+@click.option("--to", "cap", required=True, metavar="RHO", help="The new lifetime cap (above the current one).")
+@click.option("--reason", required=True, metavar="TEXT", help="Why (recorded).")
+def raise_cap_command(path: Path, dataset: str, cap: str, reason: str) -> None:
+    """Raise one dataset's lifetime cap (a recorded CAP_RAISED entry; caps are never lowered)."""
+    amount = parse_amount(cap, what="lifetime cap")
+    start(None)
+    try:
+        from phsafe.engine import open_ledger
+        from phsafe.ledger import format_exact
+
+        entry = open_ledger(path).raise_cap(dataset, amount, reason)
+    except Exception as exc:  # noqa: BLE001
+        fail(exc, None)
+        return
+    click.echo(f"phsafe: dataset {dataset}'s lifetime cap is now {format_exact(amount)} (entry {entry['seq']})")
+
+
+@ledger.command("repair")
+@click.argument("path", type=EXISTING_FILE)
+def repair_command(path: Path) -> None:
+    """Drop an incomplete last entry (an interrupted write) and record that (TAIL_REPAIRED).
+
+    Safe: noise is drawn only after its spend is complete on disk. Every complete entry must
+    verify; anything else is left untouched and reported.
+    """
+    start(None)
+    try:
+        from phsafe.ledger import repair_ledger
+
+        repair = repair_ledger(path)
+    except Exception as exc:  # noqa: BLE001
+        fail(exc, None)
+        return
+    if repair is None:
+        click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
+        return
+    click.echo(f"phsafe: dropped {repair.dropped_bytes} bytes of an incomplete entry (SHA-256 "
+               f"{repair.dropped_sha256[:16]}...), recorded as entry {repair.seq} (TAIL_REPAIRED); runs can resume")
+
+
+@ledger.command("migrate")
+@click.argument("path", type=EXISTING_FILE)
+@click.option("--lifetime-cap", required=True, metavar="RHO", help="Every dataset's lifetime cap from now on.")
+@click.option("--reason", required=True, metavar="TEXT", help="Why this policy (recorded).")
+@click.option("--privacy-defn", type=click.Choice(["zcdp", "puredp"]), default="zcdp", show_default=True)
+@click.option("--dataset", default=None, metavar="NAME", help="The name of the ledger's one old dataset.")
+@click.option("--map", "mapping", multiple=True, metavar="ID=NAME",
+              help="Name an old dataset id (8+ hex digits of it); repeat for each.")
+def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, dataset: str | None,
+                    mapping: tuple[str, ...]) -> None:
+    """Give a ledger of the first format a policy and dataset names, in place (LEDGER_MIGRATED).
+
+    Its history stays as it is and still verifies; its old runs count against the named
+    datasets from now on.
+    """
+    from phsafe.config import PrivacyDefinition
+
+    if (dataset is None) == (not mapping):
+        raise click.UsageError("give --dataset NAME (one old dataset) or --map ID=NAME for each")
+    names: dict[str, str] | str = dataset if dataset is not None else {}
+    for item in mapping:
+        old, sep, name = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not ID=NAME", param_hint="--map")
+        names[old.strip()] = name.strip()  # type: ignore[index]
+    cap = parse_amount(lifetime_cap, what="lifetime cap")
+    start(None)
+    try:
+        from phsafe.engine import code_version
+        from phsafe.ledger import migrate_ledger
+
+        migrated = migrate_ledger(path, lifetime_cap=cap, reason=reason, names=names,
+                                  privacy_defn=PrivacyDefinition(privacy_defn), code_version=code_version())
+    except Exception as exc:  # noqa: BLE001
+        fail(exc, None)
+        return
+    click.echo(f"phsafe: migrated {migrated.path}; datasets: "
+               + ", ".join(sorted(set(migrated.state.legacy_names.values()))))
