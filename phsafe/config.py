@@ -231,8 +231,6 @@ def parse_config(raw: Any) -> PHSafeConfig:
         raise ConfigError("dataset", "must be a dataset name: letters, digits, '.', '_' and '-', at most 128, "
                                      "starting with a letter or digit (e.g. \"cef2020-us\")")
     _check_scales(defn, budgets, tau)
-    if not any(b != 0 for levels in budgets.values() for b in levels.values()):
-        raise ConfigError("privacy_budget", "every budget is 0: the run would measure and release nothing")
 
     if states == (PUERTO_RICO,):
         for table, levels in budgets.items():
@@ -323,9 +321,14 @@ def check_budget_policy(config: "PHSafeConfig", *, non_confidential: bool) -> No
     :data:`MIN_CONFIDENTIAL_SCALE` count: such a release would be essentially exact. Both are
     allowed for data declared non-confidential (synthetic data, tests).
 
+    Whatever the data, a run must measure something: a config whose budgets are all 0 is refused.
+
     Raises:
+        ConfigError: Every budget is 0.
         BudgetError: naming the level and what to do.
     """
+    if not any(b != 0 for levels in config.privacy_budget.values() for b in levels.values()):
+        raise ConfigError("privacy_budget", "every budget is 0: the run would measure and release nothing")
     if non_confidential:
         return
     if config.has_infinite_budget:

@@ -1025,6 +1025,7 @@ def run_nonprivate(
     stage = _Stages(progress)
     run_id = new_run_id()
     config = load_config(config_path)
+    check_budget_policy(config, non_confidential=True)
     output_dir = Path(output_dir).absolute()
     if output_dir.exists():
         raise OutputExistsError(f"output directory {output_dir} already exists; choose a new one")

@@ -33,8 +33,8 @@ def _to_parquet(src: Path, dst: Path) -> None:
 def test_parquet_inputs_match_csv_inputs(tmp_path: Path) -> None:
     _to_parquet(END_TO_END, tmp_path / "pq")
     (tmp_path / "pq" / "config.json").write_bytes((END_TO_END / "config.json").read_bytes())
-    run_nonprivate(END_TO_END / "config.json", END_TO_END, tmp_path / "from_csv")
-    run_nonprivate(END_TO_END / "config.json", tmp_path / "pq", tmp_path / "from_parquet")
+    run_nonprivate(END_TO_END / "config.json", END_TO_END, tmp_path / "from_csv", non_confidential=True)
+    run_nonprivate(END_TO_END / "config.json", tmp_path / "pq", tmp_path / "from_parquet", non_confidential=True)
     for table in OUTPUT_TABLES:
         a = (tmp_path / "from_csv" / table / f"{table}.csv").read_bytes()
         b = (tmp_path / "from_parquet" / table / f"{table}.csv").read_bytes()

@@ -27,7 +27,7 @@ def _as_cells(frame: pd.DataFrame) -> dict[tuple[str, ...], int]:
 @pytest.fixture(scope="module")
 def nonprivate_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("e2e") / "out"
-    run_nonprivate(END_TO_END / "config.json", END_TO_END, out)
+    run_nonprivate(END_TO_END / "config.json", END_TO_END, out, non_confidential=True)
     return out
 
 

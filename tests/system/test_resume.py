@@ -15,6 +15,7 @@ from phsafe.engine import PrivateRunOptions, run_private
 from phsafe.errors import BudgetError, PHSafeError
 from phsafe.ledger import read_ledger
 from phsafe.measurements import MeasurementStore
+from tests._ledgers import new_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_US = REPO / "demo" / "data" / "us"
@@ -24,6 +25,15 @@ PHSAFE = Path(sys.executable).parent / "phsafe"
 def _intents(ledger: Path, run_id: str) -> Counter:
     entries = [json.loads(x) for x in ledger.read_text().splitlines()]
     return Counter(e["key"] for e in entries if e["kind"] == "INTENT" and e["run_id"] == run_id)
+
+
+def _ledger(tmp_path: Path) -> Path:
+    """A confidential ledger whose cap admits exactly one run of the demo's US budgets."""
+    return new_ledger(tmp_path, cap="1.257281").path
+
+
+def _options(ledger: Path) -> PrivateRunOptions:
+    return PrivateRunOptions(ledger=ledger, new_version="the demo's synthetic records")
 
 
 def _fail_on_save(monkeypatch, n: int) -> None:
@@ -39,15 +49,15 @@ def _fail_on_save(monkeypatch, n: int) -> None:
 
 
 def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monkeypatch):
-    ledger = tmp_path / "ledger.jsonl"
+    ledger = _ledger(tmp_path)
     out = tmp_path / "out"
     _fail_on_save(monkeypatch, 10)
     with pytest.raises(OSError):
-        run_private(DEMO_US / "config.json", DEMO_US, out, PrivateRunOptions(ledger=ledger))
+        run_private(DEMO_US / "config.json", DEMO_US, out, _options(ledger))
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert run.status.value == "failed" and len(run.reusable) == 9 and len(run.intents) == 10
-    staged = MeasurementStore(out.parent / f".{out.name}.partial-{run_id}" / ".measurements")
+    staged = MeasurementStore(ledger.parent / "runs" / run_id / "measurements")
     assert len(list(staged.directory.glob("*.npy"))) == 9
     assert not out.exists()
 
@@ -70,14 +80,14 @@ def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monke
     verify = subprocess.run([str(PHSAFE), "audit", "verify", str(ledger), "--outputs", str(out)],
                             capture_output=True, text=True)
     assert verify.returncode == 0, verify.stdout + verify.stderr
-    assert not (out / ".measurements").exists()
+    assert not staged.directory.exists()  # published: the work folder keeps no noisy vector
 
 
 def test_resume_needs_the_same_config(tmp_path, monkeypatch):
-    ledger = tmp_path / "ledger.jsonl"
+    ledger = _ledger(tmp_path)
     _fail_on_save(monkeypatch, 3)
     with pytest.raises(OSError):
-        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger))
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", _options(ledger))
     monkeypatch.undo()
     (run_id, _), = read_ledger(ledger).runs.items()
     other = tmp_path / "config.json"
@@ -87,8 +97,8 @@ def test_resume_needs_the_same_config(tmp_path, monkeypatch):
 
 
 def test_a_finished_run_is_never_resumed(tmp_path):
-    ledger = tmp_path / "ledger.jsonl"
-    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger))
+    ledger = _ledger(tmp_path)
+    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", _options(ledger))
     with pytest.raises((BudgetError, PHSafeError)):
         run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out2", PrivateRunOptions(ledger=ledger),
                     run_id=result.run_id, resume=True)
