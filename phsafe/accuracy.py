@@ -244,12 +244,14 @@ def run_accuracy(
         seed = secrets.randbits(62)
 
     say("truth: non-private run")
-    run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth")
+    run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth", non_confidential=True)
     truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
     truth_ratios = _exact_ratios(truth)
 
     cells: list[pd.DataFrame] = []
     averages: list[pd.DataFrame] = []
+    for folder in ("trials", "truncated"):  # a private run publishes into an existing folder
+        (output_dir / folder).mkdir(exist_ok=True)
     for trial in range(1, trials + 1):
         name = f"{trial:03d}"
         key = secrets.token_hex(TRUNCATION_KEY_BYTES)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from phsafe.validation import ValidationReport, validate_inputs
+from tests._ledgers import new_ledger
 from tests.conftest import END_TO_END
 from tests.system._bad_inputs import CASES, DEMO_US, Case, Dataset, base_dataset, build
 
@@ -118,10 +119,10 @@ def _ledger_spends(ledger: Path) -> list[str]:
 def test_private_run_refuses_bad_input(case: Case, base: Dataset, tmp_path: Path) -> None:
     data = tmp_path / "data"
     ds = build(case, base, data)
-    out, ledger = tmp_path / "out", tmp_path / "ledger.jsonl"
+    out, ledger = tmp_path / "out", new_ledger(tmp_path).path
     proc = subprocess.run(
         [str(PHSAFE), "private", str(data / "config.json"), str(data), str(out), "--validate",
-         "--ledger", str(ledger)],
+         "--ledger", str(ledger), "--new-version", "test records"],
         capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"},
     )
     assert proc.returncode != 0

@@ -200,15 +200,12 @@ def _small_config(defn: str = "zcdp") -> dict:
 
 
 def test_with_the_production_ledger_intent_is_durable_before_the_draw(tmp_path: Path, sampler) -> None:
-    ledger_mod = pytest.importorskip("phsafe.ledger")
+    from tests._ledgers import new_ledger, start
+
     plan = plan_run(parse_config(_small_config()))
-    path = tmp_path / "ledger.jsonl"
-    ledger = ledger_mod.Ledger.open(path)
-    recorder = ledger.start_run(
-        run_id="run-noise-test", plan=plan, config_digest="0" * 64,
-        input_digests={"persons.csv": "1" * 64, "units.csv": "2" * 64, "geo.csv": "3" * 64},
-        code_version="test", truncation_key_hex="00" * 16, non_confidential=True,
-    )
+    ledger = new_ledger(tmp_path, cap="inf", non_confidential=True)
+    path = ledger.path
+    recorder = start(ledger, plan, "run-noise-test", non_confidential=True)
 
     def ledger_kinds() -> list[tuple[str, str | None]]:
         lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
