@@ -917,7 +917,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     try:
         state = open_ledger(run.ledger).run(run.run_id)
     except LedgerError as exc:  # e.g. a full disk: the run stays "running" (resumable) in the ledger
-        log.error("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
+        log.debug("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
         return True
     if state is None:  # never started: nothing spent
         return False
@@ -926,8 +926,8 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     if state.status is RunStatus.RUNNING and attempt is not None and state.attempt == attempt.attempt:
         try:
             recorder_for(run, plan, attempt).fail(reason)
-        except LedgerError as exc:
-            log.error("could not record the failure in the ledger; the run stays open and can be resumed",
+        except LedgerError as exc:  # the failure being handled says why; the run stays resumable
+            log.debug("could not record the failure in the ledger; the run stays open and can be resumed",
                       error=str(exc).splitlines()[0])
     return bool(state.intents)
 
@@ -985,8 +985,8 @@ def run_private(
             if record_failure(run, plan, attempt, failure_reason(exc)) and isinstance(exc, PHSafeError):
                 log.debug("run failed after spending; its committed measurements are kept for a resume",
                           run_id=run.run_id, run_dir=str(run.run_dir))
-                raise type(exc)(f"{exc}\n(run {run.run_id} spent budget; complete it without drawing noise again: "
-                                f"{resume_hint(run)})") from exc
+                raise type(exc)(f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise "
+                                f"again: {resume_hint(run)}") from exc
             raise
     return RunResult(run.run_id, run.output_dir, file_digests, plan, stage.timings, run.ledger, run.run_dir)
 

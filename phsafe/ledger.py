@@ -1664,6 +1664,7 @@ def load_signing_key(path: Path, public_key: Path | None = None) -> Any:
         PHSafeError: The file cannot be read, is not a PEM private key, is protected by a
             passphrase, is not Ed25519, or does not match ``public_key``.
     """
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -1678,7 +1679,7 @@ def load_signing_key(path: Path, public_key: Path | None = None) -> Any:
     except TypeError:
         raise PHSafeError(f"the signing key {name} ({flag}) is protected by a passphrase; give the unencrypted "
                           "Ed25519 key (PEM), kept on a protected volume") from None
-    except (ValueError, serialization.UnsupportedAlgorithm):
+    except (ValueError, UnsupportedAlgorithm):
         raise PHSafeError(f"the signing key {name} ({flag}) is not a PEM private key") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise PHSafeError(f"the signing key {name} ({flag}) is a {type(key).__name__.removeprefix('_')}, not an "
@@ -1686,7 +1687,7 @@ def load_signing_key(path: Path, public_key: Path | None = None) -> Any:
     if public_key is not None:
         try:
             pub = serialization.load_pem_public_key(Path(public_key).read_bytes())
-        except (OSError, ValueError, serialization.UnsupportedAlgorithm):
+        except (OSError, ValueError, UnsupportedAlgorithm):
             raise PHSafeError(f"the public key {Path(public_key).name} ({option('public_key')}) is not a readable "
                               "PEM public key") from None
         raw = serialization.Encoding.Raw, serialization.PublicFormat.Raw

@@ -81,23 +81,29 @@ def start(log_file: Path | None) -> None:
         raise SystemExit(1) from None
 
 
-def parse_amount(value: str | None, *, what: str = "budget") -> Fraction | None:
-    """A decimal option (``2.514562``) as an exact Fraction; finite, non-negative, bounded."""
+def parse_amount(value: str | None, flag: str) -> Fraction | None:
+    """A decimal option (``2.514562``) as an exact Fraction; finite, non-negative, bounded.
+
+    Raises:
+        PHSafeError: naming ``flag`` (one line, like every refusal).
+    """
+    from phsafe.errors import PHSafeError
+
     if value is None:
         return None
     text = value.strip()
     if len(text) > 40:
-        raise click.BadParameter(f"a {what} has at most 40 characters")
+        raise PHSafeError(f"{flag}: a number has at most 40 characters")
     try:
         number = Decimal(text)
     except InvalidOperation:
-        raise click.BadParameter("must be a decimal number, e.g. 2.514562") from None
+        raise PHSafeError(f"{flag}: {value!r} is not a decimal number (e.g. 2.514562)") from None
     if not number.is_finite():
-        raise click.BadParameter(f"must be a finite number: an infinite {what} has no meaning on confidential data")
+        raise PHSafeError(f"{flag}: must be a finite number (an infinite cap has no meaning for confidential data)")
     if number < 0:
-        raise click.BadParameter("must be non-negative")
+        raise PHSafeError(f"{flag}: must be non-negative")
     if number != 0 and abs(number.adjusted()) > 40:
-        raise click.BadParameter("is out of range")
+        raise PHSafeError(f"{flag}: is out of range")
     return Fraction(number)
 
 

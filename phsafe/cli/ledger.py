@@ -35,14 +35,14 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     """
     from phsafe.config import PrivacyDefinition
 
-    cap = parse_amount(lifetime_cap, what="lifetime cap")
     start(None)
     try:
         from phsafe.engine import code_version
         from phsafe.ledger import format_exact, init_ledger, key_path
 
-        made = init_ledger(path, lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
-                           non_confidential=non_confidential, code_version=code_version())
+        made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
+                           privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
+                           code_version=code_version())
     except Exception as exc:  # noqa: BLE001
         fail(exc, None)
         return
@@ -62,12 +62,12 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
 @click.option("--reason", required=True, metavar="TEXT", help="Why (recorded).")
 def raise_cap_command(path: Path, dataset: str, cap: str, reason: str) -> None:
     """Raise one dataset's lifetime cap (a recorded CAP_RAISED entry; caps are never lowered)."""
-    amount = parse_amount(cap, what="lifetime cap")
     start(None)
     try:
         from phsafe.engine import open_ledger
         from phsafe.ledger import format_exact
 
+        amount = parse_amount(cap, "--to")
         entry = open_ledger(path).raise_cap(dataset, amount, reason)
     except Exception as exc:  # noqa: BLE001
         fail(exc, None)
@@ -123,14 +123,14 @@ def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: st
         if not sep:
             raise click.BadParameter(f"{item!r} is not ID=NAME", param_hint="--map")
         names[old.strip()] = name.strip()  # type: ignore[index]
-    cap = parse_amount(lifetime_cap, what="lifetime cap")
     start(None)
     try:
         from phsafe.engine import code_version
         from phsafe.ledger import migrate_ledger
 
-        migrated = migrate_ledger(path, lifetime_cap=cap, reason=reason, names=names,
-                                  privacy_defn=PrivacyDefinition(privacy_defn), code_version=code_version())
+        migrated = migrate_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
+                                  names=names, privacy_defn=PrivacyDefinition(privacy_defn),
+                                  code_version=code_version())
     except Exception as exc:  # noqa: BLE001
         fail(exc, None)
         return

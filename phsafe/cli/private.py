@@ -57,13 +57,13 @@ def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset
     """
     if no_validate and validate_flag:
         raise click.UsageError("give either --validate or --no-validate")
-    cap = parse_amount(lifetime_cap, what="lifetime cap")
     start(log_file)
     try:
         from phsafe.engine import PrivateRunOptions, run_private
 
         options = PrivateRunOptions(
-            ledger=ledger, dataset=dataset, new_version=new_version, lifetime_cap=cap, cap_reason=cap_reason,
+            ledger=ledger, dataset=dataset, new_version=new_version,
+            lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), cap_reason=cap_reason,
             signing_key=signing_key, public_key=public_key, non_confidential=non_confidential,
             validate_inputs=not no_validate, validate_outputs=validate_outputs, work_dir=work_dir,
             truncation_key=truncation_key, resume_reason=resume_reason,

@@ -1,0 +1,368 @@
+"""Reliability of ``phsafe private`` on bad settings and faults (issue 13), through the command line.
+
+Every refusal is checked the same way: exit status 1, exactly one ``phsafe: error:`` line saying
+what is wrong (no traceback, no ``internal error``), nothing under the output name, and the exact
+ledger effect -- no spend at all for everything a preflight can see; for faults after spending,
+the run is completed by ``--resume`` with no new spend of a committed measurement, and
+``audit verify --outputs`` holds. The faults are real where the machine allows it (a full tmpfs,
+an immutable file, a file-size limit) and simulated by a write wrapper where it does not.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from phsafe.accounting import plan_run
+from phsafe.config import load_config
+from phsafe.engine import PrivateRunOptions, run_private
+from phsafe.errors import PHSafeError
+from phsafe.ledger import lock_path, read_ledger
+from tests._ledgers import new_ledger
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_US = REPO / "demo" / "data" / "us"
+CONFIG = DEMO_US / "config.json"
+PHSAFE = Path(sys.executable).parent / "phsafe"
+ONE_RUN = "1.257281"  # the demo config's total: a cap that admits exactly one run
+FIRST = ["--new-version", "the demo's synthetic records"]
+
+
+def cli(*args: object, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_COLOR": "1", **kw.pop("env", {})}
+    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=600, env=env, **kw)
+
+
+def private(out: Path, ledger: Path, *extra: object, config: Path = CONFIG, data: Path = DEMO_US, **kw):
+    return cli("private", config, data, out, "--ledger", ledger, *extra, **kw)
+
+
+def entries(ledger: Path) -> list[dict]:
+    if not ledger.is_file():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.endswith("}")]
+
+
+def intents(ledger: Path, run_id: str | None = None) -> Counter:
+    return Counter(e["key"] for e in entries(ledger)
+                   if e["kind"] == "INTENT" and (run_id is None or e["run_id"] == run_id))
+
+
+def error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one error line of a refused command (console progress lines aside)."""
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text and "internal error" not in text, text[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("phsafe: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert not [line for line in proc.stderr.splitlines() if "[error" in line], proc.stderr[-3000:]
+    return errors[0]
+
+
+def assert_refused(proc, *phrases: str, out: Path, ledger: Path | None = None) -> str:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = error_line(proc)
+    for phrase in phrases:
+        assert phrase.lower() in line.lower(), line
+    assert not out.exists() and not any(out.parent.glob(f".{out.name}.partial-*")), "something was published"
+    if ledger is not None:
+        assert not intents(ledger), "budget was spent"
+    return line
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Path:
+    return new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+    d = tmp_path_factory.mktemp("keys")
+    pem, pkcs8 = serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    good, other = ed25519.Ed25519PrivateKey.generate(), ed25519.Ed25519PrivateKey.generate()
+    paths = {
+        "good": good.private_bytes(pem, pkcs8, serialization.NoEncryption()),
+        "good.pub": good.public_key().public_bytes(pem, spki),
+        "other.pub": other.public_key().public_bytes(pem, spki),
+        "garbage": b"-----BEGIN PRIVATE KEY-----\nnot a key at all\n-----END PRIVATE KEY-----\n",
+        "rsa": rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+            pem, pkcs8, serialization.NoEncryption()),
+        "passphrase": good.private_bytes(pem, pkcs8, serialization.BestAvailableEncryption(b"secret")),
+    }
+    for name, data in paths.items():
+        (d / name).write_bytes(data)
+    return {name: d / name for name in paths}
+
+
+# --------------------------------------------------------------------------------------------
+# Refused before anything is spent
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key, phrase", [("garbage", "not a PEM private key"), ("rsa", "not an Ed25519 key"),
+                                         ("passphrase", "passphrase")])
+def test_a_bad_signing_key_is_refused_before_any_spend(key: str, phrase: str, keys, ledger: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert_refused(private(out, ledger, *FIRST, "--signing-key", keys[key]), "--signing-key", phrase,
+                   out=out, ledger=ledger)
+
+
+def test_a_signing_key_that_is_not_the_operators_is_refused(keys, ledger: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert_refused(private(out, ledger, *FIRST, "--signing-key", keys["good"], "--public-key", keys["other.pub"]),
+                   "does not match the public key", out=out, ledger=ledger)
+
+
+def test_output_folder_problems_are_refused_before_any_spend(ledger: Path, tmp_path: Path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        (a_file / "out", "is not a folder"),
+        (tmp_path / "missing" / "out", "does not exist"),
+        (tmp_path / ("o" * 250), "too long"),
+        (Path("/sys/phsafe-out"), "cannot be written"),  # a parent even root cannot write
+    ]
+    for out, phrase in cases:
+        assert_refused(private(out, ledger, *FIRST), phrase, out=out, ledger=ledger)
+    existing = tmp_path / "exists"
+    existing.mkdir()
+    proc = private(existing, ledger, *FIRST)
+    assert proc.returncode == 1 and "already exists" in error_line(proc) and not intents(ledger)
+
+
+def test_a_full_file_system_under_out_is_refused_before_any_spend(ledger: Path, tmp_path: Path):
+    small = tmp_path / "small"
+    small.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a 64 KiB tmpfs (as root): {mounted.stderr.decode().strip()}")
+    try:
+        out = small / "out"
+        assert_refused(private(out, ledger, *FIRST), "MiB free", "the release needs", out=out, ledger=ledger)
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_ledger_problems_are_refused_before_any_spend(tmp_path: Path):
+    out = tmp_path / "out"
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    assert_refused(private(out, folder, *FIRST), "is a directory", out=out)
+    assert_refused(private(out, tmp_path / "nope.jsonl", *FIRST), "does not exist", "phsafe ledger init", out=out)
+
+    ledger = new_ledger(tmp_path / "l1", cap=ONE_RUN).path
+    lock_path(ledger).unlink(missing_ok=True)
+    lock_path(ledger).mkdir()
+    assert_refused(private(out, ledger, *FIRST), "lock file", "is a directory", out=out, ledger=ledger)
+
+    # An immutable ledger cannot be appended to, even by root.
+    ledger = new_ledger(tmp_path / "l2", cap=ONE_RUN).path
+    assert subprocess.run(["chattr", "+i", str(ledger)]).returncode == 0, "chattr +i is needed (ext4, root)"
+    try:
+        assert_refused(private(out, ledger, *FIRST), "cannot append", out=out)
+    finally:
+        subprocess.run(["chattr", "-i", str(ledger)], check=True)
+    assert not intents(ledger)
+
+    # /dev/full is not a ledger; nothing may be created beside it.
+    assert_refused(private(out, Path("/dev/full"), *FIRST), "not a regular file", out=out)
+    assert not Path("/dev/full.lock").exists()
+
+    # A deeply nested line in the ledger is a broken entry, reported as such.
+    ledger = new_ledger(tmp_path / "l3", cap=ONE_RUN).path
+    with open(ledger, "a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    assert_refused(private(out, ledger, *FIRST), "entry 1", "nested too deeply", out=out)
+
+
+def test_settings_are_refused_before_any_spend(ledger: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    zero = tmp_path / "zero.json"
+    raw = json.loads(CONFIG.read_text())
+    raw["privacy_budget"] = {t: {lv: 0 for lv in levels} for t, levels in raw["privacy_budget"].items()}
+    zero.write_text(json.dumps(raw))
+    assert_refused(private(out, ledger, *FIRST, config=zero), "every budget is 0", out=out, ledger=ledger)
+    assert_refused(private(out, ledger, *FIRST, "--lifetime-cap", "Infinity", "--cap-reason", "x"),
+                   "--lifetime-cap", "finite", out=out, ledger=ledger)
+    assert_refused(private(out, ledger, *FIRST, "--lifetime-cap", "3"), "--cap-reason", out=out, ledger=ledger)
+    assert_refused(private(out, ledger, *FIRST, "--truncation-key", "ZZTOP"), "--truncation-key",
+                   "non-confidential data only", out=out, ledger=ledger)
+    assert_refused(private(out, tmp_path / "nc.jsonl", "--non-confidential", "--truncation-key", "ZZTOP"),
+                   "--truncation-key", "32 hex digits", out=out)
+    assert_refused(cli("private", CONFIG, DEMO_US, out, *FIRST, env={"PHSAFE_LEDGER": ""}, cwd=tmp_path),
+                   "name the audit ledger", out=out)
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    proc = private(out, ledger, *FIRST, "-l", f"{log_dir}/")
+    assert proc.returncode == 1 and "is a folder" in error_line(proc) and not out.exists()
+    assert not intents(ledger)
+
+
+# --------------------------------------------------------------------------------------------
+# Faults after spending: recovered without new noise
+# --------------------------------------------------------------------------------------------
+
+
+def _complete(ledger: Path, run_id: str, out: Path, *extra: object) -> None:
+    """Resume ``run_id`` to ``out``; the run publishes and verifies."""
+    before = intents(ledger, run_id)
+    proc = private(out, ledger, "--resume", run_id, "--resume-reason", "recovery test", *extra)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = read_ledger(ledger).runs[run_id]
+    assert state.status.value == "finished" and state.output_path == str(out)
+    after = intents(ledger, run_id)
+    committed_before = set(before) - {k for k in before if k not in state.committed}
+    for key in committed_before:
+        assert after[key] == before[key], f"{key} was spent again"
+    verified = cli("audit", "verify", ledger, "--outputs", out)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_full_disk_under_out_after_spending_is_recovered_without_new_noise(ledger: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch):
+    import phsafe.outputs
+
+    def no_space(src, dst, *a, **k):  # noqa: ANN001
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(phsafe.outputs.shutil, "copyfile", no_space)
+    out = tmp_path / "out"
+    with pytest.raises(PHSafeError, match=r"no space left on device \(ENOSPC\)") as raised:
+        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False))
+    assert "--resume" in str(raised.value)
+    monkeypatch.undo()
+    assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert run.status.value == "failed" and not run.published and len(run.reusable) == len(run.planned)
+    before = sum(intents(ledger).values())
+    _complete(ledger, run_id, tmp_path / "new-out", "--no-validate")
+    assert sum(intents(ledger).values()) == before  # nothing spent again
+
+
+def test_a_signing_key_lost_before_publishing_is_recovered_without_new_noise(keys, ledger: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    import phsafe.ledger
+
+    original = phsafe.ledger.load_signing_key
+    calls = []
+
+    def flaky(path, public_key=None):  # noqa: ANN001 -- fine at preflight, gone at publish
+        calls.append(path)
+        if len(calls) > 1:
+            raise PHSafeError(f"cannot read the signing key {path}: no such file or directory (ENOENT)")
+        return original(path, public_key)
+
+    monkeypatch.setattr(phsafe.ledger, "load_signing_key", flaky)
+    out = tmp_path / "out"
+    with pytest.raises(PHSafeError, match="signing key"):
+        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False,
+                                                            signing_key=keys["good"]))
+    monkeypatch.undo()
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert not out.exists() and not run.published and run.status.value == "failed"
+    before = sum(intents(ledger).values())
+    _complete(ledger, run_id, out, "--no-validate", "--signing-key", keys["good"], "--public-key", keys["good.pub"])
+    assert sum(intents(ledger).values()) == before
+    verified = cli("audit", "verify", ledger, "--outputs", out, "--public-key", keys["good.pub"])
+    assert verified.returncode == 0, verified.stderr
+
+
+def test_two_runs_racing_for_one_out_lose_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import phsafe.engine
+
+    ledger = new_ledger(tmp_path / "ledger", cap="2.514562").path
+    out = tmp_path / "out"
+    original = phsafe.engine.publish_release
+
+    def another_run_publishes_first(release, target, run_id, manifest, **kw):  # noqa: ANN001
+        shutil.copytree(release, target)  # the other run's release lands under the same name first
+        return original(release, target, run_id, manifest, **kw)
+
+    monkeypatch.setattr(phsafe.engine, "publish_release", another_run_publishes_first)
+    with pytest.raises(PHSafeError, match="already exists"):
+        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False))
+    monkeypatch.undo()
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert run.status.value == "failed" and not run.published
+    before = sum(intents(ledger).values())
+    _complete(ledger, run_id, tmp_path / "out-2", "--no-validate")
+    assert sum(intents(ledger).values()) == before
+
+
+def _limit_file_size(limit: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_under_the_ledger_is_named_rolled_back_and_recovered(tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    # Files may not grow past 40 KB: the ledger fills up in the middle of the spends.
+    proc = private(out, ledger, *FIRST, "--no-validate", preexec_fn=_limit_file_size(40_000))
+    line = assert_refused(proc, "could not write the ledger", "file too large (EFBIG)", "nothing of it was kept",
+                          out=out)
+    assert ledger.read_bytes().endswith(b"\n")  # rolled back: no partial entry
+    verified = cli("audit", "verify", ledger)
+    assert verified.returncode == 0, verified.stderr
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert "--resume" in line or run.status.value == "running"
+    # Without the limit the run completes. A spend whose COMMITTED could not be written is spent
+    # again (its noise may have been drawn) -- a recorded re-spend, so the cap must admit it.
+    extra: list[object] = ["--no-validate"]
+    if set(run.intents) - set(run.reusable):
+        extra += ["--lifetime-cap", "2.6", "--cap-reason", "re-spend after a full disk"]
+    _complete(ledger, run_id, out, *extra)
+
+
+def test_a_torn_ledger_tail_is_named_repaired_and_the_run_resumes(tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap="2.514562").path
+    out = tmp_path / "out"
+    first = private(out, ledger, *FIRST, "--no-validate")
+    assert first.returncode == 0, first.stderr
+    with open(ledger, "ab") as f:  # an interrupted write: half an entry, no newline
+        f.write(b'{"hash":"0123","kind":"INT')
+    out2 = tmp_path / "out2"
+    assert_refused(private(out2, ledger, "--no-validate"), "incomplete entry", "phsafe ledger repair", out=out2)
+    assert cli("audit", "verify", ledger).returncode == 1
+    repaired = cli("ledger", "repair", ledger)
+    assert repaired.returncode == 0 and "dropped 26 bytes" in repaired.stdout, repaired.stdout + repaired.stderr
+    assert entries(ledger)[-1]["kind"] == "TAIL_REPAIRED"
+    second = private(out2, ledger, "--no-validate")
+    assert second.returncode == 0, second.stderr
+    verified = cli("audit", "verify", ledger, "--outputs", out2)
+    assert verified.returncode == 0 and "TAIL_REPAIRED" in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_no_traceback_or_raw_value_reaches_the_log_file_on_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A bug ends as ``internal error: <type>``; the log file gets frames, never the message."""
+    from click.testing import CliRunner
+
+    import phsafe.engine
+    from phsafe.cli import main
+
+    def broken(*a, **k):  # noqa: ANN001
+        raise ValueError("raw value 123456789 of a record")
+
+    monkeypatch.setattr(phsafe.engine, "run_private", broken)
+    log = tmp_path / "run.log"
+    result = CliRunner().invoke(main, ["private", str(CONFIG), str(DEMO_US), str(tmp_path / "out"), "--ledger",
+                                       str(tmp_path / "l"), "-l", str(log)])
+    assert result.exit_code == 2
+    assert "internal error: ValueError" in result.output and "123456789" not in result.output
+    text = log.read_text()
+    assert "ValueError" in text and "123456789" not in text and "Traceback" not in text
+    assert "test_reliability.py" in text  # where it happened: file and line
