@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -462,3 +463,107 @@ def test_parse_config_accepts_an_already_parsed_mapping() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(raw)
     assert info.value.key == "tau.PH2"
+
+
+# --------------------------------------------------------------------------------------------
+# Budget sanity at load (issue 12): duplicates, bounded numbers, noise scales, the run policy
+# --------------------------------------------------------------------------------------------
+
+
+def _text_config(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_duplicate_keys_are_refused_naming_the_key(tmp_path: Path) -> None:
+    text = US_CONFIG.read_text()
+    # a second "usa_*" inside PH2's object: JSON would silently keep the last one
+    doubled = text.replace('"PH2": {', '"PH2": {\n "usa_*": 10,', 1)
+    assert doubled != text
+    with pytest.raises(ConfigError) as raised:
+        load_config(_text_config(tmp_path, doubled))
+    assert raised.value.key == "privacy_budget.PH2.usa_*" and "twice" in raised.value.rule
+    top = text.replace("{", '{\n "tau": {},', 1)
+    with pytest.raises(ConfigError, match="tau.*twice"):
+        load_config(_text_config(tmp_path, top))
+
+
+@pytest.mark.parametrize("literal", ["1e999999999", "1e-999999999", "1e41", "0." + "0" * 45 + "1"])
+def test_huge_or_tiny_numbers_are_refused_at_once(tmp_path: Path, literal: str) -> None:
+    import time
+
+    raw = re.sub(r'"usa_\*": [0-9.e-]+', f'"usa_*": {literal}', json.dumps(_raw()), count=1)
+    assert literal in raw
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as raised:
+        load_config(_text_config(tmp_path, raw))
+    assert time.monotonic() - start < 2  # decided on the exponent: exact arithmetic would never finish
+    assert raised.value.key.startswith("privacy_budget.") or raised.value.key == "<file>"
+    assert literal not in str(raised.value)
+
+
+def test_overlong_number_literals_are_refused_without_quoting_them(tmp_path: Path) -> None:
+    literal = "1" * 5000  # beyond Python's int parsing limit as well
+    raw = re.sub(r'"usa_\*": [0-9.e-]+', f'"usa_*": {literal}', json.dumps(_raw()), count=1)
+    assert literal in raw
+    with pytest.raises(ConfigError, match="longer than 40 characters") as raised:
+        load_config(_text_config(tmp_path, raw))
+    assert literal[:20] not in str(raised.value)
+
+
+def test_a_budget_too_small_for_64_bit_counts_is_refused_naming_the_level(tmp_path: Path) -> None:
+    raw = _raw()
+    raw["privacy_budget"]["PH3"]["state_A-G"] = 1e-30
+    error = _fails(tmp_path, raw)
+    assert error.key == "privacy_budget.PH3.state_A-G" and "too small" in error.rule and "64-bit" in error.rule
+    raw["privacy_budget"]["PH3"]["state_A-G"] = 1e-300
+    assert "out of range" in _fails(tmp_path, raw).rule
+
+
+def test_the_run_policy_refuses_near_exact_releases_unless_non_confidential(tmp_path: Path) -> None:
+    from phsafe.config import check_budget_policy
+    from phsafe.errors import BudgetError
+
+    raw = _raw()
+    raw["privacy_budget"]["PH8_denom"]["state_*"] = 1e30
+    config = load_config(_write(tmp_path, raw))  # a valid config: scale 2e-15 counts
+    with pytest.raises(BudgetError, match=r"privacy_budget\.PH8_denom\.state_\*.*below 1.*--non-confidential"):
+        check_budget_policy(config, non_confidential=False)
+    check_budget_policy(config, non_confidential=True)
+    # The boundary is exact enough: sigma = 1 count for a unit table (Delta 2) is rho = 2.
+    raw["privacy_budget"]["PH8_denom"]["state_*"] = 2
+    check_budget_policy(load_config(_write(tmp_path, raw)), non_confidential=False)
+    raw["privacy_budget"]["PH8_denom"]["state_*"] = 2.001
+    with pytest.raises(BudgetError):
+        check_budget_policy(load_config(_write(tmp_path, raw)), non_confidential=False)
+    infinite = _raw()
+    infinite["privacy_budget"]["PH2"]["usa_*"] = float("inf")
+    with pytest.raises(BudgetError, match="Infinity"):
+        check_budget_policy(load_config(_write(tmp_path, infinite)), non_confidential=False)
+
+
+def test_a_config_measuring_nothing_is_refused_for_every_run(tmp_path: Path) -> None:
+    from phsafe.config import check_budget_policy
+
+    raw = _raw()
+    raw["privacy_budget"] = {t: {lv: 0 for lv in levels} for t, levels in raw["privacy_budget"].items()}
+    config = load_config(_write(tmp_path, raw))
+    for non_confidential in (False, True):
+        with pytest.raises(ConfigError, match="every budget is 0"):
+            check_budget_policy(config, non_confidential=non_confidential)
+
+
+def test_the_dataset_key_names_the_dataset(tmp_path: Path) -> None:
+    raw = _raw()
+    raw["dataset"] = "cef2020-us"
+    assert load_config(_write(tmp_path, raw)).dataset == "cef2020-us"
+    for bad in ("", "a b", "../x", 7):
+        raw["dataset"] = bad
+        assert _fails(tmp_path, raw).key == "dataset"
+
+
+def test_tau_is_bounded(tmp_path: Path) -> None:
+    raw = _raw()
+    raw["tau"]["PH2"] = 100_001
+    assert _fails(tmp_path, raw).key == "tau.PH2"
