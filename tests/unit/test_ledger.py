@@ -1,20 +1,29 @@
-"""The privacy-loss ledger: exact totals, write-ahead durability, lifetime caps, concurrency.
+"""The privacy-loss ledger: policy, exact totals, write-ahead durability, lifetime caps per
+declared dataset, publication, repair, migration, concurrency.
 
-Ledgers here are built through the real API (:class:`phsafe.ledger.Ledger`) and real noise
-(:func:`phsafe.noise.measure`); hashes are recomputed independently from the format's definition.
+Ledgers here are made the only way ledgers are made (:func:`phsafe.ledger.init_ledger`, through
+``tests/_ledgers.py``) and used through the real API (:class:`phsafe.ledger.Ledger`) with real
+noise (:func:`phsafe.noise.measure`); hashes are recomputed independently from the format's
+definition. What only the replay rules can reject (``read_ledger``, the same code ``phsafe audit
+verify`` runs) is written by hand with a correct hash chain (``tests._ledgers.craft``); ledgers of
+the first format are written by hand too (``tests._ledgers.FirstFormatLedger``).
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import errno
 import hashlib
+import hmac
 import json
 import multiprocessing as mp
 import os
+import stat
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -24,24 +33,41 @@ from hypothesis import strategies as st
 import phsafe.ledger as ledger_mod
 import phsafe.noise as noise_mod
 from phsafe.accounting import RunPlan, plan_run
-from phsafe.config import PHSafeConfig, PrivacyDefinition, load_config, parse_config
-from phsafe.errors import BudgetError
+from phsafe.config import INFINITE, PHSafeConfig, PrivacyDefinition, load_config, parse_config
+from phsafe.errors import BudgetError, PHSafeError
 from phsafe.ledger import (
     Ledger,
     LedgerError,
     RunStatus,
+    TornTailError,
     dataset_id,
     format_exact,
+    init_ledger,
+    key_id,
+    key_path,
+    lock_path,
+    migrate_ledger,
     parse_exact,
     read_ledger,
+    repair_ledger,
 )
 from phsafe.noise import measure
 
+from tests._ledgers import (
+    DIGESTS_A,
+    DIGESTS_B,
+    FP_A,
+    FP_B,
+    FirstFormatLedger,
+    craft,
+    new_ledger,
+    start,
+)
 from tests.conftest import PR_CONFIG, US_CONFIG
 
-DIGESTS_A = {"persons.csv": "1" * 64, "units.csv": "2" * 64, "geo.csv": "3" * 64}
-DIGESTS_B = {"persons.csv": "4" * 64, "units.csv": "5" * 64, "geo.csv": "6" * 64}
-KEY_HEX = "ab" * 32
+DATASET = "test-data"  # the dataset tests._ledgers.start runs by default
+FILES = {"PH2/PH2.csv": "d" * 64, "manifest.json": "e" * 64}
+COMMON = {"seq", "prev", "kind", "time", "run_id", "hash"}
 
 
 def small_config(defn: str = "zcdp", **budgets: Any) -> PHSafeConfig:
@@ -62,16 +88,7 @@ def small_config(defn: str = "zcdp", **budgets: Any) -> PHSafeConfig:
     return parse_config(raw)
 
 
-def start(ledger: Ledger, plan: RunPlan, run_id: str, digests=DIGESTS_A, **kw: Any):
-    return ledger.start_run(
-        run_id=run_id,
-        plan=plan,
-        config_digest="c" * 64,
-        input_digests=digests,
-        code_version="test",
-        truncation_key_hex=KEY_HEX,
-        **kw,
-    )
+PLAN = plan_run(small_config())
 
 
 def run_all(recorder, plan: RunPlan) -> None:
@@ -84,8 +101,33 @@ def run_all_but_first(recorder, plan: RunPlan) -> None:
         measure(m, np.arange(m.n_cells, dtype=np.int64), recorder)
 
 
+def publish(recorder, out: Path) -> None:
+    """Record the release (as the engine does once it is renamed into place)."""
+    recorder.record_published(FILES, out)
+
+
 def entries(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def of_kind(path: Path, kind: str) -> list[dict[str, Any]]:
+    return [e for e in entries(path) if e["kind"] == kind]
+
+
+def body_of(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """An entry's body fields (without the common ones), with ``changes``."""
+    body = {k: v for k, v in entry.items() if k not in COMMON}
+    body.update(changes)
+    return body
+
+
+def rejected(path: Path, seq: int, kind: str, match: str) -> LedgerError:
+    """``read_ledger`` rejects the ledger at entry ``seq`` (``kind``), for ``match``."""
+    with pytest.raises(LedgerError, match=match) as info:
+        read_ledger(path)
+    assert (info.value.seq, info.value.kind) == (seq, kind), str(info.value)
+    assert str(info.value).startswith(f"entry {seq} ({kind}): ")
+    return info.value
 
 
 # --------------------------------------------------------------------------------------------
@@ -94,14 +136,16 @@ def entries(path: Path) -> list[dict[str, Any]]:
 
 
 def test_production_totals_are_exact_and_recorded_exactly(tmp_path: Path) -> None:
+    """The default cap of a run is its dataset's cap, which the ledger's policy set at init (the
+    first format used the run's own planned total)."""
     us = plan_run(load_config(US_CONFIG))
     pr = plan_run(load_config(PR_CONFIG))
     assert us.total == Fraction(1257281, 1000000)
     assert pr.total == Fraction(1226649, 1000000)
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    start(ledger, us, "us-run")
-    start(ledger, pr, "pr-run", digests=DIGESTS_B)
-    started = entries(tmp_path / "ledger.jsonl")
+    ledger = new_ledger(tmp_path, cap=2)
+    start(ledger, us, "us-run", dataset="cef2020-us")
+    start(ledger, pr, "pr-run", dataset="cef2020-pr", fingerprint=FP_B, digests=DIGESTS_B)
+    started = of_kind(ledger.path, "RUN_STARTED")
     assert started[0]["planned_total"] == "1.257281"
     assert started[1]["planned_total"] == "1.226649"
     assert parse_exact(started[0]["planned_total"]) == us.total
@@ -109,18 +153,20 @@ def test_production_totals_are_exact_and_recorded_exactly(tmp_path: Path) -> Non
     assert sum(parse_exact(p["budget"]) for p in started[0]["planned"]) == us.total
     assert len(started[0]["planned"]) == len(us.measurements) == 46
     assert len(started[1]["planned"]) == len(pr.measurements) == 23
-    for line in (tmp_path / "ledger.jsonl").read_text().splitlines():
+    for line in ledger.path.read_text().splitlines():
         json.loads(line, parse_float=lambda s: pytest.fail(f"float {s} in the ledger"))
-    state = read_ledger(tmp_path / "ledger.jsonl")
+    state = read_ledger(ledger.path)
     assert state.runs["us-run"].planned_total == us.total
-    assert state.runs["us-run"].lifetime_cap == us.total  # default cap: the run's own total
+    assert started[0]["lifetime_cap"] == started[1]["lifetime_cap"] == "2"
+    assert state.runs["us-run"].lifetime_cap == state.runs["pr-run"].lifetime_cap == Fraction(2)
+    assert state.dataset_cap("cef2020-us") == state.policy.lifetime_cap == Fraction(2)
 
 
 def test_planned_fields_match_the_plan(tmp_path: Path) -> None:
     plan = plan_run(load_config(US_CONFIG))
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
+    ledger = new_ledger(tmp_path)
     start(ledger, plan, "r")
-    recorded = {p["key"]: p for p in entries(tmp_path / "ledger.jsonl")[0]["planned"]}
+    recorded = {p["key"]: p for p in of_kind(ledger.path, "RUN_STARTED")[0]["planned"]}
     for m in plan.measurements:
         p = recorded[m.key]
         assert (p["table"], p["level"], p["sensitivity"], p["tau"], p["n_cells"]) == (
@@ -154,14 +200,12 @@ def test_exact_amounts_are_canonical() -> None:
 
 
 def test_entries_form_a_domain_separated_hash_chain(tmp_path: Path) -> None:
-    config = small_config()
-    plan = plan_run(config)
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    run_all(rec, plan)
-    rec.record_outputs_published({"PH2/PH2.csv": "d" * 64})
-    rec.finish()
-    raw_lines = (tmp_path / "ledger.jsonl").read_bytes().split(b"\n")
+    """Entries about the ledger or a dataset (LEDGER_INIT, DATASET_VERSION) have a null run_id."""
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    raw_lines = ledger.path.read_bytes().split(b"\n")
     assert raw_lines[-1] == b""
     prev = "0" * 64
     kinds = []
@@ -171,40 +215,178 @@ def test_entries_form_a_domain_separated_hash_chain(tmp_path: Path) -> None:
         canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert raw == json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
         assert entry["hash"] == hashlib.sha256(b"phsafe-ledger-entry-v1\x00" + canonical).hexdigest()
-        assert entry["seq"] == seq and entry["prev"] == prev and entry["run_id"] == "run-1"
+        assert entry["seq"] == seq and entry["prev"] == prev
+        assert entry["run_id"] == (None if entry["kind"] in ("LEDGER_INIT", "DATASET_VERSION") else "run-1")
         assert entry["time"].endswith("Z")
         prev = entry["hash"]
         kinds.append(entry["kind"])
-    n = len(plan.measurements)
-    assert kinds == ["RUN_STARTED"] + ["INTENT", "COMMITTED"] * n + ["OUTPUTS_PUBLISHED", "RUN_FINISHED"]
+    n = len(PLAN.measurements)
+    assert kinds == (["LEDGER_INIT", "DATASET_VERSION", "RUN_STARTED"] + ["INTENT", "COMMITTED"] * n
+                     + ["OUTPUTS_PUBLISHED", "RUN_FINISHED"])
 
 
 def test_ledger_holds_no_microdata_fields(tmp_path: Path) -> None:
-    """Only the documented fields exist: digests, config digest, plan, cell counts, noisy digests."""
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    measure(plan.measurements[0], np.arange(plan.measurements[0].n_cells), rec)
+    """Only the documented fields exist: policy, dataset names and keyed fingerprints, digests, config
+    digest, plan, cell counts, noisy digests. The lineage key itself is never in the ledger."""
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    measure(PLAN.measurements[0], np.arange(PLAN.measurements[0].n_cells), rec)
     rec.fail("Traceback with data\nsecond line\x00")
-    allowed = {
-        "seq", "prev", "kind", "time", "run_id", "hash", "dataset_id", "input_digests", "config_digest",
-        "code_version", "truncation_key", "privacy_defn", "planned", "planned_total", "lifetime_cap",
-        "cap_reason", "non_confidential", "spent_before", "key", "budget", "sensitivity", "n_cells",
-        "intent_seq", "intent_hash", "noisy_digest", "files", "spent", "reason",
+    allowed = COMMON | {
+        "ledger_id", "format", "privacy_defn", "lifetime_cap", "reason", "non_confidential", "key_id",
+        "code_version", "dataset", "fingerprint", "input_digests", "config_digest", "truncation_key", "planned",
+        "planned_total", "spent_before", "validated", "key", "budget", "sensitivity", "n_cells", "intent_seq",
+        "intent_hash", "noisy_digest", "spent",
     }
-    for entry in entries(tmp_path / "ledger.jsonl"):
+    for entry in entries(ledger.path):
         assert set(entry) <= allowed
-    assert "\n" not in entries(tmp_path / "ledger.jsonl")[-1]["reason"]
+    reason = entries(ledger.path)[-1]["reason"]
+    assert "\n" not in reason and "\x00" not in reason
+    key_hex = key_path(ledger.path).read_text().strip()
+    assert len(key_hex) == 64 and key_hex not in ledger.path.read_text()
 
 
 def test_noisy_digest_is_the_released_vector(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    m = plan.measurements[0]
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    m = PLAN.measurements[0]
     noisy = measure(m, np.zeros(m.n_cells, dtype=np.int64), rec)
-    committed = [e for e in entries(tmp_path / "ledger.jsonl") if e["kind"] == "COMMITTED"][0]
+    committed = of_kind(ledger.path, "COMMITTED")[0]
     assert committed["noisy_digest"] == noise_mod.vector_digest(noisy)
+
+
+# --------------------------------------------------------------------------------------------
+# Init: the policy, the lineage key, and the only way a ledger comes to exist
+# --------------------------------------------------------------------------------------------
+
+
+def test_init_creates_the_ledger_and_its_lineage_key(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "ledger.jsonl"
+    ledger = init_ledger(path, lifetime_cap=Fraction(5, 4), reason="policy memo 3", code_version="v9")
+    key_file = key_path(path)
+    assert key_file == tmp_path / "deep" / "er" / "ledger.jsonl.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    key = bytes.fromhex(key_file.read_text(encoding="ascii").strip())
+    assert len(key) == 32
+    (genesis,) = entries(path)
+    assert set(genesis) == COMMON | {"ledger_id", "format", "privacy_defn", "lifetime_cap", "reason",
+                                     "non_confidential", "key_id", "code_version"}
+    assert (genesis["seq"], genesis["prev"], genesis["kind"], genesis["run_id"]) == (0, "0" * 64, "LEDGER_INIT", None)
+    assert genesis["format"] == 2 and genesis["privacy_defn"] == "zcdp" and genesis["lifetime_cap"] == "1.25"
+    assert genesis["reason"] == "policy memo 3" and genesis["non_confidential"] is False
+    assert genesis["code_version"] == "v9" and len(genesis["ledger_id"]) == 32
+    # The key id identifies the key file's key (HMAC under it), without revealing it.
+    expected_id = hmac.new(key, b"phsafe-lineage-key-id-v1\x00", hashlib.sha256).hexdigest()[:32]
+    assert genesis["key_id"] == key_id(key) == expected_id
+    assert ledger.lineage_key() == key
+    policy = read_ledger(path).policy
+    assert policy is not None and policy.seq == 0 and policy.key_id == expected_id
+    assert policy.lifetime_cap == Fraction(5, 4) and policy.non_confidential is False
+    # Two ledgers never share a key or an id.
+    other = new_ledger(tmp_path)
+    assert other.lineage_key() != key and other.state.policy.ledger_id != policy.ledger_id
+
+
+def test_init_never_overwrites_a_ledger(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    start(ledger, PLAN, "run-1")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for cap, non_conf in ((Fraction(2), False), (INFINITE, True)):
+        with pytest.raises(LedgerError, match="already exists; a ledger is never created twice"):
+            init_ledger(ledger.path, lifetime_cap=cap, reason="again", non_confidential=non_conf)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    # A leftover key file or lock file of another ledger also refuses (a key is never replaced).
+    for leftover in ("fresh.jsonl.key", "other.jsonl.lock"):
+        (tmp_path / leftover).write_text("x")
+        with pytest.raises(LedgerError, match="already exists"):
+            init_ledger(tmp_path / leftover.rsplit(".", 1)[0], lifetime_cap=Fraction(1), reason="x")
+        assert not (tmp_path / leftover.rsplit(".", 1)[0]).exists()
+        assert (tmp_path / leftover).read_text() == "x"
+
+
+def test_init_policy_rules(tmp_path: Path) -> None:
+    """Infinity caps only for non-confidential ledgers; positive exact caps; a reason. A refused init
+    creates nothing."""
+    path = tmp_path / "ledger.jsonl"
+    with pytest.raises(BudgetError, match="Infinity lifetime cap is allowed only for a non-confidential"):
+        init_ledger(path, lifetime_cap=INFINITE, reason="no cap")
+    with pytest.raises(BudgetError, match="positive"):
+        init_ledger(path, lifetime_cap=Fraction(0), reason="zero")
+    with pytest.raises(BudgetError, match="not a float"):
+        init_ledger(path, lifetime_cap=1.0, reason="float")  # type: ignore[arg-type]
+    with pytest.raises(BudgetError, match="non-negative"):
+        init_ledger(path, lifetime_cap=Fraction(-1), reason="negative")
+    for empty in ("", "   ", "\n"):
+        with pytest.raises(LedgerError, match="reason"):
+            init_ledger(path, lifetime_cap=Fraction(1), reason=empty)
+    assert list(tmp_path.iterdir()) == []
+    synthetic = init_ledger(path, lifetime_cap=INFINITE, reason="demo data", non_confidential=True)
+    genesis = entries(path)[0]
+    assert genesis["lifetime_cap"] == "Infinity" and genesis["non_confidential"] is True
+    assert synthetic.state.policy.lifetime_cap == INFINITE
+    pure = new_ledger(tmp_path, cap=3, privacy_defn=PrivacyDefinition.PUREDP, name="pure.jsonl")
+    assert entries(pure.path)[0]["privacy_defn"] == "puredp" and pure.state.unit is PrivacyDefinition.PUREDP
+
+
+def test_open_never_creates_a_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "ledger.jsonl"
+    for use in (Ledger.open, read_ledger):
+        with pytest.raises(LedgerError, match=r"does not exist.*phsafe ledger init"):
+            use(path)
+    assert not (tmp_path / "sub").exists()
+    path.parent.mkdir()
+    with pytest.raises(LedgerError, match="does not exist"):
+        Ledger.open(path)
+    assert list(path.parent.iterdir()) == []  # not the ledger, not its lock, not its key
+    path.mkdir()
+    with pytest.raises(LedgerError, match="is a directory"):
+        Ledger.open(path)
+
+
+def test_replay_rejects_a_bad_genesis(tmp_path: Path) -> None:
+    """LEDGER_INIT is entry 0 of a ledger, and only entry 0; its policy follows the init rules."""
+    good = entries(new_ledger(tmp_path).path)[0]
+    path = tmp_path / "crafted.jsonl"
+
+    def genesis(**changes: Any) -> None:
+        path.write_bytes(b"")
+        craft(path, "LEDGER_INIT", None, body_of(good, **changes))
+
+    genesis(lifetime_cap="Infinity")
+    rejected(path, 0, "LEDGER_INIT", "Infinity lifetime cap is allowed only in a non-confidential ledger")
+    genesis(lifetime_cap="Infinity", non_confidential=True)
+    assert read_ledger(path).policy.lifetime_cap == INFINITE
+    genesis(format=1)
+    rejected(path, 0, "LEDGER_INIT", "format must be 2")
+    genesis(reason=" ")
+    rejected(path, 0, "LEDGER_INIT", "reason")
+    genesis(key_id="K" * 32)
+    rejected(path, 0, "LEDGER_INIT", "key_id")
+    genesis()
+    craft(path, "LEDGER_INIT", None, body_of(good))
+    rejected(path, 1, "LEDGER_INIT", "LEDGER_INIT can only be the first entry")
+    path.write_bytes(b"")
+    craft(path, "DATASET_VERSION", None, {"dataset": DATASET, "fingerprint": FP_A, "reason": "x"})
+    rejected(path, 0, "DATASET_VERSION", "a ledger starts with LEDGER_INIT")
+
+
+def test_the_lineage_key_must_be_the_ledgers(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    other = new_ledger(tmp_path, name="other.jsonl")
+    key_file = key_path(ledger.path)
+    own = key_file.read_bytes()
+    key_file.write_bytes(key_path(other.path).read_bytes())
+    with pytest.raises(LedgerError, match="is not this ledger's lineage key"):
+        ledger.lineage_key()
+    key_file.write_text("not hex")
+    with pytest.raises(LedgerError, match="cannot read the ledger's lineage key"):
+        ledger.lineage_key()
+    key_file.unlink()
+    with pytest.raises(LedgerError, match="lineage key .* is missing"):
+        ledger.lineage_key()
+    key_file.write_bytes(own)
+    assert ledger.lineage_key() == bytes.fromhex(own.decode().strip())
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,11 +404,12 @@ def test_intent_is_fsynced_before_noise_is_drawn(tmp_path: Path, monkeypatch: py
         real_fsync(fd)
 
     monkeypatch.setattr(ledger_mod.os, "fsync", spy_fsync)
-    ledger = Ledger.open(path)
-    # Creating the file fsyncs the file and its directory.
-    assert ("fsync", str(path)) in events and ("fsync", str(path.parent)) in events
-    plan = plan_run(small_config())
-    rec = start(ledger, plan, "run-1")
+    ledger = new_ledger(path.parent)
+    # Creating the ledger fsyncs its key file, the ledger and their directory.
+    for made in (key_path(path), path, path.parent):
+        assert ("fsync", str(made)) in events
+    assert events.index(("fsync", str(key_path(path)))) < events.index(("fsync", str(path)))
+    rec = start(ledger, PLAN, "run-1")
 
     real_build = noise_mod._build_mechanism
 
@@ -244,14 +427,13 @@ def test_intent_is_fsynced_before_noise_is_drawn(tmp_path: Path, monkeypatch: py
         return draw, scale
 
     monkeypatch.setattr(noise_mod, "_build_mechanism", build)
-    run_all(rec, plan)
-    assert [e for e in events if e[0] == "noise"] == [("noise", m.key) for m in plan.measurements]
+    run_all(rec, PLAN)
+    assert [e for e in events if e[0] == "noise"] == [("noise", m.key) for m in PLAN.measurements]
 
 
 def test_a_spend_stands_when_drawing_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
 
     def broken(m):
         def draw(values):
@@ -261,20 +443,20 @@ def test_a_spend_stands_when_drawing_fails(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(noise_mod, "_build_mechanism", broken)
     with pytest.raises(RuntimeError):
-        measure(plan.measurements[0], np.zeros(plan.measurements[0].n_cells, dtype=np.int64), rec)
+        measure(PLAN.measurements[0], np.zeros(PLAN.measurements[0].n_cells, dtype=np.int64), rec)
     rec.fail("RuntimeError")
-    state = read_ledger(tmp_path / "ledger.jsonl")
+    state = read_ledger(ledger.path)
     run = state.runs["run-1"]
     assert run.status is RunStatus.FAILED
-    assert run.charge() == Fraction(plan.measurements[0].budget)  # INTENT without COMMITTED counts
+    assert run.charge() == Fraction(PLAN.measurements[0].budget)  # INTENT without COMMITTED counts
 
 
 def test_recorder_refuses_spends_outside_the_plan(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
+    """A run finishes only by publishing (record_published), and only with every measurement committed."""
     other = plan_run(small_config(PH3={"state_*": Decimal("0.5")}))
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    m = plan.measurements[0]
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    m = PLAN.measurements[0]
     with pytest.raises(BudgetError, match="not a measurement"):
         rec.record_intent(other.measurements[0])
     receipt = rec.record_intent(m)
@@ -285,157 +467,838 @@ def test_recorder_refuses_spends_outside_the_plan(tmp_path: Path) -> None:
     rec.record_committed(receipt, noisy_digest="e" * 64)
     with pytest.raises(LedgerError, match="already committed"):
         rec.record_committed(receipt, noisy_digest="e" * 64)
-    with pytest.raises(LedgerError, match="without committing"):
-        rec.finish()
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="before every measurement was committed"):
+        publish(rec, tmp_path / "out")
+    assert ledger.path.stat().st_size == size  # neither OUTPUTS_PUBLISHED nor RUN_FINISHED
     rec.fail("stopped")
     rec.fail("again")  # no-op once ended
     with pytest.raises(BudgetError, match="ended"):
-        rec.record_intent(plan.measurements[1])
-    read_ledger(tmp_path / "ledger.jsonl")  # nothing invalid reached the file
+        rec.record_intent(PLAN.measurements[1])
+    with pytest.raises(LedgerError, match="already ended"):
+        publish(rec, tmp_path / "out")
+    read_ledger(ledger.path)  # nothing invalid reached the file
+    assert [e["kind"] for e in entries(ledger.path)][-1] == "RUN_FAILED"
 
 
 def test_open_rejects_a_broken_ledger(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.jsonl"
-    plan = plan_run(small_config())
-    rec = start(Ledger.open(path), plan, "run-1")
-    run_all(rec, plan)
-    data = path.read_bytes()
-    path.write_bytes(data.replace(b'"n_cells":2', b'"n_cells":3', 1))
-    with pytest.raises(LedgerError, match="entry 0"):
-        Ledger.open(path)
-    path.write_bytes(data[:-5])
-    with pytest.raises(LedgerError, match="incomplete"):
-        Ledger.open(path)
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    data = ledger.path.read_bytes()
+    ledger.path.write_bytes(data.replace(b'"n_cells":2', b'"n_cells":3', 1))
+    with pytest.raises(LedgerError, match="entry 2"):  # RUN_STARTED, after LEDGER_INIT and DATASET_VERSION
+        Ledger.open(ledger.path)
+    ledger.path.write_bytes(data[:-5])
+    with pytest.raises(TornTailError, match="incomplete.*phsafe ledger repair"):
+        Ledger.open(ledger.path)
 
 
 def test_ledger_detects_shrinking_under_an_open_handle(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.jsonl"
-    plan = plan_run(small_config())
-    ledger = Ledger.open(path)
-    rec = start(ledger, plan, "run-1")
-    data = path.read_bytes()
-    path.write_bytes(data[: len(data) // 2])
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    data = ledger.path.read_bytes()
+    ledger.path.write_bytes(data[: len(data) // 2])
     with pytest.raises(LedgerError, match="shrank"):
-        rec.record_intent(plan.measurements[0])
+        rec.record_intent(PLAN.measurements[0])
 
 
 # --------------------------------------------------------------------------------------------
-# Lifetime budget of a dataset
+# A failed append is rolled back (a full disk)
 # --------------------------------------------------------------------------------------------
 
 
-def test_second_run_is_refused_by_default(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    run_all(rec, plan)
-    rec.finish()
+def full_disk_after(monkeypatch: pytest.MonkeyPatch, path: Path, room: int | Callable[[bytes], int]) -> list[int]:
+    """Writes to ``path`` fail with ENOSPC once ``room`` bytes were written (``room`` may be computed
+    from the bytes of the first write); returns the count of bytes written."""
+    real_write = os.write
+    written = [0]
+    target = os.path.realpath(path)
+    limit: list[int] = []
+
+    def write(fd: int, data) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") != target:
+            return real_write(fd, data)
+        if not limit:
+            limit.append(room(bytes(data)) if callable(room) else room)
+        left = limit[0] - written[0]
+        if left <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = real_write(fd, bytes(data[:left]))
+        written[0] += n
+        return n
+
+    monkeypatch.setattr(ledger_mod.os, "write", write)
+    return written
+
+
+def test_a_failed_append_is_rolled_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file ends where it ended before the append; the error names ENOSPC; the ledger stays usable."""
+    ledger = new_ledger(tmp_path)
+    before = ledger.path.read_bytes()
+    written = full_disk_after(monkeypatch, ledger.path, 50)
+    with pytest.raises(LedgerError, match=r"no space left on device \(ENOSPC\); nothing of it was kept"):
+        start(ledger, PLAN, "run-1")  # DATASET_VERSION and RUN_STARTED, one write
+    assert written[0] == 50 and ledger.path.read_bytes() == before
+    monkeypatch.undo()
+    rec = start(ledger, PLAN, "run-1")
+    run_all_but_first(rec, PLAN)
+    m0 = PLAN.measurements[0]
+    # One entry; then the publication's two entries, cut inside the second one.
+    for room, action in ((7, lambda: measure(m0, np.zeros(m0.n_cells, dtype=np.int64), rec)),
+                         (lambda data: data.index(b"\n") + 6, lambda: publish(rec, tmp_path / "out"))):
+        before = ledger.path.read_bytes()
+        written = full_disk_after(monkeypatch, ledger.path, room)
+        with pytest.raises(LedgerError, match=r"\(ENOSPC\)") as info:
+            action()
+        assert written[0] > 0 and ledger.path.read_bytes() == before
+        assert "Free space" in str(info.value)
+        monkeypatch.undo()
+        read_ledger(ledger.path)
+        if room == 7:
+            assert ledger.run("run-1").intents.get(m0.key) is None  # no noise was drawn either
+            measure(m0, np.zeros(m0.n_cells, dtype=np.int64), rec)
+    assert ledger.run("run-1").status is RunStatus.RUNNING and not ledger.run("run-1").published
+    publish(rec, tmp_path / "out")
+    assert [e["kind"] for e in entries(ledger.path)][-2:] == ["OUTPUTS_PUBLISHED", "RUN_FINISHED"]
+
+
+def test_a_failed_rollback_leaves_a_torn_tail_that_repair_records(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    before = ledger.path.read_bytes()
+    full_disk_after(monkeypatch, ledger.path, 30)
+
+    def no_truncate(fd: int, length: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(ledger_mod.os, "ftruncate", no_truncate)
+    with pytest.raises(LedgerError, match=r"\(ENOSPC\); the ledger may end in an incomplete entry: run `phsafe ledger repair"):
+        rec.record_intent(PLAN.measurements[0])
+    monkeypatch.undo()
+    torn = ledger.path.read_bytes()[len(before):]
+    assert len(torn) == 30 and ledger.path.read_bytes().startswith(before)
+    with pytest.raises(TornTailError, match="30 bytes of an interrupted write"):
+        Ledger.open(ledger.path)
+    repair = repair_ledger(ledger.path)
+    assert repair is not None and repair.dropped_bytes == 30
+    assert repair.dropped_sha256 == hashlib.sha256(torn).hexdigest()
+    # The torn INTENT drew nothing: the measurement is spent by a new INTENT, in the same attempt.
+    reopened = Ledger.open(ledger.path)
+    assert reopened.run("run-1").intents == {}
+    measure(PLAN.measurements[0], np.zeros(PLAN.measurements[0].n_cells, dtype=np.int64), rec)
+
+
+@pytest.mark.xfail(strict=True, reason="ledger bug: init_ledger leaves a partial ledger file when its write fails "
+                                       "(ENOSPC), so the ledger keeps a partial entry and init cannot be retried")
+def test_a_failed_init_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"A write that fails is rolled back ... so the ledger never keeps a partial entry" -- for the
+    genesis entry too: a failed init leaves neither the ledger nor its key, and can be retried."""
+    path = tmp_path / "ledger.jsonl"
+    full_disk_after(monkeypatch, path, 10)
+    with pytest.raises(LedgerError, match=r"\(ENOSPC\)"):
+        init_ledger(path, lifetime_cap=Fraction(1), reason="policy")
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    init_ledger(path, lifetime_cap=Fraction(1), reason="policy")
+
+
+# --------------------------------------------------------------------------------------------
+# TAIL_REPAIRED
+# --------------------------------------------------------------------------------------------
+
+
+def test_repair_drops_a_torn_tail_and_records_it(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    measure(PLAN.measurements[0], np.zeros(PLAN.measurements[0].n_cells, dtype=np.int64), rec)
+    complete = ledger.path.read_bytes()
+    assert repair_ledger(ledger.path) is None  # nothing to repair
+    assert ledger.path.read_bytes() == complete
+    # A killed process left the first 57 bytes of its next line.
+    torn = b'{"budget":"0.125","hash":"' + b"7" * 31
+    assert len(torn) == 57
+    with open(ledger.path, "ab") as f:
+        f.write(torn)
+    for use in (Ledger.open, read_ledger):
+        with pytest.raises(TornTailError, match=r"57 bytes of an interrupted write.*phsafe ledger repair") as info:
+            use(ledger.path)
+        assert info.value.seq == len(complete.splitlines())
+    with pytest.raises(LedgerError, match="incomplete"):
+        rec.record_intent(PLAN.measurements[1])
+    repair = repair_ledger(ledger.path, reason="disk full on 2026-11-23")
+    assert repair is not None
+    assert (repair.dropped_bytes, repair.dropped_sha256) == (57, hashlib.sha256(torn).hexdigest())
+    data = ledger.path.read_bytes()
+    assert data.startswith(complete) and torn not in data
+    last = entries(ledger.path)[-1]
+    assert set(last) == COMMON | {"dropped_bytes", "dropped_sha256", "reason"}
+    assert (last["kind"], last["run_id"], last["seq"]) == ("TAIL_REPAIRED", None, repair.seq)
+    assert last["dropped_bytes"] == 57 and last["dropped_sha256"] == hashlib.sha256(torn).hexdigest()
+    assert last["reason"] == "disk full on 2026-11-23"
+    state = read_ledger(ledger.path)
+    assert [(r.seq, r.dropped_bytes) for r in state.repairs] == [(repair.seq, 57)]
+    # The run goes on, recording through its recorder.
+    run_all_but_first(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    assert read_ledger(ledger.path).runs["run-1"].status is RunStatus.FINISHED
+    assert repair_ledger(ledger.path) is None
+
+
+def test_repair_never_touches_a_broken_complete_line(tmp_path: Path) -> None:
+    """A broken complete entry is not a torn write: repair changes nothing and says which entry."""
+    ledger = new_ledger(tmp_path)
+    start(ledger, PLAN, "run-1")
+    lines = ledger.path.read_bytes().split(b"\n")
+    lines[1] = lines[1].replace(b'"reason":"first version"', b'"reason":"first versioN"')
+    broken = b"\n".join(lines)
+    ledger.path.write_bytes(broken)
+    assert repair_ledger(ledger.path) is None
+    assert ledger.path.read_bytes() == broken
+    ledger.path.write_bytes(broken + b'{"seq":3,')
+    with pytest.raises(LedgerError, match="entry 1") as info:
+        repair_ledger(ledger.path)
+    assert not isinstance(info.value, TornTailError)
+    assert ledger.path.read_bytes() == broken + b'{"seq":3,'
+
+
+@pytest.mark.xfail(strict=True, reason="ledger bug: read_ledger reports a torn last line before an earlier broken "
+                                       "entry, so it does not name the first entry that breaks a rule")
+def test_read_ledger_names_the_first_broken_entry_before_a_torn_tail(tmp_path: Path) -> None:
+    """read_ledger: "naming the first entry that breaks a rule" -- a tampered entry 1 comes before a
+    torn tail at entry 3 (and repair, told to drop the tail, refuses because of entry 1)."""
+    ledger = new_ledger(tmp_path)
+    start(ledger, PLAN, "run-1")
+    data = ledger.path.read_bytes().replace(b'"reason":"first version"', b'"reason":"first versioN"')
+    ledger.path.write_bytes(data + b'{"seq":3,')
+    with pytest.raises(LedgerError) as info:
+        read_ledger(ledger.path)
+    assert info.value.seq == 1 and not isinstance(info.value, TornTailError), str(info.value)
+
+
+def test_repair_of_a_ledger_without_a_complete_entry(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b'{"code_version":"x"')
+    with pytest.raises(LedgerError, match="holds no complete entry.*phsafe ledger init"):
+        repair_ledger(path)
+    assert path.read_bytes() == b'{"code_version":"x"'
+
+
+def test_replay_checks_tail_repaired_entries(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    good = {"dropped_bytes": 12, "dropped_sha256": "0" * 64, "reason": "repaired"}
+    data = ledger.path.read_bytes()
+    for bad, match in (({"dropped_bytes": 0}, "dropped_bytes"), ({"dropped_bytes": "12"}, "dropped_bytes"),
+                       ({"dropped_sha256": "x" * 64}, "dropped_sha256"), ({"reason": ""}, "reason")):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "TAIL_REPAIRED", None, {**good, **bad})
+        rejected(ledger.path, 1, "TAIL_REPAIRED", match)
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "TAIL_REPAIRED", None, good)
+    craft(ledger.path, "TAIL_REPAIRED", "run-1", good)
+    rejected(ledger.path, 2, "TAIL_REPAIRED", "run_id must be null")
+
+
+# --------------------------------------------------------------------------------------------
+# Lifetime budget of a dataset: the policy cap, raises, content versions
+# --------------------------------------------------------------------------------------------
+
+
+def test_second_run_is_refused_by_the_policy_cap(tmp_path: Path) -> None:
+    """With a policy cap of one release, a second release of the same dataset is refused (the first
+    format refused it by the run's own total; the cap now comes from the ledger's policy)."""
+    ledger = new_ledger(tmp_path, cap=PLAN.total)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    size = ledger.path.stat().st_size
     with pytest.raises(BudgetError) as info:
-        start(ledger, plan, "run-2")
+        start(ledger, PLAN, "run-2")
     message = str(info.value)
-    total = format_exact(plan.total)
+    total = format_exact(PLAN.total)
+    assert f"dataset {DATASET!r}" in message
     assert f"already spent {total}" in message and f"plans {total}" in message
     assert f"cap {total}" in message and "--lifetime-cap" in message and "--cap-reason" in message
-    # A different dataset is unaffected; the refused run left no trace.
-    start(ledger, plan, "run-3", digests=DIGESTS_B)
-    assert [e["run_id"] for e in entries(tmp_path / "ledger.jsonl") if e["kind"] == "RUN_STARTED"] == ["run-1", "run-3"]
+    assert ledger.path.stat().st_size == size
+    # Another dataset is unaffected; the refused run left no trace.
+    start(ledger, PLAN, "run-3", dataset="other-data", fingerprint=FP_B, digests=DIGESTS_B)
+    assert [e["run_id"] for e in of_kind(ledger.path, "RUN_STARTED")] == ["run-1", "run-3"]
+
+
+def test_the_default_cap_is_the_policy_cap_not_the_runs_total(tmp_path: Path) -> None:
+    """New rule: the cap admits runs until the dataset's odometer reaches the policy cap."""
+    ledger = new_ledger(tmp_path, cap=2 * PLAN.total)
+    for run_id in ("run-1", "run-2"):
+        run_all(start(ledger, PLAN, run_id), PLAN)
+    with pytest.raises(BudgetError, match=f"already spent {format_exact(2 * PLAN.total)}"):
+        start(ledger, PLAN, "run-3")
+    started = of_kind(ledger.path, "RUN_STARTED")
+    assert [parse_exact(e["spent_before"]) for e in started] == [0, PLAN.total]
+    assert {e["lifetime_cap"] for e in started} == {format_exact(2 * PLAN.total)}
+    # A run bigger than the cap is refused before anything is spent, even as a first run.
+    big = plan_run(small_config(PH1_num={"state_*": Decimal("1"), "usa_*": Decimal("0.125")}))
+    with pytest.raises(BudgetError, match="exceeds the cap"):
+        start(ledger, big, "run-4", dataset="fresh", fingerprint=FP_B)
 
 
 def test_raised_cap_needs_a_reason_which_is_recorded(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    run_all(rec, plan)
-    rec.finish()
-    with pytest.raises(BudgetError, match="reason"):
-        start(ledger, plan, "run-2", lifetime_cap=2 * plan.total)
+    """A raise is its own CAP_RAISED entry (dataset, cap, reason), in the same write as RUN_STARTED
+    (the first format recorded a cap_reason in RUN_STARTED)."""
+    ledger = new_ledger(tmp_path, cap=PLAN.total)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    size = ledger.path.stat().st_size
+    for reason in (None, "", "   "):
+        with pytest.raises(BudgetError, match="needs a reason"):
+            start(ledger, PLAN, "run-2", cap_raise=(2 * PLAN.total, reason))
     with pytest.raises(BudgetError, match="exceeds the cap"):
-        start(ledger, plan, "run-2", lifetime_cap=2 * plan.total - Fraction(1, 10**9), cap_reason="re-release")
-    start(ledger, plan, "run-2", lifetime_cap=2 * plan.total, cap_reason="approved re-release, memo 42")
-    started = [e for e in entries(tmp_path / "ledger.jsonl") if e["kind"] == "RUN_STARTED"][-1]
-    assert started["cap_reason"] == "approved re-release, memo 42"
-    assert parse_exact(started["lifetime_cap"]) == 2 * plan.total
-    assert parse_exact(started["spent_before"]) == plan.total
+        start(ledger, PLAN, "run-2", cap_raise=(2 * PLAN.total - Fraction(1, 10**9), "re-release"))
+    assert ledger.path.stat().st_size == size  # a refused start records no raise either
+    start(ledger, PLAN, "run-2", cap_raise=(2 * PLAN.total, "approved re-release, memo 42"))
+    raised, started = entries(ledger.path)[-2:]
+    assert raised["kind"] == "CAP_RAISED" and raised["run_id"] is None
+    assert set(raised) == COMMON | {"dataset", "lifetime_cap", "reason"}
+    assert raised["dataset"] == DATASET and raised["reason"] == "approved re-release, memo 42"
+    assert parse_exact(raised["lifetime_cap"]) == 2 * PLAN.total
+    assert started["kind"] == "RUN_STARTED"
+    assert parse_exact(started["lifetime_cap"]) == 2 * PLAN.total
+    assert parse_exact(started["spent_before"]) == PLAN.total
+    ds = read_ledger(ledger.path).dataset_states[DATASET]
+    assert ds.lifetime_cap == 2 * PLAN.total
+    assert [(c.seq, c.reason) for c in ds.raises] == [(raised["seq"], "approved re-release, memo 42")]
+
+
+def test_a_cap_is_only_ever_raised(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path, cap=1)
+    size = ledger.path.stat().st_size
+    for cap in (Fraction(1), Fraction(1, 2)):
+        with pytest.raises(BudgetError, match="only ever raised"):
+            ledger.raise_cap(DATASET, cap, "lower")
+    with pytest.raises(BudgetError, match="needs a reason"):
+        ledger.raise_cap(DATASET, Fraction(2), " ")
+    with pytest.raises(BudgetError, match="not a float"):
+        ledger.raise_cap(DATASET, 2.0, "float")  # type: ignore[arg-type]
+    with pytest.raises(LedgerError, match="not a dataset name"):
+        ledger.raise_cap("../x", Fraction(2), "bad name")
+    with pytest.raises(LedgerError, match="Infinity lifetime cap is allowed only in a non-confidential"):
+        ledger.raise_cap(DATASET, INFINITE, "no cap")
+    assert ledger.path.stat().st_size == size
+    entry = ledger.raise_cap(DATASET, Fraction(3, 2), "memo 1")
+    assert entry["kind"] == "CAP_RAISED" and entry["lifetime_cap"] == "1.5"
+    with pytest.raises(BudgetError, match="1.25 does not raise dataset test-data's cap 1.5"):
+        ledger.raise_cap(DATASET, Fraction(5, 4), "lower again")
+    ledger.raise_cap(DATASET, Fraction(2), "memo 2")
+    # Another dataset still has the policy cap.
+    state = read_ledger(ledger.path)
+    assert state.dataset_cap(DATASET) == 2 and state.dataset_cap("other") == 1
+    # A non-confidential ledger may raise to Infinity.
+    synthetic = new_ledger(tmp_path, cap=1, non_confidential=True, name="synthetic.jsonl")
+    assert synthetic.raise_cap(DATASET, INFINITE, "demo")["lifetime_cap"] == "Infinity"
+
+
+def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path, cap=1)
+    ledger.raise_cap(DATASET, Fraction(2), "memo 1")
+    data = ledger.path.read_bytes()
+    for body, match in (
+        ({"lifetime_cap": "1.5", "reason": "lower"}, "does not raise test-data's cap 2: a cap is only ever raised"),
+        ({"lifetime_cap": "2", "reason": "same"}, "only ever raised"),
+        ({"lifetime_cap": "3", "reason": ""}, "a cap raise needs a reason"),
+        ({"lifetime_cap": "3", "reason": "  "}, "a cap raise needs a reason"),
+        ({"lifetime_cap": "3.0", "reason": "x"}, "lifetime_cap is not a canonical"),
+        ({"lifetime_cap": "Infinity", "reason": "x"}, "Infinity lifetime cap"),
+    ):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, **body})
+        rejected(ledger.path, 2, "CAP_RAISED", match)
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, "lifetime_cap": "3", "reason": "memo 2"})
+    assert read_ledger(ledger.path).dataset_cap(DATASET) == 3  # the crafting itself is sound
+
+
+def test_a_spend_above_the_policy_cap_is_rejected_by_replay(tmp_path: Path) -> None:
+    """A RUN_STARTED forced past the API (correct chain, correct odometer and cap fields) that takes
+    the dataset above its cap is rejected by read_ledger, naming the entry; with a recorded raise
+    the same entry is accepted."""
+    ledger = new_ledger(tmp_path, cap=PLAN.total)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    first = of_kind(ledger.path, "RUN_STARTED")[0]
+    data = ledger.path.read_bytes()
+    second = body_of(first, spent_before=format_exact(PLAN.total))
+    entry = craft(ledger.path, "RUN_STARTED", "run-2", second)
+    error = rejected(ledger.path, entry["seq"], "RUN_STARTED",
+                     f"run exceeds dataset test-data's lifetime cap: spent {format_exact(PLAN.total)} \\+ planned")
+    assert "cap " + format_exact(PLAN.total) in str(error)
+    with pytest.raises(LedgerError, match=f"entry {entry['seq']}"):
+        Ledger.open(ledger.path)
+    # A spend within the cap but claiming a cap the dataset does not have is rejected too.
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "RUN_STARTED", "run-2", {**second, "lifetime_cap": format_exact(2 * PLAN.total)})
+    rejected(ledger.path, entry["seq"], "RUN_STARTED", "is not dataset test-data's cap")
+    # Control: the same entry after a recorded raise is valid.
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, "lifetime_cap": format_exact(2 * PLAN.total),
+                                            "reason": "approved"})
+    craft(ledger.path, "RUN_STARTED", "run-2", {**second, "lifetime_cap": format_exact(2 * PLAN.total)})
+    assert read_ledger(ledger.path).dataset_spent(DATASET, PrivacyDefinition.ZCDP) == 2 * PLAN.total
+
+
+def test_a_new_content_version_needs_new_version_and_shares_the_cap(tmp_path: Path) -> None:
+    """New rule: datasets are named; a content version never seen under the name is refused without
+    new_version; versions are DATASET_VERSION entries; every version counts against one cap."""
+    ledger = new_ledger(tmp_path, cap=PLAN.total + Fraction(1, 8))
+    size = ledger.path.stat().st_size
+    with pytest.raises(BudgetError, match=r"never been run on these records \(it has no declared version yet\).*--new-version"):
+        start(ledger, PLAN, "run-1", new_version=None)
+    with pytest.raises(BudgetError, match="--new-version"):
+        start(ledger, PLAN, "run-1", new_version="   ")
+    assert ledger.path.stat().st_size == size
+    rec = start(ledger, PLAN, "run-1", new_version="first delivery of the CEF, memo 5")
+    declared = of_kind(ledger.path, "DATASET_VERSION")
+    assert len(declared) == 1 and set(declared[0]) == COMMON | {"dataset", "fingerprint", "reason"}
+    assert (declared[0]["dataset"], declared[0]["fingerprint"], declared[0]["run_id"]) == (DATASET, FP_A, None)
+    assert declared[0]["reason"] == "first delivery of the CEF, memo 5"
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    # A known version needs no new_version (and records none).
+    with pytest.raises(BudgetError, match="exceeds the cap"):
+        start(ledger, PLAN, "run-2", new_version=None)
+    # Other records under the same name: refused without new_version, and even with it the
+    # dataset's odometer (PLAN.total already) leaves no room: nothing is declared then.
+    with pytest.raises(BudgetError, match=r"it has 1 declared version\(s\), and these records match none"):
+        start(ledger, PLAN, "run-2", fingerprint=FP_B, new_version=None)
+    with pytest.raises(BudgetError, match=f"already spent {format_exact(PLAN.total)}"):
+        start(ledger, PLAN, "run-2", fingerprint=FP_B, new_version="edited CEF")
+    assert len(of_kind(ledger.path, "DATASET_VERSION")) == 1
+    small = plan_run(small_config(PH2={"usa_*": Decimal("0.125")}))
+    start(ledger, small, "run-2", fingerprint=FP_B, new_version="edited CEF, memo 6")
+    state = read_ledger(ledger.path)
+    assert [v.fingerprint for v in state.dataset_states[DATASET].versions] == [FP_A, FP_B]
+    assert state.fingerprints == {FP_A: DATASET, FP_B: DATASET}
+    assert state.dataset_spent(DATASET, PrivacyDefinition.ZCDP) == PLAN.total + Fraction(1, 8)
+    assert state.runs["run-2"].fingerprint == FP_B and state.runs["run-2"].spent_before == PLAN.total
+
+
+def test_a_fingerprint_is_never_released_under_a_second_name(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    start(ledger, PLAN, "run-1", dataset="cef-a")
+    size = ledger.path.stat().st_size
+    for new_version in (None, "it is new, honest"):
+        with pytest.raises(BudgetError, match=r"already declared as dataset 'cef-a'.*second name \('cef-b'\)"):
+            ledger.start_run(run_id="run-2", plan=PLAN, dataset="cef-b", fingerprint=FP_A, config_digest="c" * 64,
+                             input_digests=DIGESTS_B, code_version="test", truncation_key_hex="ab" * 32,
+                             new_version=new_version)
+    assert ledger.path.stat().st_size == size
+    with pytest.raises(LedgerError, match="not a dataset name"):
+        start(ledger, PLAN, "run-2", dataset="cef a")
+
+
+def test_replay_rejects_undeclared_or_misnamed_content_versions(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    start(ledger, PLAN, "run-1", dataset="cef-a")
+    first = of_kind(ledger.path, "RUN_STARTED")[0]
+    data = ledger.path.read_bytes()
+    # RUN_STARTED of a fingerprint never declared.
+    craft(ledger.path, "RUN_STARTED", "run-2", body_of(first, dataset="cef-b", fingerprint=FP_B))
+    rejected(ledger.path, 3, "RUN_STARTED", "never declared under dataset 'cef-b'")
+    # ... of a fingerprint declared under another name.
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "RUN_STARTED", "run-2", body_of(first, dataset="cef-b", spent_before="0"))
+    rejected(ledger.path, 3, "RUN_STARTED", "declared under dataset 'cef-a', not 'cef-b'")
+    # A fingerprint declared under a second name, or twice.
+    for name, match in (("cef-b", "already declared under dataset 'cef-a'$"), ("cef-a", r"\(declared twice\)")):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "DATASET_VERSION", None, {"dataset": name, "fingerprint": FP_A, "reason": "x"})
+        rejected(ledger.path, 3, "DATASET_VERSION", match)
+    for body, match in (({"reason": ""}, "needs a reason"), ({"fingerprint": "F" * 64}, "fingerprint"),
+                        ({"dataset": "a b"}, "dataset name")):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-b", "fingerprint": FP_B, "reason": "x", **body})
+        rejected(ledger.path, 3, "DATASET_VERSION", match)
+    # Control: declared, then started.
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-b", "fingerprint": FP_B, "reason": "x"})
+    craft(ledger.path, "RUN_STARTED", "run-2", body_of(first, dataset="cef-b", fingerprint=FP_B))
+    assert read_ledger(ledger.path).runs["run-2"].dataset == "cef-b"
 
 
 def test_intent_without_commit_counts_and_failed_runs_release_the_rest(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    first = plan.measurements[0]
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
+    """The room for a retry is a recorded CAP_RAISED of the dataset (the first format: a per-run cap)."""
+    first = PLAN.measurements[0]
+    ledger = new_ledger(tmp_path, cap=PLAN.total)
+    rec = start(ledger, PLAN, "run-1")
     rec.record_intent(first)  # crash between INTENT and COMMITTED ...
     rec.fail("crashed while sampling")  # ... recorded as a failure
     charged = Fraction(first.budget)
-    assert read_ledger(tmp_path / "ledger.jsonl").dataset_spent(dataset_id(DIGESTS_A), PrivacyDefinition.ZCDP) == charged
+    assert read_ledger(ledger.path).dataset_spent(DATASET, PrivacyDefinition.ZCDP) == charged
     # Spent so far = the one INTENT: a full run fits only under a cap of total + that INTENT.
     with pytest.raises(BudgetError):
-        start(ledger, plan, "run-2", lifetime_cap=plan.total + charged - Fraction(1, 10**12), cap_reason="retry")
-    start(ledger, plan, "run-2", lifetime_cap=plan.total + charged, cap_reason="retry after failure")
+        start(ledger, PLAN, "run-2", cap_raise=(PLAN.total + charged - Fraction(1, 10**12), "retry"))
+    start(ledger, PLAN, "run-2", cap_raise=(PLAN.total + charged, "retry after failure"))
 
 
 def test_a_crashed_run_keeps_its_whole_reservation(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
-    rec.record_intent(plan.measurements[0])  # then the process dies: no terminal entry
-    reopened = Ledger.open(tmp_path / "ledger.jsonl")
+    """Against the dataset's cap (the policy's, raised by CAP_RAISED), a crashed run reserves its plan."""
+    ledger = new_ledger(tmp_path, cap=PLAN.total)
+    rec = start(ledger, PLAN, "run-1")
+    rec.record_intent(PLAN.measurements[0])  # then the process dies: no terminal entry
+    reopened = Ledger.open(ledger.path)
     state = reopened.state
     assert state.runs["run-1"].status is RunStatus.RUNNING
-    assert state.dataset_spent(dataset_id(DIGESTS_A), PrivacyDefinition.ZCDP) == plan.total
+    assert state.dataset_spent(DATASET, PrivacyDefinition.ZCDP) == PLAN.total
     with pytest.raises(BudgetError):
-        start(reopened, plan, "run-2", lifetime_cap=2 * plan.total - Fraction(1, 10**9), cap_reason="retry")
+        start(reopened, PLAN, "run-2", cap_raise=(2 * PLAN.total - Fraction(1, 10**9), "retry"))
 
 
 def noiseless_plan() -> RunPlan:
     """A plan with one Infinity (no-noise) budget, as a non-production test run has."""
-    base = plan_run(small_config())
-    first = dataclasses.replace(base.measurements[0], budget=Decimal("Infinity"))
-    return RunPlan(base.privacy_defn, (first,) + base.measurements[1:])
+    first = dataclasses.replace(PLAN.measurements[0], budget=Decimal("Infinity"))
+    return RunPlan(PLAN.privacy_defn, (first,) + PLAN.measurements[1:])
 
 
 def test_infinite_budgets_need_non_confidential_and_are_recorded(tmp_path: Path) -> None:
+    """Infinity budgets only in non-confidential runs, which only a non-confidential ledger takes (new
+    rule: they can no longer share a confidential dataset's ledger, instead of counting against it)."""
     plan = noiseless_plan()
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
+    confidential = new_ledger(tmp_path, name="production.jsonl")
     with pytest.raises(BudgetError, match="non-confidential"):
-        start(ledger, plan, "run-1")
+        start(confidential, plan, "run-1")
+    with pytest.raises(LedgerError, match="for confidential data; a run declared non-confidential must use its own"):
+        start(confidential, plan, "run-1", non_confidential=True)
+    assert [e["kind"] for e in entries(confidential.path)] == ["LEDGER_INIT"]
+    ledger = new_ledger(tmp_path, cap=1, non_confidential=True)
     rec = start(ledger, plan, "run-1", non_confidential=True)
     noisy = measure(plan.measurements[0], np.arange(plan.measurements[0].n_cells), rec)
     assert list(noisy) == list(range(plan.measurements[0].n_cells))
     run_all_but_first(rec, plan)
-    rec.finish()
-    started = entries(tmp_path / "ledger.jsonl")[0]
+    publish(rec, tmp_path / "out")
+    started = of_kind(ledger.path, "RUN_STARTED")[0]
     assert started["planned_total"] == "Infinity" and started["planned"][0]["budget"] == "Infinity"
     assert started["non_confidential"] is True and started["planned"][0]["variance"] == "0.0"
     # Non-confidential runs are not refused by the cap (the demo runs twice) ...
     start(ledger, plan, "run-2", non_confidential=True)
-    # ... but everything they spent counts against the dataset for confidential runs.
-    with pytest.raises(BudgetError, match="already spent Infinity"):
-        start(ledger, plan_run(small_config()), "run-3", lifetime_cap=Fraction(1000), cap_reason="x")
+    state = read_ledger(ledger.path)
+    assert state.dataset_spent(DATASET, PrivacyDefinition.ZCDP) == INFINITE  # ... though recorded
+    assert state.runs["run-2"].spent_before == INFINITE and state.runs["run-2"].lifetime_cap == 1
 
 
-def test_pure_dp_spends_count_against_zcdp_runs_as_eps_squared_over_two(tmp_path: Path) -> None:
+def test_confidential_and_non_confidential_ledgers_take_only_their_runs(tmp_path: Path) -> None:
+    confidential = new_ledger(tmp_path, cap=PLAN.total)
+    synthetic = new_ledger(tmp_path, cap=PLAN.total, non_confidential=True, name="synthetic.jsonl")
+    with pytest.raises(LedgerError, match="for confidential data"):
+        start(confidential, PLAN, "run-1", non_confidential=True)
+    with pytest.raises(LedgerError, match="created for non-confidential .*without --non-confidential"):
+        start(synthetic, PLAN, "run-1")
+    # Declaring data non-confidential cannot sidestep the production cap: the production ledger
+    # refuses the run however it is declared.
+    run_all(start(confidential, PLAN, "run-1"), PLAN)
+    for non_conf in (False, True):
+        with pytest.raises(PHSafeError):
+            start(confidential, PLAN, "run-2", non_confidential=non_conf)
+    for run_id in ("s-1", "s-2", "s-3"):  # caps are recorded, not enforced
+        run_all(start(synthetic, PLAN, run_id, non_confidential=True), PLAN)
+    assert read_ledger(synthetic.path).dataset_spent(DATASET, PrivacyDefinition.ZCDP) == 3 * PLAN.total
+    # Replay: a run of the other kind forced into either ledger is rejected.
+    for ledger, flag in ((confidential, True), (synthetic, False)):
+        first = of_kind(ledger.path, "RUN_STARTED")[-1]
+        entry = craft(ledger.path, "RUN_STARTED", "forced", body_of(first, non_confidential=flag))
+        rejected(ledger.path, entry["seq"], "RUN_STARTED", "confidential ledger takes only confidential runs")
+
+
+def test_pure_dp_spends_count_in_the_ledgers_unit(tmp_path: Path) -> None:
+    """A zCDP ledger counts a pure-DP spend of epsilon as epsilon^2/2; a pure-DP ledger counts epsilon,
+    and refuses zCDP spends (no pure-DP bound). The unit is the ledger's, set at init (the first
+    format converted into the later run's unit)."""
     pure = plan_run(small_config("puredp"))
-    zcdp = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
+    zcdp = PLAN
+    converted = sum((Fraction(m.budget) ** 2 / 2 for m in pure.measurements), Fraction(0))
+    cap = zcdp.total + converted
+    for slack, fits in ((0, True), (Fraction(1, 10**9), False)):
+        ledger = new_ledger(tmp_path, cap=cap - slack, name=f"zcdp-{fits}.jsonl")
+        rec = start(ledger, pure, "pure-1")
+        run_all(rec, pure)
+        publish(rec, tmp_path / f"out-{fits}")
+        state = read_ledger(ledger.path)
+        assert state.dataset_spent(DATASET, PrivacyDefinition.ZCDP) == converted
+        assert state.dataset_spent(DATASET, PrivacyDefinition.PUREDP) == pure.total
+        if fits:
+            start(ledger, zcdp, "zcdp-1")
+            assert parse_exact(of_kind(ledger.path, "RUN_STARTED")[-1]["spent_before"]) == converted
+        else:
+            with pytest.raises(BudgetError, match="exceeds the cap"):
+                start(ledger, zcdp, "zcdp-1")
+    ledger = new_ledger(tmp_path, cap=pure.total, privacy_defn=PrivacyDefinition.PUREDP, name="pure.jsonl")
     rec = start(ledger, pure, "pure-1")
     run_all(rec, pure)
-    rec.finish()
-    converted = sum((Fraction(m.budget) ** 2 / 2 for m in pure.measurements), Fraction(0))
-    state = read_ledger(tmp_path / "ledger.jsonl")
-    assert state.dataset_spent(dataset_id(DIGESTS_A), PrivacyDefinition.ZCDP) == converted
-    assert state.dataset_spent(dataset_id(DIGESTS_A), PrivacyDefinition.PUREDP) == pure.total
-    start(ledger, zcdp, "zcdp-1", lifetime_cap=zcdp.total + converted, cap_reason="both analyses")
-    # A zCDP spend has no pure-DP bound: a later pure-DP run on the dataset is refused.
-    with pytest.raises(BudgetError, match="Infinity"):
-        start(ledger, pure, "pure-2", lifetime_cap=Fraction(10**6), cap_reason="x")
+    assert read_ledger(ledger.path).dataset_spent(DATASET, PrivacyDefinition.PUREDP) == pure.total
+    with pytest.raises(BudgetError, match=r"epsilon \(pure DP\)"):
+        start(ledger, pure, "pure-2")
+    # A zCDP spend has no pure-DP bound: refused in a pure-DP ledger whatever its cap.
+    ledger.raise_cap(DATASET, Fraction(10**6), "room")
+    with pytest.raises(BudgetError, match="plans Infinity"):
+        start(ledger, zcdp, "zcdp-1")
 
 
 def test_run_ids_are_unique(tmp_path: Path) -> None:
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    start(ledger, plan, "same", non_confidential=True)
+    ledger = new_ledger(tmp_path, non_confidential=True)
+    start(ledger, PLAN, "same", non_confidential=True)
     with pytest.raises(LedgerError, match="already started"):
-        start(ledger, plan, "same", non_confidential=True)
+        start(ledger, PLAN, "same", non_confidential=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Publication: OUTPUTS_PUBLISHED and RUN_FINISHED, recorded after the release is in place
+# --------------------------------------------------------------------------------------------
+
+
+def test_publication_is_recorded_with_its_place_and_finishes_the_run(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """New rule: OUTPUTS_PUBLISHED records where the release went (an absolute path) and is written
+    with RUN_FINISHED in one write; a run finishes only by publishing."""
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    data = ledger.path.read_bytes()
+    last = entries(ledger.path)[-1]
+    # Replay: RUN_FINISHED without OUTPUTS_PUBLISHED in the attempt; a relative or missing output.
+    craft(ledger.path, "RUN_FINISHED", "run-1", {"spent": format_exact(PLAN.total)})
+    rejected(ledger.path, last["seq"] + 1, "RUN_FINISHED", "without OUTPUTS_PUBLISHED in this attempt")
+    for output in ("out", "", None, "/x\n"):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": FILES, "output": output})
+        rejected(ledger.path, last["seq"] + 1, "OUTPUTS_PUBLISHED", "absolute path the release was published to")
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": FILES})
+    rejected(ledger.path, last["seq"] + 1, "OUTPUTS_PUBLISHED", r"missing \['output'\]")
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": {}, "output": "/x"})
+    rejected(ledger.path, last["seq"] + 1, "OUTPUTS_PUBLISHED", "non-empty")
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": {"../etc/passwd": "d" * 64}, "output": "/x"})
+    rejected(ledger.path, last["seq"] + 1, "OUTPUTS_PUBLISHED", "relative paths")
+    ledger.path.write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    rec.record_published(FILES, Path("release"))  # given relative: recorded absolute
+    release = str(Path.cwd() / "release")
+    published, finished = entries(ledger.path)[-2:]
+    assert (published["kind"], finished["kind"]) == ("OUTPUTS_PUBLISHED", "RUN_FINISHED")
+    assert published["output"] == release and published["files"] == FILES
+    assert parse_exact(finished["spent"]) == PLAN.total
+    run = read_ledger(ledger.path).runs["run-1"]
+    assert run.status is RunStatus.FINISHED and run.output_path == release
+    assert run.outputs == FILES and run.published
+    with pytest.raises(LedgerError, match="already ended"):
+        rec.record_published(FILES, tmp_path / "again")
+
+
+@pytest.mark.xfail(strict=True, reason="ledger bug: replay and RunRecorder.fail accept RUN_FAILED right after the "
+                                       "attempt's OUTPUTS_PUBLISHED (published and failed at once)")
+def test_an_attempt_that_published_cannot_fail(tmp_path: Path) -> None:
+    """OUTPUTS_PUBLISHED must be followed by RUN_FINISHED in the same attempt: a run that recorded
+    its release in place cannot then record that it failed."""
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
+    run_all(rec, PLAN)
+    craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": FILES, "output": str(tmp_path / "out")})
+    published = entries(ledger.path)[-1]
+    craft(ledger.path, "RUN_FAILED", "run-1", {"spent": format_exact(PLAN.total), "reason": "after publishing"})
+    rejected(ledger.path, published["seq"] + 1, "RUN_FAILED", "OUTPUTS_PUBLISHED")
+
+
+# --------------------------------------------------------------------------------------------
+# Ledgers of the first format: still verified, migrated in place
+# --------------------------------------------------------------------------------------------
+
+
+PURE = plan_run(small_config("puredp"))
+
+
+def first_format_ledger(path: Path) -> FirstFormatLedger:
+    """Two old datasets: A (a finished run, then a second run with a raised cap that failed after an
+    uncommitted INTENT) and B (a crashed pure-DP run)."""
+    old = FirstFormatLedger(path)
+    rng = np.random.default_rng(3)
+    old.start("old-1", PLAN, DIGESTS_A)
+    for m in PLAN.measurements:
+        old.spend("old-1", m, rng.integers(0, 9, m.n_cells))
+    old.publish("old-1", FILES)
+    old.finish("old-1", PLAN.total)
+    old.start("old-2", PLAN, DIGESTS_A, spent_before=PLAN.total, lifetime_cap=2 * PLAN.total,
+              cap_reason="second release approved")
+    old.intent("old-2", PLAN.measurements[0])
+    old.fail("old-2", Fraction(PLAN.measurements[0].budget), "worker lost")
+    old.start("old-3", PURE, DIGESTS_B)
+    old.intent("old-3", PURE.measurements[0])
+    return old
+
+
+OLD_A, OLD_B = dataset_id(DIGESTS_A), dataset_id(DIGESTS_B)
+OLD_A_SPENT = PLAN.total + Fraction(PLAN.measurements[0].budget)
+
+
+def test_a_first_format_ledger_still_verifies_under_its_own_rules(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    old = first_format_ledger(path)
+    state = read_ledger(path)
+    assert state.format == 1 and state.policy is None and state.unit is None
+    assert state.size == len(old.entries)
+    assert {r.run_id: (r.legacy, r.account, r.status) for r in state.runs.values()} == {
+        "old-1": (True, f"legacy:{OLD_A}", RunStatus.FINISHED),
+        "old-2": (True, f"legacy:{OLD_A}", RunStatus.FAILED),
+        "old-3": (True, f"legacy:{OLD_B}", RunStatus.RUNNING),
+    }
+    assert state.dataset_spent(f"legacy:{OLD_A}", PrivacyDefinition.ZCDP) == OLD_A_SPENT
+    assert state.dataset_spent(f"legacy:{OLD_B}", PrivacyDefinition.PUREDP) == PURE.total
+    assert state.runs["old-2"].cap_reason == "second release approved"
+    assert state.runs["old-1"].outputs == FILES and state.runs["old-1"].output_path is None
+    # The first format's own rules still hold: a raised cap needed a cap_reason, a run finished
+    # without publishing, a run's cap covered the dataset's earlier spends.
+    data = path.read_bytes()
+    started = old.entries[0]
+    body = body_of(started, spent_before=format_exact(OLD_A_SPENT), lifetime_cap=format_exact(3 * PLAN.total),
+                   cap_reason=None)
+    craft(path, "RUN_STARTED", "old-4", body)
+    rejected(path, len(old.entries), "RUN_STARTED", "above the planned total needs a recorded cap_reason")
+    path.write_bytes(data)
+    craft(path, "RUN_STARTED", "old-4", {**body, "lifetime_cap": format_exact(PLAN.total), "cap_reason": None})
+    rejected(path, len(old.entries), "RUN_STARTED", "run exceeds the lifetime cap")
+    path.write_bytes(data)
+    craft(path, "RUN_STARTED", "old-4", {**body, "dataset_id": OLD_B})
+    rejected(path, len(old.entries), "RUN_STARTED", "dataset_id is not the digest of the input digests")
+    path.write_bytes(data)
+    craft(path, "RUN_STARTED", "old-4", {**body, "cap_reason": "third release"})
+    assert read_ledger(path).runs["old-4"].lifetime_cap == 3 * PLAN.total
+    # A first-format ledger has no format-2 entries before its migration.
+    path.write_bytes(data)
+    craft(path, "CAP_RAISED", None, {"dataset": "cef-a", "lifetime_cap": "5", "reason": "x"})
+    rejected(path, len(old.entries), "CAP_RAISED", "migrate it first")
+
+
+def test_a_first_format_ledger_takes_no_new_run_until_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    first_format_ledger(path)
+    data = path.read_bytes()
+    ledger = Ledger.open(path)
+    for attempt in (lambda: start(ledger, PLAN, "new-1"),
+                    lambda: ledger.raise_cap("cef-a", Fraction(5), "x"),
+                    lambda: ledger.resume_run("old-2", config_digest="c" * 64, dataset="cef-a",
+                                              fingerprint=FP_A, code_version="t", reason="retry"),
+                    ledger.lineage_key):
+        with pytest.raises(LedgerError, match="phsafe ledger migrate"):
+            attempt()
+    assert path.read_bytes() == data and not key_path(path).exists()
+
+
+def test_migrate_names_old_datasets_and_their_runs_count_against_them(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    old = first_format_ledger(path)
+    data = path.read_bytes()
+    migrated = migrate_ledger(path, lifetime_cap=OLD_A_SPENT + PLAN.total, reason="policy after migration",
+                              names={OLD_A[:8]: "cef-a", OLD_B.upper()[:12]: "cef-b"}, code_version="v2")
+    # In place, appended: the old history is untouched and the chain runs on.
+    assert path.read_bytes().startswith(data)
+    entry = entries(path)[-1]
+    assert entry["kind"] == "LEDGER_MIGRATED" and entry["run_id"] is None and entry["seq"] == len(old.entries)
+    assert entry["prev"] == old.entries[-1]["hash"]
+    assert entry["datasets"] == {OLD_A: "cef-a", OLD_B: "cef-b"}
+    assert entry["lifetime_cap"] == format_exact(OLD_A_SPENT + PLAN.total) and entry["non_confidential"] is False
+    assert entry["format"] == 2 and entry["reason"] == "policy after migration"
+    assert stat.S_IMODE(key_path(path).stat().st_mode) == 0o600
+    key = migrated.lineage_key()
+    assert key_id(key) == entry["key_id"]
+    state = read_ledger(path)
+    assert state.format == 2 and state.policy.seq == entry["seq"] and state.legacy_names == entry["datasets"]
+    assert {r.run_id: r.account for r in state.runs.values()} == {"old-1": "cef-a", "old-2": "cef-a",
+                                                                  "old-3": "cef-b"}
+    assert state.dataset_spent("cef-a", PrivacyDefinition.ZCDP) == OLD_A_SPENT
+    # The old runs count against the named dataset: a new version of cef-a has room for one plan.
+    rec = start(migrated, PLAN, "new-1", dataset="cef-a", new_version="first run after migration")
+    started = entries(path)[-1]
+    assert parse_exact(started["spent_before"]) == OLD_A_SPENT
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out")
+    with pytest.raises(BudgetError, match=f"already spent {format_exact(OLD_A_SPENT + PLAN.total)}"):
+        start(migrated, PLAN, "new-2", dataset="cef-a")
+    # An old crashed run keeps its whole reservation (in the ledger's unit, zCDP: eps^2/2).
+    eps2 = sum((Fraction(m.budget) ** 2 / 2 for m in PURE.measurements), Fraction(0))
+    assert read_ledger(path).dataset_spent("cef-b", PrivacyDefinition.ZCDP) == eps2
+    # Old runs are history: they are not resumed or appended to after the migration.
+    with pytest.raises(LedgerError, match="before the ledger was migrated"):
+        migrated.resume_run("old-2", config_digest="c" * 64, dataset="cef-a", fingerprint=FP_A,
+                            code_version="v2", reason="retry")
+    intent = next(e for e in old.entries if e["kind"] == "INTENT" and e["run_id"] == "old-3")
+    size = len(entries(path))
+    craft(path, "COMMITTED", "old-3", {"key": intent["key"], "intent_seq": intent["seq"],
+                                       "intent_hash": intent["hash"], "noisy_digest": "0" * 64})
+    rejected(path, size, "COMMITTED", "of the first ledger format; the ledger was migrated since")
+
+
+def test_migrate_refuses_an_unnamed_old_dataset(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    first_format_ledger(path)
+    data = path.read_bytes()
+    for names, match in (
+        ({OLD_A[:8]: "cef-a"}, f"old dataset {OLD_B[:16]} has no name"),
+        ("cef", "has 2 old datasets; name each"),
+        ({OLD_A[:7]: "cef-a", OLD_B: "cef-b"}, "8 or more hex digits"),
+        ({"0" * 8: "cef-a", OLD_B: "cef-b"}, "names 0 old dataset ids"),
+        ({OLD_A: "cef a", OLD_B: "cef-b"}, "dataset names"),
+    ):
+        with pytest.raises(LedgerError, match=match):
+            migrate_ledger(path, lifetime_cap=Fraction(2), reason="x", names=names)
+        assert path.read_bytes() == data and not key_path(path).exists()
+    with pytest.raises(LedgerError, match="reason"):
+        migrate_ledger(path, lifetime_cap=Fraction(2), reason=" ", names={OLD_A: "cef-a", OLD_B: "cef-b"})
+    with pytest.raises(BudgetError, match="non-confidential"):
+        migrate_ledger(path, lifetime_cap=INFINITE, reason="x", names={OLD_A: "cef-a", OLD_B: "cef-b"})
+    assert path.read_bytes() == data and not key_path(path).exists()
+    migrate_ledger(path, lifetime_cap=Fraction(2), reason="x", names={OLD_A: "cef-a", OLD_B: "cef-b"})
+    migrated = path.read_bytes()
+    with pytest.raises(LedgerError, match="migrated once"):
+        migrate_ledger(path, lifetime_cap=Fraction(2), reason="x", names={OLD_A: "cef-a", OLD_B: "cef-b"})
+    key_path(path).unlink()
+    with pytest.raises(LedgerError, match="already of the current format"):
+        migrate_ledger(path, lifetime_cap=Fraction(2), reason="x", names={OLD_A: "cef-a", OLD_B: "cef-b"})
+    assert path.read_bytes() == migrated
+    # A ledger of the current format is never migrated; a single old dataset takes one name.
+    fresh = new_ledger(tmp_path)
+    with pytest.raises(LedgerError, match="already exists"):
+        migrate_ledger(fresh.path, lifetime_cap=Fraction(2), reason="x", names="cef")
+    single = FirstFormatLedger(tmp_path / "single.jsonl")
+    single.start("only", PLAN, DIGESTS_A)
+    assert migrate_ledger(single.path, lifetime_cap=Fraction(2), reason="x", names="cef").state.runs["only"].dataset == "cef"
+
+
+def test_replay_rejects_a_migration_that_does_not_name_every_old_dataset(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    old = first_format_ledger(path)
+    data = path.read_bytes()
+    policy = body_of(entries(new_ledger(tmp_path, cap=2).path)[0])
+    n = len(old.entries)
+    for datasets, match in (
+        ({OLD_A: "cef-a"}, "must name every old dataset id exactly"),
+        ({OLD_A: "cef-a", OLD_B: "cef-b", "f" * 64: "cef-c"}, "names an id no run of the ledger has"),
+        ({OLD_A: "cef-a", OLD_B: "cef b"}, "SHA-256 hex ids to dataset names"),
+        ("cef", "datasets must map"),
+    ):
+        path.write_bytes(data)
+        craft(path, "LEDGER_MIGRATED", None, {**policy, "datasets": datasets})
+        rejected(path, n, "LEDGER_MIGRATED", match)
+    path.write_bytes(data)
+    craft(path, "LEDGER_MIGRATED", None, {**policy, "datasets": {OLD_A: "cef-a", OLD_B: "cef-b"}})
+    state = read_ledger(path)
+    assert state.policy is not None and state.runs["old-3"].dataset == "cef-b"
+    craft(path, "LEDGER_MIGRATED", None, {**policy, "datasets": {OLD_A: "cef-a", OLD_B: "cef-b"}})
+    rejected(path, n + 1, "LEDGER_MIGRATED", "already has a policy")
+    # A ledger of the first format without runs is not migrated: it is initialised.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    craft(empty, "LEDGER_MIGRATED", None, {**policy, "datasets": {}})
+    rejected(empty, 0, "LEDGER_MIGRATED", "a ledger starts with LEDGER_INIT")
 
 
 # --------------------------------------------------------------------------------------------
@@ -443,27 +1306,28 @@ def test_run_ids_are_unique(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _contender(path: str, run_id: str, barrier, results) -> None:
-    plan = plan_run(small_config())
+def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
     ledger = Ledger.open(Path(path))
     barrier.wait()
     try:
-        rec = start(ledger, plan, run_id)
+        rec = start(ledger, PLAN, run_id)
     except BudgetError:
         results.put((run_id, "refused"))
         return
-    for m in plan.measurements:
+    for m in PLAN.measurements:
         measure(m, np.zeros(m.n_cells, dtype=np.int64), rec)
-    rec.finish()
+    rec.record_published(FILES, Path(out))
     results.put((run_id, "ran"))
 
 
 @pytest.mark.parametrize("round_", range(3))
 def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int) -> None:
+    """Both declare the same new version; exactly one DATASET_VERSION and one run are recorded."""
     ctx = mp.get_context("fork")
-    path = tmp_path / "ledger.jsonl"
+    path = new_ledger(tmp_path, cap=PLAN.total).path
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_contender, args=(str(path), f"run-{i}", barrier, results)) for i in range(2)]
+    procs = [ctx.Process(target=_contender, args=(str(path), f"run-{i}", str(tmp_path / f"out-{i}"), barrier, results))
+             for i in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -473,24 +1337,22 @@ def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int)
     assert outcome == ["ran", "refused"]
     state = read_ledger(path)
     assert len(state.runs) == 1 and next(iter(state.runs.values())).status is RunStatus.FINISHED
+    assert len(state.dataset_states[DATASET].versions) == 1
 
 
-def _writer(path: str, run_id: str, digests: dict[str, str], barrier) -> None:
-    plan = plan_run(small_config())
+def _writer(path: str, i: int, barrier) -> None:
     ledger = Ledger.open(Path(path))
     barrier.wait()
-    rec = start(ledger, plan, run_id, digests=digests)
-    run_all(rec, plan)
-    rec.record_outputs_published({})
-    rec.finish()
+    rec = start(ledger, PLAN, f"w{i}", dataset=f"data-{i}", fingerprint=f"{i}" * 64)
+    run_all(rec, PLAN)
+    rec.record_published(FILES, Path(path).parent / f"out-{i}")
 
 
 def test_concurrent_appends_keep_one_valid_chain(tmp_path: Path) -> None:
     ctx = mp.get_context("fork")
-    path = tmp_path / "ledger.jsonl"
+    path = new_ledger(tmp_path).path
     barrier = ctx.Barrier(3)
-    digests = [DIGESTS_A, DIGESTS_B, {k: "7" * 64 for k in DIGESTS_A}]
-    procs = [ctx.Process(target=_writer, args=(str(path), f"w{i}", digests[i], barrier)) for i in range(3)]
+    procs = [ctx.Process(target=_writer, args=(str(path), i, barrier)) for i in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -498,7 +1360,8 @@ def test_concurrent_appends_keep_one_valid_chain(tmp_path: Path) -> None:
         assert p.exitcode == 0
     state = read_ledger(path)
     assert {r.run_id for r in state.runs.values() if r.status is RunStatus.FINISHED} == {"w0", "w1", "w2"}
-    assert state.size == 3 * (2 * len(plan_run(small_config()).measurements) + 3)
+    # LEDGER_INIT, then per run: DATASET_VERSION, RUN_STARTED, INTENT+COMMITTED each, published, finished.
+    assert state.size == 1 + 3 * (2 * len(PLAN.measurements) + 4)
 
 
 def test_checkpoint_signature(tmp_path: Path) -> None:
@@ -510,19 +1373,51 @@ def test_checkpoint_signature(tmp_path: Path) -> None:
     pem.write_bytes(
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
-    plan = plan_run(small_config())
-    ledger = Ledger.open(tmp_path / "ledger.jsonl")
-    rec = start(ledger, plan, "run-1")
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
     unsigned = rec.checkpoint(None)
-    assert unsigned["signature"] is None and unsigned["ledger_size"] == 1
+    assert unsigned["signature"] is None and unsigned["ledger_size"] == 3  # LEDGER_INIT, DATASET_VERSION, RUN_STARTED
     signed = rec.checkpoint(pem)
-    assert signed["head_hash"] == entries(tmp_path / "ledger.jsonl")[-1]["hash"]
-    import base64
-
+    assert signed["head_hash"] == entries(ledger.path)[-1]["hash"] == unsigned["head_hash"]
     key.public_key().verify(
-        base64.b64decode(signed["signature"]), ledger_mod.checkpoint_message(1, signed["head_hash"])
+        base64.b64decode(signed["signature"]), ledger_mod.checkpoint_message(3, signed["head_hash"])
     )
+    assert rec.checkpoint(key)["signature"] == signed["signature"]  # a loaded key signs the same
+    locked = tmp_path / "locked.pem"
+    locked.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.BestAvailableEncryption(b"secret")))
+    with pytest.raises(PHSafeError, match="protected by a passphrase"):
+        rec.checkpoint(locked)
+    assert lock_path(ledger.path).exists()
+    assert [e["kind"] for e in entries(ledger.path)][-1] == "RUN_STARTED"  # checkpoints append nothing
+
+
+def test_a_bad_signing_key_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Garbage, another algorithm, or a key that does not match the operator's public key: one clear
+    refusal (PHSafeError), never an internal error."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    ledger = new_ledger(tmp_path)
+    rec = start(ledger, PLAN, "run-1")
     bad = tmp_path / "bad.pem"
     bad.write_text("not a key")
-    with pytest.raises(LedgerError, match="signing key"):
+    with pytest.raises(PHSafeError, match=r"the signing key bad.pem \(--signing-key\) is not a PEM private key"):
         rec.checkpoint(bad)
+    other = tmp_path / "rsa.pem"
+    other.write_bytes(rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    with pytest.raises(PHSafeError, match="is a RSAPrivateKey, not an Ed25519 key"):
+        ledger_mod.load_signing_key(other)
+    key, stranger = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    pem, pub = tmp_path / "key.pem", tmp_path / "stranger.pub"
+    pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    pub.write_bytes(stranger.public_key().public_bytes(serialization.Encoding.PEM,
+                                                       serialization.PublicFormat.SubjectPublicKeyInfo))
+    with pytest.raises(PHSafeError, match=r"does not match the public key stranger.pub \(--public-key\)"):
+        ledger_mod.load_signing_key(pem, pub)
+    with pytest.raises(PHSafeError, match="is not a readable PEM public key"):
+        ledger_mod.load_signing_key(pem, bad)
+    assert ledger_mod.load_signing_key(pem) is not None
