@@ -706,6 +706,11 @@ class DatasetState:
     def has_version(self, fingerprint: str) -> bool:
         return any(v.fingerprint == fingerprint for v in self.versions)
 
+    @property
+    def cap_reason(self) -> str | None:
+        """The reason of the raise that set the current cap (None: the policy's cap)."""
+        return self.raises[-1].reason if self.raises else None
+
 
 @dataclass
 class TailRepair:
@@ -1119,8 +1124,10 @@ class LedgerState:
         if _amount(e, "spent_before") != odometer:
             raise _Invalid(f"spent_before {e['spent_before']} differs from the ledger's spends on dataset "
                            f"{name} ({format_exact(odometer)})")
+        raised = self.dataset_states.get(name)
         run = self._new_run(e, defn, planned, total, dataset=name, fingerprint=fp, legacy_id=None, cap=cap,
-                            cap_reason=None, spent_before=odometer, validated=e["validated"])
+                            cap_reason=raised.cap_reason if raised else None, spent_before=odometer,
+                            validated=e["validated"])
         reserved = run.charge(policy.privacy_defn)
         if not policy.non_confidential and amount_exceeds(add_amounts(odometer, reserved), cap):
             raise _Invalid(f"run exceeds dataset {name}'s lifetime cap: spent {format_exact(odometer)} + "
@@ -1276,6 +1283,8 @@ class LedgerState:
 
     def _check_run_failed(self, e: Mapping[str, Any]):
         run = self._running(e)
+        if self.policy is not None and run.outputs_in_attempt():
+            raise _Invalid(f"the attempt recorded OUTPUTS_PUBLISHED at entry {run.outputs_seq}: it finishes, it cannot fail")
         if not _is_text(e["reason"]):
             raise _Invalid("reason must be a short string")
         if _amount(e, "spent") != run.intended_total():
@@ -1353,7 +1362,8 @@ class LedgerState:
                 f"resumed run exceeds the lifetime cap: the dataset's odometer with the run reserved "
                 f"again is {format_exact(after)} > cap {format_exact(cap)}"
             )
-        return self._resume_commit(e, run, cap, None)
+        raised = self.dataset_states.get(run.dataset or "")
+        return self._resume_commit(e, run, cap, raised.cap_reason if raised else None)
 
     def _check_run_resumed_v1(self, e: Mapping[str, Any]):
         """RUN_RESUMED of the first format: it carries the run's cap (kept or raised)."""
@@ -1476,19 +1486,23 @@ def _safe_relpath(rel: Any) -> bool:
     return all(part not in ("", ".", "..") for part in rel.split("/"))
 
 
-def _split_lines(data: bytes, first_seq: int) -> list[bytes]:
-    if not data:
-        return []
-    if not data.endswith(b"\n"):
-        n = data.count(b"\n")
-        torn = len(data) - (data.rfind(b"\n") + 1)
+def _apply_all(state: "LedgerState", data: bytes, on_line: Callable[[bytes], None] | None = None) -> None:
+    """Apply every complete line of ``data`` to ``state``; then, if ``data`` ends in an incomplete
+    line, raise :class:`TornTailError`. A broken complete entry is reported first: a torn tail is
+    repairable, a broken entry is not."""
+    cut = data.rfind(b"\n") + 1
+    if cut:
+        for line in data[: cut - 1].split(b"\n"):
+            state.apply(line)
+            if on_line is not None:
+                on_line(line)
+    if cut < len(data):
         raise TornTailError(
-            f"the ledger ends in an incomplete entry ({torn} bytes of an interrupted write, e.g. on a "
-            "full disk or a killed process); nothing was drawn for it. Repair it with "
+            f"the ledger ends in an incomplete entry ({len(data) - cut} bytes of an interrupted write, e.g. on "
+            "a full disk or a killed process); nothing was drawn for it. Repair it with "
             "`phsafe ledger repair LEDGER`, which drops the incomplete bytes and records that it did",
-            seq=first_seq + n,
+            seq=state.size,
         )
-    return data[:-1].split(b"\n")
 
 
 
@@ -1516,8 +1530,7 @@ def read_ledger(path: Path) -> LedgerState:
     except OSError as exc:
         raise LedgerError(f"cannot read the ledger {path}: {_os_reason(exc)}") from None
     state = LedgerState()
-    for line in _split_lines(data, 0):
-        state.apply(line)
+    _apply_all(state, data)
     return state
 
 
@@ -1768,6 +1781,9 @@ def init_ledger(
         try:
             _write_new_file(path, canonical_json(entry) + b"\n", 0o600)
         except BaseException:
+            # Both files were created here (O_EXCL): a failed init leaves nothing behind.
+            if path.exists():
+                path.unlink()
             key_path(path).unlink(missing_ok=True)
             raise
     except OSError as exc:
@@ -1808,8 +1824,7 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
             return None
         cut = data.rfind(b"\n") + 1
         state = LedgerState()
-        for line in _split_lines(data[:cut], 0):
-            state.apply(line)
+        _apply_all(state, data[:cut])
         if state.size == 0:
             raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
                               "and its key file, and run `phsafe ledger init` again")
@@ -1984,9 +1999,10 @@ class Ledger:
                 data = f.read(size - self._offset)
         except OSError as exc:
             raise LedgerError(f"cannot read the ledger {self.path}: {_os_reason(exc)}") from None
-        for line in _split_lines(data, self._state.size):
-            self._state.apply(line)
+        def advance(line: bytes) -> None:
             self._offset += len(line) + 1
+
+        _apply_all(self._state, data, advance)
 
     def _reload(self) -> None:
         """Forget the in-memory state and replay the file (after a failed append)."""
@@ -2531,8 +2547,8 @@ class RunRecorder:
         """
         with self._ledger._locked() as state:
             run = self._run(state)
-            if run.status is not RunStatus.RUNNING or run.attempt != self.attempt:
-                # Ended, or a later attempt owns the run now: failing it would be a lie.
+            if run.status is not RunStatus.RUNNING or run.attempt != self.attempt or run.outputs_in_attempt():
+                # Ended, published, or a later attempt owns the run now: failing it would be a lie.
                 return
             spent = run.intended_total()
             self._ledger._append_entries([(

@@ -590,8 +590,6 @@ def test_a_failed_rollback_leaves_a_torn_tail_that_repair_records(tmp_path: Path
     measure(PLAN.measurements[0], np.zeros(PLAN.measurements[0].n_cells, dtype=np.int64), rec)
 
 
-@pytest.mark.xfail(strict=True, reason="ledger bug: init_ledger leaves a partial ledger file when its write fails "
-                                       "(ENOSPC), so the ledger keeps a partial entry and init cannot be retried")
 def test_a_failed_init_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """"A write that fails is rolled back ... so the ledger never keeps a partial entry" -- for the
     genesis entry too: a failed init leaves neither the ledger nor its key, and can be retried."""
@@ -663,8 +661,6 @@ def test_repair_never_touches_a_broken_complete_line(tmp_path: Path) -> None:
     assert ledger.path.read_bytes() == broken + b'{"seq":3,'
 
 
-@pytest.mark.xfail(strict=True, reason="ledger bug: read_ledger reports a torn last line before an earlier broken "
-                                       "entry, so it does not name the first entry that breaks a rule")
 def test_read_ledger_names_the_first_broken_entry_before_a_torn_tail(tmp_path: Path) -> None:
     """read_ledger: "naming the first entry that breaks a rule" -- a tampered entry 1 comes before a
     torn tail at entry 3 (and repair, told to drop the tail, refuses because of entry 1)."""
@@ -1095,8 +1091,6 @@ def test_publication_is_recorded_with_its_place_and_finishes_the_run(tmp_path: P
         rec.record_published(FILES, tmp_path / "again")
 
 
-@pytest.mark.xfail(strict=True, reason="ledger bug: replay and RunRecorder.fail accept RUN_FAILED right after the "
-                                       "attempt's OUTPUTS_PUBLISHED (published and failed at once)")
 def test_an_attempt_that_published_cannot_fail(tmp_path: Path) -> None:
     """OUTPUTS_PUBLISHED must be followed by RUN_FINISHED in the same attempt: a run that recorded
     its release in place cannot then record that it failed."""

@@ -346,9 +346,6 @@ def test_resume_cap_kept_or_raised_with_a_reason_never_lowered(ledger: Ledger) -
         (2 * PLAN.total, "room for retries"), (3 * PLAN.total, "approved, memo 7")]
 
 
-@pytest.mark.xfail(strict=True, reason="ledger bug: in format 2 RunAttempt.cap_reason (and RunState.cap_reason) stay "
-                                       "None even when the attempt's cap was set by a CAP_RAISED with a reason, so "
-                                       "the audit report's 'Cap reason' column is always '-'")
 def test_each_attempt_knows_the_reason_of_its_cap(ledger: Ledger) -> None:
     """RunAttempt.cap_reason: "The cap reason recorded with that cap (None if none was given)"."""
     start(ledger, PLAN, "run-1", cap_raise=(2 * PLAN.total, "room for retries")).fail("x")
