@@ -31,8 +31,8 @@ class GeographyLevel(enum.Enum):
 
 
 _GEOGRAPHY_LABELS: dict[GeographyLevel, str] = {
-    GeographyLevel.USA: "Nation: the United States (REGION_ID 1; not released for a Puerto Rico run)",
-    GeographyLevel.STATE: "State (REGION_ID is the state's 2-digit FIPS code)",
+    GeographyLevel.USA: "Nation",
+    GeographyLevel.STATE: "State",
 }
 
 
