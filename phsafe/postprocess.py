@@ -120,6 +120,8 @@ AVERAGE_COLUMNS = (
 """Columns of an average table after REGION_ID, REGION_TYPE, ITERATION_CODE, <T>_DATA_CELL."""
 POSTPROCESS_METADATA = "postprocess.json"
 README = "README.md"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
 
 
 @dataclass(frozen=True)
@@ -799,6 +801,9 @@ def postprocess(
         readme = publication.staging / README
         readme.write_text(columns_doc(), encoding="utf-8")
         files[README] = _sha256(readme)
+        report = build_report(frames, source=output_dir, run_id=source.get("run_id"), seed=seed, draws=draws)
+        for name in report.write(publication.staging / REPORT_MD, publication.staging / REPORT_HTML):
+            files[name.name] = _sha256(name)
         metadata = {
             "source": {"output_dir": str(output_dir), **source},
             "seed": seed,
@@ -831,6 +836,75 @@ def _write(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str
         for p in (csv_path, pq_path):
             files[p.name] = _sha256(p)
     return files
+
+
+def _n(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}" if abs(x) >= 1 else f"{x:.3f}"
+
+
+def build_report(frames: Mapping[str, pd.DataFrame], *, source: Path, run_id: str | None, seed: int,
+                 draws: int):  # type: ignore[no-untyped-def]
+    """A summary of the post-processed tables as a :class:`phsafe._plots.Document`: per table,
+    how wide the credible intervals are and how many cells are probably zero; the national
+    averages with their intervals; what every column means."""
+    from phsafe._plots import Bullets, Document, Heading, Para, Table
+    from phsafe.datapackage import REGION_NAMES
+    from phsafe.tables import output_spec
+
+    doc = Document("PHSafe post-processed estimates")
+    doc.add(Para("Estimates and 90% credible intervals computed from the published private tables alone "
+                 "(no input data, no privacy-loss budget). Files: `<TABLE>.csv` (`|`-separated) and "
+                 "`<TABLE>.parquet`; `README.md` describes every column, `postprocess.json` the source "
+                 "and its digests."))
+    doc.add(Table(("Field", "Value"), [
+        ["Source release", f"`{source}`"],
+        ["Run", "-" if run_id is None else f"`{run_id}`"],
+        ["Seed of the simulated averages", str(seed)],
+        ["Draws per cell (averages)", str(draws)],
+        ["Prior", "flat on the non-negative integers"],
+    ]))
+    rows = []
+    for table, frame in frames.items():
+        if table in AVERAGES:
+            continue
+        width = (frame["CI90_UPPER"] - frame["CI90_LOWER"]).to_numpy(dtype=float)
+        rows.append([f"{table}: {output_spec(table).title}", f"{len(frame):,}", _n(float(np.median(width))),
+                     _n(float(width.max())), f"{float(frame['P_ZERO'].mean()):.3f}",
+                     f"{float((frame['COUNT'] < 0).mean()):.3f}"])
+    doc.add(Heading(2, "Count tables"), Table(
+        ("Table", "Cells", "Median 90% interval width", "Widest interval", "Mean P(n = 0)",
+         "Share of released counts < 0"), rows))
+    national = []
+    for name, spec in AVERAGES.items():
+        frame = frames.get(name)
+        if frame is None:
+            continue
+        cell = f"{name}_DATA_CELL"
+        top = frame[(frame["REGION_TYPE"] == "USA") & (frame["ITERATION_CODE"] == "*")]
+        if top.empty:  # Puerto Rico: its own state row
+            top = frame[(frame["REGION_TYPE"] == "STATE") & (frame["ITERATION_CODE"] == "*")].head(len(spec.cells))
+        labels = dict(output_spec(spec.numerator).cell_labels)
+        for r in top.itertuples(index=False):
+            row = r._asdict()
+            region = str(row["REGION_ID"])
+            national.append([f"{name} cell {row[cell]} ({labels.get(row[cell], '')})", REGION_NAMES.get(region, region),
+                             _n(row["ESTIMATE"]), f"{_n(row['CI90_LOWER'])} to {_n(row['CI90_UPPER'])}",
+                             f"{row['P_DENOMINATOR_POSITIVE']:.3f}"])
+    if national:
+        doc.add(Heading(2, "Averages, total population group"), Table(
+            ("Average", "Region", "Estimate (median)", "90% credible interval", "P(denominator > 0)"), national))
+    doc.add(Heading(2, "Columns"), Bullets([
+        "Count tables: the private columns, then `ESTIMATE` (posterior mean), `MEDIAN`, `CI90_LOWER` and "
+        "`CI90_UPPER` (90% highest-posterior-density credible interval), `POSTERIOR_SD` and `P_ZERO` "
+        "(posterior probability that the true count is 0).",
+        "Average tables PH1, PH5, PH8: `ESTIMATE` (median of the simulated ratios), `MEAN`, `CI90_LOWER`, "
+        "`CI90_UPPER`, `P_DENOMINATOR_POSITIVE`, `NUMERATOR_ESTIMATE`, `DENOMINATOR_ESTIMATE`, `DRAWS`.",
+        "Credible intervals cover the noise of disclosure avoidance only, not truncation (tau) or other "
+        "non-sampling error.",
+    ]))
+    return doc
 
 
 def columns_doc() -> str:

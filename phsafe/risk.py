@@ -487,11 +487,18 @@ def _sig(x: float, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
+PROBABILITY_FLOOR = 1e-300
+"""Probabilities below this are printed as "< 1e-300" (their exact log10 is in risk.json)."""
+
+
 def _prob(x: float, log10: float | None = None) -> str:
-    if x == 0 and log10 is not None and math.isfinite(log10):
-        return f"10^{log10:.1f}"
+    """A probability for people: six decimals, scientific below 1e-4, "< 1e-300" below that."""
+    if log10 is not None and math.isfinite(log10) and log10 < math.log10(PROBABILITY_FLOOR):
+        return f"< {PROBABILITY_FLOOR:.0e}"
     if x == 0:
         return "0"
+    if x < PROBABILITY_FLOOR:
+        return f"< {PROBABILITY_FLOOR:.0e}"
     if x < 1e-4:
         return f"{x:.3e}"
     return f"{x:.6f}"
