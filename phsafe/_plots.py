@@ -296,7 +296,7 @@ class ReportFolderExists(PHSafeError):
     """A report command was pointed at a folder that already holds files."""
 
 
-def report_folder(path: str | Path, *, overwrite: bool = False, option: str = "--out") -> Path:
+def report_folder(path: str | Path, *, overwrite: bool = False, what: str = "output folder") -> Path:
     """Make ``path`` ready for a report: a new or empty folder.
 
     Every report command writes into a folder of its own and never mixes its files with
@@ -306,18 +306,18 @@ def report_folder(path: str | Path, *, overwrite: bool = False, option: str = "-
     Args:
         path: The report folder.
         overwrite: Replace what an existing folder holds.
-        option: How the user named the folder, for the message (``--out``, ``--report-dir``).
+        what: What the folder is, for the message (``output folder``, ``report folder``).
 
     Raises:
         ReportFolderExists: ``path`` is a file, or a non-empty folder without ``overwrite``.
     """
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
-        raise ReportFolderExists(f"{option} {folder} is a file, not a folder")
+        raise ReportFolderExists(f"{what} {folder} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()):
         if not overwrite:
             raise ReportFolderExists(
-                f"{option} {folder} already holds files; choose a new folder or pass --overwrite to replace them")
+                f"{what} {folder} already holds files; choose a new folder, or replace them with --overwrite")
         for child in folder.iterdir():
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)

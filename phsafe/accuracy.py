@@ -41,7 +41,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -59,6 +59,9 @@ from phsafe.postprocess import (
     read_private_outputs,
 )
 from phsafe.tables import OUTPUT_TABLES
+
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
 
 log = get_logger("phsafe.accuracy")
 
@@ -223,7 +226,8 @@ def run_accuracy(
     draws: int = DEFAULT_ACCURACY_DRAWS,
     seed: int | None = None,
     plots: bool = True,
-    progress: Callable[[str], None] | None = None,
+    overwrite: bool = False,
+    progress: "Progress | None" = None,
 ) -> AccuracyResult:
     """Run the accuracy experiment (see the module docstring) and write its report.
 
@@ -238,11 +242,13 @@ def run_accuracy(
         draws: Posterior draws per cell for the averages (post-processing).
         seed: Seed of the post-processing simulations (trial t uses seed + t); random if None.
         plots: Write the PNG plots (matplotlib).
-        progress: Called with one line per step.
+        overwrite: Empty an ``output_dir`` that already holds files (otherwise it is refused).
+        progress: Where to report the stages and the trials (:mod:`phsafe.progress`).
 
     Raises:
         ConfidentialityNotConfirmed: ``non_confidential`` is not True.
-        PHSafeError: Bad config or data (from the engine), or the output directory is not empty.
+        PHSafeError: Bad config or data (from the engine), or the output directory holds files
+            and ``overwrite`` is not set.
     """
     if non_confidential is not True:
         raise ConfidentialityNotConfirmed(
@@ -251,59 +257,61 @@ def run_accuracy(
         )
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
+    from phsafe._plots import report_folder
     from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+    from phsafe.progress import NULL
     from phsafe.truncation import TRUNCATION_KEY_BYTES
 
-    say = progress or (lambda _line: None)
+    progress = progress or NULL
     started = time.perf_counter()
-    output_dir = Path(output_dir).absolute()
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise PHSafeError(f"output directory {output_dir} exists and is not empty; choose a new one")
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = report_folder(Path(output_dir).absolute(), overwrite=overwrite)
     noiseless = noiseless_config(Path(config_path), output_dir / "config-noiseless.json")
     if seed is None:
         seed = secrets.randbits(62)
 
-    say("truth: non-private run")
-    run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth")
-    truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
-    truth_ratios = _exact_ratios(truth)
+    with progress.stage("truth: non-private run"):
+        run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth")
+        truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
+        truth_ratios = _exact_ratios(truth)
 
     cells: list[pd.DataFrame] = []
     averages: list[pd.DataFrame] = []
-    for trial in range(1, trials + 1):
-        name = f"{trial:03d}"
-        key = secrets.token_hex(TRUNCATION_KEY_BYTES)
-        # One ledger per trial (both of its runs): every spend is recorded, and appends stay
-        # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
-        options = PrivateRunOptions(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True,
-                                    truncation_key=key)
-        say(f"trial {trial}/{trials}: private run")
-        run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, options)
-        say(f"trial {trial}/{trials}: truncated exact counts (Infinity budgets, same truncation key)")
-        run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, options)
-        noisy = _private_long(output_dir / "trials" / name)
-        exact = _private_long(output_dir / "truncated" / name)
-        post = None
-        if with_postprocess:
-            say(f"trial {trial}/{trials}: post-processing")
-            result = postprocess(output_dir / "trials" / name, output_dir / "postprocessed" / name,
-                                 draws=draws, seed=seed + trial)
-            post = result.destination
-        cells.append(_trial_cells(trial, noisy, exact, truth, post))
-        if post is not None:
-            exact_ratios = _exact_ratios({t: f[[*KEYS, "COUNT"]] for t, f in exact.items()})
-            averages.append(_trial_averages(trial, post, exact_ratios, truth_ratios))
+    with progress.stage(f"{trials} trial{'s' if trials != 1 else ''}"), \
+            progress.task("trials", total=trials, unit="trials") as task:
+        for trial in range(1, trials + 1):
+            name = f"{trial:03d}"
+            key = secrets.token_hex(TRUNCATION_KEY_BYTES)
+            # One ledger per trial (both of its runs): every spend is recorded, and appends stay
+            # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
+            options = PrivateRunOptions(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True,
+                                        truncation_key=key)
+            task.update(trial - 1, item=f"trial {trial}: private run")
+            run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, options)
+            task.update(trial - 1, item=f"trial {trial}: truncated exact counts")
+            run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, options)
+            noisy = _private_long(output_dir / "trials" / name)
+            exact = _private_long(output_dir / "truncated" / name)
+            post = None
+            if with_postprocess:
+                task.update(trial - 1, item=f"trial {trial}: post-processing")
+                result = postprocess(output_dir / "trials" / name, output_dir / "postprocessed" / name,
+                                     draws=draws, seed=seed + trial)
+                post = result.destination
+            cells.append(_trial_cells(trial, noisy, exact, truth, post))
+            if post is not None:
+                exact_ratios = _exact_ratios({t: f[[*KEYS, "COUNT"]] for t, f in exact.items()})
+                averages.append(_trial_averages(trial, post, exact_ratios, truth_ratios))
+            task.update(trial, item="")
 
-    frame = pd.concat(cells, ignore_index=True)
-    avg = pd.concat(averages, ignore_index=True) if averages else pd.DataFrame()
-    metrics = table_metrics(frame)
-    average_metrics = average_table_metrics(avg) if len(avg) else pd.DataFrame(columns=AVERAGE_METRIC_COLUMNS)
-    seconds = time.perf_counter() - started
-    say("writing the report")
-    files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
-                         data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
-                         with_postprocess=with_postprocess, draws=draws, seed=seed)
+    with progress.stage("metrics, plots and report"):
+        frame = pd.concat(cells, ignore_index=True)
+        avg = pd.concat(averages, ignore_index=True) if averages else pd.DataFrame()
+        metrics = table_metrics(frame)
+        average_metrics = average_table_metrics(avg) if len(avg) else pd.DataFrame(columns=AVERAGE_METRIC_COLUMNS)
+        seconds = time.perf_counter() - started
+        files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
+                             data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
+                             with_postprocess=with_postprocess, draws=draws, seed=seed)
     log.info("accuracy report written", output=str(output_dir), trials=trials, seconds=round(seconds, 1))
     return AccuracyResult(output_dir, metrics, average_metrics, files, seconds)
 

@@ -884,14 +884,17 @@ def _split_chart(plan: Plan, path: Path) -> Path:
                         xlabel=f"{measure} (unbounded)")
 
 
-def write_plan(plan: Plan, out_dir: str | Path) -> dict[str, Path]:
+def write_plan(plan: Plan, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:
     """Write ``config.json`` (targets mode), ``plan.json``, the Markdown/HTML report and the PNGs.
 
-    The written config is read back with :func:`phsafe.config.load_config` and must plan the
-    same budgets, or nothing is reported as written.
+    ``out_dir`` must be a new or empty folder unless ``overwrite`` (see
+    :func:`phsafe._plots.report_folder`). The written config is read back with
+    :func:`phsafe.config.load_config` and must plan the same budgets, or nothing is reported as
+    written.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from phsafe._plots import report_folder
+
+    out = report_folder(out_dir, overwrite=overwrite)
     paths: dict[str, Path] = {}
     if plan.config_json is not None:
         cfg_path = out / CONFIG_JSON

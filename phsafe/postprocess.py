@@ -79,12 +79,14 @@ import functools
 import hashlib
 import json
 import math
+import os
 import secrets
+import shutil
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -98,6 +100,9 @@ from phsafe.errors import PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, MANIFEST, Publication, cell_column, private_columns
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES
+
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
 
 log = get_logger("phsafe.postprocess")
 
@@ -749,24 +754,34 @@ def postprocess(
     *,
     draws: int = DEFAULT_DRAWS,
     seed: int | None = None,
+    overwrite: bool = False,
+    progress: "Progress | None" = None,
 ) -> PostprocessResult:
     """Post-process the private output directory ``output_dir`` (no access to any input data).
 
     Writes, to ``destination`` (default :func:`default_destination`), for every private table
     ``<TABLE>.csv`` (``|``-separated) and ``<TABLE>.parquet`` with the per-cell posterior columns,
     the average tables ``PH1``, ``PH5`` and ``PH8`` likewise, ``README.md`` (the columns) and
-    ``postprocess.json`` (source, seed, draws, bounds, file digests). The destination appears
-    atomically (written to a hidden sibling, then renamed) and is never overwritten.
+    ``postprocess.json`` (source, seed, draws, bounds, file digests), and a summary report
+    (``report.md``, ``report.html``). The destination appears atomically (written to a hidden
+    sibling, then renamed); an existing destination is replaced only with ``overwrite``.
 
     Args:
         output_dir: A published private output directory.
-        destination: Where to write; must not exist.
+        destination: Where to write: a new or empty folder (or any folder, with ``overwrite``).
         draws: Posterior draws per cell for the averages.
         seed: Seed of the simulation; drawn at random (and recorded) when None.
+        overwrite: Replace an existing destination that holds files (after the new one is
+            complete).
+        progress: Where to report the stages and tables (:mod:`phsafe.progress`).
 
     Raises:
-        PostprocessError: The outputs cannot be read or the destination exists.
+        PostprocessError: The outputs cannot be read, or the destination holds files and
+            ``overwrite`` is not set.
     """
+    from phsafe.progress import NULL
+
+    progress = progress or NULL
     if draws < 1:
         raise PostprocessError("draws must be at least 1")
     output_dir = Path(output_dir).absolute()
@@ -774,9 +789,14 @@ def postprocess(
     root = output_dir.resolve()
     if destination.resolve().is_relative_to(root):
         raise PostprocessError("the destination must be outside the output directory (its manifest lists every file)")
-    if destination.exists():
-        raise PostprocessError(f"destination {destination} already exists; choose a new one")
-    tables, source = read_private_outputs(output_dir)
+    if destination.exists() and not destination.is_dir():
+        raise PostprocessError(f"destination {destination} is a file, not a folder")
+    replace = destination.is_dir() and any(destination.iterdir())
+    if replace and not overwrite:
+        raise PostprocessError(f"destination {destination} already exists and holds files; choose a new one, "
+                               "or replace it with --overwrite")
+    with progress.stage("read the release"):
+        tables, source = read_private_outputs(output_dir)
     if seed is None:
         seed = secrets.randbits(63)
     rng = np.random.default_rng(seed)
@@ -784,28 +804,50 @@ def postprocess(
              draws=draws, seed=seed)
 
     frames: dict[str, pd.DataFrame] = {}
-    for table, frame in tables.items():
-        out = summarize_table(frame, table)
-        if frame.attrs.get("iteration_column") is False:
-            out = out.drop(columns="ITERATION_CODE")
-        frames[table] = out
-    for spec in AVERAGES.values():
-        if spec.numerator in tables and spec.denominator in tables:
-            frames[spec.name] = average_table(spec, tables[spec.numerator], tables[spec.denominator], draws, rng)
-        else:
-            log.warning("average not computed: a table is missing", average=spec.name)
+    with progress.stage("posterior of every cell"), \
+            progress.task("tables", total=len(tables), unit="tables") as task:
+        for table, frame in tables.items():
+            task.advance(0, item=table)
+            out = summarize_table(frame, table)
+            if frame.attrs.get("iteration_column") is False:
+                out = out.drop(columns="ITERATION_CODE")
+            frames[table] = out
+            task.advance(item="")
+    with progress.stage("averages PH1, PH5, PH8"), \
+            progress.task("averages", total=len(AVERAGES), unit="averages") as task:
+        for spec in AVERAGES.values():
+            task.advance(0, item=spec.name)
+            if spec.numerator in tables and spec.denominator in tables:
+                frames[spec.name] = average_table(spec, tables[spec.numerator], tables[spec.denominator], draws, rng)
+            else:
+                log.warning("average not computed: a table is missing", average=spec.name)
+            task.advance(item="")
 
-    publication = Publication.begin(destination, uuid.uuid4().hex[:12])
+    if destination.is_dir() and not replace:
+        destination.rmdir()  # an empty folder given as the destination: published in its place
+    with progress.stage("write"):
+        files = _publish(frames, destination, replace, source=output_dir, facts=source, seed=seed, draws=draws)
+    log.info("postprocess written", destination=str(destination), files=len(files))
+    return PostprocessResult(destination, files, seed, {t: len(f) for t, f in frames.items()})
+
+
+def _publish(frames: Mapping[str, pd.DataFrame], destination: Path, replace: bool, *, source: Path,
+             facts: Mapping[str, object], seed: int, draws: int) -> dict[str, str]:
+    """Write everything into a hidden sibling of ``destination`` and rename it into place; an
+    existing destination (``replace``) is moved aside only once the new folder is complete."""
+    publication = Publication(destination, Publication.staging_path(destination, uuid.uuid4().hex[:12]))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    publication.staging.mkdir()
     try:
         files = _write(frames, publication.staging)
         readme = publication.staging / README
         readme.write_text(columns_doc(), encoding="utf-8")
         files[README] = _sha256(readme)
-        report = build_report(frames, source=output_dir, run_id=source.get("run_id"), seed=seed, draws=draws)
-        for name in report.write(publication.staging / REPORT_MD, publication.staging / REPORT_HTML):
-            files[name.name] = _sha256(name)
+        report = build_report(frames, source=source, run_id=facts.get("run_id"), seed=seed, draws=draws)  # type: ignore[arg-type]
+        for path in report.write(publication.staging / REPORT_MD, publication.staging / REPORT_HTML):
+            files[path.name] = _sha256(path)
         metadata = {
-            "source": {"output_dir": str(output_dir), **source},
+            "source": {"output_dir": str(source), **facts},
             "seed": seed,
             "draws": draws,
             "credible_level": CREDIBLE_LEVEL,
@@ -818,12 +860,17 @@ def postprocess(
         }
         (publication.staging / POSTPROCESS_METADATA).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n",
                                                                 encoding="utf-8")
+        old = None
+        if replace:
+            old = destination.parent / f".{destination.name}.replaced-{uuid.uuid4().hex[:12]}"
+            os.rename(destination, old)
         publication.publish()
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         publication.abandon()
         raise
-    log.info("postprocess written", destination=str(destination), files=len(files))
-    return PostprocessResult(destination, files, seed, {t: len(f) for t, f in frames.items()})
+    return files
 
 
 def _write(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:

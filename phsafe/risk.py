@@ -729,10 +729,12 @@ def _chart(cr: ConfigRisk, path: Path) -> Path | None:
                       ylabel="R'(x) = posterior / prior")
 
 
-def write_risk(cr: ConfigRisk, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``risk.json``, ``risk_report.md``, ``risk_report.html`` and ``risk_ratio.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def write_risk(cr: ConfigRisk, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:
+    """Write ``risk.json``, ``risk_report.md``, ``risk_report.html`` and ``risk_ratio.png`` into
+    ``out_dir``, a new or empty folder unless ``overwrite`` (:func:`phsafe._plots.report_folder`)."""
+    from phsafe._plots import report_folder
+
+    out = report_folder(out_dir, overwrite=overwrite)
     paths: dict[str, Path] = {}
     paths["json"] = out / RISK_JSON
     paths["json"].write_text(json.dumps(risk_json(cr), indent=2) + "\n", encoding="utf-8")
