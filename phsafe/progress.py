@@ -271,16 +271,14 @@ class PlainProgress(_Base):
     def stage(self, name: str) -> Iterator[None]:
         outer, self._tasks = self._tasks, []
         start = time.perf_counter()
-        failed = True
         try:
             yield
-            failed = False
         finally:
-            done = [t.summary() for t in self._tasks]
-            detail = f": {', '.join(done)}" if done else ""
-            state = "stopped" if failed else "done"
-            self._line(f"{name}{detail} -- {state} in {_seconds(time.perf_counter() - start)}")
-            self._tasks = outer
+            tasks, self._tasks = self._tasks, outer
+        # A failed stage prints nothing: the command reports the failure in one line.
+        done = [t.summary() for t in tasks]
+        detail = f": {', '.join(done)}" if done else ""
+        self._line(f"{name}{detail} -- done in {_seconds(time.perf_counter() - start)}")
 
     @contextlib.contextmanager
     def task(self, name: str, total: int | None = None, *, unit: str = "") -> Iterator[Task]:
@@ -392,18 +390,16 @@ class RichProgress(_Base):
         row = self._bars.add_task(f"[bold]{name}", total=None, item="")
         outer, self._tasks = self._tasks, []
         start = time.perf_counter()
-        failed = True
         try:
             yield
-            failed = False
         finally:
-            seconds = time.perf_counter() - start
             self._bars.remove_task(row)
-            done = [t.summary() for t in self._tasks]
-            detail = f" [dim]({', '.join(done)})[/]" if done else ""
-            mark = "[red]✗[/]" if failed else "[green]✓[/]"
-            self.console.print(f"{mark} {name}{detail} [dim]{_seconds(seconds)}[/]", highlight=False)
-            self._tasks = outer
+            tasks, self._tasks = self._tasks, outer
+        # A failed stage prints nothing: the command reports the failure in one line.
+        done = [t.summary() for t in tasks]
+        detail = f" [dim]({', '.join(done)})[/]" if done else ""
+        self.console.print(f"[green]✓[/] {name}{detail} [dim]{_seconds(time.perf_counter() - start)}[/]",
+                           highlight=False)
 
     @contextlib.contextmanager
     def task(self, name: str, total: int | None = None, *, unit: str = "") -> Iterator[Task]:
