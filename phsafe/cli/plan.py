@@ -66,16 +66,10 @@ def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None
         raise click.BadParameter("must be between 0 and 1", param_hint="--delta")
     try:
         with command_progress(log_file) as progress, progress.stage("plan"):
-            if targets_file is not None:
-                targets, json_tau = planner.read_targets(targets_file)
-                tau = planner.parse_tau(tau_specs, base=json_tau)
-                result = planner.plan_from_targets(
-                    targets, tau, privacy_defn=PrivacyDefinition(privacy_defn),
-                    state_filter=planner.parse_state_filter(state_filter), digits=digits, delta=delta,
-                    source=str(targets_file),
-                )
-            else:
-                result = planner.plan_from_config(config_file, digits=digits, delta=delta)
+            result = planner.plan(
+                targets_file, config=config_file, tau=tau_specs, privacy_defn=privacy_defn,
+                state_filter=state_filter, digits=digits, delta=delta,
+            )
             paths = planner.write_plan(result, out, overwrite=overwrite)
     except click.ClickException:
         raise
