@@ -276,7 +276,7 @@ def run_accuracy(
 
     cells: list[pd.DataFrame] = []
     averages: list[pd.DataFrame] = []
-    with progress.stage(f"{trials} trial{'s' if trials != 1 else ''}"), \
+    with progress.stage("private runs and their truncated exact counts"), \
             progress.task("trials", total=trials, unit="trials") as task:
         for trial in range(1, trials + 1):
             name = f"{trial:03d}"
