@@ -34,6 +34,8 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 import pandas as pd
 
+from phsafe.progress import budget_text
+
 HERE = Path(__file__).resolve().parent
 PHSAFE = Path(sys.executable).parent / "phsafe"
 
@@ -80,7 +82,8 @@ def main() -> int:
         _run("audit", "verify", summary["ledger"], "--outputs", summary["outputs"], "--public-key", public_key)
         _run("audit", "report", summary["ledger"], "--out", run_dir / "audit-report")
         frame = pd.read_csv(Path(summary["outputs"]) / "PH1_num" / "PH1_num.csv", sep="|", dtype={"REGION_ID": str})
-        print(f"\n{label.upper()}: run {summary['run_id']}, {summary['privacy_defn']} total {summary['total_budget']}; "
+        print(f"\n{label.upper()}: run {summary['run_id']}, {summary['privacy_defn']} total "
+              f"{budget_text(summary['total_budget'])}; "
               f"PH1_num, first rows of {len(frame)}:")
         print(frame.head(6).to_string(index=False))
     print(f"\nDemo outputs: {root}")

@@ -1,6 +1,7 @@
-"""Shared report helpers: PNG charts drawn with matplotlib's Agg canvas, and a minimal document
+"""Shared report helpers: PNG charts drawn with matplotlib's Agg canvas, a minimal document
 model (headings, paragraphs, bullet lists, tables, images, preformatted text) rendered both to
-Markdown and to self-contained HTML.
+Markdown and to self-contained HTML (the Jinja2 template ``document.html.j2`` of
+:mod:`phsafe.templates`), and the report folders (:func:`report_folder`).
 
 Charts never touch :mod:`matplotlib.pyplot`: each one is a :class:`matplotlib.figure.Figure`
 attached to its own :class:`~matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing here
@@ -14,11 +15,13 @@ names such as ``usa_*``.
 
 from __future__ import annotations
 
-import html
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import ClassVar, Iterable, Sequence
+
+from phsafe.errors import PHSafeError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DPI = 120
@@ -177,22 +180,36 @@ def is_png(path: Path) -> bool:
 class Heading:
     level: int
     text: str
+    kind: ClassVar[str] = "heading"
 
 
 @dataclass(frozen=True)
 class Para:
     text: str
+    kind: ClassVar[str] = "para"
 
 
 @dataclass(frozen=True)
 class Bullets:
     items: Sequence[str]
+    kind: ClassVar[str] = "bullets"
+
+
+_NUMBER = re.compile(r"^[-+≈<>~ ]*[0-9.,]+(e[-+]?[0-9]+)?%?$|^(n/a|-|Infinity|NaN|)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Table:
+    """A table of text cells; columns whose every cell is a number are right-aligned in HTML."""
+
     header: Sequence[str]
     rows: Sequence[Sequence[str]]
+    kind: ClassVar[str] = "table"
+
+    def is_numeric(self, column: int) -> bool:
+        cells = [row[column] for row in self.rows if column < len(row)]
+        return bool(cells) and all(_NUMBER.match(str(c).strip()) for c in cells) and any(
+            any(ch.isdigit() for ch in str(c)) for c in cells)
 
 
 @dataclass(frozen=True)
@@ -201,11 +218,13 @@ class Image:
 
     src: str
     alt: str
+    kind: ClassVar[str] = "image"
 
 
 @dataclass(frozen=True)
 class Pre:
     text: str
+    kind: ClassVar[str] = "pre"
 
 
 Block = Heading | Para | Bullets | Table | Image | Pre
@@ -261,44 +280,48 @@ def render_markdown(title: str, blocks: Iterable[Block]) -> str:
     return "\n".join(out)
 
 
-_CODE = re.compile(r"`([^`]*)`")
-
-
-def _inline(text: str) -> str:
-    return _CODE.sub(lambda m: f"<code>{m.group(1)}</code>", html.escape(text, quote=False))
-
-
-_CSS = (
-    "body{font-family:sans-serif;margin:2em;max-width:80em}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-    "td,th{border:1px solid #999;padding:2px 6px;font-size:90%;text-align:left}"
-    "th{background:#eee}code{background:#f4f4f4}pre{background:#f4f4f4;padding:0.5em}"
-    "img{max-width:100%}"
-)
-
-
 def render_html(title: str, blocks: Iterable[Block]) -> str:
-    out = [
-        "<!DOCTYPE html>",
-        f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>',
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-    ]
-    for b in blocks:
-        if isinstance(b, Heading):
-            level = min(max(b.level, 1), 6)
-            out.append(f"<h{level}>{_inline(b.text)}</h{level}>")
-        elif isinstance(b, Para):
-            out.append(f"<p>{_inline(b.text)}</p>")
-        elif isinstance(b, Bullets):
-            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in b.items) + "</ul>")
-        elif isinstance(b, Table):
-            out.append("<table><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in b.header) + "</tr>")
-            out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in b.rows]
-            out.append("</table>")
-        elif isinstance(b, Image):
-            out.append(f'<p><img src="{html.escape(b.src)}" alt="{html.escape(b.alt)}"></p>')
-        else:
-            out.append(f"<pre>{html.escape(b.text)}</pre>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+    """The document as a self-contained HTML page (template ``document.html.j2``)."""
+    from phsafe.templates import render
+
+    return render("document.html.j2", title=title, blocks=list(blocks))
+
+
+# --------------------------------------------------------------------------------------------
+# Report folders
+# --------------------------------------------------------------------------------------------
+
+
+class ReportFolderExists(PHSafeError):
+    """A report command was pointed at a folder that already holds files."""
+
+
+def report_folder(path: str | Path, *, overwrite: bool = False, what: str = "output folder") -> Path:
+    """Make ``path`` ready for a report: a new or empty folder.
+
+    Every report command writes into a folder of its own and never mixes its files with
+    others: an existing non-empty folder is refused unless ``overwrite``, which empties it
+    first (only a folder: a file at ``path`` is always refused).
+
+    Args:
+        path: The report folder.
+        overwrite: Replace what an existing folder holds.
+        what: What the folder is, for the message (``output folder``, ``report folder``).
+
+    Raises:
+        ReportFolderExists: ``path`` is a file, or a non-empty folder without ``overwrite``.
+    """
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ReportFolderExists(f"{what} {folder} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise ReportFolderExists(
+                f"{what} {folder} already holds files; choose a new folder, or replace them with --overwrite")
+        for child in folder.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

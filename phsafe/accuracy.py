@@ -35,14 +35,13 @@ released COUNT minus the reference; MOE = 1.645 sqrt(VARIANCE), as
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -61,6 +60,9 @@ from phsafe.postprocess import (
 )
 from phsafe.tables import OUTPUT_TABLES
 
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
+
 log = get_logger("phsafe.accuracy")
 
 MOE_Z = 1.645
@@ -72,14 +74,36 @@ DEFAULT_ACCURACY_DRAWS = 2000
 
 METRIC_COLUMNS = (
     "TABLE", "LEVEL", "NOISE_DISTRIBUTION", "CELLS", "TRIALS", "MEAN_MOE", "MAE", "RMSE", "P90_ABS_ERROR",
-    "EXPECTED_NOISE_MAE", "MOE_COVERAGE", "MOE_COVERAGE_SE", "MOE_COVERAGE_VS_TRUTH", "TRUNCATION_MAE",
+    "EXPECTED_NOISE_MAE", "MOE_COVERAGE", "MOE_COVERAGE_LOW", "MOE_COVERAGE_HIGH", "MOE_COVERAGE_VS_TRUTH",
+    "TRUNCATION_MAE",
     "TRUNCATION_MAX_ABS", "TRUNCATION_SHARE", "CI90_COVERAGE", "CI90_COVERAGE_VS_TRUTH", "CI90_MEAN_WIDTH",
     "ESTIMATE_MAE",
 )
 AVERAGE_METRIC_COLUMNS = (
-    "TABLE", "LEVEL", "CELLS", "TRIALS", "UNDEFINED", "MAE", "P90_ABS_ERROR", "CI90_COVERAGE", "CI90_COVERAGE_SE",
-    "CI90_COVERAGE_VS_TRUTH", "CI90_MEAN_WIDTH", "MEAN_P_DENOMINATOR_POSITIVE",
+    "TABLE", "LEVEL", "CELLS", "TRIALS", "UNDEFINED", "MAE", "P90_ABS_ERROR", "CI90_COVERAGE", "CI90_COVERAGE_LOW",
+    "CI90_COVERAGE_HIGH", "CI90_COVERAGE_VS_TRUTH", "CI90_MEAN_WIDTH", "MEAN_P_DENOMINATOR_POSITIVE",
 )
+COVERAGE_INTERVAL = 0.95
+"""Confidence level of the Wilson score interval reported with each empirical coverage."""
+
+
+def coverage_interval(covered: int, n: int, level: float = COVERAGE_INTERVAL) -> tuple[float, float]:
+    """The Wilson score interval of a coverage of ``covered`` out of ``n`` (scipy.stats).
+
+    Unlike coverage +- 2 standard errors it stays inside [0, 1] and is not empty at a coverage
+    of 0 or 1, which matters with few trials or few cells. Treats the n cells x trials as
+    independent: the noise is, the truncation error of cells of one trial is not.
+
+    Returns:
+        (low, high); (nan, nan) when n is 0.
+    """
+    if n == 0:
+        return math.nan, math.nan
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(covered), int(n)).proportion_ci(confidence_level=level, method="wilson")
+    return float(ci.low), float(ci.high)
+
 
 
 class ConfidentialityNotConfirmed(PHSafeError):
@@ -202,7 +226,8 @@ def run_accuracy(
     draws: int = DEFAULT_ACCURACY_DRAWS,
     seed: int | None = None,
     plots: bool = True,
-    progress: Callable[[str], None] | None = None,
+    overwrite: bool = False,
+    progress: "Progress | None" = None,
 ) -> AccuracyResult:
     """Run the accuracy experiment (see the module docstring) and write its report.
 
@@ -217,11 +242,13 @@ def run_accuracy(
         draws: Posterior draws per cell for the averages (post-processing).
         seed: Seed of the post-processing simulations (trial t uses seed + t); random if None.
         plots: Write the PNG plots (matplotlib).
-        progress: Called with one line per step.
+        overwrite: Empty an ``output_dir`` that already holds files (otherwise it is refused).
+        progress: Where to report the stages and the trials (:mod:`phsafe.progress`).
 
     Raises:
         ConfidentialityNotConfirmed: ``non_confidential`` is not True.
-        PHSafeError: Bad config or data (from the engine), or the output directory is not empty.
+        PHSafeError: Bad config or data (from the engine), or the output directory holds files
+            and ``overwrite`` is not set.
     """
     if non_confidential is not True:
         raise ConfidentialityNotConfirmed(
@@ -230,61 +257,63 @@ def run_accuracy(
         )
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
+    from phsafe._plots import report_folder
     from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+    from phsafe.progress import NULL
     from phsafe.truncation import TRUNCATION_KEY_BYTES
 
-    say = progress or (lambda _line: None)
+    progress = progress or NULL
     started = time.perf_counter()
-    output_dir = Path(output_dir).absolute()
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise PHSafeError(f"output directory {output_dir} exists and is not empty; choose a new one")
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = report_folder(Path(output_dir).absolute(), overwrite=overwrite)
     noiseless = noiseless_config(Path(config_path), output_dir / "config-noiseless.json")
     if seed is None:
         seed = secrets.randbits(62)
 
-    say("truth: non-private run")
-    run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth", non_confidential=True)
-    truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
-    truth_ratios = _exact_ratios(truth)
+    with progress.stage("truth: non-private run"):
+        run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth", non_confidential=True)
+        truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
+        truth_ratios = _exact_ratios(truth)
 
     cells: list[pd.DataFrame] = []
     averages: list[pd.DataFrame] = []
     for folder in ("trials", "truncated"):  # a private run publishes into an existing folder
         (output_dir / folder).mkdir(exist_ok=True)
-    for trial in range(1, trials + 1):
-        name = f"{trial:03d}"
-        key = secrets.token_hex(TRUNCATION_KEY_BYTES)
-        # One ledger per trial (both of its runs): every spend is recorded, and appends stay
-        # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
-        options = PrivateRunOptions(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True,
-                                    truncation_key=key)
-        say(f"trial {trial}/{trials}: private run")
-        run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, options)
-        say(f"trial {trial}/{trials}: truncated exact counts (Infinity budgets, same truncation key)")
-        run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, options)
-        noisy = _private_long(output_dir / "trials" / name)
-        exact = _private_long(output_dir / "truncated" / name)
-        post = None
-        if with_postprocess:
-            say(f"trial {trial}/{trials}: post-processing")
-            result = postprocess(output_dir / "trials" / name, output_dir / "postprocessed" / name,
-                                 draws=draws, seed=seed + trial)
-            post = result.destination
-        cells.append(_trial_cells(trial, noisy, exact, truth, post))
-        if post is not None:
-            exact_ratios = _exact_ratios({t: f[[*KEYS, "COUNT"]] for t, f in exact.items()})
-            averages.append(_trial_averages(trial, post, exact_ratios, truth_ratios))
+    with progress.stage("private runs and their truncated exact counts"), \
+            progress.task("trials", total=trials, unit="trials") as task:
+        for trial in range(1, trials + 1):
+            name = f"{trial:03d}"
+            key = secrets.token_hex(TRUNCATION_KEY_BYTES)
+            # One ledger per trial (both of its runs): every spend is recorded, and appends stay
+            # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
+            options = PrivateRunOptions(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True,
+                                        truncation_key=key)
+            task.update(trial - 1, item=f"trial {trial}: private run")
+            run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, options)
+            task.update(trial - 1, item=f"trial {trial}: truncated exact counts")
+            run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, options)
+            noisy = _private_long(output_dir / "trials" / name)
+            exact = _private_long(output_dir / "truncated" / name)
+            post = None
+            if with_postprocess:
+                task.update(trial - 1, item=f"trial {trial}: post-processing")
+                result = postprocess(output_dir / "trials" / name, output_dir / "postprocessed" / name,
+                                     draws=draws, seed=seed + trial)
+                post = result.destination
+            cells.append(_trial_cells(trial, noisy, exact, truth, post))
+            if post is not None:
+                exact_ratios = _exact_ratios({t: f[[*KEYS, "COUNT"]] for t, f in exact.items()})
+                averages.append(_trial_averages(trial, post, exact_ratios, truth_ratios))
+            task.update(trial, item="")
 
-    frame = pd.concat(cells, ignore_index=True)
-    avg = pd.concat(averages, ignore_index=True) if averages else pd.DataFrame()
-    metrics = table_metrics(frame)
-    average_metrics = average_table_metrics(avg) if len(avg) else pd.DataFrame(columns=AVERAGE_METRIC_COLUMNS)
-    seconds = time.perf_counter() - started
-    say("writing the report")
-    files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
-                         data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
-                         with_postprocess=with_postprocess, draws=draws, seed=seed)
+    with progress.stage("metrics, plots and report"):
+        frame = pd.concat(cells, ignore_index=True)
+        avg = pd.concat(averages, ignore_index=True) if averages else pd.DataFrame()
+        metrics = table_metrics(frame)
+        average_metrics = average_table_metrics(avg) if len(avg) else pd.DataFrame(columns=AVERAGE_METRIC_COLUMNS)
+        seconds = time.perf_counter() - started
+        files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
+                             data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
+                             with_postprocess=with_postprocess, draws=draws, seed=seed)
     log.info("accuracy report written", output=str(output_dir), trials=trials, seconds=round(seconds, 1))
     return AccuracyResult(output_dir, metrics, average_metrics, files, seconds)
 
@@ -379,6 +408,7 @@ def table_metrics(cells: pd.DataFrame) -> pd.DataFrame:
     def summarize(g: pd.DataFrame) -> dict:
         n = len(g)
         cov = float(g["COVERED"].mean())
+        low, high = coverage_interval(int(g["COVERED"].sum()), n)
         row = {
             "NOISE_DISTRIBUTION": ", ".join(sorted(g["NOISE_DISTRIBUTION"].unique())),
             "CELLS": int(n // g["TRIAL"].nunique()),
@@ -389,7 +419,8 @@ def table_metrics(cells: pd.DataFrame) -> pd.DataFrame:
             "P90_ABS_ERROR": float(np.quantile(g["ABS"], 0.9)),
             "EXPECTED_NOISE_MAE": float(g["EXPECTED_ABS_NOISE"].mean()),
             "MOE_COVERAGE": cov,
-            "MOE_COVERAGE_SE": float(math.sqrt(cov * (1 - cov) / n)),
+            "MOE_COVERAGE_LOW": low,
+            "MOE_COVERAGE_HIGH": high,
             "MOE_COVERAGE_VS_TRUTH": float(g["COVERED_TRUTH"].mean()),
             "TRUNCATION_MAE": float(g["TRUNC_ABS"].mean()),
             "TRUNCATION_MAX_ABS": int(g["TRUNC_ABS"].max()),
@@ -429,6 +460,7 @@ def average_table_metrics(avg: pd.DataFrame) -> pd.DataFrame:
         covered_truth = (with_truth["CI90_LOWER"] <= with_truth["TRUE_RATIO"]) & (with_truth["TRUE_RATIO"] <= with_truth["CI90_UPPER"])
         abs_err = (with_truth["ESTIMATE"] - with_truth["TRUE_RATIO"]).abs()
         cov = float(covered.mean()) if n else math.nan
+        low, high = coverage_interval(int(covered.sum()), n)
         return {
             "CELLS": int(len(g) // max(g["TRIAL"].nunique(), 1)),
             "TRIALS": int(g["TRIAL"].nunique()),
@@ -436,7 +468,8 @@ def average_table_metrics(avg: pd.DataFrame) -> pd.DataFrame:
             "MAE": float(abs_err.mean()) if len(abs_err) else math.nan,
             "P90_ABS_ERROR": float(np.quantile(abs_err, 0.9)) if len(abs_err) else math.nan,
             "CI90_COVERAGE": cov,
-            "CI90_COVERAGE_SE": float(math.sqrt(cov * (1 - cov) / n)) if n else math.nan,
+            "CI90_COVERAGE_LOW": low,
+            "CI90_COVERAGE_HIGH": high,
             "CI90_COVERAGE_VS_TRUTH": float(covered_truth.mean()) if len(with_truth) else math.nan,
             "CI90_MEAN_WIDTH": float((defined["CI90_UPPER"] - defined["CI90_LOWER"]).mean()) if n else math.nan,
             "MEAN_P_DENOMINATOR_POSITIVE": float(g["P_DENOMINATOR_POSITIVE"].mean()),
@@ -465,6 +498,14 @@ def _margins(fig, height: float) -> None:
     fig.subplots_adjust(left=0.2, right=0.97, bottom=0.9 / height, top=1 - 0.45 / height)
 
 
+def _interval_bars(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """matplotlib's asymmetric error bars (below, above) of a coverage and its interval."""
+    value = frame[column].to_numpy(dtype=float)
+    low = frame[f"{column}_LOW"].to_numpy(dtype=float)
+    high = frame[f"{column}_HIGH"].to_numpy(dtype=float)
+    return np.nan_to_num(np.vstack([value - low, high - value]), nan=0.0)
+
+
 def _plots(directory: Path, cells: pd.DataFrame, avg: pd.DataFrame, metrics: pd.DataFrame,
            average_metrics: pd.DataFrame) -> list[str]:
     """Write the PNG plots; returns their paths relative to the report directory."""
@@ -482,14 +523,16 @@ def _plots(directory: Path, cells: pd.DataFrame, avg: pd.DataFrame, metrics: pd.
 
     # 1. Coverage of the stated MOE (and of the credible intervals) per table x level.
     fig, ax = plt.subplots(figsize=(8, height))
-    ax.errorbar(per["MOE_COVERAGE"], y, xerr=2 * per["MOE_COVERAGE_SE"], fmt="o", ms=4, label="MOE vs truncated exact (noise only)")
+    ax.errorbar(per["MOE_COVERAGE"], y, xerr=_interval_bars(per, "MOE_COVERAGE"), fmt="o", ms=4,
+                label="MOE vs truncated exact (noise only)")
     ax.plot(per["MOE_COVERAGE_VS_TRUTH"], y, "x", ms=5, label="MOE vs untruncated truth")
     if per["CI90_COVERAGE"].notna().any():
         ax.plot(per["CI90_COVERAGE"], y + 0.25, "s", ms=3.5, mfc="none", label="90% credible interval vs truncated exact")
     ax.axvline(NOMINAL, color="k", lw=0.8, ls="--")
     ax.set_yticks(y, labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("empirical coverage (error bars: ±2 standard errors)")
+    ax.set_xlabel(f"empirical coverage (bars: {COVERAGE_INTERVAL:.0%} Wilson score intervals)")
+    ax.set_xlim(min(0.5, float(np.nanmin(per[["MOE_COVERAGE_LOW", "MOE_COVERAGE_VS_TRUTH"]].to_numpy())) - 0.02), 1.01)
     ax.set_title("Coverage of the stated 90% margin of error")
     ax.legend(fontsize=7, loc="lower left")
     _margins(fig, height)
@@ -562,13 +605,14 @@ def _plots(directory: Path, cells: pd.DataFrame, avg: pd.DataFrame, metrics: pd.
     if len(per_avg):
         ya = np.arange(len(per_avg))
         fig, ax = plt.subplots(figsize=(8, max(3.0, 0.25 * len(per_avg) + 1.5)))
-        ax.errorbar(per_avg["CI90_COVERAGE"], ya, xerr=2 * per_avg["CI90_COVERAGE_SE"].fillna(0), fmt="o", ms=4,
+        ax.errorbar(per_avg["CI90_COVERAGE"], ya, xerr=_interval_bars(per_avg, "CI90_COVERAGE"), fmt="o", ms=4,
                     label="vs truncated exact ratio")
         ax.plot(per_avg["CI90_COVERAGE_VS_TRUTH"], ya, "x", ms=5, label="vs untruncated truth")
         ax.axvline(NOMINAL, color="k", lw=0.8, ls="--")
         ax.set_yticks(ya, _labels(per_avg), fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("empirical coverage")
+        ax.set_xlabel(f"empirical coverage (bars: {COVERAGE_INTERVAL:.0%} Wilson score intervals)")
+        ax.set_xlim(right=1.01)
         ax.set_title("Coverage of the 90% credible intervals of the averages")
         ax.legend(fontsize=7, loc="lower left")
         _margins(fig, max(3.0, 0.25 * len(per_avg) + 1.5))
@@ -588,19 +632,10 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def _markdown_table(frame: pd.DataFrame) -> str:
-    head = "| " + " | ".join(frame.columns) + " |"
-    sep = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([head, sep, *body])
+def _table(frame: pd.DataFrame):  # type: ignore[no-untyped-def]
+    from phsafe._plots import Table
 
-
-def _html_table(frame: pd.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(v))}</td>" for v in row) + "</tr>" for row in frame.itertuples(index=False)
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return Table([str(c) for c in frame.columns], [[_fmt(v) for v in row] for row in frame.itertuples(index=False)])
 
 
 _METRIC_DOC = [
@@ -608,7 +643,8 @@ _METRIC_DOC = [
     ("MEAN_MOE", "mean stated 90% margin of error, 1.645 * sqrt(VARIANCE)"),
     ("MAE, RMSE, P90_ABS_ERROR", "mean, root-mean-square and 90th percentile of |COUNT - truth|, truth = non-private run (no truncation)"),
     ("EXPECTED_NOISE_MAE", "E|noise| from the exact noise distribution (what MAE would be without truncation)"),
-    ("MOE_COVERAGE (_SE)", "share of cells with |COUNT - truncated exact| <= MOE (noise only: what the MOE states), and its standard error"),
+    ("MOE_COVERAGE (_LOW, _HIGH)", "share of cells with |COUNT - truncated exact| <= MOE (noise only: what the MOE "
+     "states), and its 95% Wilson score interval"),
     ("MOE_COVERAGE_VS_TRUTH", "share of cells with |COUNT - truth| <= MOE (noise and truncation)"),
     ("TRUNCATION_MAE, _MAX_ABS, _SHARE", "truncation error alone: |truncated exact - truth|, mean, maximum, share of cells > 0"),
     ("CI90_COVERAGE (_VS_TRUTH)", "share of cells whose post-processed 90% credible interval holds the truncated exact count (the truth)"),
@@ -649,66 +685,46 @@ def write_report(
 
     overall = metrics[metrics["TABLE"] == "ALL"].iloc[0]
     facts = [
-        ("config", str(config_path)),
-        ("data (declared non-confidential)", str(data_dir)),
+        ("config", f"`{config_path}`"),
+        ("data (declared non-confidential)", f"`{data_dir}`"),
         ("trials", str(trials)),
         ("noise", str(overall["NOISE_DISTRIBUTION"])),
         ("cells per trial", str(int(overall["CELLS"]))),
-        ("pooled MOE coverage (noise only)", f"{overall['MOE_COVERAGE']:.4f} ± {2 * overall['MOE_COVERAGE_SE']:.4f}"),
+        ("pooled MOE coverage (noise only)",
+         f"{overall['MOE_COVERAGE']:.4f} (95% interval {overall['MOE_COVERAGE_LOW']:.4f} to {overall['MOE_COVERAGE_HIGH']:.4f})"),
         ("pooled MOE coverage vs truth", f"{overall['MOE_COVERAGE_VS_TRUTH']:.4f}"),
         ("cells with truncation error", f"{overall['TRUNCATION_SHARE']:.4f}"),
         ("wall time", f"{seconds:.1f} s"),
-        ("ledgers", "ledgers/NNN.jsonl (per trial: its private and its noiseless run, non-confidential)"),
+        ("ledgers", "`ledgers/NNN.jsonl` (per trial: its private and its noiseless run, non-confidential)"),
     ]
     if with_postprocess:
         facts.append(("pooled 90% credible-interval coverage (noise only)", f"{overall['CI90_COVERAGE']:.4f}"))
         facts.append(("post-processing", f"{draws} draws per cell, seed {seed} + trial"))
-    cols = [c for c in metrics.columns if metrics[c].notna().any()]
-    md = [
-        "# PHSafe accuracy report",
-        "",
-        "Synthetic or otherwise non-confidential data only. Every trial is a full private run; "
-        "truncated exact counts come from a run with the same truncation key and `Infinity` budgets; "
-        "the truth from the non-private run.",
-        "",
-        *[f"- **{k}**: {v}" for k, v in facts],
-        "",
-        "## Counts, per table and level",
-        "",
-        _markdown_table(metrics[cols]),
-        "",
-        *[f"- `{k}`: {v}" for k, v in _METRIC_DOC],
-        "",
-    ]
-    if with_postprocess and len(average_metrics):
-        md += ["## Averages (post-processed PH1, PH5, PH8)", "", _markdown_table(average_metrics), "",
-               "- `CI90_COVERAGE`: share of defined cells whose 90% credible interval holds the exact ratio of the "
-               "truncated counts; `_VS_TRUTH`: of the untruncated counts; `UNDEFINED`: cells (x trials) whose exact "
-               "denominator is 0 or whose posterior had no draw with a positive denominator; `MAE`: |median ratio - "
-               "true ratio|.", ""]
-    md += ["## Plots", ""] + [f"![{p}]({p})" for p in images] + [""]
-    md += ["## Notes", "",
-           "- The stated MOE and the credible intervals describe the noise only; truncation (tau) error is "
-           "reported separately and is why coverage against the untruncated truth can be lower.",
-           "- Coverage of a 90% interval from K trials x n cells has standard error about "
-           "sqrt(0.09 / (K n)); cells within a trial have independent noise.", ""]
-    (directory / "report.md").write_text("\n".join(md), encoding="utf-8")
-    files.append("report.md")
+    from phsafe._plots import Bullets, Document, Heading, Image, Para, Table
 
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "th{background:#f0f0f0}img{max-width:100%}")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>PHSafe accuracy report</title><style>{style}</style></head><body>",
-             "<h1>PHSafe accuracy report</h1>",
-             "<p>Synthetic or otherwise non-confidential data only. Every trial is a full private run; truncated exact counts "
-             "come from a run with the same truncation key and <code>Infinity</code> budgets; the truth from the non-private run.</p>",
-             "<ul>" + "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in facts) + "</ul>",
-             "<h2>Counts, per table and level</h2>", _html_table(metrics[cols]),
-             "<ul>" + "".join(f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in _METRIC_DOC) + "</ul>"]
+    doc = Document("PHSafe accuracy report")
+    doc.add(Para("Synthetic or otherwise non-confidential data only. Every trial is a full private run; truncated "
+                 "exact counts come from a run with the same truncation key and `Infinity` budgets; the truth from "
+                 "the non-private run."))
+    doc.add(Table(("Field", "Value"), [list(f) for f in facts]))
+    cols = [c for c in metrics.columns if metrics[c].notna().any()]
+    doc.add(Heading(2, "Counts, per table and level"), _table(metrics[cols]),
+            Bullets([f"`{k}`: {v}" for k, v in _METRIC_DOC]))
     if with_postprocess and len(average_metrics):
-        parts += ["<h2>Averages (post-processed PH1, PH5, PH8)</h2>", _html_table(average_metrics)]
-    parts += ["<h2>Plots</h2>"] + [f"<p><img src='{html.escape(p)}' alt='{html.escape(p)}'></p>" for p in images]
-    parts += ["</body></html>"]
-    (directory / "report.html").write_text("\n".join(parts), encoding="utf-8")
-    files.append("report.html")
+        doc.add(Heading(2, "Averages (post-processed PH1, PH5, PH8)"), _table(average_metrics), Bullets([
+            "`CI90_COVERAGE` (`_LOW`, `_HIGH`: its 95% Wilson score interval): share of defined cells whose 90% "
+            "credible interval holds the exact ratio of the truncated counts; `_VS_TRUTH`: of the untruncated "
+            "counts; `UNDEFINED`: cells (x trials) whose exact denominator is 0 or whose posterior had no draw with "
+            "a positive denominator; `MAE`: |median ratio - true ratio|.",
+        ]))
+    if images:
+        doc.add(Heading(2, "Plots"), *[Image(p, p) for p in images])
+    doc.add(Heading(2, "Notes"), Bullets([
+        "The stated MOE and the credible intervals describe the noise only; truncation (tau) error is reported "
+        "separately and is why coverage against the untruncated truth can be lower.",
+        "Coverage intervals are 95% Wilson score intervals (`scipy.stats.binomtest`) over the K trials x n cells, "
+        "whose noise is independent; they stay inside [0, 1] even with few trials.",
+    ]))
+    doc.write(directory / "report.md", directory / "report.html")
+    files += ["report.md", "report.html"]
     return files

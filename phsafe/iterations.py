@@ -24,6 +24,17 @@ class GeographyLevel(enum.Enum):
     def config_prefix(self) -> str:
         return self.value.lower()
 
+    @property
+    def label(self) -> str:
+        """What the output's ``REGION_TYPE`` value means (spec §4)."""
+        return _GEOGRAPHY_LABELS[self]
+
+
+_GEOGRAPHY_LABELS: dict[GeographyLevel, str] = {
+    GeographyLevel.USA: "Nation",
+    GeographyLevel.STATE: "State",
+}
+
 
 class IterationLevel(enum.Enum):
     """Iteration level: which race/ethnicity groups a record is counted in."""
@@ -37,6 +48,20 @@ class IterationLevel(enum.Enum):
         """The released iteration codes of this level, in output order."""
         return _CODES[self]
 
+
+ITERATION_LABELS: dict[str, str] = {
+    "*": "Total (all races and ethnicities)",
+    "A": "White alone",
+    "B": "Black or African American alone",
+    "C": "American Indian and Alaska Native alone",
+    "D": "Asian alone",
+    "E": "Native Hawaiian and Other Pacific Islander alone",
+    "F": "Some Other Race alone",
+    "G": "Two or more races",
+    "H": "Hispanic or Latino",
+    "I": "White alone, not Hispanic or Latino",
+}
+"""Iteration code -> label (spec §3)."""
 
 _CODES: dict[IterationLevel, tuple[str, ...]] = {
     IterationLevel.TOTAL: ("*",),

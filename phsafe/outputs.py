@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
+from phsafe.datapackage import write_datapackage
 from phsafe.domain import measurement_domain
 from phsafe.errors import OutputExistsError, PHSafeError
 from phsafe.reader import file_digest
@@ -137,7 +138,8 @@ def _fsync(path: Path) -> None:
 
 
 def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:
-    """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``.
+    """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``, and
+    their labelled description ``datapackage.json`` (:mod:`phsafe.datapackage`).
 
     Returns:
         Relative path -> SHA-256 of every file written.
@@ -153,6 +155,10 @@ def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[st
         for p in (csv_path, pq_path):
             _fsync(p)
             digests[p.relative_to(directory).as_posix()] = file_digest(p)
+    if frames:  # the labelled Frictionless descriptor of these tables (public, in the manifest)
+        package = write_datapackage(directory, frames)
+        _fsync(package)
+        digests[package.relative_to(directory).as_posix()] = file_digest(package)
     return digests
 
 

@@ -674,6 +674,62 @@ def plan_from_config(
                 source or "config", tuple(notes))
 
 
+def plan(
+    targets: str | Path | None = None,
+    *,
+    config: PHSafeConfig | str | Path | None = None,
+    tau: int | Mapping[str, int] | Sequence[str] | None = None,
+    privacy_defn: PrivacyDefinition | str = PrivacyDefinition.ZCDP,
+    state_filter: str | Sequence[str] = "us",
+    digits: int = DEFAULT_DIGITS,
+    delta: float = DEFAULT_DELTA,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+) -> Plan:
+    """Plan budgets for 90% MOE targets, or the MOEs of a config's budgets (``phsafe plan``).
+
+    Give exactly one of ``targets`` (a targets file, see ``docs/planning_and_risk.md``) and
+    ``config``. The paper's Table 10::
+
+        p = plan("docs/table10_moe_targets.csv", tau=["10", "PH3=6,PH6=6"])
+        p.total("rho")                     # Fraction(6286441129, 5000000000): 1.2572882258
+
+    Args:
+        targets: MOE targets file (CSV or JSON).
+        config: Instead of targets: a config (or its path) whose MOEs to report.
+        tau: Truncation thresholds (targets only): an int for every person table, a mapping
+            table -> int, or ``--tau`` specs (``"10"``, ``"PH3=6,PH6=6"``; later ones win).
+        privacy_defn: Which budgets go into the planned config (both are reported).
+        state_filter: ``"us"``, ``"pr"``, comma-separated FIPS codes, or a list of them.
+        digits: Significant digits of the budgets (rounded up).
+        delta: delta of the (epsilon, delta) conversions.
+        out: Also write the plan there (:func:`write_plan`): config.json, plan.json, report, plots.
+        overwrite: Replace the files of an existing ``out`` folder.
+
+    Raises:
+        PlanningError: Neither or both of targets and config, or a bad target or tau.
+    """
+    if (targets is None) == (config is None):
+        raise PlanningError("give exactly one of targets and config")
+    if config is not None:
+        result = plan_from_config(config, digits=digits, delta=delta)
+    else:
+        table_targets, file_tau = read_targets(targets)  # type: ignore[arg-type]
+        if isinstance(tau, int):
+            specs: list[str] = [str(tau)]
+        elif isinstance(tau, Mapping):
+            specs = [f"{t}={n}" for t, n in tau.items()]
+        else:
+            specs = list(tau or [])
+        states = parse_state_filter(state_filter) if isinstance(state_filter, str) else list(state_filter)
+        result = plan_from_targets(table_targets, parse_tau(specs, base=file_tau),
+                                   privacy_defn=PrivacyDefinition(privacy_defn), state_filter=states,
+                                   digits=digits, delta=delta, source=str(targets))
+    if out is not None:
+        write_plan(result, out, overwrite=overwrite)
+    return result
+
+
 # --------------------------------------------------------------------------------------------
 # Conversions of totals
 # --------------------------------------------------------------------------------------------
@@ -884,14 +940,17 @@ def _split_chart(plan: Plan, path: Path) -> Path:
                         xlabel=f"{measure} (unbounded)")
 
 
-def write_plan(plan: Plan, out_dir: str | Path) -> dict[str, Path]:
+def write_plan(plan: Plan, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:
     """Write ``config.json`` (targets mode), ``plan.json``, the Markdown/HTML report and the PNGs.
 
-    The written config is read back with :func:`phsafe.config.load_config` and must plan the
-    same budgets, or nothing is reported as written.
+    ``out_dir`` must be a new or empty folder unless ``overwrite`` (see
+    :func:`phsafe._plots.report_folder`). The written config is read back with
+    :func:`phsafe.config.load_config` and must plan the same budgets, or nothing is reported as
+    written.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from phsafe._plots import report_folder
+
+    out = report_folder(out_dir, overwrite=overwrite)
     paths: dict[str, Path] = {}
     if plan.config_json is not None:
         cfg_path = out / CONFIG_JSON

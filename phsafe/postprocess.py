@@ -79,12 +79,14 @@ import functools
 import hashlib
 import json
 import math
+import os
 import secrets
+import shutil
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -98,6 +100,9 @@ from phsafe.errors import PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, MANIFEST, Publication, cell_column, private_columns
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES
+
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
 
 log = get_logger("phsafe.postprocess")
 
@@ -120,6 +125,8 @@ AVERAGE_COLUMNS = (
 """Columns of an average table after REGION_ID, REGION_TYPE, ITERATION_CODE, <T>_DATA_CELL."""
 POSTPROCESS_METADATA = "postprocess.json"
 README = "README.md"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
 
 
 @dataclass(frozen=True)
@@ -747,24 +754,34 @@ def postprocess(
     *,
     draws: int = DEFAULT_DRAWS,
     seed: int | None = None,
+    overwrite: bool = False,
+    progress: "Progress | None" = None,
 ) -> PostprocessResult:
     """Post-process the private output directory ``output_dir`` (no access to any input data).
 
     Writes, to ``destination`` (default :func:`default_destination`), for every private table
     ``<TABLE>.csv`` (``|``-separated) and ``<TABLE>.parquet`` with the per-cell posterior columns,
     the average tables ``PH1``, ``PH5`` and ``PH8`` likewise, ``README.md`` (the columns) and
-    ``postprocess.json`` (source, seed, draws, bounds, file digests). The destination appears
-    atomically (written to a hidden sibling, then renamed) and is never overwritten.
+    ``postprocess.json`` (source, seed, draws, bounds, file digests), and a summary report
+    (``report.md``, ``report.html``). The destination appears atomically (written to a hidden
+    sibling, then renamed); an existing destination is replaced only with ``overwrite``.
 
     Args:
         output_dir: A published private output directory.
-        destination: Where to write; must not exist.
+        destination: Where to write: a new or empty folder (or any folder, with ``overwrite``).
         draws: Posterior draws per cell for the averages.
         seed: Seed of the simulation; drawn at random (and recorded) when None.
+        overwrite: Replace an existing destination that holds files (after the new one is
+            complete).
+        progress: Where to report the stages and tables (:mod:`phsafe.progress`).
 
     Raises:
-        PostprocessError: The outputs cannot be read or the destination exists.
+        PostprocessError: The outputs cannot be read, or the destination holds files and
+            ``overwrite`` is not set.
     """
+    from phsafe.progress import NULL
+
+    progress = progress or NULL
     if draws < 1:
         raise PostprocessError("draws must be at least 1")
     output_dir = Path(output_dir).absolute()
@@ -772,9 +789,14 @@ def postprocess(
     root = output_dir.resolve()
     if destination.resolve().is_relative_to(root):
         raise PostprocessError("the destination must be outside the output directory (its manifest lists every file)")
-    if destination.exists():
-        raise PostprocessError(f"destination {destination} already exists; choose a new one")
-    tables, source = read_private_outputs(output_dir)
+    if destination.exists() and not destination.is_dir():
+        raise PostprocessError(f"destination {destination} is a file, not a folder")
+    replace = destination.is_dir() and any(destination.iterdir())
+    if replace and not overwrite:
+        raise PostprocessError(f"destination {destination} already exists and holds files; choose a new one, "
+                               "or replace it with --overwrite")
+    with progress.stage("read the release"):
+        tables, source = read_private_outputs(output_dir)
     if seed is None:
         seed = secrets.randbits(63)
     rng = np.random.default_rng(seed)
@@ -782,25 +804,50 @@ def postprocess(
              draws=draws, seed=seed)
 
     frames: dict[str, pd.DataFrame] = {}
-    for table, frame in tables.items():
-        out = summarize_table(frame, table)
-        if frame.attrs.get("iteration_column") is False:
-            out = out.drop(columns="ITERATION_CODE")
-        frames[table] = out
-    for spec in AVERAGES.values():
-        if spec.numerator in tables and spec.denominator in tables:
-            frames[spec.name] = average_table(spec, tables[spec.numerator], tables[spec.denominator], draws, rng)
-        else:
-            log.warning("average not computed: a table is missing", average=spec.name)
+    with progress.stage("posterior of every cell"), \
+            progress.task("tables", total=len(tables), unit="tables") as task:
+        for table, frame in tables.items():
+            task.advance(0, item=table)
+            out = summarize_table(frame, table)
+            if frame.attrs.get("iteration_column") is False:
+                out = out.drop(columns="ITERATION_CODE")
+            frames[table] = out
+            task.advance(item="")
+    with progress.stage("averages PH1, PH5, PH8"), \
+            progress.task("averages", total=len(AVERAGES), unit="averages") as task:
+        for spec in AVERAGES.values():
+            task.advance(0, item=spec.name)
+            if spec.numerator in tables and spec.denominator in tables:
+                frames[spec.name] = average_table(spec, tables[spec.numerator], tables[spec.denominator], draws, rng)
+            else:
+                log.warning("average not computed: a table is missing", average=spec.name)
+            task.advance(item="")
 
-    publication = Publication.begin(destination, uuid.uuid4().hex[:12])
+    if destination.is_dir() and not replace:
+        destination.rmdir()  # an empty folder given as the destination: published in its place
+    with progress.stage("write"):
+        files = _publish(frames, destination, replace, source=output_dir, facts=source, seed=seed, draws=draws)
+    log.info("postprocess written", destination=str(destination), files=len(files))
+    return PostprocessResult(destination, files, seed, {t: len(f) for t, f in frames.items()})
+
+
+def _publish(frames: Mapping[str, pd.DataFrame], destination: Path, replace: bool, *, source: Path,
+             facts: Mapping[str, object], seed: int, draws: int) -> dict[str, str]:
+    """Write everything into a hidden sibling of ``destination`` and rename it into place; an
+    existing destination (``replace``) is moved aside only once the new folder is complete."""
+    publication = Publication(destination, Publication.staging_path(destination, uuid.uuid4().hex[:12]))
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    publication.staging.mkdir()
     try:
         files = _write(frames, publication.staging)
         readme = publication.staging / README
         readme.write_text(columns_doc(), encoding="utf-8")
         files[README] = _sha256(readme)
+        report = build_report(frames, source=source, run_id=facts.get("run_id"), seed=seed, draws=draws)  # type: ignore[arg-type]
+        for path in report.write(publication.staging / REPORT_MD, publication.staging / REPORT_HTML):
+            files[path.name] = _sha256(path)
         metadata = {
-            "source": {"output_dir": str(output_dir), **source},
+            "source": {"output_dir": str(source), **facts},
             "seed": seed,
             "draws": draws,
             "credible_level": CREDIBLE_LEVEL,
@@ -813,12 +860,17 @@ def postprocess(
         }
         (publication.staging / POSTPROCESS_METADATA).write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n",
                                                                 encoding="utf-8")
+        old = None
+        if replace:
+            old = destination.parent / f".{destination.name}.replaced-{uuid.uuid4().hex[:12]}"
+            os.rename(destination, old)
         publication.publish()
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         publication.abandon()
         raise
-    log.info("postprocess written", destination=str(destination), files=len(files))
-    return PostprocessResult(destination, files, seed, {t: len(f) for t, f in frames.items()})
+    return files
 
 
 def _write(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:
@@ -831,6 +883,75 @@ def _write(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str
         for p in (csv_path, pq_path):
             files[p.name] = _sha256(p)
     return files
+
+
+def _n(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}" if abs(x) >= 1 else f"{x:.3f}"
+
+
+def build_report(frames: Mapping[str, pd.DataFrame], *, source: Path, run_id: str | None, seed: int,
+                 draws: int):  # type: ignore[no-untyped-def]
+    """A summary of the post-processed tables as a :class:`phsafe._plots.Document`: per table,
+    how wide the credible intervals are and how many cells are probably zero; the national
+    averages with their intervals; what every column means."""
+    from phsafe._plots import Bullets, Document, Heading, Para, Table
+    from phsafe.datapackage import REGION_NAMES
+    from phsafe.tables import output_spec
+
+    doc = Document("PHSafe post-processed estimates")
+    doc.add(Para("Estimates and 90% credible intervals computed from the published private tables alone "
+                 "(no input data, no privacy-loss budget). Files: `<TABLE>.csv` (`|`-separated) and "
+                 "`<TABLE>.parquet`; `README.md` describes every column, `postprocess.json` the source "
+                 "and its digests."))
+    doc.add(Table(("Field", "Value"), [
+        ["Source release", f"`{source}`"],
+        ["Run", "-" if run_id is None else f"`{run_id}`"],
+        ["Seed of the simulated averages", str(seed)],
+        ["Draws per cell (averages)", str(draws)],
+        ["Prior", "flat on the non-negative integers"],
+    ]))
+    rows = []
+    for table, frame in frames.items():
+        if table in AVERAGES:
+            continue
+        width = (frame["CI90_UPPER"] - frame["CI90_LOWER"]).to_numpy(dtype=float)
+        rows.append([f"{table}: {output_spec(table).title}", f"{len(frame):,}", _n(float(np.median(width))),
+                     _n(float(width.max())), f"{float(frame['P_ZERO'].mean()):.3f}",
+                     f"{float((frame['COUNT'] < 0).mean()):.3f}"])
+    doc.add(Heading(2, "Count tables"), Table(
+        ("Table", "Cells", "Median 90% interval width", "Widest interval", "Mean P(n = 0)",
+         "Share of released counts < 0"), rows))
+    national = []
+    for name, spec in AVERAGES.items():
+        frame = frames.get(name)
+        if frame is None:
+            continue
+        cell = f"{name}_DATA_CELL"
+        top = frame[(frame["REGION_TYPE"] == "USA") & (frame["ITERATION_CODE"] == "*")]
+        if top.empty:  # Puerto Rico: its own state row
+            top = frame[(frame["REGION_TYPE"] == "STATE") & (frame["ITERATION_CODE"] == "*")].head(len(spec.cells))
+        labels = dict(output_spec(spec.numerator).cell_labels)
+        for r in top.itertuples(index=False):
+            row = r._asdict()
+            region = str(row["REGION_ID"])
+            national.append([f"{name} cell {row[cell]} ({labels.get(row[cell], '')})", REGION_NAMES.get(region, region),
+                             _n(row["ESTIMATE"]), f"{_n(row['CI90_LOWER'])} to {_n(row['CI90_UPPER'])}",
+                             f"{row['P_DENOMINATOR_POSITIVE']:.3f}"])
+    if national:
+        doc.add(Heading(2, "Averages, total population group"), Table(
+            ("Average", "Region", "Estimate (median)", "90% credible interval", "P(denominator > 0)"), national))
+    doc.add(Heading(2, "Columns"), Bullets([
+        "Count tables: the private columns, then `ESTIMATE` (posterior mean), `MEDIAN`, `CI90_LOWER` and "
+        "`CI90_UPPER` (90% highest-posterior-density credible interval), `POSTERIOR_SD` and `P_ZERO` "
+        "(posterior probability that the true count is 0).",
+        "Average tables PH1, PH5, PH8: `ESTIMATE` (median of the simulated ratios), `MEAN`, `CI90_LOWER`, "
+        "`CI90_UPPER`, `P_DENOMINATOR_POSITIVE`, `NUMERATOR_ESTIMATE`, `DENOMINATOR_ESTIMATE`, `DRAWS`.",
+        "Credible intervals cover the noise of disclosure avoidance only, not truncation (tau) or other "
+        "non-sampling error.",
+    ]))
+    return doc
 
 
 def columns_doc() -> str:

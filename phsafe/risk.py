@@ -487,11 +487,18 @@ def _sig(x: float, digits: int = 6) -> str:
     return f"{x:.{digits}g}"
 
 
+PROBABILITY_FLOOR = 1e-300
+"""Probabilities below this are printed as "< 1e-300" (their exact log10 is in risk.json)."""
+
+
 def _prob(x: float, log10: float | None = None) -> str:
-    if x == 0 and log10 is not None and math.isfinite(log10):
-        return f"10^{log10:.1f}"
+    """A probability for people: six decimals, scientific below 1e-4, "< 1e-300" below that."""
+    if log10 is not None and math.isfinite(log10) and log10 < math.log10(PROBABILITY_FLOOR):
+        return f"< {PROBABILITY_FLOOR:.0e}"
     if x == 0:
         return "0"
+    if x < PROBABILITY_FLOOR:
+        return f"< {PROBABILITY_FLOOR:.0e}"
     if x < 1e-4:
         return f"{x:.3e}"
     return f"{x:.6f}"
@@ -722,10 +729,12 @@ def _chart(cr: ConfigRisk, path: Path) -> Path | None:
                       ylabel="R'(x) = posterior / prior")
 
 
-def write_risk(cr: ConfigRisk, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``risk.json``, ``risk_report.md``, ``risk_report.html`` and ``risk_ratio.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def write_risk(cr: ConfigRisk, out_dir: str | Path, *, overwrite: bool = False) -> dict[str, Path]:
+    """Write ``risk.json``, ``risk_report.md``, ``risk_report.html`` and ``risk_ratio.png`` into
+    ``out_dir``, a new or empty folder unless ``overwrite`` (:func:`phsafe._plots.report_folder`)."""
+    from phsafe._plots import report_folder
+
+    out = report_folder(out_dir, overwrite=overwrite)
     paths: dict[str, Path] = {}
     paths["json"] = out / RISK_JSON
     paths["json"].write_text(json.dumps(risk_json(cr), indent=2) + "\n", encoding="utf-8")

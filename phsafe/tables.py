@@ -101,6 +101,11 @@ class TableSpec:
         aggregates: Non-private aggregate cells: number -> basis cells summed.
         tau_key: Key of the truncation threshold in ``config.json``'s ``tau`` (person tables).
         weight: Unit column summed instead of counting records (non-private PH8_num only).
+        title: The table's title in the S-DHC (PHSafe paper §2 table shells).
+        universe: Who or what the table counts.
+        cell_labels: ``<TABLE>_DATA_CELL`` number -> label, for every basis and aggregate cell
+            (spec §5 and §1 code lists, worded as the paper's table shells). The data package
+            of every release (:mod:`phsafe.datapackage`) is generated from these.
     """
 
     name: str
@@ -113,6 +118,13 @@ class TableSpec:
     aggregates: tuple[tuple[int, tuple[int, ...]], ...] = ()
     tau_key: str | None = None
     weight: str | None = None
+    title: str = ""
+    universe: str = ""
+    cell_labels: tuple[tuple[int, str], ...] = ()
+
+    def cell_label(self, number: int) -> str:
+        """The label of cell ``number`` (KeyError for a cell the table does not have)."""
+        return dict(self.cell_labels)[number]
 
     @property
     def iteration_levels(self) -> tuple[IterationLevel, ...]:
@@ -193,32 +205,97 @@ _TENURE_PERSON_BASIS = (
 _TENURE_UNIT_BASIS = (Cell(2, (unit("TEN", 1, 2),)), Cell(3, (unit("TEN", 3, 4),)))
 _ONE_CELL = (Cell(1, ()),)
 
+# Cell labels (spec §5, worded as the table shells of the PHSafe paper §2). A nested cell repeats
+# its parent's label ("Own child: in married couple family") so that every label reads alone.
+_AGE_LABELS = ((1, "Total"), (2, "Under 18 years"), (3, "18 years and over"))
+_PH2_LABELS = (
+    (1, "Total"),
+    (2, "In married couple household"),
+    (3, "In married couple household: opposite-sex married couple"),
+    (4, "In married couple household: same-sex married couple"),
+    (5, "In cohabiting couple household"),
+    (6, "In cohabiting couple household: opposite-sex cohabiting couple"),
+    (7, "In cohabiting couple household: same-sex cohabiting couple"),
+    (8, "Male householder, no spouse or partner present"),
+    (9, "Male householder, no spouse or partner present: living alone"),
+    (10, "Male householder, no spouse or partner present: living with others"),
+    (11, "Female householder, no spouse or partner present"),
+    (12, "Female householder, no spouse or partner present: living alone"),
+    (13, "Female householder, no spouse or partner present: living with others"),
+)
+_PH3_LABELS = (
+    (1, "Total"),
+    (2, "Householder, spouse, unmarried partner, or nonrelative"),
+    (3, "Own child"),
+    (4, "Own child: in married couple family"),
+    (5, "Own child: in cohabiting couple family"),
+    (6, "Own child: in male householder, no spouse or partner present family"),
+    (7, "Own child: in female householder, no spouse or partner present family"),
+    (8, "Other relatives"),
+    (9, "Other relatives: grandchild"),
+    (10, "Other relatives: other relatives"),
+)
+_PH6_FAMILY_LABELS = {
+    1: "In married couple family",
+    3: "In cohabiting couple family",
+    10: "Male householder, no spouse or partner present family",
+    6: "Female householder, no spouse or partner present family",
+}
+_PH6_AGE_LABELS = ("under 4 years", "4 and 5 years", "6 to 11 years", "12 to 17 years")
+_PH6_LABELS = ((1, "Total"),) + tuple(
+    pair
+    for hht2, first in _PH6_FAMILIES
+    for pair in ((first - 1, _PH6_FAMILY_LABELS[hht2]),)
+    + tuple((first + i, f"{_PH6_FAMILY_LABELS[hht2]}: {age}") for i, age in enumerate(_PH6_AGE_LABELS))
+)
+_PH7_LABELS = ((1, "Total"), (2, "Owned with a mortgage or a loan"), (3, "Owned free and clear"),
+               (4, "Renter occupied"))
+_TENURE_LABELS = ((1, "Total"), (2, "Owner occupied"), (3, "Renter occupied"))
+
+
+def _denominator_labels(unit_noun: str) -> tuple[tuple[int, str], ...]:
+    """PH1_denom, PH5_denom: cell 1 is measured; 2 and 3 repeat it as the denominators of the
+    under-18 and 18-and-over averages (non-private tabulations, spec §7)."""
+    return ((1, unit_noun), (2, f"{unit_noun} (denominator of the under 18 years average)"),
+            (3, f"{unit_noun} (denominator of the 18 years and over average)"))
+
 PH1_NUM = TableSpec(
     "PH1_num", TableKind.PERSON, (RTYPE_HU_PERSON,), (), IterationSource.HOUSEHOLDER,
     ALL_LEVELS, _AGE_BASIS, (_total(_AGE_BASIS),), tau_key="PH1_num",
+    title="Average household size by age: numerator (population in households)",
+    universe="Population in households", cell_labels=_AGE_LABELS,
 )
 PH1_DENOM = TableSpec(
     "PH1_denom", TableKind.UNIT, (), HOUSEHOLD, IterationSource.HOUSEHOLDER,
     ALL_LEVELS, _ONE_CELL, ((2, (1,)), (3, (1,))),
+    title="Average household size by age: denominator (households)",
+    universe="Households", cell_labels=_denominator_labels("Households"),
 )
 PH2 = TableSpec(
     "PH2", TableKind.PERSON, (RTYPE_HU_PERSON,), (), IterationSource.NONE,
     TOTAL_ONLY_LEVELS, _PH2_BASIS,
     ((2, (3, 4)), (5, (6, 7)), (8, (9, 10)), (11, (12, 13)), _total(_PH2_BASIS)),
     tau_key="PH2",
+    title="Household type for the population in households",
+    universe="Population in households", cell_labels=_PH2_LABELS,
 )
 PH3 = TableSpec(
     "PH3", TableKind.PERSON, (RTYPE_HU_PERSON, CHILD), (), IterationSource.PERSON,
     ALL_LEVELS, _PH3_BASIS, ((3, (4, 5, 6, 7)), (8, (9, 10)), _total(_PH3_BASIS)),
     tau_key="PH3",
+    title="Household type by relationship for the population under 18 years",
+    universe="Population under 18 years in households", cell_labels=_PH3_LABELS,
 )
 PH4 = TableSpec(
     "PH4", TableKind.PERSON, (person("RELSHIP", 20, 21, 23, range(25, 34)),), FAMILY,
     IterationSource.HOUSEHOLDER, ALL_LEVELS, _AGE_BASIS, (_total(_AGE_BASIS),), tau_key="PH4",
+    title="Population in families by age", universe="Population in families", cell_labels=_AGE_LABELS,
 )
 PH5_DENOM = TableSpec(
     "PH5_denom", TableKind.UNIT, (), FAMILY, IterationSource.HOUSEHOLDER,
     ALL_LEVELS, _ONE_CELL, ((2, (1,)), (3, (1,))),
+    title="Average family size by age: denominator (families)",
+    universe="Families", cell_labels=_denominator_labels("Families"),
 )
 PH6 = TableSpec(
     "PH6", TableKind.PERSON, (CHILD, OWN_CHILD), (), IterationSource.NONE,
@@ -226,14 +303,20 @@ PH6 = TableSpec(
     tuple((first - 1, tuple(range(first, first + 4))) for _, first in _PH6_FAMILIES)
     + (_total(_PH6_BASIS),),
     tau_key="PH6",
+    title="Family type and age for own children under 18 years",
+    universe="Own children under 18 years", cell_labels=_PH6_LABELS,
 )
 PH7 = TableSpec(
     "PH7", TableKind.PERSON, (RTYPE_HU_PERSON,), (), IterationSource.HOUSEHOLDER,
     ALL_LEVELS, _TENURE_PERSON_BASIS, (_total(_TENURE_PERSON_BASIS),), tau_key="PH7",
+    title="Total population in occupied housing units by tenure",
+    universe="Population in occupied housing units", cell_labels=_PH7_LABELS,
 )
 PH8_DENOM = TableSpec(
     "PH8_denom", TableKind.UNIT, (), HOUSEHOLD, IterationSource.HOUSEHOLDER,
     ALL_LEVELS, _TENURE_UNIT_BASIS, (_total(_TENURE_UNIT_BASIS),),
+    title="Average household size of occupied housing units by tenure: denominator (occupied housing units)",
+    universe="Occupied housing units", cell_labels=_TENURE_LABELS,
 )
 
 TABLES: dict[str, TableSpec] = {
@@ -246,6 +329,8 @@ PH5_NUM = DerivedTableSpec(
     nonprivate=TableSpec(
         "PH5_num", TableKind.PERSON, PH4.person_universe, FAMILY, IterationSource.HOUSEHOLDER,
         ALL_LEVELS, _AGE_BASIS, (_total(_AGE_BASIS),),
+        title="Average family size by age: numerator (population in families; PH4's counts)",
+        universe="Population in families", cell_labels=_AGE_LABELS,
     ),
 )
 PH8_NUM = DerivedTableSpec(
@@ -254,6 +339,9 @@ PH8_NUM = DerivedTableSpec(
     nonprivate=TableSpec(
         "PH8_num", TableKind.UNIT, (), HOUSEHOLD, IterationSource.HOUSEHOLDER,
         ALL_LEVELS, _TENURE_UNIT_BASIS, (_total(_TENURE_UNIT_BASIS),), weight="FINAL_POP",
+        title="Average household size of occupied housing units by tenure: numerator "
+              "(population in occupied housing units; from PH7)",
+        universe="Population in occupied housing units", cell_labels=_TENURE_LABELS,
     ),
 )
 DERIVED_TABLES: dict[str, DerivedTableSpec] = {t.name: t for t in (PH5_NUM, PH8_NUM)}

@@ -4,6 +4,10 @@
 (spec §8); the other commands are this project's. Every command module owns its command and its
 options; this module only makes the group and mounts them. A failure exits non-zero with one
 human line on stderr.
+
+``-q/--quiet`` and ``-v/--verbose`` are options of the group and mean the same for every
+command (``phsafe -q validate ...``); each command also takes them as ``--quiet``/``--verbose``
+(:mod:`phsafe.cli._output`).
 """
 
 from __future__ import annotations
@@ -14,12 +18,17 @@ import sys
 import click
 
 import phsafe
+from phsafe.cli._output import group_verbosity_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(phsafe.__version__, prog_name="phsafe")
+@group_verbosity_options
 def main() -> None:
-    """PHSafe: the S-DHC tables under differential privacy."""
+    """PHSafe: the S-DHC tables under differential privacy.
+
+    -q/--quiet and -v/--verbose apply to every command (also as --quiet/--verbose after it).
+    """
 
 
 # (module, click command) of every command, in the order ``--help`` lists them.

@@ -8,12 +8,12 @@ truth; without ``--non-confidential`` it refuses, runs nothing and writes nothin
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
-from phsafe import logs
+from phsafe.cli._common import fail, log_option
+from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _EXISTING = click.Path(exists=True, path_type=Path)
 
@@ -22,6 +22,7 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @click.argument("config", type=_EXISTING)
 @click.argument("data", type=_EXISTING)
 @click.argument("output", type=click.Path(path_type=Path))
+@overwrite_option
 @click.option("--trials", "-k", type=click.IntRange(min=1), default=20, show_default=True,
               help="Number of private runs.")
 @click.option("--non-confidential", is_flag=True,
@@ -34,10 +35,10 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the post-processing simulations (default: random, shown in the report).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
-@click.option("-l", "--log", "log_file", type=click.Path(path_type=Path), default=None,
-              help="Append JSON-lines logs (of every run) to FILE.")
-def accuracy(config: Path, data: Path, output: Path, trials: int, non_confidential: bool, with_postprocess: bool,
-             draws: int, seed: int | None, no_plots: bool, log_file: Path | None) -> None:
+@log_option
+@verbosity_options
+def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: int, non_confidential: bool,
+             with_postprocess: bool, draws: int, seed: int | None, no_plots: bool, log_file: Path | None) -> None:
     """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
 
     Per table and level: mean and 90th-percentile absolute error against the non-private truth,
@@ -53,17 +54,18 @@ def accuracy(config: Path, data: Path, output: Path, trials: int, non_confidenti
             err=True,
         )
         raise SystemExit(1)
-    logs.configure(log_file, console_level=logging.WARNING)
     from phsafe.accuracy import run_accuracy
-    from phsafe.errors import PHSafeError
 
     try:
-        result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
-                              with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
-                              progress=lambda line: click.echo(f"phsafe accuracy: {line}", err=True))
-    except PHSafeError as exc:
-        click.echo(f"phsafe: error: {exc}", err=True)
-        raise SystemExit(1) from None
+        with command_progress(log_file) as progress:
+            result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
+                                  with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
+                                  overwrite=overwrite, progress=progress)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+        fail(exc, log_file)
+        return
     overall = result.metrics[result.metrics["TABLE"] == "ALL"].iloc[0]
-    click.echo(f"phsafe: accuracy report in {result.output_dir / 'report.html'} "
-               f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}, {result.seconds:.0f} s)")
+    result_line(f"phsafe: accuracy report in {result.output_dir / 'report.html'} "
+                f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}, {result.seconds:.0f} s)")

@@ -4,8 +4,8 @@ Mounted by :mod:`phsafe.cli`. The planner itself (and matplotlib) is imported on
 command runs, so the CLI starts fast.
 
     phsafe plan --targets FILE --tau SPEC... [--privacy-defn zcdp|puredp] [--state-filter us|pr|LIST]
-                [--digits N] [--delta D] [--out DIR]
-    phsafe plan --from-config CONFIG [--digits N] [--delta D] [--out DIR]
+                [--digits N] [--delta D] [--out DIR] [--overwrite]
+    phsafe plan --from-config CONFIG [--digits N] [--delta D] [--out DIR] [--overwrite]
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pathlib import Path
 
 import click
 from click.core import ParameterSource
+
+from phsafe.cli._common import fail, log_option
+from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
@@ -35,18 +38,22 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @click.option("--delta", type=float, default=1e-10, show_default=True,
               help="delta of the (epsilon, delta) conversion of the zCDP totals.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("phsafe-plan"),
-              show_default=True, help="Output directory.")
+              show_default=True, help="Output folder: new or empty (see --overwrite).")
+@overwrite_option
+@log_option
+@verbosity_options
 @click.pass_context
 def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None, tau_specs: tuple[str, ...],
-         privacy_defn: str, state_filter: str, digits: int, delta: float, out: Path) -> None:
+         privacy_defn: str, state_filter: str, digits: int, delta: float, out: Path, overwrite: bool,
+         log_file: Path | None) -> None:
     """Plan budgets for MOE targets (writes config.json), or the MOEs of a config.
 
     Writes config.json (from targets), plan.json, plan_report.md/.html, moe_vs_rho.png and
     budget_split.png into OUT. Budgets are rounded up so every MOE target is met.
     """
-    from phsafe.config import PrivacyDefinition
-    from phsafe.errors import PHSafeError
     from phsafe import planner
+    from phsafe.config import PrivacyDefinition
+    from phsafe.progress import budget_text
 
     if (targets_file is None) == (config_file is None):
         raise click.UsageError("give exactly one of --targets FILE and --from-config CONFIG")
@@ -58,25 +65,26 @@ def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None
     if not 0 < delta < 1:
         raise click.BadParameter("must be between 0 and 1", param_hint="--delta")
     try:
-        if targets_file is not None:
-            targets, json_tau = planner.read_targets(targets_file)
-            tau = planner.parse_tau(tau_specs, base=json_tau)
-            result = planner.plan_from_targets(
-                targets, tau, privacy_defn=PrivacyDefinition(privacy_defn),
-                state_filter=planner.parse_state_filter(state_filter), digits=digits, delta=delta,
-                source=str(targets_file),
+        with command_progress(log_file) as progress, progress.stage("plan"):
+            result = planner.plan(
+                targets_file, config=config_file, tau=tau_specs, privacy_defn=privacy_defn,
+                state_filter=state_filter, digits=digits, delta=delta,
             )
-        else:
-            result = planner.plan_from_config(config_file, digits=digits, delta=delta)
-        paths = planner.write_plan(result, out)
-    except PHSafeError as exc:
-        click.echo(f"phsafe: error: {exc}", err=True)
-        raise SystemExit(1) from None
+            paths = planner.write_plan(result, out, overwrite=overwrite)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+        fail(exc, log_file)
+        return
     measure = "rho" if result.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
     total = result.total(measure)
-    click.echo(f"phsafe: planned {len(result.levels)} population-group levels; total {measure} "
-               f"{planner.amount_text(total, 12)} (bounded {planner.amount_text(None if total is None else 2 * total, 12)})")
+
+    def text(x: object) -> str:
+        return "n/a" if x is None else budget_text(x)  # type: ignore[arg-type]
+
+    result_line(f"phsafe: planned {len(result.levels)} population-group levels; total {measure} "
+                f"{text(total)} (bounded {text(None if total is None else 2 * total)})")
     for note in result.notes:
-        click.echo(f"note: {note}")
+        result_line(f"note: {note}")
     for path in paths.values():
-        click.echo(f"wrote {path}")
+        result_line(f"wrote {path}")

@@ -1,9 +1,9 @@
 """The ``phsafe postprocess`` command (mounted by :mod:`phsafe.cli`).
 
-``phsafe postprocess OUT [--dest DIR] [--draws M] [--seed S] [-l/--log FILE]`` reads only the
-published private tables in OUT and writes per-cell estimates with 90% credible intervals and the
-average tables PH1, PH5, PH8 to DIR (default ``OUT-postprocessed`` next to OUT). See
-:mod:`phsafe.postprocess`.
+``phsafe postprocess OUT [--dest DIR] [--overwrite] [--draws M] [--seed S] [-l/--log FILE]``
+reads only the published private tables in OUT and writes per-cell estimates with 90% credible
+intervals, the average tables PH1, PH5, PH8 and a report to DIR (default ``OUT-postprocessed``
+next to OUT). See :mod:`phsafe.postprocess`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from phsafe import logs
+from phsafe.cli._common import fail, log_option
+from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 
@@ -20,14 +21,16 @@ _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 @click.command("postprocess")
 @click.argument("output", type=_DIR)
 @click.option("--dest", "destination", type=click.Path(path_type=Path), default=None,
-              help="Where to write (must not exist). Default: OUT-postprocessed next to OUT.")
+              help="Where to write: a new or empty folder (see --overwrite). Default: OUT-postprocessed next to OUT.")
+@overwrite_option
 @click.option("--draws", type=click.IntRange(min=1), default=4000, show_default=True,
               help="Posterior draws per cell for the averages PH1, PH5, PH8.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the simulation of the averages (default: random, recorded in postprocess.json).")
-@click.option("-l", "--log", "log_file", type=click.Path(path_type=Path), default=None,
-              help="Append JSON-lines logs to FILE.")
-def postprocess(output: Path, destination: Path | None, draws: int, seed: int | None, log_file: Path | None) -> None:
+@log_option
+@verbosity_options
+def postprocess(output: Path, destination: Path | None, overwrite: bool, draws: int, seed: int | None,
+                log_file: Path | None) -> None:
     """Estimates and 90% credible intervals from the private outputs in OUTPUT alone.
 
     Per cell: the posterior mean and median of the true count and its 90% highest posterior
@@ -36,13 +39,15 @@ def postprocess(output: Path, destination: Path | None, draws: int, seed: int | 
     denominator) with 90% credible intervals by simulation from those posteriors. Reads no input
     data and spends no privacy-loss budget.
     """
-    logs.configure(log_file)
-    from phsafe.errors import PHSafeError
     from phsafe.postprocess import postprocess as run
 
     try:
-        result = run(output, destination, draws=draws, seed=seed)
-    except PHSafeError as exc:
-        click.echo(f"phsafe: error: {exc}", err=True)
-        raise SystemExit(1) from None
-    click.echo(f"phsafe: wrote {len(result.files)} files to {result.destination} (seed {result.seed})")
+        with command_progress(log_file) as progress:
+            result = run(output, destination, draws=draws, seed=seed, overwrite=overwrite, progress=progress)
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+        fail(exc, log_file)
+        return
+    result_line(f"phsafe: wrote {len(result.files)} files to {result.destination} (seed {result.seed}); "
+                f"report: {result.destination / 'report.html'}")

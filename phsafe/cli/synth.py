@@ -10,12 +10,12 @@ makes it reproducible and has nothing to do with privacy noise.
 from __future__ import annotations
 
 import re
-import sys
-import time
 from pathlib import Path
 
 import click
 
+from phsafe.cli._common import fail, log_option
+from phsafe.cli._output import command_progress, result_line, verbosity_options
 from phsafe.synthetic import DEFAULT_CHUNK_PERSONS, FORMATS, synthesize
 
 _COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGbB]?)\s*$")
@@ -68,9 +68,10 @@ class _Count(click.ParamType):
 @click.option("--chunk-persons", type=_Count(), default=DEFAULT_CHUNK_PERSONS, show_default=True,
               help="Persons generated at once (memory: about 200 bytes each).")
 @click.option("--overwrite", is_flag=True, help="Replace input files already in the output folder.")
-@click.option("--quiet", is_flag=True, help="No progress on stderr.")
+@log_option
+@verbosity_options
 def synth(persons: int, out: Path, states: str, fmt: str, seed: int | None, chunk_persons: int,
-          overwrite: bool, quiet: bool) -> None:
+          overwrite: bool, log_file: Path | None) -> None:
     """Generate consistent synthetic inputs (persons, units, geo) of any size.
 
     Realistic structure: state populations in proportion to the 2020 census, households with
@@ -78,26 +79,25 @@ def synth(persons: int, out: Path, states: str, fmt: str, seed: int | None, chun
     CPLT and ages, race and ethnicity varying by state, tenure, vacant units, group quarters.
     The output passes `phsafe validate`. Written chunk by chunk in bounded memory.
     """
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        now = time.perf_counter()
-        if not quiet and (now - last[0] > 5 or done == total):
-            last[0] = now
-            click.echo(f"{done:,} / {total:,} persons", err=True)
-
     try:
-        result = synthesize(out, persons, states, fmt=fmt,  # type: ignore[arg-type]
-                            seed=seed, chunk_persons=chunk_persons, overwrite=overwrite,
-                            progress=progress)
+        with command_progress(log_file) as progress, progress.stage(f"synthesize {fmt} inputs"), \
+                progress.task("persons", total=persons, unit="persons") as task:
+            result = synthesize(out, persons, states, fmt=fmt,  # type: ignore[arg-type]
+                                seed=seed, chunk_persons=chunk_persons, overwrite=overwrite,
+                                progress=lambda done, total: task.update(done, total=total))
     except FileExistsError as exc:
         click.echo(f"phsafe: error: {exc}; pass --overwrite to replace them", err=True)
-        sys.exit(1)
+        raise SystemExit(1) from None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    except click.ClickException:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+        fail(exc, log_file)
+        return
     rate = result.n_persons / result.seconds if result.seconds > 0 else float("inf")
     for folder, codes in result.datasets.items():
         what = "Puerto Rico" if codes == ["72"] else f"{len(codes)} state(s)"
-        click.echo(f"phsafe: wrote {what} to {folder}")
-    click.echo(f"phsafe: {result.n_persons:,} persons, {result.n_units:,} units in "
-               f"{result.seconds:.1f} s ({rate / 1e6:.2f}M persons/s), seed {result.seed}")
+        result_line(f"phsafe: wrote {what} to {folder}")
+    result_line(f"phsafe: {result.n_persons:,} persons, {result.n_units:,} units in "
+                f"{result.seconds:.1f} s ({rate / 1e6:.2f}M persons/s), seed {result.seed}")

@@ -6,23 +6,35 @@ from pathlib import Path
 
 import click
 
-from phsafe import logs
 from phsafe.cli._common import EXISTING, PATH, fail, log_option
+from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 
 @click.command()
 @click.argument("config", type=EXISTING)
 @click.argument("data", type=EXISTING)
 @click.option("--report-dir", type=PATH, default=None,
-              help="Write the full validation result and HTML Data Docs here.")
+              help="Write the full report (HTML pages, JSON results, text) into this new folder.")
+@overwrite_option
 @log_option
-def validate(config: Path, data: Path, report_dir: Path | None, log_file: Path | None) -> None:
-    """Validate CONFIG and the input files in DATA; spends no budget."""
-    logs.configure(log_file)
-    try:
-        from phsafe.validation import validate_inputs
+@verbosity_options
+def validate(config: Path, data: Path, report_dir: Path | None, overwrite: bool, log_file: Path | None) -> None:
+    """Validate CONFIG and the input files in DATA; spends no budget.
 
-        report = validate_inputs(config, data, report_dir=report_dir)
+    Every broken rule is one line on stderr: file, columns, rule and the number of failing rows
+    (never a value). Exit status 1 if any rule fails.
+    """
+    try:
+        with command_progress(log_file) as progress:
+            from phsafe._plots import report_folder
+            from phsafe.validation import validate_inputs
+
+            if report_dir is not None:
+                report_folder(report_dir, overwrite=overwrite, what="report folder")
+            with progress.stage("validate the config and the inputs"):
+                report = validate_inputs(config, data, report_dir=report_dir)
+    except click.ClickException:
+        raise
     except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
         fail(exc, log_file)
         return
@@ -30,4 +42,5 @@ def validate(config: Path, data: Path, report_dir: Path | None, log_file: Path |
         click.echo(report.to_text(), err=True)
         click.echo("phsafe: error: input validation failed", err=True)
         raise SystemExit(1)
-    click.echo("phsafe: inputs are valid")
+    where = f"; report in {report_dir}" if report_dir is not None else ""
+    result_line(f"phsafe: inputs are valid{where}")

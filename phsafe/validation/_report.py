@@ -8,7 +8,6 @@ many rows broke it; a result keeps Great Expectations' counts (``element_count``
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections.abc import Mapping
@@ -282,8 +281,8 @@ def write_report(report: ValidationReport, report_dir: Path) -> Path:
     """Write ``report`` under ``report_dir/<subject>/`` and return that folder.
 
     Files: ``report.txt`` and ``report.json`` (the failures), ``results/<suite>.json`` (the
-    value-free Great Expectations results), ``data_docs/<suite>.html`` (Great Expectations'
-    Data Docs page of each result) and ``index.html`` (a self-contained summary linking them).
+    value-free Great Expectations results), ``data_docs/<suite>.html`` (the page of each result)
+    and ``index.html`` (the summary linking them): self-contained pages, see :mod:`._html`.
     """
     folder = Path(report_dir) / _SAFE_NAME.sub("_", report.subject)
     (folder / "results").mkdir(parents=True, exist_ok=True)
@@ -294,78 +293,27 @@ def write_report(report: ValidationReport, report_dir: Path) -> Path:
     for result in report.results:
         name = _SAFE_NAME.sub("_", result["suite_name"])
         (folder / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-        page = _data_docs_page(result)
-        if page is not None:
-            (folder / "data_docs" / f"{name}.html").write_text(page, encoding="utf-8")
-            pages[result["suite_name"]] = f"data_docs/{name}.html"
+        page = _data_docs_page(result, report.subject)
+        (folder / "data_docs" / f"{name}.html").write_text(page, encoding="utf-8")
+        pages[result["suite_name"]] = f"data_docs/{name}.html"
     (folder / "index.html").write_text(_index_html(report, pages), encoding="utf-8")
     _write_top_index(Path(report_dir))
     return folder
 
 
-def _data_docs_page(result: dict[str, Any]) -> str | None:
-    from phsafe.validation import _gx
+def _data_docs_page(result: dict[str, Any], subject: str) -> str:
+    from phsafe.validation import _html
 
-    try:
-        return _gx.render_data_docs(result)
-    except Exception:  # noqa: BLE001 -- the self-contained index still shows every result
-        return None
+    return _html.suite_page(result, subject)
 
 
 def _index_html(report: ValidationReport, pages: Mapping[str, str]) -> str:
-    """A self-contained page (no external assets): the failures and every rule's outcome."""
-    e = html.escape
-    rows = []
-    for result in report.results:
-        link = pages.get(result["suite_name"])
-        title = e(result["suite_name"])
-        if link:
-            title = f'<a href="{e(link)}">{title}</a>'
-        stats = result["statistics"]
-        rows.append(
-            f"<h3>{title} &mdash; {'passed' if result['success'] else 'FAILED'} "
-            f"({stats['successful_expectations']}/{stats['evaluated_expectations']} rules hold)</h3>"
-            "<table><tr><th>rule</th><th>columns</th><th>verdict</th><th>failing rows</th></tr>"
-        )
-        for r in result["results"]:
-            cfg = r["expectation_config"]
-            counts = r["result"]
-            verdict = "holds" if r["success"] else "FAILS"
-            if r["exception_info"].get("raised_exception"):
-                verdict = "could not be evaluated"
-            failing = counts.get("unexpected_count", "") if not r["success"] else ""
-            of = f' of {counts["element_count"]}' if failing != "" and "element_count" in counts else ""
-            rows.append(
-                f'<tr class="{"ok" if r["success"] else "bad"}"><td>{e(cfg.get("description") or cfg["type"])}</td>'
-                f'<td>{e(", ".join(cfg.get("meta", {}).get("columns", [])))}</td>'
-                f"<td>{verdict}</td><td>{failing}{of}</td></tr>"
-            )
-        rows.append("</table>")
-    failures = "".join(f"<li>{e(f.to_text())}</li>" for f in report.failures) or "<li>none</li>"
-    notes = "".join(f"<li>{e(n)}</li>" for n in report.notes)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'>"
-        f"<title>PHSafe {e(report.subject)} validation</title><style>"
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1em}"
-        "td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left}tr.bad{background:#fdd}"
-        "tr.ok{background:#efe}</style></head><body>"
-        f"<h1>PHSafe {e(report.subject)} validation: {'passed' if report.ok else 'FAILED'}</h1>"
-        "<p>Counts only: no value of any record appears in these pages.</p>"
-        f"<h2>Failures</h2><ul>{failures}</ul>"
-        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
-        + "<h2>Suites</h2>"
-        + "".join(rows)
-        + "</body></html>\n"
-    )
+    from phsafe.validation import _html
+
+    return _html.index_page(report, pages)
 
 
 def _write_top_index(report_dir: Path) -> None:
-    links = "".join(
-        f'<li><a href="{html.escape(p.parent.name)}/index.html">{html.escape(p.parent.name)}</a></li>'
-        for p in sorted(report_dir.glob("*/index.html"))
-    )
-    (report_dir / "index.html").write_text(
-        "<!doctype html><html><head><meta charset='utf-8'><title>PHSafe validation</title></head>"
-        f"<body><h1>PHSafe validation reports</h1><ul>{links}</ul></body></html>\n",
-        encoding="utf-8",
-    )
+    from phsafe.validation import _html
+
+    (report_dir / "index.html").write_text(_html.reports_page(report_dir), encoding="utf-8")

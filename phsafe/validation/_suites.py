@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.resources
 import json
 import os
 from collections.abc import Iterable
@@ -24,18 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import phsafe
-
 SUITES_ENV = "PHSAFE_EXPECTATIONS_DIR"
 """Environment variable naming another folder of suites (e.g. for an installed package)."""
 
 
 def suites_dir() -> Path:
-    """The folder holding the suites: ``$PHSAFE_EXPECTATIONS_DIR`` or the repository's ``expectations/``."""
+    """The folder holding the suites: ``$PHSAFE_EXPECTATIONS_DIR``, else the package data
+    ``phsafe.expectations`` (the repository's ``expectations/``, installed with the package)."""
     override = os.environ.get(SUITES_ENV)
     if override:
         return Path(override)
-    return Path(phsafe.__file__).resolve().parent.parent / "expectations"
+    return Path(str(importlib.resources.files("phsafe.expectations")))
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,12 @@ def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
     assert metrics["CI90_COVERAGE"].isna().all() and not (out / "average_metrics.csv").exists()
     again = CliRunner().invoke(main, ["accuracy", str(DEMO / "config.json"), str(DEMO), str(out), "--trials", "1",
                                       "--non-confidential"])
-    assert again.exit_code == 1 and "not empty" in again.output
+    assert again.exit_code == 1 and "already holds files" in again.output and "--overwrite" in again.output
+    replaced = CliRunner().invoke(main, ["-q", "accuracy", str(DEMO / "config.json"), str(DEMO), str(out),
+                                         "--trials", "1", "--non-confidential", "--no-plots", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert replaced.output == ""  # quiet: no progress, no result line
+    assert (out / "metrics.csv").exists() and (out / "average_metrics.csv").exists()  # the new run's files
 
 
 @pytest.mark.slow

@@ -373,3 +373,23 @@ def test_cli_planning_error_is_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["plan", "--targets", str(TARGETS_CSV), "--out", str(tmp_path)])
     assert result.exit_code == 1
     assert "tau is required" in result.output
+
+
+def test_plan_function_is_the_command(tmp_path: Path) -> None:
+    """``planner.plan`` (the Python API) takes tau in every form and plans what the CLI plans."""
+    from fractions import Fraction
+
+    from phsafe.planner import PlanningError, plan
+
+    by_specs = plan(TARGETS_CSV, tau=["10", "PH3=6,PH6=6"], out=tmp_path / "a")
+    by_mapping = plan(TARGETS_CSV, tau={"PH1_num": 10, "PH2": 10, "PH3": 6, "PH4": 10, "PH6": 6, "PH7": 10})
+    assert by_specs.total("rho") == by_mapping.total("rho") == Fraction("1.2572882258")
+    assert plan(TARGETS_CSV, tau=10).total("rho") > Fraction(2)  # tau 10 for PH3 and PH6 too
+    assert (tmp_path / "a" / "config.json").exists()
+    cli = CliRunner().invoke(main, ["plan", "--targets", str(TARGETS_CSV), "--tau", "10", "--tau", "PH3=6,PH6=6",
+                                    "--out", str(tmp_path / "b")])
+    assert "total rho 1.2572882258 " in cli.output
+    assert (tmp_path / "a" / "config.json").read_text() == (tmp_path / "b" / "config.json").read_text()
+    assert plan(config=US_CONFIG).total("rho") == Fraction("1.257281")
+    with pytest.raises(PlanningError, match="exactly one"):
+        plan()

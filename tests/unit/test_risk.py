@@ -192,3 +192,21 @@ def test_cli_writes_json_markdown_html_png(tmp_path: Path) -> None:
 def test_cli_rejects_bad_prior(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["risk", str(PR_CONFIG), "--out", str(tmp_path), "--prior", "2"])
     assert result.exit_code == 2
+
+
+def test_docs_config_reproduces_tables_3_and_4_through_the_command(tmp_path: Path) -> None:
+    """The README's claim: `phsafe risk docs/kazan_reiter_config.json --released 1,2,3,4,5`
+    reproduces Kazan-Reiter's Tables 3 and 4 (PH1_denom usa_* at rho = 4 x 0.0992264, Delta 2:
+    their rho as the effective rho). Other configs give other numbers."""
+    config = Path(__file__).resolve().parents[2] / "docs" / "kazan_reiter_config.json"
+    out = tmp_path / "kr"
+    result = CliRunner().invoke(main, ["-q", "risk", str(config), "--out", str(out), "--released", "1,2,3,4,5"])
+    assert result.exit_code == 0, result.output
+    level = json.loads((out / "risk.json").read_text())["levels"]
+    assert len(level) == 1 and Fraction(level[0]["noise"]["effective_rho_exact"]) == RHO_1
+    for m, (_, posterior_text, risk_text) in zip(level[0]["marginal"], TABLE_4):
+        assert matches(m["posterior"], posterior_text) and matches(m["risk"], risk_text)
+    for v, (x, mass, posteriors, risks) in zip(level[0]["released_values"], TABLE_3):
+        assert v["released"] == x and matches(v["mass_given_out"], mass)
+        assert all(matches(v["posterior"][f"{p.numerator}/{p.denominator}"], t) for p, t in zip(P, posteriors))
+        assert all(matches(v["risk_ratio"][f"{p.numerator}/{p.denominator}"], t) for p, t in zip(P, risks))

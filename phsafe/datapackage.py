@@ -1,0 +1,283 @@
+"""The labelled data package of an output folder: ``datapackage.json`` (Frictionless).
+
+Every output folder (private releases and non-private tabulations) carries a
+`Frictionless Data Package <https://datapackage.org/>`_ describing each table it holds, twice --
+the ``|``-separated CSV (``<TABLE>/<TABLE>.csv``) and the Parquet copy
+(``parquet/<TABLE>.parquet``) -- with:
+
+* the columns in order, their types and constraints (codes as strings, counts as integers);
+* the primary key (``REGION_TYPE``, ``REGION_ID``, ``ITERATION_CODE``, ``<TABLE>_DATA_CELL``);
+* the label of every code, as the field's ``categories`` (Data Package 2.0: a list of
+  ``{"value": ..., "label": ...}``) and the same values as an ``enum`` constraint (read by
+  Data Package 1.0 tools): ``REGION_ID`` (``1`` = United States, state FIPS -> state name),
+  ``REGION_TYPE``, ``ITERATION_CODE`` and every ``<TABLE>_DATA_CELL`` number;
+* what ``COUNT``, ``NOISE_DISTRIBUTION`` and ``VARIANCE`` mean.
+
+Everything is generated from the table definitions in code (:mod:`phsafe.tables`,
+:mod:`phsafe.iterations`, :mod:`phsafe.schema`, :mod:`phsafe.accounting`) -- one source of
+truth -- and from the public structure of the tables written (which regions, iteration codes
+and cells they hold: the public domain of the run, spec §4), never from a count. The file is part
+of the public release: it is written into the staging folder with the tables, and its SHA-256 goes
+into the manifest and the ledger's output digests with theirs.
+
+Check a release with ``frictionless validate OUT/datapackage.json``; read it labelled with
+:func:`phsafe.release.read_release`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+import phsafe
+from phsafe.accounting import NoiseDistribution
+from phsafe.domain import USA_REGION_ID
+from phsafe.iterations import ITERATION_LABELS, GeographyLevel
+from phsafe.schema import STATE_NAMES
+from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, IterationSource, output_spec
+
+DATAPACKAGE = "datapackage.json"
+CSV_SEPARATOR = "|"  # spec §7; the same as phsafe.outputs.CSV_SEPARATOR
+PROFILE = "https://datapackage.org/profiles/2.0/datapackage.json"
+DIALECT_PROFILE = "https://datapackage.org/profiles/2.0/tabledialect.json"
+SCHEMA_PROFILE = "https://datapackage.org/profiles/2.0/tableschema.json"
+PARQUET_MEDIATYPE = "application/vnd.apache.parquet"
+
+REGION_NAMES: dict[str, str] = {USA_REGION_ID: "United States", **STATE_NAMES}
+"""``REGION_ID`` -> name: ``1`` is the nation, the others are state FIPS codes."""
+
+NOISE_LABELS: dict[str, str] = {
+    NoiseDistribution.DISCRETE_GAUSSIAN.value: (
+        "zCDP: exact discrete Gaussian noise N_Z(0, sigma^2) was added to the count; "
+        "VARIANCE = sigma^2 = Delta^2 / (2 rho)"
+    ),
+    NoiseDistribution.TWO_SIDED_GEOMETRIC.value: (
+        "pure DP: exact two-sided geometric noise, P(k) proportional to exp(-|k|/s) with s = Delta / epsilon, "
+        "was added to the count; VARIANCE = 2 exp(-1/s) / (1 - exp(-1/s))^2"
+    ),
+}
+"""``NOISE_DISTRIBUTION`` value -> what it means (spec §6)."""
+
+VARIANCE_DESCRIPTION = (
+    "Variance of the noise added to COUNT (spec §6). The 90% margin of error of the count is "
+    "1.645 * sqrt(VARIANCE). Cells derived by adding measured cells (PH5_num, PH8_num) carry the "
+    "sum of their variances. 0 when the level's budget is Infinity (no noise: test runs on "
+    "non-confidential data only). The noise is independent between cells and between levels."
+)
+
+_ITERATION_BY = {
+    IterationSource.HOUSEHOLDER: "the race and ethnicity of the householder (HHRACE, HHSPAN)",
+    IterationSource.PERSON: "the race and ethnicity of the person (CENRACE, CENHISP)",
+}
+
+
+def cell_column(table: str) -> str:
+    """``<TABLE>_DATA_CELL`` (spec §7); the same rule as :func:`phsafe.outputs.cell_column`."""
+    return f"{table.upper()}_DATA_CELL"
+
+
+def resource_name(table: str, fmt: str) -> str:
+    """The resource name of ``table`` in format ``csv`` or ``parquet`` (``ph1_num``,
+    ``ph1_num-parquet``): Frictionless names are lowercase."""
+    return table.lower() if fmt == "csv" else f"{table.lower()}-parquet"
+
+
+def is_private(frame: pd.DataFrame) -> bool:
+    """A private table has the noise columns; a non-private (ground-truth) one does not."""
+    return "NOISE_DISTRIBUTION" in frame.columns and "VARIANCE" in frame.columns
+
+
+def _categories(values: list[Any], labels: Mapping[Any, str]) -> list[dict[str, Any]]:
+    return [{"value": v, "label": labels[v]} for v in values]
+
+
+def _coded(name: str, kind: str, values: list[Any], labels: Mapping[Any, str], description: str) -> dict[str, Any]:
+    """A code column: its labels as Data Package 2.0 ``categories``, its values as an ``enum``."""
+    return {
+        "name": name,
+        "type": kind,
+        "description": description,
+        "categories": _categories(values, labels),
+        "constraints": {"required": True, "enum": list(values)},
+    }
+
+
+def _unique(frame: pd.DataFrame, column: str, order: list[Any]) -> list[Any]:
+    """The distinct values of ``column``, in the order of ``order`` (values outside it raise)."""
+    present = set(frame[column].tolist())
+    unknown = present - set(order)
+    if unknown:
+        # A value with no label would be published unexplained: a defect, never data-dependent.
+        raise ValueError(f"{column}: value(s) without a label: {sorted(map(str, unknown))}")
+    return [v for v in order if v in present]
+
+
+def table_schema(table: str, frame: pd.DataFrame) -> dict[str, Any]:
+    """The Table Schema of one output table as written (``frame`` holds its rows)."""
+    spec = output_spec(table)
+    private = is_private(frame)
+    cell = cell_column(table)
+    region_order = [USA_REGION_ID, *sorted(STATE_NAMES)]
+    regions = _unique(frame.astype({"REGION_ID": str}), "REGION_ID", region_order)
+    geo_labels = {g.value: g.label for g in GeographyLevel}
+    region_types = _unique(frame, "REGION_TYPE", [g.value for g in GeographyLevel])
+    fields: list[dict[str, Any]] = [
+        _coded("REGION_ID", "string", regions, REGION_NAMES,
+               "The geographic entity: 1 for the United States, else the state's 2-digit FIPS code "
+               "(leading zero kept)."),
+        _coded("REGION_TYPE", "string", region_types, geo_labels,
+               "The geography level of the row (spec §4): USA (REGION_ID 1; no USA rows in a Puerto Rico "
+               "run) or STATE (REGION_ID is the state's FIPS code)."),
+    ]
+    primary_key = ["REGION_TYPE", "REGION_ID"]
+    if spec.has_iteration_column:
+        codes = _unique(frame, "ITERATION_CODE", list(ITERATION_LABELS))
+        fields.append(_coded(
+            "ITERATION_CODE", "string", codes, ITERATION_LABELS,
+            f"The race or ethnicity group (spec §3), by {_ITERATION_BY[spec.iteration_source]}; * is the total.",
+        ))
+        primary_key.append("ITERATION_CODE")
+    cells = _unique(frame, cell, sorted(n for n, _ in spec.cell_labels))
+    fields.append(_coded(cell, "integer", [int(c) for c in cells], dict(spec.cell_labels),
+                         f"The table cell (spec §5): {spec.title}."))
+    primary_key.append(cell)
+    if private:
+        fields.append({
+            "name": "COUNT", "type": "integer", "constraints": {"required": True},
+            "description": "The noisy count of the cell: the exact count (after truncation, for person tables) "
+                           "plus independent noise. It may be negative; it is an unbiased estimate.",
+        })
+        distributions = _unique(frame, "NOISE_DISTRIBUTION", list(NOISE_LABELS))
+        fields.append(_coded("NOISE_DISTRIBUTION", "string", distributions, NOISE_LABELS,
+                             "The distribution of the noise added to COUNT (spec §6)."))
+        fields.append({
+            "name": "VARIANCE", "type": "number", "constraints": {"required": True, "minimum": 0},
+            "description": VARIANCE_DESCRIPTION,
+        })
+    else:
+        fields.append({
+            "name": "COUNT", "type": "integer", "constraints": {"required": True, "minimum": 0},
+            "description": "The exact count of the cell, without truncation or noise (non-private tabulation "
+                           "of synthetic data, for testing; " + (
+                               "the sum of FINAL_POP over occupied housing units)" if spec.weight else "records)"),
+        })
+    names = [f["name"] for f in fields]
+    if names != list(frame.columns):
+        raise ValueError(f"{table}: columns {list(frame.columns)} are not the output columns {names}")
+    return {"$schema": SCHEMA_PROFILE, "fields": fields, "primaryKey": primary_key, "missingValues": []}
+
+
+def _table_description(table: str, private: bool) -> str:
+    spec = output_spec(table)
+    parts = [f"{spec.title}. Universe: {spec.universe}."]
+    if table in DERIVED_TABLES:
+        d = DERIVED_TABLES[table]
+        sums = "; ".join(f"cell {n} = {d.source} cell{'s' if len(src) > 1 else ''} {' + '.join(map(str, src))}"
+                         for n, src in d.cells)
+        parts.append(f"Derived from {d.source} without further privacy loss ({sums}; variances added alike)."
+                     if private else f"Non-private: tabulated directly (the private release derives it from {d.source}).")
+    elif private:
+        measured = TABLES[table]
+        parts.append("Measured cells: " + ", ".join(map(str, measured.basis_numbers)) + "; the others are sums "
+                     "of them and are not released privately.")
+    parts.append("One row per cell of every released population-group level (zeros included)."
+                 if private else "Basis and aggregate cells; a missing row is a count of 0.")
+    return " ".join(parts)
+
+
+def package_descriptor(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
+    """The ``datapackage.json`` descriptor of the output tables ``frames`` (table -> rows).
+
+    Raises:
+        ValueError: A table is not an output table, mixes private and non-private layouts with
+            the others, or has a code without a label.
+    """
+    unknown = set(frames) - set(OUTPUT_TABLES)
+    if unknown:
+        raise ValueError(f"not output tables: {sorted(unknown)}")
+    kinds = {is_private(f) for f in frames.values()}
+    if len(kinds) > 1:
+        raise ValueError("private and non-private tables in one folder")
+    private = kinds != {False}
+    resources: list[dict[str, Any]] = []
+    for table in (t for t in OUTPUT_TABLES if t in frames):
+        schema = table_schema(table, frames[table])
+        spec = output_spec(table)
+        common = {"type": "table", "title": f"{table}: {spec.title}", "description": _table_description(table, private)}
+        resources.append({
+            "name": resource_name(table, "csv"), "path": f"{table}/{table}.csv", **common,
+            "scheme": "file", "format": "csv", "mediatype": "text/csv", "encoding": "utf-8",
+            "dialect": {"$schema": DIALECT_PROFILE, "delimiter": CSV_SEPARATOR, "header": True},
+            "schema": schema,
+        })
+        resources.append({
+            "name": resource_name(table, "parquet"), "path": f"parquet/{table}.parquet", **common,
+            "scheme": "file", "format": "parquet", "mediatype": PARQUET_MEDIATYPE,
+            "schema": schema,
+        })
+    what = "private release" if private else "non-private tabulation (synthetic data; testing only)"
+    return {
+        "$schema": PROFILE,
+        "name": "phsafe-sdhc" if private else "phsafe-sdhc-nonprivate",
+        "title": f"S-DHC tables, PHSafe {what}",
+        "description": (
+            "Supplemental Demographic and Housing Characteristics File (S-DHC) tables PH1-PH8 "
+            + ("under differential privacy (PHSafe): noisy counts with the variance of their noise. "
+               "PH1, PH5 and PH8 are averages: divide the _num table by its _denom table. "
+               if private else "tabulated exactly, without noise, for testing on synthetic data. ")
+            + "Each table is given twice, as |-separated CSV and as Parquet, with the same columns; "
+            "every code's label is in its field's categories."
+        ),
+        "version": phsafe.__version__,
+        "keywords": ["census", "S-DHC", "differential privacy", "PHSafe"],
+        "resources": resources,
+    }
+
+
+def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None = None) -> Path:
+    """Write ``datapackage.json`` into ``directory`` for the output tables in it.
+
+    Args:
+        directory: An output folder (or its staging folder) holding ``<T>/<T>.csv`` and
+            ``parquet/<T>.parquet``.
+        frames: The tables as written (table -> rows); read back from the Parquet files of
+            ``directory`` when None.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: The descriptor does not validate against the Data Package profile (a
+            defect), or see :func:`package_descriptor`.
+    """
+    import frictionless
+
+    directory = Path(directory)
+    if frames is None:
+        frames = {t: pd.read_parquet(p) for t in OUTPUT_TABLES
+                  if (p := directory / "parquet" / f"{t}.parquet").is_file()}
+    descriptor = package_descriptor(frames)
+    report = frictionless.Package.validate_descriptor(descriptor)
+    if not report.valid:
+        raise ValueError("datapackage.json does not validate: "
+                         + "; ".join(note for _, note in report.flatten(["type", "note"])))
+    path = directory / DATAPACKAGE
+    path.write_text(json.dumps(descriptor, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def read_descriptor(directory: Path) -> dict[str, Any]:
+    """The ``datapackage.json`` of an output folder, as a dict."""
+    return json.loads((Path(directory) / DATAPACKAGE).read_text(encoding="utf-8"))
+
+
+def field_labels(descriptor: Mapping[str, Any], table: str) -> dict[str, dict[Any, str]]:
+    """Column -> (code -> label) of ``table``'s coded columns, from a descriptor."""
+    for resource in descriptor.get("resources", []):
+        if resource.get("name") == resource_name(table, "parquet"):
+            return {f["name"]: {c["value"]: c["label"] for c in f["categories"]}
+                    for f in resource["schema"]["fields"] if "categories" in f}
+    raise KeyError(table)
