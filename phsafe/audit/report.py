@@ -1,5 +1,14 @@
 """``phsafe audit report``: the auditors' report of a verified ledger, in Markdown and HTML.
 
+The report is CONFIDENTIAL and says so on every page: it lists the input file digests, the
+content fingerprints and the truncation keys the ledger recorded, facts about the confidential
+inputs that must stay inside the enclave with the ledger (by default the report is written
+beside it, ``<ledger folder>/audit-report/``). It is never published with the tables.
+
+Per dataset it shows the policy cap, every recorded cap raise and content version (each with its
+reason), the odometer and what is left; runs that spent and did not publish are named, with how
+to complete them without new noise.
+
 Per run and per dataset it lists, for every table x population-group level, the budget, the
 sensitivity Delta, the noise variance sigma^2, the 90% margin of error and the number of cells,
 and converts the totals:
@@ -21,17 +30,17 @@ Floats appear only in these derived figures; every budget and sum is printed exa
 from __future__ import annotations
 
 import hashlib
-import html
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
-from typing import Iterable, Sequence
 
+from phsafe._plots import Block, Document, Heading, Para, Table, report_folder
 from phsafe.config import PrivacyDefinition
 from phsafe.ledger import (
     Amount,
+    amount_exceeds,
     LedgerState,
     RunAttempt,
     RunState,
@@ -153,31 +162,6 @@ def totals(definition: PrivacyDefinition, amount: Amount) -> Totals:
     )
 
 
-# --------------------------------------------------------------------------------------------
-# Document model: a few block types rendered to both Markdown and HTML
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Heading:
-    level: int
-    text: str
-
-
-@dataclass(frozen=True)
-class _Para:
-    text: str
-
-
-@dataclass(frozen=True)
-class _Table:
-    header: Sequence[str]
-    rows: Sequence[Sequence[str]]
-
-
-_Block = _Heading | _Para | _Table
-
-
 def _num(x: float | None, digits: int = 6) -> str:
     if x is None:
         return "n/a"
@@ -240,7 +224,7 @@ def _attempt_end(run: RunState, a: RunAttempt) -> str:
     return "running or crashed (no terminal entry)"
 
 
-def _attempt_blocks(run: RunState) -> list[_Block]:
+def _attempt_blocks(run: RunState) -> list[Block]:
     rows = [
         [
             str(a.number),
@@ -253,20 +237,20 @@ def _attempt_blocks(run: RunState) -> list[_Block]:
         ]
         for a in run.attempts
     ]
-    blocks: list[_Block] = [
-        _Heading(3, "Attempts"),
-        _Table(
+    blocks: list[Block] = [
+        Heading(3, "Attempts"),
+        Table(
             ("Attempt", "Opened", "Code version", "Reason for resuming", "Lifetime cap", "Cap reason", "Ended"),
             rows,
         ),
     ]
     respent = run.respent
-    blocks.append(_Heading(3, "Measurements spent more than once"))
+    blocks.append(Heading(3, "Measurements spent more than once"))
     if not respent:
-        blocks.append(_Para("None: every measurement was spent at most once."))
+        blocks.append(Para("None: every measurement was spent at most once."))
     else:
         blocks.append(
-            _Table(
+            Table(
                 ("Measurement", "INTENT entries", "Budget", "Times charged", "Charged"),
                 [
                     [
@@ -294,25 +278,32 @@ def _respend_charge(run: RunState) -> Amount:
     return total
 
 
-def _run_blocks(run: RunState) -> list[_Block]:
+def _fp(text: str | None) -> str:
+    return "-" if not text else f"{text[:16]}..."
+
+
+def _run_blocks(run: RunState, state: LedgerState) -> list[Block]:
     status = {
         RunStatus.FINISHED: "finished",
         RunStatus.FAILED: f"failed: {run.failure_reason}",
         RunStatus.RUNNING: "no terminal entry (running or crashed; its whole plan stays reserved)",
     }[run.status]
     resumes = run.attempt - 1
-    blocks: list[_Block] = [
-        _Heading(2, f"Run {run.run_id}"),
-        _Table(
+    validated = {True: "yes (the full suites passed)", False: "NO (--no-validate)", None: "not recorded (first format)"}
+    blocks: list[Block] = [
+        Heading(2, f"Run {run.run_id}"),
+        Table(
             ("Field", "Value"),
             [
                 ["Status", status],
+                ["Published to", run.output_path or ("-" if not run.published else "(first format: not recorded)")],
                 ["Started", f"{run.started_time} (entry {run.started_seq})"],
                 ["Ended", f"{run.terminal_time} (entry {run.terminal_seq})" if run.terminal_seq is not None else "-"],
                 ["Attempts", f"{run.attempt} ({resumes} resume{'s' if resumes != 1 else ''}, "
                              f"{len(run.failures)} failed or crashed)"],
                 ["Privacy definition", _unit(run.privacy_defn)],
-                ["Dataset", run.dataset_id],
+                ["Dataset", run.dataset or "-"] + ([] if not run.legacy else []),
+                ["Inputs validated", validated[run.validated]],
                 ["Non-confidential (cap not enforced)", "YES" if run.non_confidential else "no"],
                 ["Spent on the dataset before the run", format_exact(run.spent_before)],
                 ["Planned total", format_exact(run.planned_total)],
@@ -322,10 +313,12 @@ def _run_blocks(run: RunState) -> list[_Block]:
                 ["of which re-spends", format_exact(_respend_charge(run))],
             ],
         ),
-        _Heading(3, "Lineage"),
-        _Table(
+        Heading(3, "Lineage (confidential)"),
+        Table(
             ("Item", "SHA-256 / value"),
-            [[f"input {name}", digest] for name, digest in sorted(run.input_digests.items())]
+            ([["content fingerprint (HMAC under the lineage key)", run.fingerprint]] if run.fingerprint else [])
+            + ([["dataset id (first format)", run.legacy_dataset_id]] if run.legacy_dataset_id else [])
+            + [[f"input {name}", digest] for name, digest in sorted(run.input_digests.items())]
             + [
                 ["config", run.config_digest],
                 ["code version", run.code_version + (" (at start; see Attempts)" if resumes else "")],
@@ -333,7 +326,7 @@ def _run_blocks(run: RunState) -> list[_Block]:
             ],
         ),
         *_attempt_blocks(run),
-        _Heading(3, "Measurements"),
+        Heading(3, "Measurements"),
     ]
     rows = []
     for spend in run.planned.values():
@@ -354,144 +347,167 @@ def _run_blocks(run: RunState) -> list[_Block]:
             ]
         )
     blocks.append(
-        _Table(
+        Table(
             ("Table", "Level", "Budget", "Delta", "tau", "sigma^2", "90% MOE", "Cells", "Status", "INTENTs", "Charged"),
             rows,
         )
     )
-    blocks.append(_Heading(3, "Totals"))
+    blocks.append(Heading(3, "Totals"))
     blocks.append(
-        _Table(
+        Table(
             _TOTALS_HEADER,
             _totals_rows("charged", totals(run.privacy_defn, run.charge()))
             + _totals_rows("planned", totals(run.privacy_defn, run.planned_total)),
         )
     )
-    blocks.append(_Heading(3, "Outputs"))
+    blocks.append(Heading(3, "Outputs"))
     if run.outputs is None:
-        blocks.append(_Para("No outputs were published."))
+        blocks.append(Para("No outputs were published."))
     else:
-        blocks.append(
-            _Table(("File", "SHA-256"), [[rel, digest] for rel, digest in sorted(run.outputs.items())])
-        )
+        blocks.append(Table(("File", "SHA-256"), [[rel, digest] for rel, digest in sorted(run.outputs.items())]))
     return blocks
 
 
-def build_report(state: LedgerState, ledger_path: Path) -> list[_Block]:
-    """The report's blocks, from a verified ledger."""
-    digest = hashlib.sha256(Path(ledger_path).read_bytes()).hexdigest()
-    blocks: list[_Block] = [
-        _Heading(1, "PHSafe privacy-loss audit report"),
-        _Table(
-            ("Field", "Value"),
-            [
-                ["Ledger", Path(ledger_path).name],
-                ["Ledger SHA-256", digest],
-                ["Entries", str(state.size)],
-                ["Head hash", state.head_hash],
-                ["Runs", str(len(state.runs))],
-                ["Generated", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")],
-                ["delta for (epsilon, delta)", f"{DELTA:g}"],
-            ],
-        ),
-        _Para(
-            "The ledger's hash chain, sequence and rules were verified before this report was "
-            "written. A failed run charges its dataset every INTENT it recorded (an INTENT without "
-            "COMMITTED counts; a measurement spent again after a resume counts again); any other "
-            "run -- finished, running or crashed -- charges its whole plan, each measurement times "
-            "the number of its INTENTs if it was spent more than once. Nothing is refunded. "
-            "Budgets and sums are exact; the epsilon figures are floating-point conversions."
-        ),
-        _Heading(2, "Totals by dataset"),
-    ]
-    rows: list[list[str]] = []
-    for ds, runs in state.datasets().items():
-        defns = {r.privacy_defn for r in runs}
-        for defn in (PrivacyDefinition.ZCDP, PrivacyDefinition.PUREDP):
-            if defn in defns:
-                rows += _totals_rows(f"dataset {ds[:16]} ({len(runs)} runs)", totals(defn, state.dataset_spent(ds, defn)))
-    blocks.append(_Table(_TOTALS_HEADER, rows))
-    if len({r.privacy_defn for r in state.runs.values()}) > 1:
-        blocks.append(
-            _Para(
-                "Datasets with both kinds of run are also shown in zCDP: a pure-DP spend of "
-                "epsilon counts as epsilon^2/2; a zCDP spend has no pure-DP bound (Infinity)."
-            )
-        )
-    if any(r.non_confidential for r in state.runs.values()):
-        blocks.append(
-            _Para("WARNING: some runs were declared non-confidential; the lifetime cap was not enforced for them.")
-        )
-    for run in state.runs.values():
-        blocks.extend(_run_blocks(run))
-    blocks.append(_Heading(2, "Method"))
-    blocks.append(
-        _Para(
-            "sigma^2 = Delta^2 / (2 rho) for the discrete Gaussian; 2e^(-1/s)/(1-e^(-1/s))^2 with "
-            "s = Delta/epsilon for the two-sided geometric. 90% MOE = 1.645 sigma. Bounded "
-            "neighbours: 2x (PHSafe paper, section 5.3). Analytic: epsilon = rho + 2 sqrt(rho ln(1/delta)). "
-            "Renyi: epsilon = inf over alpha > 1 of rho alpha + (ln(1/delta) + (alpha-1) ln(1-1/alpha) "
-            "- ln alpha)/(alpha-1) (SafeTab paper, eq. 7), minimised numerically."
-        )
-    )
-    return blocks
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|").replace("*", "\\*")
-
-
-def render_markdown(blocks: Iterable[_Block]) -> str:
-    out: list[str] = []
-    for b in blocks:
-        if isinstance(b, _Heading):
-            out += ["#" * b.level + " " + _md_escape(b.text), ""]
-        elif isinstance(b, _Para):
-            out += [_md_escape(b.text), ""]
-        else:
-            out.append("| " + " | ".join(_md_escape(h) for h in b.header) + " |")
-            out.append("|" + "|".join("---" for _ in b.header) + "|")
-            out += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in b.rows]
-            out.append("")
-    return "\n".join(out)
-
-
-_CSS = (
-    "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:0.5em 0 1.5em}"
-    "td,th{border:1px solid #999;padding:2px 6px;font-size:90%}th{background:#eee}"
+CONFIDENTIAL = (
+    "CONFIDENTIAL -- keep this report inside the enclave with the ledger. It lists the input file "
+    "digests, the content fingerprints and the truncation keys the ledger recorded: facts about the "
+    "confidential inputs. It is never published with the tables; the public release carries only "
+    "the signed ledger checkpoint and a keyed lineage commitment."
 )
 
 
-def render_html(blocks: Iterable[_Block]) -> str:
-    out = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8"><title>PHSafe privacy-loss audit report</title>',
-        f"<style>{_CSS}</style></head><body>",
-    ]
-    for b in blocks:
-        if isinstance(b, _Heading):
-            out.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
-        elif isinstance(b, _Para):
-            out.append(f"<p>{html.escape(b.text)}</p>")
+def _dataset_blocks(state: LedgerState) -> list[Block]:
+    blocks: list[Block] = [Heading(2, "Datasets")]
+    unit = state.unit
+    rows: list[list[str]] = []
+    for account, runs in state.datasets().items():
+        defn = unit or runs[0].privacy_defn
+        spent = state.dataset_spent(account, defn)
+        ds = state.dataset_states.get(account)
+        if state.policy is not None and not account.startswith("legacy:"):
+            cap = state.dataset_cap(account)
+            left = "not enforced" if state.policy.non_confidential else (
+                format_exact(Fraction(cap) - Fraction(spent)) if not amount_exceeds(spent, cap) and
+                isinstance(cap, Fraction) else "0")
         else:
-            out.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in b.header) + "</tr>")
-            out += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in b.rows]
-            out.append("</table>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"
+            cap, left = None, "per run (first format)"
+        rows.append([
+            account if not account.startswith("legacy:") else f"first-format dataset {account[7:23]}",
+            str(len(runs)),
+            str(len(ds.versions)) if ds else "-",
+            format_exact(spent),
+            "-" if cap is None else format_exact(cap),
+            left,
+        ])
+    blocks.append(Table(("Dataset", "Runs", "Content versions", f"Spent ({_unit(unit) if unit else 'its unit'})",
+                         "Lifetime cap", "Left"), rows))
+    for name, ds in state.dataset_states.items():
+        if ds.versions:
+            blocks.append(Heading(3, f"Content versions of {name}"))
+            blocks.append(Table(("Entry", "Declared", "Fingerprint (keyed)", "Reason"),
+                                [[str(v.seq), v.time, _fp(v.fingerprint), v.reason] for v in ds.versions]))
+        if ds.raises:
+            blocks.append(Heading(3, f"Cap raises of {name}"))
+            blocks.append(Table(("Entry", "Raised", "New cap", "Reason"),
+                                [[str(r.seq), r.time, format_exact(r.lifetime_cap), r.reason] for r in ds.raises]))
+    return blocks
 
 
-def write_report(ledger: Path, out_dir: Path) -> tuple[Path, Path]:
+def build_report(state: LedgerState, ledger_path: Path) -> Document:
+    """The report, from a verified ledger."""
+    digest = hashlib.sha256(Path(ledger_path).read_bytes()).hexdigest()
+    policy = state.policy
+    doc = Document("PHSafe privacy-loss audit report (CONFIDENTIAL)")
+    doc.add(Para(CONFIDENTIAL))
+    header = [
+        ["Ledger", Path(ledger_path).name],
+        ["Ledger SHA-256", digest],
+        ["Format", "current" if policy is not None else "first (before policies; migrate with phsafe ledger migrate)"],
+    ]
+    if policy is not None:
+        header += [
+            ["Ledger id", policy.ledger_id],
+            ["Kind", "non-confidential (throwaway)" if policy.non_confidential else "confidential"],
+            ["Policy", f"every dataset's lifetime cap {format_exact(policy.lifetime_cap)} ({_unit(policy.privacy_defn)}), "
+                       f"set at entry {policy.seq}: {policy.reason}"],
+        ]
+    header += [
+        ["Entries", str(state.size)],
+        ["Head hash", state.head_hash],
+        ["Runs", str(len(state.runs))],
+        ["Generated", datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")],
+        ["delta for (epsilon, delta)", f"{DELTA:g}"],
+    ]
+    doc.add(Table(("Field", "Value"), header))
+    doc.add(Para(
+        "The ledger's hash chain, sequence and rules were verified before this report was "
+        "written. A failed run charges its dataset every INTENT it recorded (an INTENT without "
+        "COMMITTED counts; a measurement spent again after a resume counts again); any other "
+        "run -- finished, running or crashed -- charges its whole plan, each measurement times "
+        "the number of its INTENTs if it was spent more than once. Nothing is refunded. "
+        "Budgets and sums are exact; the epsilon figures are floating-point conversions."
+    ))
+    doc.add(*_dataset_blocks(state))
+    doc.add(Heading(2, "Totals by dataset"))
+    rows: list[list[str]] = []
+    for account, runs in state.datasets().items():
+        defns = {state.unit} if state.unit else {r.privacy_defn for r in runs}
+        for defn in (PrivacyDefinition.ZCDP, PrivacyDefinition.PUREDP):
+            if defn in defns:
+                label = account if not account.startswith("legacy:") else account[7:23]
+                rows += _totals_rows(f"dataset {label} ({len(runs)} runs)", totals(defn, state.dataset_spent(account, defn)))
+    doc.add(Table(_TOTALS_HEADER, rows))
+    if len({r.privacy_defn for r in state.runs.values()}) > 1:
+        doc.add(Para(
+            "Runs of the other privacy definition count in the ledger's unit: a pure-DP spend of "
+            "epsilon counts as epsilon^2/2 in zCDP; a zCDP spend has no pure-DP bound (Infinity)."
+        ))
+    unpublished = state.unpublished()
+    doc.add(Heading(2, "Runs that spent and did not publish"))
+    if unpublished:
+        doc.add(Table(("Run", "Dataset", "Status", "Spent (INTENTs)", "Committed", "Complete it with"),
+                      [[r.run_id, r.dataset or "-", r.status.value, format_exact(r.intended_total()),
+                        f"{len(r.reusable)} of {len(r.planned)}", f"phsafe private ... --resume {r.run_id}"]
+                       for r in unpublished]))
+    else:
+        doc.add(Para("None: every run that spent published its release."))
+    if state.repairs:
+        doc.add(Heading(2, "Repaired interrupted writes"))
+        doc.add(Table(("Entry", "Repaired", "Dropped bytes", "Their SHA-256", "Reason"),
+                      [[str(r.seq), r.time, str(r.dropped_bytes), r.dropped_sha256, r.reason] for r in state.repairs]))
+    if any(r.non_confidential for r in state.runs.values()):
+        doc.add(Para("WARNING: some runs were declared non-confidential; the lifetime cap was not enforced for them."))
+    for run in state.runs.values():
+        doc.add(*_run_blocks(run, state))
+    doc.add(Heading(2, "Method"))
+    doc.add(Para(
+        "sigma^2 = Delta^2 / (2 rho) for the discrete Gaussian; 2e^(-1/s)/(1-e^(-1/s))^2 with "
+        "s = Delta/epsilon for the two-sided geometric. 90% MOE = 1.645 sigma. Bounded "
+        "neighbours: 2x (PHSafe paper, section 5.3). Analytic: epsilon = rho + 2 sqrt(rho ln(1/delta)). "
+        "Renyi: epsilon = inf over alpha > 1 of rho alpha + (ln(1/delta) + (alpha-1) ln(1-1/alpha) "
+        "- ln alpha)/(alpha-1) (SafeTab paper, eq. 7), minimised numerically."
+    ))
+    return doc
+
+
+def default_report_dir(ledger: Path) -> Path:
+    """Where the report goes by default: beside the ledger, inside the confidential zone."""
+    return Path(ledger).absolute().parent / "audit-report"
+
+
+def write_report(ledger: Path, out_dir: Path | None = None, *, overwrite: bool = False) -> tuple[Path, Path]:
     """Verify ``ledger`` and write the Markdown and HTML reports into ``out_dir``.
+
+    Args:
+        ledger: The ledger.
+        out_dir: The report folder (default :func:`default_report_dir`); a new or empty folder.
+        overwrite: Replace what ``out_dir`` holds.
 
     Raises:
         LedgerError: The ledger does not verify (no report is written then).
+        ReportFolderExists: ``out_dir`` holds files and ``overwrite`` is not set.
     """
     state = read_ledger(Path(ledger))
-    blocks = build_report(state, Path(ledger))
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md, page = out_dir / REPORT_MD, out_dir / REPORT_HTML
-    md.write_text(render_markdown(blocks), encoding="utf-8")
-    page.write_text(render_html(blocks), encoding="utf-8")
-    return md, page
+    doc = build_report(state, Path(ledger))
+    folder = report_folder(out_dir or default_report_dir(ledger), overwrite=overwrite, what="report folder")
+    return doc.write(folder / REPORT_MD, folder / REPORT_HTML)

@@ -3,7 +3,8 @@
 ``phsafe audit verify LEDGER [--checkpoint FILE]... [--public-key KEY] [--outputs DIR]`` exits 0 only
 if everything holds; otherwise it prints the first failing entry or file and why, and exits 1.
 
-``phsafe audit report LEDGER [--out DIR]`` writes ``audit_report.md`` and ``audit_report.html``.
+``phsafe audit report LEDGER [--out DIR] [--overwrite]`` writes ``audit_report.md`` and ``audit_report.html``
+(confidential; by default into ``audit-report/`` beside the ledger).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import click
 
 from phsafe.audit.report import write_report
+from phsafe.cli._output import overwrite_option
 from phsafe.audit.verify import VerificationFailure, verify
 from phsafe.ledger import LedgerError
 
@@ -56,16 +58,22 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("."),
-    show_default=True,
-    help="Directory for audit_report.md and audit_report.html.",
+    default=None,
+    help="Folder for audit_report.md and audit_report.html (default: audit-report/ beside the ledger; "
+         "the report is confidential).",
 )
-def report_command(ledger: Path, out: Path) -> None:
-    """Write the auditors' report (Markdown and HTML) of a verified ledger."""
+@overwrite_option
+def report_command(ledger: Path, out: Path | None, overwrite: bool) -> None:
+    """Write the auditors' report (Markdown and HTML) of a verified ledger: CONFIDENTIAL."""
+    from phsafe._plots import ReportFolderExists
+
     try:
-        md, page = write_report(ledger, out)
+        md, page = write_report(ledger, out, overwrite=overwrite)
     except LedgerError as exc:
         click.echo(f"FAILED: the ledger does not verify ({exc}); run `phsafe audit verify`", err=True)
         raise SystemExit(1) from None
-    click.echo(f"wrote {md}")
+    except ReportFolderExists as exc:
+        click.echo(f"phsafe: error: {exc}", err=True)
+        raise SystemExit(1) from None
+    click.echo(f"wrote {md} (confidential: keep it with the ledger)")
     click.echo(f"wrote {page}")
