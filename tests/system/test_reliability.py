@@ -366,3 +366,12 @@ def test_no_traceback_or_raw_value_reaches_the_log_file_on_a_bug(tmp_path: Path,
     text = log.read_text()
     assert "ValueError" in text and "123456789" not in text and "Traceback" not in text
     assert "test_reliability.py" in text  # where it happened: file and line
+
+
+def test_non_private_needs_the_data_declared_non_confidential(tmp_path: Path):
+    out = tmp_path / "truth"
+    proc = cli("non-private", CONFIG, DEMO_US, out)
+    line = assert_refused(proc, "exact counts", "--non-confidential", out=out)
+    assert "synthetic or public data only" in line
+    done = cli("non-private", CONFIG, DEMO_US, out, "--non-confidential")
+    assert done.returncode == 0 and (out / "PH1_num" / "PH1_num.csv").exists(), done.stderr

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import phsafe.noise as noise
 from phsafe.accounting import NoiseDistribution, PlannedMeasurement, geometric_variance, plan_run
@@ -460,3 +462,45 @@ def test_two_sided_geometric_goodness_of_fit(delta: int, eps: str) -> None:
     for factor in (0.7, 1.3):
         k2, p2 = geometric_pmf(s * factor)
         assert chi_square_pvalue(sample, k2, p2)[0] < ALPHA, factor
+
+
+@given(
+    defn=st.sampled_from([ZCDP, PUREDP]),
+    mantissa=st.integers(1, 999_999),
+    exponent=st.integers(-7, 0),
+    tau=st.integers(1, 20),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_privacy_map_never_exceeds_the_budget_exactly(defn, mantissa: int, exponent: int, tau: int) -> None:
+    """Exact, not float, comparison: OpenDP's map at Delta, as the rational its float is, is never
+    above the planned budget (a float comparison could call a spend a hair above it equal)."""
+    budget = Decimal(mantissa).scaleb(exponent)
+    m = planned(defn, str(budget), 2 * tau + 2, 4)
+    scale = check_privacy_map(m)
+    assert Fraction(_opendp_map(defn, scale, m.sensitivity)) <= m.budget_fraction
+
+
+def test_a_map_a_hair_above_the_budget_is_nudged_to_more_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If OpenDP's map returns the float nearest the budget but above it as a rational, the
+    scale is raised until the map is within the budget exactly -- never accepted as equal."""
+    import opendp.prelude as dp
+
+    m = planned(ZCDP, "0.1", 22, 4)
+    above = math.nextafter(float(m.budget_fraction), math.inf)
+    assert Fraction(above) > m.budget_fraction
+    original = dp.m.make_gaussian
+    scales = []
+
+    def make(domain, metric, scale):  # noqa: ANN001 -- the first scale "spends" a hair too much
+        scales.append(scale)
+        mechanism = original(domain, metric, scale=scale)
+        if len(scales) == 1:
+            class Above:
+                def map(self, d_in):  # noqa: ANN001
+                    return above
+            return Above()
+        return mechanism
+
+    monkeypatch.setattr(dp.m, "make_gaussian", make)
+    scale = check_privacy_map(m)
+    assert len(scales) >= 2 and scale > scales[0]

@@ -573,3 +573,30 @@ def test_state_filter_matching_no_record_gives_zero_vectors() -> None:
             n_codes = {"*": 1, "A-G": 7, "H,I": 2}[iteration]
             assert v.shape == (n_regions * n_codes * len(TABLES[table].basis),), (table, level)
             assert not v.any(), (table, level)
+
+
+def test_hash_ties_are_broken_by_content_not_by_position(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should two records of a household hash alike, the choice between them is made by their
+    content, so the kept set still does not depend on where the records stand in the file."""
+    import phsafe.truncation as truncation
+
+    monkeypatch.setattr(truncation, "siphash24_u64", lambda key, words: np.zeros(len(words), dtype=np.uint64))
+    n, tau = 7, 3
+    unit_rows = np.zeros(n, dtype=np.int64)
+    persons = {
+        "MAFID": np.full(n, 100_000_001, dtype=np.int32),
+        "QAGE": np.array([50, 3, 77, 18, 3, 40, 9], dtype=np.uint8),
+        "CENHISP": np.array([1, 2, 1, 1, 1, 2, 1], dtype=np.uint8),
+        "CENRACE": np.array([1, 1, 6, 2, 1, 1, 3], dtype=np.uint8),
+        "RELSHIP": np.array([20, 25, 29, 27, 25, 21, 30], dtype=np.uint8),
+        "RTYPE": np.full(n, 3, dtype=np.uint8),
+    }
+    words = truncation.record_words(persons, np.arange(n, dtype=np.int64))
+    expected = sorted(words.tolist())[:tau]  # every hash ties: the smallest contents stay
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        order = rng.permutation(n)
+        permuted = {c: v[order] for c, v in persons.items()}
+        keep = truncate(unit_rows, permuted, np.arange(n, dtype=np.int64), tau, bytes(16))
+        kept = truncation.record_words(permuted, np.flatnonzero(keep)).tolist()
+        assert sorted(kept) == expected
