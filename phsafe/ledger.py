@@ -815,8 +815,13 @@ class LedgerState:
         return out
 
     def unpublished(self) -> list[RunState]:
-        """Runs that spent (recorded an INTENT) and published nothing: to be resumed."""
-        return [r for r in self.runs.values() if r.intents and not r.published]
+        """Runs that charge their dataset and published nothing: to be resumed.
+
+        Those that recorded an INTENT, and those still running or crashed (they reserve their
+        whole plan even before their first INTENT). A failed run with no INTENT charges nothing.
+        """
+        return [r for r in self.runs.values()
+                if not r.published and (r.intents or r.status is RunStatus.RUNNING)]
 
     # -- parsing --------------------------------------------------------------------------
 

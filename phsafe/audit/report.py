@@ -465,8 +465,8 @@ def build_report(state: LedgerState, ledger_path: Path) -> Document:
     unpublished = state.unpublished()
     doc.add(Heading(2, "Runs that spent and did not publish"))
     if unpublished:
-        doc.add(Table(("Run", "Dataset", "Status", "Spent (INTENTs)", "Committed", "Complete it with"),
-                      [[r.run_id, r.dataset or "-", r.status.value, format_exact(r.intended_total()),
+        doc.add(Table(("Run", "Dataset", "Status", "Charged", "Committed", "Complete it with"),
+                      [[r.run_id, r.dataset or "-", r.status.value, format_exact(r.charge()),
                         f"{len(r.reusable)} of {len(r.planned)}", f"phsafe private ... --resume {r.run_id}"]
                        for r in unpublished]))
     else:

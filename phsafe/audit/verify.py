@@ -147,7 +147,7 @@ def verify(
             result.notes.append(f"run {run.run_id}: its inputs were not validated by the full suites (--no-validate)")
     for run in state.unpublished():
         result.notes.append(
-            f"run {run.run_id} spent {format_exact(run.intended_total())} and published nothing "
+            f"run {run.run_id} spent {format_exact(run.charge())} and published nothing "
             f"({run.status.value}); complete it without new noise: phsafe private ... --resume {run.run_id}"
         )
     if any(r.non_confidential for r in state.runs.values()):

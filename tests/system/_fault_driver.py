@@ -1,0 +1,62 @@
+"""Runs ``phsafe`` with a fault injected at a chosen point (for tests/system/test_recovery.py).
+
+    python -m tests.system._fault_driver MODE POINT -- phsafe arguments...
+
+MODE is ``kill`` (SIGKILL: the process vanishes) or ``raise`` (an exception the run handles as a
+failure). POINT is ``append:K`` (just after the K-th ledger append returned: the entries are
+durable, nothing after them happened) or ``renamed`` (just after the release was renamed into
+place, before the ledger recorded it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+class Injected(RuntimeError):
+    """The injected failure."""
+
+
+def _fail(mode: str) -> None:
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise Injected("injected failure")
+
+
+def main(argv: list[str]) -> int:
+    mode, point = argv[0], argv[1]
+    args = argv[argv.index("--") + 1:]
+    import phsafe.engine
+    import phsafe.ledger
+    from phsafe.cli import main as cli
+
+    if point.startswith("append:"):
+        target, calls = int(point.split(":")[1]), []
+        original = phsafe.ledger.Ledger._append_entries
+
+        def append(self, items):  # noqa: ANN001
+            entries = original(self, items)
+            calls.append(1)
+            if len(calls) == target:
+                _fail(mode)
+            return entries
+
+        phsafe.ledger.Ledger._append_entries = append
+    elif point == "renamed":
+        original_publish = phsafe.engine.publish_release
+
+        def publish(*a, **k):  # noqa: ANN001
+            digest = original_publish(*a, **k)
+            _fail(mode)
+            return digest
+
+        phsafe.engine.publish_release = publish
+    else:
+        raise SystemExit(f"unknown point {point}")
+    return cli.main(args=args, prog_name="phsafe", standalone_mode=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
