@@ -1,17 +1,74 @@
-"""PHSafe: differentially private tabulation of the 2020 Census S-DHC tables.
+"""PHSafe: the 2020 Census S-DHC tables under differential privacy.
 
-The library is Prefect-free and organised by pipeline stage:
+The public API (names are loaded on first use, so ``import phsafe`` stays cheap)::
 
-* :mod:`phsafe.config` -- the production ``config.json`` as validated, typed models.
-* :mod:`phsafe.schema` -- input columns, code lists and their compact encodings.
-* :mod:`phsafe.reader` -- CSV/Parquet readers, state filter and geography rules.
-* :mod:`phsafe.iterations` -- the race/ethnicity iteration mapping (written once).
-* :mod:`phsafe.tables` -- one declarative definition per table.
-* :mod:`phsafe.truncation` -- truncate-and-join (Algorithm 3 of the PHSafe paper).
-* :mod:`phsafe.tabulate` -- exact count vectors over the full public domain.
-* :mod:`phsafe.noise` -- the single place where noise is drawn.
-* :mod:`phsafe.outputs` -- output tables, atomic publication and manifest.
-* :mod:`phsafe.engine` -- the private and non-private runs, stage by stage.
+    import phsafe
+
+    report = phsafe.validate("config.json", "data/")                 # spends nothing
+    phsafe.init_ledger("enclave/ledger.jsonl", lifetime_cap="2.6", reason="2020 S-DHC policy")
+    result = phsafe.run_private("config.json", "data/", "release/", ledger="enclave/ledger.jsonl",
+                                dataset="cef2020-us", new_version="the production extract")
+    tables = phsafe.read_release("release/")                          # table -> DataFrame, labelled
+    phsafe.verify_ledger("enclave/ledger.jsonl", outputs="release/")  # the auditor's check
+
+Runs and ledgers: :func:`validate`, :func:`init_ledger`, :func:`run_private`,
+:func:`run_nonprivate`, :func:`verify_ledger` (:mod:`phsafe.api`). Releases: :func:`read_release`,
+:func:`read_tables` (:mod:`phsafe.release`), :func:`postprocess_release`. Planning and accuracy:
+:func:`plan`, :func:`run_accuracy`, :func:`synthesize` (synthetic inputs of any size). Progress:
+:class:`Progress` (:mod:`phsafe.progress`). Errors: :class:`PHSafeError` and its kinds.
+
+The library is Prefect-free and organised by pipeline stage (``config``, ``reader``,
+``preprocess``, ``truncation``, ``tabulate``, ``counting``, ``noise``, ``outputs``, ``engine``,
+``ledger``, ``audit``, ``validation``, ...); the command line (:mod:`phsafe.cli`) and the Prefect
+flows (``flows/`` in the repository) are thin layers over it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, tuple[str, str]] = {
+    # runs and ledgers
+    "validate": ("phsafe.api", "validate"),
+    "init_ledger": ("phsafe.api", "init_ledger"),
+    "run_private": ("phsafe.api", "run_private"),
+    "run_nonprivate": ("phsafe.api", "run_nonprivate"),
+    "verify_ledger": ("phsafe.api", "verify_ledger"),
+    # releases
+    "read_release": ("phsafe.release", "read_release"),
+    "read_tables": ("phsafe.release", "read_tables"),
+    "postprocess_release": ("phsafe.postprocess", "postprocess"),  # phsafe.postprocess is the module
+    "write_datapackage": ("phsafe.datapackage", "write_datapackage"),
+    # planning, accuracy, synthetic data
+    "plan": ("phsafe.planner", "plan"),
+    "run_accuracy": ("phsafe.accuracy", "run_accuracy"),
+    "synthesize": ("phsafe.synthetic", "synthesize"),
+    # progress
+    "Progress": ("phsafe.progress", "Progress"),
+    # errors
+    "PHSafeError": ("phsafe.errors", "PHSafeError"),
+    "ConfigError": ("phsafe.errors", "ConfigError"),
+    "InputError": ("phsafe.errors", "InputError"),
+    "BudgetError": ("phsafe.errors", "BudgetError"),
+    "LedgerError": ("phsafe.ledger", "LedgerError"),
+    "ValidationFailed": ("phsafe.engine", "ValidationFailed"),
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'phsafe' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # loaded once
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import structlog
@@ -59,6 +59,10 @@ from phsafe.reader import file_digest, input_digests, locate_inputs
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 from phsafe.truncation import TRUNCATION_KEY_BYTES
+
+if TYPE_CHECKING:
+    from phsafe.ledger import Ledger
+    from phsafe.progress import Progress
 
 log = get_logger("phsafe.engine")
 
@@ -198,19 +202,20 @@ def _peak_rss_mib() -> int:
 
 
 class _Stages:
-    """Times the stages of a run and reports progress on the console."""
+    """Times the stages of a run, logs them, and shows them on the run's progress display."""
 
-    def __init__(self, progress: Callable[[str], None] | None) -> None:
+    def __init__(self, progress: "Progress | None") -> None:
+        from phsafe.progress import NULL
+
         self.timings: dict[str, float] = {}
-        self.progress = progress
+        self.progress = progress or NULL
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
-        if self.progress:
-            self.progress(name)
         log.info("stage started", stage=name)
-        yield
+        with self.progress.stage(name):
+            yield
         self.timings[name] = round(time.perf_counter() - start, 3)
         log.info("stage finished", stage=name, seconds=self.timings[name], peak_rss_mib=_peak_rss_mib())
 
@@ -725,12 +730,17 @@ def measure_table(
     table: str,
     counts: ExactCounts,
     attempt: LedgerAttempt,
+    *,
+    done: Callable[[str], None] | None = None,
 ) -> list[MeasurementOutcome]:
     """Measure every level of ``table``: reuse what an earlier attempt committed, draw the rest.
 
     A committed measurement whose stored vector is intact is read back, never re-drawn. Anything
     else goes through :func:`phsafe.noise.measure`: the spend is recorded before the draw, and
     the noisy vector is stored before the spend is marked committed.
+
+    Args:
+        done: Called with each measurement's key once it is committed (progress).
     """
     store = run.store
     recorder = recorder_for(run, plan, attempt)
@@ -747,6 +757,8 @@ def measure_table(
                 measure(m, exact_vector(m, counts[m.table]), recorder,
                         keep=lambda vector, key=m.key: store.save(key, vector))
             log.info("measurement", measurement=m.key, status=status, cells=m.n_cells)
+            if done is not None:
+                done(m.key)
             outcomes.append(MeasurementOutcome(
                 key=m.key, table=m.table, level=m.level.config_key, status=status,
                 privacy_defn=m.privacy_defn.value, budget=budget_text(m.budget), sensitivity=m.sensitivity,
@@ -938,13 +950,14 @@ def run_private(
     output_dir: Path,
     options: PrivateRunOptions,
     *,
-    progress: Callable[[str], None] | None = None,
+    progress: "Progress | None" = None,
     run_id: str | None = None,
     resume: bool = False,
 ) -> RunResult:
     """Run PHSafe privately and publish the eleven tables to ``output_dir``.
 
     Args:
+        progress: Where the run shows its stages and measurements (see :mod:`phsafe.progress`).
         run_id, resume: See :func:`begin_private_run`.
 
     Raises:
@@ -968,9 +981,10 @@ def run_private(
         fingerprint = content_fingerprint(run, counts)
         attempt = open_run_in_ledger(run, plan, digests, fingerprint)
         try:
-            with stage("measure (noise)"):
+            with stage("measure (noise)"), stage.progress.task(
+                    "measurements", total=len(plan.measurements), unit="measurements") as task:
                 for table in TABLES:
-                    measure_table(run, plan, table, counts, attempt)
+                    measure_table(run, plan, table, counts, attempt, done=lambda key: task.advance(item=key))
             del counts
             with stage("write outputs"):
                 file_digests = write_private_outputs(run, config, plan)
@@ -1006,7 +1020,7 @@ def run_nonprivate(
     *,
     non_confidential: bool = False,
     validate: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: "Progress | None" = None,
 ) -> RunResult:
     """Ground-truth tabulation for testing on synthetic data: no truncation, no noise.
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from phsafe.cli._common import EXISTING, PATH, fail, log_option, start
+from phsafe.cli._output import command_progress, result_line, verbosity_options
 
 
 @click.command("non-private")
@@ -17,6 +18,7 @@ from phsafe.cli._common import EXISTING, PATH, fail, log_option, start
               help="Declare the data synthetic/non-confidential (required: the tables are exact counts).")
 @click.option("-v", "--validate", "validate_inputs", is_flag=True, help="Validate the inputs first.")
 @log_option
+@verbosity_options
 def non_private(config: Path, data: Path, output: Path, non_confidential: bool, validate_inputs: bool,
                 log_file: Path | None) -> None:
     """Ground-truth tables (no truncation, no noise) -- for synthetic data only."""
@@ -24,8 +26,12 @@ def non_private(config: Path, data: Path, output: Path, non_confidential: bool, 
     try:
         from phsafe.engine import run_nonprivate
 
-        result = run_nonprivate(config, data, output, non_confidential=non_confidential, validate=validate_inputs)
+        with command_progress(log_file) as progress:
+            result = run_nonprivate(config, data, output, non_confidential=non_confidential,
+                                    validate=validate_inputs, progress=progress)
+    except click.ClickException:
+        raise
     except Exception as exc:  # noqa: BLE001
         fail(exc, log_file)
         return
-    click.echo(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")
+    result_line(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")

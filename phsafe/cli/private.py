@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from phsafe.cli._common import EXISTING, EXISTING_FILE, PATH, fail, log_option, parse_amount, start
+from phsafe.cli._output import command_progress, result_line, verbosity_options
 
 
 @click.command()
@@ -43,6 +44,7 @@ from phsafe.cli._common import EXISTING, EXISTING_FILE, PATH, fail, log_option, 
               help="Complete the failed run RUN_ID: its committed measurements are reused (no new noise), "
                    "the rest are new spends; OUT may be a new folder.")
 @click.option("--resume-reason", default=None, metavar="TEXT", help="Why the run is resumed (recorded in the ledger).")
+@verbosity_options
 def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset: str | None,
             new_version: str | None, no_validate: bool, validate_flag: bool, validate_outputs: bool,
             log_file: Path | None, lifetime_cap: str | None, cap_reason: str | None, signing_key: Path | None,
@@ -68,9 +70,13 @@ def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset
             validate_inputs=not no_validate, validate_outputs=validate_outputs, work_dir=work_dir,
             truncation_key=truncation_key, resume_reason=resume_reason,
         )
-        result = run_private(config, data, output, options, run_id=resume_run_id, resume=resume_run_id is not None)
+        with command_progress(log_file) as progress:
+            result = run_private(config, data, output, options, progress=progress, run_id=resume_run_id,
+                                 resume=resume_run_id is not None)
+    except click.ClickException:
+        raise
     except Exception as exc:  # noqa: BLE001
         fail(exc, log_file)
         return
-    click.echo(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id}; "
-               f"ledger {result.ledger})")
+    result_line(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id}; "
+                f"confidential work folder {result.run_dir})")

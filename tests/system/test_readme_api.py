@@ -18,3 +18,18 @@ def test_readme_python_snippet_runs() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "Own child: in married couple family" in out and "PH3_DATA_CELL_LABEL" in out
+    assert "refused: privacy-loss budget refused for dataset 'demo-us'" in out
+    assert "file digests match" in out
+
+
+def test_the_public_api_is_small_lazy_and_complete() -> None:
+    """``import phsafe`` loads no heavy module; every exported name resolves."""
+    code = ("import sys, phsafe; heavy = [m for m in ('phsafe.engine', 'great_expectations', 'opendp', 'pandas') "
+            "if m in sys.modules]; print(heavy); print(sorted(phsafe.__all__))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.splitlines()[0] == "[]", done.stdout + done.stderr
+    import phsafe
+
+    for name in phsafe.__all__:
+        assert getattr(phsafe, name) is not None, name
+    assert callable(phsafe.run_private) and callable(phsafe.read_release)

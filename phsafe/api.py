@@ -1,0 +1,184 @@
+"""The Python API: one function per thing a user does, with keyword arguments and plain types.
+
+Exported from :mod:`phsafe` (``import phsafe; phsafe.run_private(...)``); the command line is a
+thin layer over the same functions. Paths may be strings or :class:`pathlib.Path`; budgets may
+be strings, Decimals, Fractions or ints (never floats: budgets are exact).
+
+* :func:`validate` -- the config and the inputs against the suites; spends nothing.
+* :func:`init_ledger` -- create an audit ledger with its policy (once, before any data is seen).
+* :func:`run_private` -- the private run: checks, spends (recorded), publishes the release.
+* :func:`run_nonprivate` -- exact ground-truth tables, for synthetic data only.
+* :func:`verify_ledger` -- the auditor's check of a ledger (and a release against it).
+* :func:`read_release` / :func:`read_tables` -- a release as pandas DataFrames, labelled.
+* :func:`plan` -- budgets from MOE targets, or the MOEs of a config.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from phsafe.errors import PHSafeError
+
+if TYPE_CHECKING:
+    from phsafe.audit.verify import VerifyResult
+    from phsafe.engine import RunResult
+    from phsafe.ledger import Ledger
+    from phsafe.progress import Progress
+    from phsafe.validation import ValidationReport
+
+Amount = str | int | Decimal | Fraction
+
+
+def _exact(value: Amount | None, what: str) -> Fraction | None:
+    """An exact budget from a string, int, Decimal or Fraction (a float is refused: inexact)."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        raise PHSafeError(f"{what}: give budgets exactly (a string, Decimal or Fraction), not a float")
+    try:
+        amount = Fraction(Decimal(value)) if isinstance(value, (str, Decimal)) else Fraction(value)
+    except (ArithmeticError, ValueError, TypeError):
+        raise PHSafeError(f"{what}: {value!r} is not a number") from None
+    if amount < 0:
+        raise PHSafeError(f"{what}: must be non-negative")
+    return amount
+
+
+def validate(config: str | Path, data: str | Path, *, report_dir: str | Path | None = None) -> "ValidationReport":
+    """Validate ``config`` and the persons, units and geo files in ``data``; spends nothing.
+
+    Returns:
+        The report: ``.ok``, ``.failures`` (file, columns, rule, failing rows -- never a value),
+        ``.to_text()``; with ``report_dir``, HTML and JSON reports are written there.
+    """
+    from phsafe.validation import validate_inputs
+
+    return validate_inputs(Path(config), Path(data), report_dir=Path(report_dir) if report_dir else None)
+
+
+def init_ledger(
+    path: str | Path,
+    *,
+    lifetime_cap: Amount,
+    reason: str,
+    privacy_defn: str = "zcdp",
+    non_confidential: bool = False,
+) -> "Ledger":
+    """Create an audit ledger and its lineage key (``<path>.key``) with its policy.
+
+    Args:
+        path: The ledger file (must not exist).
+        lifetime_cap: Every dataset's lifetime cap, rho for ``zcdp`` (epsilon for ``puredp``).
+        reason: Why this policy (recorded).
+        privacy_defn: ``"zcdp"`` or ``"puredp"``: the unit of caps and charges.
+        non_confidential: A throwaway ledger for synthetic data.
+    """
+    from phsafe.config import PrivacyDefinition
+    from phsafe.engine import code_version
+    from phsafe.ledger import init_ledger as init
+
+    cap = _exact(lifetime_cap, "lifetime_cap")
+    assert cap is not None
+    return init(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
+                non_confidential=non_confidential, code_version=code_version())
+
+
+def run_private(
+    config: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    ledger: str | Path | None = None,
+    dataset: str | None = None,
+    new_version: str | None = None,
+    non_confidential: bool = False,
+    validate: bool = True,
+    validate_outputs: bool = False,
+    signing_key: str | Path | None = None,
+    public_key: str | Path | None = None,
+    lifetime_cap: Amount | None = None,
+    cap_reason: str | None = None,
+    work_dir: str | Path | None = None,
+    resume: str | None = None,
+    resume_reason: str | None = None,
+    progress: "Progress | None" = None,
+) -> "RunResult":
+    """Run PHSafe privately on ``data`` with ``config`` and publish the eleven tables to ``out``.
+
+    Everything is checked first (config, ledger, keys, paths, space, and -- with ``validate`` --
+    the inputs); nothing is spent if anything is wrong. Each measurement is recorded in the
+    ledger before its noise is drawn; the release is published, then recorded.
+
+    Args:
+        config, data, out: As ``phsafe private CONFIG DATA OUT``; ``out`` must not exist.
+        ledger: The audit ledger (:func:`init_ledger`); for non-confidential data a throwaway
+            one is made beside ``out`` when none is given.
+        dataset: The dataset the run spends against (default: the config's ``"dataset"``).
+        new_version: Why these records are a new content version of the dataset (recorded).
+        non_confidential: The data is synthetic or public.
+        validate: Run the full input suites first (recorded in the ledger).
+        validate_outputs: Validate the tables before publishing them.
+        signing_key, public_key: Sign the ledger checkpoints (Ed25519 PEM); the key must match
+            the public key if given.
+        lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
+        work_dir: Folder of the runs' confidential work folders (default: beside the ledger).
+        resume, resume_reason: Complete the failed run with this id, reusing what it committed.
+        progress: Where to show progress (:mod:`phsafe.progress`).
+
+    Returns:
+        The run's id, output folder, released files, plan, stage timings, ledger and work folder.
+    """
+    from phsafe.engine import PrivateRunOptions, run_private as run
+
+    options = PrivateRunOptions(
+        ledger=Path(ledger) if ledger else None, dataset=dataset, new_version=new_version,
+        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason,
+        signing_key=Path(signing_key) if signing_key else None, public_key=Path(public_key) if public_key else None,
+        non_confidential=non_confidential, validate_inputs=validate, validate_outputs=validate_outputs,
+        work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason,
+    )
+    return run(Path(config), Path(data), Path(out), options, progress=progress, run_id=resume,
+               resume=resume is not None)
+
+
+def run_nonprivate(
+    config: str | Path,
+    data: str | Path,
+    out: str | Path,
+    *,
+    non_confidential: bool,
+    validate: bool = False,
+    progress: "Progress | None" = None,
+) -> "RunResult":
+    """Exact ground-truth tables (no truncation, no noise) -- for synthetic data only.
+
+    Args:
+        non_confidential: Must be True: declares the data synthetic or public.
+    """
+    from phsafe.engine import run_nonprivate as run
+
+    return run(Path(config), Path(data), Path(out), non_confidential=non_confidential, validate=validate,
+               progress=progress)
+
+
+def verify_ledger(
+    ledger: str | Path,
+    *,
+    outputs: str | Path | None = None,
+    public_key: str | Path | None = None,
+    checkpoints: tuple[str | Path, ...] = (),
+) -> "VerifyResult":
+    """The auditor's check (``phsafe audit verify``): the ledger's chain and rules, and optionally
+    checkpoints and a release against it.
+
+    Raises:
+        phsafe.audit.verify.VerificationFailure: naming the first failing entry or file.
+    """
+    from phsafe.audit.verify import verify
+
+    return verify(Path(ledger), outputs=Path(outputs) if outputs else None,
+                  public_key=Path(public_key) if public_key else None,
+                  checkpoints=tuple(Path(c) for c in checkpoints))
