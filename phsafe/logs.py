@@ -98,4 +98,9 @@ class _ConsoleFilter:
 
 
 def get_logger(name: str = "phsafe") -> Any:
+    """A structlog logger. Until the program configures logging (:func:`configure`: the command
+    line and the flows do), the library shows warnings and errors only -- a notebook that calls
+    ``phsafe.run_private`` is not flooded with debug events."""
+    if not structlog.is_configured():
+        configure(console_level=logging.WARNING)
     return structlog.get_logger(name)

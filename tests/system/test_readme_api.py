@@ -19,7 +19,8 @@ def test_readme_python_snippet_runs() -> None:
     out = done.stdout
     assert "Own child: in married couple family" in out and "PH3_DATA_CELL_LABEL" in out
     assert "refused: privacy-loss budget refused for dataset 'demo-us'" in out
-    assert "file digests match" in out
+    assert "table levels match the logged variances and noisy digests" in out
+    assert "[debug" not in out and "[info" not in out  # the library is quiet until configured
 
 
 def test_the_public_api_is_small_lazy_and_complete() -> None:
