@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
-from phsafe.datapackage import write_datapackage
+from phsafe.datapackage import DATAPACKAGE, write_datapackage
 from phsafe.domain import measurement_domain
 from phsafe.errors import OutputExistsError, PHSafeError
 from phsafe.reader import file_digest
@@ -222,6 +222,25 @@ def _copy_tree(source: Path, destination: Path) -> None:
             _fsync(target)
 
 
+def public_files(directory: Path) -> list[str]:
+    """Every file of ``directory`` as a relative path, after checking that each is one the public
+    zone may hold: an output table (``<TABLE>/<TABLE>.csv``, ``parquet/<TABLE>.parquet``), the
+    data package and the manifest.
+
+    Raises:
+        PHSafeError: Anything else is there (a validation report, a noisy vector, a log, a key):
+            it is not published.
+    """
+    allowed = {f"{t}/{t}.csv" for t in OUTPUT_TABLES} | {f"parquet/{t}.parquet" for t in OUTPUT_TABLES}
+    allowed |= {DATAPACKAGE, MANIFEST}
+    files = sorted(p.relative_to(directory).as_posix() for p in Path(directory).rglob("*") if not p.is_dir())
+    stray = [f for f in files if f not in allowed]
+    if stray:
+        raise PHSafeError(f"the release folder holds {stray[0]}, which is not a public file (tables, data package, "
+                          "manifest): nothing was published")
+    return files
+
+
 def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *, move: bool = False) -> str:
     """Write ``manifest`` into the assembled ``release`` and publish it as ``target``.
 
@@ -235,11 +254,12 @@ def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *,
 
     Raises:
         OutputExistsError: ``target`` exists (a release is never overwritten).
-        PHSafeError: The release could not be written there (no space, no permission), naming
-            the cause.
+        PHSafeError: The release holds a file that is not public (see :func:`public_files`), or
+            could not be written there (no space, no permission), naming the cause.
     """
     target = Path(target).absolute()
     path = Path(release) / MANIFEST
+    public_files(Path(release))  # the public zone holds the tables and what describes them, only
     path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     _fsync(path)
     digest = file_digest(path)

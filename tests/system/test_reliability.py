@@ -375,3 +375,18 @@ def test_non_private_needs_the_data_declared_non_confidential(tmp_path: Path):
     assert "synthetic or public data only" in line
     done = cli("non-private", CONFIG, DEMO_US, out, "--non-confidential")
     assert done.returncode == 0 and (out / "PH1_num" / "PH1_num.csv").exists(), done.stderr
+
+
+def test_only_public_files_are_ever_published(tmp_path: Path):
+    """The two zones, enforced: a release folder holding anything but the tables, the data
+    package and the manifest is not published."""
+    from phsafe.outputs import publish_release
+
+    release = tmp_path / "release"
+    (release / "PH2").mkdir(parents=True)
+    (release / "PH2" / "PH2.csv").write_text("REGION_ID|REGION_TYPE\n")
+    (release / "validation").mkdir()
+    (release / "validation" / "report.txt").write_text("persons.csv: 3 failing rows")
+    with pytest.raises(PHSafeError, match="validation/report.txt, which is not a public file"):
+        publish_release(release, tmp_path / "out", "run-1", {"run_id": "run-1"})
+    assert not (tmp_path / "out").exists() and not (release / "manifest.json").exists()
