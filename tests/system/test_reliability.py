@@ -390,3 +390,66 @@ def test_only_public_files_are_ever_published(tmp_path: Path):
     with pytest.raises(PHSafeError, match="validation/report.txt, which is not a public file"):
         publish_release(release, tmp_path / "out", "run-1", {"run_id": "run-1"})
     assert not (tmp_path / "out").exists() and not (release / "manifest.json").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Broken inputs are refused as typed: validation is on by default
+# --------------------------------------------------------------------------------------------
+
+_UNVALIDATED_PUBLISHED = [  # published at the full budget by `phsafe private` without -v, before
+    "duplicate_mafid_units", "orphan_person", "two_householders", "no_householder",
+    "geo_rtype_disagrees", "geo_without_unit",
+]
+
+
+def _header_only(stem: str):  # noqa: ANN202
+    def edit(directory: Path) -> None:
+        path = directory / f"{stem}.csv"
+        path.write_text(path.read_text().splitlines()[0] + "\n")
+    return edit
+
+
+def _county_not_numeric(directory: Path) -> None:
+    import pandas as pd
+
+    geo = pd.read_csv(directory / "geo.csv", dtype=str, keep_default_na=False)
+    geo.loc[geo.index[3], "TABBLKCOU"] = "A1B"
+    geo.to_csv(directory / "geo.csv", index=False, lineterminator="\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _UNVALIDATED_PUBLISHED + ["persons_header_only", "geo_header_only",
+                                                           "county_not_numeric"])
+def test_broken_inputs_are_refused_by_the_command_as_typed(name: str, tmp_path: Path) -> None:
+    """`phsafe private CONFIG DATA OUT` -- no -v -- refuses each input that was once published at
+    the full budget because validation was opt-in: one line naming file, column and rule; no
+    spend; nothing published; no value of the data in any output or the log file."""
+    from tests.system._bad_inputs import CASES, base_dataset, build
+
+    data = tmp_path / "data"
+    case = next((c for c in CASES if c.name == name), None)
+    if case is not None:
+        ds = build(case, base_dataset(), data)
+        expect = (case.file, *case.columns)
+        secrets = case.secrets
+    else:
+        ds = base_dataset()
+        ds.write(data)
+        edit, expect = {
+            # No person at all: every household lacks its householder. No geo row: no unit is in geo.
+            "persons_header_only": (_header_only("persons"), ("units.csv", "persons.RELSHIP", "householder")),
+            "geo_header_only": (_header_only("geo"), ("units.csv", "MAFID", "is in geo")),
+            "county_not_numeric": (_county_not_numeric, ("geo.csv", "TABBLKCOU")),
+        }[name]
+        edit(data)
+        secrets = ("A1B",)
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    proc = private(out, ledger, *FIRST, "-l", log, config=data / "config.json", data=data)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    text = proc.stdout + proc.stderr + log.read_text()
+    assert "Traceback" not in text and "internal error" not in text
+    assert all(word in proc.stderr for word in expect), proc.stderr[-2000:]
+    assert not out.exists() and not intents(ledger)
+    for secret in secrets:
+        assert secret not in text
