@@ -16,10 +16,12 @@ Events hold stage names, timings, paths and sizes of public domains, never micro
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import structlog
 
@@ -30,6 +32,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
 _lock = threading.Lock()
 _configured = False
+_to_run_log: contextvars.ContextVar[bool] = contextvars.ContextVar("phsafe_events_to_run_log", default=True)
 
 # The key fields first, in this order; any other field follows in alphabetical order.
 KEY_FIELDS = ("stage", "table", "level", "status", "seconds", "cells", "partition", "measurements", "total")
@@ -59,10 +62,24 @@ def run_log_message(event: dict[str, Any]) -> str:
     return f"{text}: {rendered}" if rendered else text
 
 
+@contextlib.contextmanager
+def events_to_file_only() -> Iterator[None]:
+    """Inside the block, phsafe's events go to the JSON-lines file only, not to the Prefect run
+    log: for steps made of many runs (the accuracy experiment's 2·K), whose progress the task
+    logs itself, one line a run."""
+    token = _to_run_log.set(False)
+    try:
+        yield
+    finally:
+        _to_run_log.reset(token)
+
+
 def _to_prefect_run_log(level: str, event: dict[str, Any]) -> None:
     from prefect.exceptions import MissingContextError
     from prefect.logging import get_run_logger
 
+    if not _to_run_log.get() and _LEVELS.get(level, logging.INFO) < logging.WARNING:
+        return
     try:
         logger = get_run_logger()
     except MissingContextError:  # outside a flow or task run: the file and console have it

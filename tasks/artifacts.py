@@ -33,7 +33,8 @@ def _key(label: str, what: str) -> str:
 
 def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any) -> None:
     """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger)."""
-    table = [{k: decimal_text(v) if k in _BUDGET_COLUMNS else v for k, v in row.items()} for row in rows]
+    table = [{k: decimal_text(v) if k in _BUDGET_COLUMNS else (round(v, 2) if k == "moe90" else v)
+              for k, v in row.items()} for row in rows]
     create_table_artifact(
         key=_key(label, "budget-spends"),
         table=table,
@@ -126,7 +127,8 @@ def rehearsal_coverage(run_id: str, verdicts: dict[str, Any], errors: dict[str, 
     for label, verdict in verdicts.items():
         by_level = {(e["TABLE"], e["LEVEL"]): e for e in errors.get(label, [])}
         for r in verdict.rows.to_dict(orient="records"):
-            e = by_level.get(("ALL", "ALL") if r["TABLE"] == "ALL" else (r["TABLE"], r["LEVEL"]), {})
+            # The pooled row pools coverage over the measured tables only: no error figures there.
+            e = {} if r["TABLE"] == "ALL" else by_level.get((r["TABLE"], r["LEVEL"]), {})
             rows.append({
                 "dataset": label, "table": r["TABLE"], "level": r["LEVEL"],
                 "cells x trials": r["N"], "MOE coverage": _share(r["COVERAGE"]), "nominal": _share(r["NOMINAL"]),

@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NONE
+from prefect.logging import get_run_logger
 
 from phsafe.config import load_config
 from phsafe.rehearsal import CoverageVerdict, verdict_from_report
@@ -40,7 +41,7 @@ def measure_accuracy(label: str, config: Path, data: Path, directory: Path, tria
     from phsafe.accuracy import run_accuracy
 
     result = run_accuracy(config, data, directory, trials=trials, non_confidential=True,
-                          with_postprocess=with_postprocess, plots=True)
+                          with_postprocess=with_postprocess, plots=True, progress=get_run_logger().info)
     metrics = result.metrics
     return {
         "report": str(directory / "report.html"),
