@@ -44,10 +44,17 @@ MARKER = "rehearsal.json"
 InputFormat = Literal["csv", "parquet", "parquet-partitioned"]
 
 
+def _started(folder: Path) -> str:
+    try:
+        return str(json.loads((folder / MARKER).read_text(encoding="utf-8")).get("started", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""  # an unreadable marker: the oldest
+
+
 def _prune(work_root: Path, keep: int, current: Path) -> list[str]:
     """Delete all but the ``keep`` most recent rehearsal folders (never the current one)."""
     folders = sorted((p for p in work_root.iterdir() if p.is_dir() and (p / MARKER).is_file() and p != current),
-                     key=lambda p: json.loads((p / MARKER).read_text(encoding="utf-8")).get("started", ""))
+                     key=_started)
     doomed = folders[:max(len(folders) - (keep - 1), 0)]
     for folder in doomed:
         shutil.rmtree(folder)

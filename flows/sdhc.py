@@ -7,9 +7,9 @@ Each dataset flow chains, as Prefect tasks over :mod:`phsafe.engine`::
         write ─► validate outputs ─► publish (ledger finished, signed checkpoint, manifest,
         atomic rename)
 
-and publishes five artifacts: budget spends, input validation, output validation, output manifest
-and ledger checkpoint. A validation failure ends the flow Failed before the ledger is touched: nothing is
-spent.
+and publishes five artifacts: budget spends, input validation, output validation, output
+manifest and ledger checkpoint. A validation failure ends the flow Failed before the ledger is
+touched: nothing is spent.
 
 Re-running never re-draws noise silently. The phsafe run id is derived from the Prefect flow run
 (``us-20261121T0200Z-<flow run id>``), so a *flow retry* finds its run in the ledger and resumes
