@@ -3,14 +3,15 @@ deployments/prefect.yaml (deployed with ``--no-prompt``), a process worker, the 
 run through the API to Completed -- then what an operator sees of it: the deployments and their
 schedules, the artifacts and logs through the API, and the flow run page in a real Chromium.
 
-One stack per test module (fixture ``stack``); everything started is stopped at its end. If the
-PostgreSQL server binaries are missing, the tests fail saying how to install them.
+Everything started is stopped at the end. If the PostgreSQL server binaries are missing, the test
+fails saying how to install them; if chromium is missing, likewise.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -25,24 +26,20 @@ MEASURE_TASKS = {f"measure-{t}" for t in
 ARTIFACT_KEYS = {"us-budget-spends", "us-input-validation", "us-output-validation", "us-output-manifest",
                  "us-ledger-checkpoint"}
 
-# Both tests of the module share one stack; with `--dist loadgroup` xdist keeps them together.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("prefect-postgres-stack")]
+pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Stack:
-    with production_stack(tmp_path_factory.mktemp("stack")) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def us_run(stack: Stack) -> DeploymentRun:
-    out = stack.folder / "releases"
-    run = run_deployment(stack, "sdhc-us/us", {"output_root": str(out), "ledger": str(stack.folder / "us.jsonl")})
-    state = run.flow_run.state
-    assert state.is_completed(), (state.message, (stack.folder / "worker.log").read_text()[-4000:])
-    stack.timings["US deployment run (demo data)"] = run.seconds
-    return run
+def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
+    """One stack, and what an operator does and sees with it, in order. One test rather than
+    several sharing a fixture: pytest-xdist would start a stack for each worker that gets one."""
+    with production_stack(tmp_path_factory.mktemp("stack")) as stack:
+        check_deployments_schedules_and_parameter_types(stack)
+        out = stack.folder / "releases"
+        run = run_deployment(stack, "sdhc-us/us", {"output_root": str(out), "ledger": str(stack.folder / "us.jsonl")})
+        state = run.flow_run.state
+        assert state.is_completed(), (state.message, (stack.folder / "worker.log").read_text()[-4000:])
+        check_us_run_on_postgresql(stack, run)
+        check_flow_run_page_in_chromium(stack, run, tmp_path)
 
 
 def _rows(artifact) -> list[dict]:
@@ -64,8 +61,9 @@ def _database_rows(stack: Stack, sql: str) -> list:
     return asyncio.run(query())
 
 
-def test_us_deployment_runs_on_postgresql_with_a_process_worker(stack: Stack, us_run: DeploymentRun):
-    run = us_run
+def check_us_run_on_postgresql(stack: Stack, run: DeploymentRun) -> None:
+    """The US deployment, run by the process worker: Completed, its nine measure-* tasks, five
+    artifacts and readable logs read back through the API, stored in PostgreSQL, no microdata."""
     assert re.fullmatch(r"us-\d{4}-\d\d-\d\dT\d\d:\d\dZ", run.flow_run.name), run.flow_run.name
     completed = {t.name for t in run.task_runs if t.state is not None and t.state.is_completed()}
     assert MEASURE_TASKS <= completed
@@ -84,7 +82,7 @@ def test_us_deployment_runs_on_postgresql_with_a_process_worker(stack: Stack, us
     # in the Prefect database (flow runs, task runs, parameters, artifacts, logs).
     stored = _database_rows(stack, f"SELECT name FROM flow_run WHERE id = '{run.flow_run.id}'")
     assert [r["name"] for r in stored] == [run.flow_run.name]
-    dump = __import__("subprocess").run(
+    dump = subprocess.run(
         [str(stack.database.bindir / "pg_dump"), "--data-only", stack.database.dsn],
         capture_output=True, text=True, timeout=120)
     assert dump.returncode == 0, dump.stderr
@@ -103,7 +101,9 @@ def test_us_deployment_runs_on_postgresql_with_a_process_worker(stack: Stack, us
     assert len(published) == 1
 
 
-def test_deployments_schedules_and_parameter_types(stack: Stack):
+def check_deployments_schedules_and_parameter_types(stack: Stack) -> None:
+    """Deployed with --no-prompt: no recurring job on confidential inputs, a weekly rehearsal,
+    one ledger per dataset, typed parameters, nothing pulled from remote storage."""
     import asyncio
 
     from prefect.client.orchestration import PrefectClient
@@ -142,7 +142,7 @@ def test_deployments_schedules_and_parameter_types(stack: Stack):
             {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
 
 
-def test_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_path):
+def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_path: Path) -> None:
     """What the operator sees: the US flow run page, its nine measure-* task runs, the budget
     spends table; screenshots in the test's folder (flow-run.png, task-runs.png,
     measure-task-runs.png, budget-spends.png)."""
