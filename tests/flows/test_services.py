@@ -142,3 +142,14 @@ def test_readme_installs_every_file_and_orders_edit_deploy_worker():
     worker = section.index("systemctl enable --now prefect-worker")
     assert edit < deploy < worker
     assert "five artifacts" in section.lower() and "four artifacts" not in section.lower()
+
+
+def test_missing_postgresql_fails_saying_how_to_install_it(monkeypatch):
+    """The PostgreSQL test installs nothing and never skips: without the binaries it fails, with
+    the command that installs them."""
+    from tests.flows import conftest
+
+    monkeypatch.setattr(conftest.shutil, "which", lambda name: None)
+    monkeypatch.setattr(conftest.glob, "glob", lambda pattern: [])
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y postgresql"):
+        conftest.postgres_bindir()
