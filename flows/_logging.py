@@ -1,37 +1,90 @@
 """Logging for flow runs: structlog configured once, into the Prefect run logs and a file.
 
-The library logs with structlog only. Here each event becomes one JSON line, in the log file and
-in the Prefect run log of the flow or task it happened in (so the UI shows it next to the task),
-with the run id, the flow run id, and the table and level bound as context. Events hold stage
-names, timings, digests and counts of public things, never microdata.
+The library logs with structlog only. Each event goes
+
+* to the JSON-lines log file, whole: every field, with the run id, the flow run id, and the
+  table and population-group level bound as context (for machines and for the auditors);
+* to the Prefect run log of the flow or task it happened in, as one short readable line for
+  the operator in the UI -- the event, then its key fields in a fixed order (stage, table,
+  level, status, seconds, ...), rendered by structlog's console renderer without colours:
+  ``measurement: table=PH1_num level=state_A-G status=drawn cells=70``. Fields that the flow
+  run page shows already (run ids, dataset, time, severity) are left out there, and budgets
+  read as decimals (``total=1.257281``, not ``1257281/1000000``).
+
+Events hold stage names, timings, paths and sizes of public domains, never microdata.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import contextvars
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+import structlog
 
 from phsafe import logs
+from tasks._format import decimal_text
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
            "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL}
 _lock = threading.Lock()
 _configured = False
+_to_run_log: contextvars.ContextVar[bool] = contextvars.ContextVar("phsafe_events_to_run_log", default=True)
+
+# The key fields first, in this order; any other field follows in alphabetical order.
+KEY_FIELDS = ("stage", "table", "level", "status", "seconds", "cells", "partition", "measurements", "total")
+# Shown by the flow run page already (or the file's business): not repeated on every line.
+_CONTEXT_FIELDS = {"timestamp", "log_level", "run_id", "flow_run_id", "dataset", "exception", "exc_info", "stack"}
+# Privacy-loss amounts: exact fractions in the file, decimals for people.
+BUDGET_FIELDS = {"total", "budget", "rho", "epsilon", "lifetime_cap", "planned_total", "charge"}
+
+_FIELDS = structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0, sort_keys=False,
+                                        exception_formatter=lambda sio, exc_info: None)
+# Only ``key=value`` pairs, in the order given: no timestamp/severity/event columns (the
+# severity column would otherwise take the population-group ``level``).
+_FIELDS.columns = [c for c in _FIELDS.columns if c.key == ""]
+
+
+def run_log_message(event: dict[str, Any]) -> str:
+    """One readable line for the Prefect run log: ``<event>: key=value ...``."""
+    fields = {k: v for k, v in event.items() if k not in _CONTEXT_FIELDS and k != "event"}
+    if "table" in fields and "level" in fields:
+        fields.pop("measurement", None)  # "PH1_num/state_*" says table and level again
+    for key in BUDGET_FIELDS & fields.keys():
+        fields[key] = decimal_text(fields[key])
+    ordered = {k: fields.pop(k) for k in KEY_FIELDS if k in fields}
+    ordered.update(sorted(fields.items()))
+    rendered = _FIELDS(None, "info", ordered) if ordered else ""
+    text = str(event.get("event", ""))
+    return f"{text}: {rendered}" if rendered else text
+
+
+@contextlib.contextmanager
+def events_to_file_only() -> Iterator[None]:
+    """Inside the block, phsafe's events go to the JSON-lines file only, not to the Prefect run
+    log: for steps made of many runs (the accuracy experiment's 2·K), whose progress the task
+    logs itself, one line a run."""
+    token = _to_run_log.set(False)
+    try:
+        yield
+    finally:
+        _to_run_log.reset(token)
 
 
 def _to_prefect_run_log(level: str, event: dict[str, Any]) -> None:
     from prefect.exceptions import MissingContextError
     from prefect.logging import get_run_logger
 
+    if not _to_run_log.get() and _LEVELS.get(level, logging.INFO) < logging.WARNING:
+        return
     try:
         logger = get_run_logger()
     except MissingContextError:  # outside a flow or task run: the file and console have it
         return
-    event.pop("timestamp", None)  # Prefect stamps its own
-    logger.log(_LEVELS.get(level, logging.INFO), json.dumps(event, default=str, sort_keys=True))
+    logger.log(_LEVELS.get(level, logging.INFO), run_log_message(event))
 
 
 def configure_once(log_file: Path | None) -> None:

@@ -7,9 +7,9 @@ Each dataset flow chains, as Prefect tasks over :mod:`phsafe.engine`::
         write ─► validate outputs ─► publish (ledger finished, signed checkpoint, manifest,
         atomic rename)
 
-and publishes four artifacts: budget spends, validation summary, output manifest and ledger
-checkpoint. A validation failure ends the flow Failed before the ledger is touched: nothing is
-spent.
+and publishes five artifacts: budget spends, input validation, output validation, output
+manifest and ledger checkpoint. A validation failure ends the flow Failed before the ledger is
+touched: nothing is spent.
 
 Re-running never re-draws noise silently. The phsafe run id is derived from the Prefect flow run
 (``us-20261121T0200Z-<flow run id>``), so a *flow retry* finds its run in the ledger and resumes
@@ -24,29 +24,39 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import structlog
 from prefect import flow
 from prefect.futures import wait
 from prefect.runtime import flow_run
+from pydantic import Field
 
 from flows._logging import configure_once
 from flows.counting import count_on_dask
 from phsafe import engine
 from phsafe.config import PHSafeConfig
-from phsafe.errors import ConfigError, PHSafeError
+from phsafe.errors import ConfigError, PHSafeError, front_end, option
 from phsafe.ledger import RunStatus
 from phsafe.tables import TABLES
 from tasks import artifacts
 from tasks import pipeline as t
+from tasks._format import decimal_text
 
 log = structlog.get_logger("flows.sdhc")
 
 PUERTO_RICO = "72"
+
+# Flow parameters as operators type them in the UI or with `prefect deployment run --param`:
+# numbers are JSON numbers (``--param lifetime_cap=2.5``), choices are a list to pick from.
+Counting = Literal["local", "dask"]
+"""``local``: count in the flow's process; ``dask``: per-partition tasks on a Dask cluster."""
+LifetimeCap = Annotated[float, Field(ge=0, description="the dataset's new lifetime privacy-loss cap "
+                                                       "(rho under zCDP, epsilon under pure DP)")]
+PositiveCount = Annotated[int, Field(ge=1)]
 
 
 def _scheduled_start() -> datetime:
@@ -66,13 +76,20 @@ def _run_id(label: str) -> str:
     return f"{label}-{_scheduled_start():%Y%m%dT%H%MZ}-{str(flow_run.id).split('-')[0]}"
 
 
-def _cap(value: str | None) -> Fraction | None:
+def _cap(value: float | None) -> Fraction | None:
+    """The cap exactly as the operator wrote it: ``2.514562`` is 2514562/1000000, not the
+    binary float nearest to it (the shortest decimal that reads back as the float)."""
     if value is None:
         return None
-    try:
-        return Fraction(Decimal(value))
-    except (InvalidOperation, ValueError):
-        raise PHSafeError(f"lifetime_cap {value!r} is not a decimal number") from None
+    return Fraction(Decimal(repr(float(value))))
+
+
+def _public_text(report: Any, run: engine.PrivateRun) -> str:
+    """A failed validation as the flow run's state message shows it (the Prefect database is
+    outside the enclave): the broken rules, without failing-row counts, which are a statistic
+    of the confidential data and stay in the report."""
+    return (artifacts.broken_rules_text(report.subject, report)
+            + f"\nfailing-row counts: in the validation report {run.report_dir} (confidential)")
 
 
 def _check_dataset(label: str, config: PHSafeConfig, config_path: Path) -> None:
@@ -95,88 +112,94 @@ def run_dataset(
     signing_key: str | None,
     validate_inputs: bool,
     validate_outputs: bool,
-    lifetime_cap: str | None,
+    lifetime_cap: float | None,
     cap_reason: str | None,
     resume_run_id: str | None,
     resume_reason: str | None,
     non_confidential: bool,
     log_file: str | None,
-    counting: str = "local",
+    counting: Counting = "local",
     dask_address: str | None = None,
     dask_workers: int | None = None,
     partition_persons: int | None = None,
 ) -> dict[str, Any]:
-    """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``)."""
-    if counting not in ("local", "dask"):
-        raise PHSafeError(f"counting must be 'local' or 'dask', not {counting!r}")
-    root = Path(output_root).absolute()
-    configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
-    run_id = resume_run_id or _run_id(label)
-    run_dir = root / run_id
-    options = engine.PrivateRunOptions(
-        ledger=Path(ledger).absolute(), lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
-        signing_key=Path(signing_key) if signing_key else None, non_confidential=non_confidential,
-        report_dir=run_dir / "validation",
-        resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
-    )
-    earlier = engine.open_ledger(options.ledger).run(run_id) if options.ledger.exists() else None
-    if resume_run_id and earlier is None:
-        raise PHSafeError(f"run {resume_run_id} is not in the ledger {options.ledger}; nothing to resume")
-    if earlier is not None and earlier.status is RunStatus.FINISHED:
-        raise PHSafeError(f"run {run_id} already finished and published; it is never run again")
-    with structlog.contextvars.bound_contextvars(run_id=run_id, flow_run_id=str(flow_run.id), dataset=label):
-        run, cfg = engine.begin_private_run(
-            Path(config), Path(data), run_dir / "tables", options, run_id=run_id, resume=earlier is not None,
+    """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``).
+
+    Refusals name flow parameters (``the flow parameter lifetime_cap``), not CLI flags.
+    """
+    with front_end("flow"):
+        root = Path(output_root).absolute()
+        configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
+        # Artifacts of runs on non-confidential (synthetic) data get keys of their own, so the
+        # versions of `us-budget-spends` in the UI are those of runs on the real inputs only.
+        shown = f"nonconfidential-{label}" if non_confidential else label
+        run_id = resume_run_id or _run_id(label)
+        run_dir = root / run_id
+        options = engine.PrivateRunOptions(
+            ledger=Path(ledger).absolute(), lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
+            signing_key=Path(signing_key) if signing_key else None, non_confidential=non_confidential,
+            report_dir=run_dir / "validation",
+            resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
         )
-        _check_dataset(label, cfg, run.config_path)
-        if validate_inputs:
-            report = t.validate_inputs(run)
-            artifacts.validation_summary(label, run_id, "input", report)
-            if not report.ok:  # before the ledger is opened: nothing spent
-                raise engine.ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
-        digests = t.fingerprint_inputs(run.data_dir)
-        if counting == "dask":  # per-partition counting on the cluster; sums come back here
-            counts = count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
-                                   max_persons=partition_persons)
-        else:
-            counts = t.preprocess_and_count(run, cfg)
-        plan = t.plan_budget(cfg)
-        attempt = t.open_ledger_run(run, plan, digests)
-        try:
-            futures = [t.measure_table.submit(run, plan, table, counts, attempt) for table in TABLES]
-            wait(futures)
-            del counts
-            outcomes = [o for f in futures for o in f.result()]  # raises the first failure
-            file_digests = t.derive_and_write_tables(run, cfg, plan)
-            if validate_outputs:
-                report = t.validate_outputs(run, cfg)
-                artifacts.validation_summary(label, run_id, "output", report)
-                if not report.ok:
-                    raise engine.ValidationFailed("output", report.to_text() + f"\nreport: {run.report_dir}")
-            checkpoint = t.publish(run, cfg, plan, digests, file_digests, attempt)
-        except BaseException as exc:
-            resumable = t.record_failure(run, plan, attempt, engine.failure_reason(exc))
-            artifacts.budget_spends(label, run_id, engine.spend_summary(run, plan), str(plan.total))
-            if resumable:
-                log.error("run failed; committed measurements kept for a resume", resume_run_id=run_id)
-            raise
-        artifacts.budget_spends(label, run_id, engine.spend_summary(run, plan), str(plan.total))
-        artifacts.output_manifest(label, run.output_dir)
-        artifacts.ledger_checkpoint(label, run_id, checkpoint)
-        (run_dir / "checkpoint.json").write_text(json.dumps(checkpoint, indent=2, sort_keys=True) + "\n")
-        summary = {
-            "dataset": label,
-            "run_id": run_id,
-            "outputs": str(run.output_dir),
-            "validation_reports": str(run.report_dir),
-            "ledger": str(options.ledger),
-            "checkpoint": str(run_dir / "checkpoint.json"),
-            "total_budget": str(plan.total),
-            "privacy_defn": plan.privacy_defn.value,
-            "measurements": {s: sum(o.status == s for o in outcomes) for s in ("drawn", "reused", "noiseless")},
-        }
-        log.info("run published", **{k: v for k, v in summary.items() if k != "measurements"})
-        return summary
+        earlier = engine.open_ledger(options.ledger).run(run_id) if options.ledger.exists() else None
+        if resume_run_id and earlier is None:
+            raise PHSafeError(f"{option('resume')} names run {resume_run_id}, which is not in the ledger "
+                              f"{options.ledger}; nothing to resume")
+        if earlier is not None and earlier.status is RunStatus.FINISHED:
+            raise PHSafeError(f"run {run_id} already finished and published; it is never run again")
+        with structlog.contextvars.bound_contextvars(run_id=run_id, flow_run_id=str(flow_run.id), dataset=label):
+            run, cfg = engine.begin_private_run(
+                Path(config), Path(data), run_dir / "tables", options, run_id=run_id, resume=earlier is not None,
+            )
+            _check_dataset(label, cfg, run.config_path)
+            if validate_inputs:
+                report = t.validate_inputs(run)
+                artifacts.validation_summary(shown, run_id, "input", report)
+                if not report.ok:  # before the ledger is opened: nothing spent
+                    raise engine.ValidationFailed("input", _public_text(report, run))
+            digests = t.fingerprint_inputs(run.data_dir)
+            if counting == "dask":  # per-partition counting on the cluster; sums come back here
+                counts = count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
+                                       max_persons=partition_persons)
+            else:
+                counts = t.preprocess_and_count(run, cfg)
+            plan = t.plan_budget(cfg)
+            attempt = t.open_ledger_run(run, plan, digests)
+            try:
+                futures = [t.measure_table.submit(run, plan, table, counts, attempt) for table in TABLES]
+                wait(futures)
+                del counts
+                outcomes = [o for f in futures for o in f.result()]  # raises the first failure
+                file_digests = t.derive_and_write_tables(run, cfg, plan)
+                if validate_outputs:
+                    report = t.validate_outputs(run, cfg)
+                    artifacts.validation_summary(shown, run_id, "output", report)
+                    if not report.ok:
+                        raise engine.ValidationFailed("output", _public_text(report, run))
+                checkpoint = t.publish(run, cfg, plan, digests, file_digests, attempt)
+            except BaseException as exc:
+                resumable = t.record_failure(run, plan, attempt, engine.failure_reason(exc))
+                artifacts.budget_spends(shown, run_id, engine.spend_summary(run, plan), plan.total)
+                if resumable:
+                    log.error("run failed; committed measurements kept for a resume", resume_run_id=run_id)
+                raise
+            artifacts.budget_spends(shown, run_id, engine.spend_summary(run, plan), plan.total)
+            artifacts.output_manifest(shown, run.output_dir)
+            artifacts.ledger_checkpoint(shown, run_id, checkpoint)
+            (run_dir / "checkpoint.json").write_text(json.dumps(checkpoint, indent=2, sort_keys=True) + "\n")
+            summary = {
+                "dataset": label,
+                "run_id": run_id,
+                "outputs": str(run.output_dir),
+                "validation_reports": str(run.report_dir),
+                "ledger": str(options.ledger),
+                "checkpoint": str(run_dir / "checkpoint.json"),
+                "total_budget": decimal_text(plan.total),
+                "privacy_defn": plan.privacy_defn.value,
+                "measurements": {s: sum(o.status == s for o in outcomes) for s in ("drawn", "reused", "noiseless")},
+            }
+            log.info("run published", **{k: v for k, v in summary.items() if k != "measurements"})
+            return summary
 
 
 _COMMON_DOC = """
@@ -189,7 +212,8 @@ _COMMON_DOC = """
         signing_key: Ed25519 private key (PEM) that signs the ledger checkpoint.
         validate_inputs: Validate config and inputs first (Great Expectations).
         validate_outputs: Validate the tables before publishing them.
-        lifetime_cap: Raise the dataset's lifetime budget to this (decimal); needs ``cap_reason``.
+        lifetime_cap: Raise the dataset's lifetime budget to this number (rho or epsilon, e.g. 2.5);
+            needs ``cap_reason``.
         cap_reason: Why the cap is raised (recorded in the ledger).
         resume_run_id: Resume this failed run: its committed measurements are reused.
         resume_reason: Why it is resumed (recorded in the ledger).
@@ -212,16 +236,16 @@ def us_flow(
     signing_key: str | None = None,
     validate_inputs: bool = True,
     validate_outputs: bool = True,
-    lifetime_cap: str | None = None,
+    lifetime_cap: LifetimeCap | None = None,
     cap_reason: str | None = None,
     resume_run_id: str | None = None,
     resume_reason: str | None = None,
     non_confidential: bool = False,
     log_file: str | None = None,
-    counting: str = "local",
+    counting: Counting = "local",
     dask_address: str | None = None,
-    dask_workers: int | None = None,
-    partition_persons: int | None = None,
+    dask_workers: PositiveCount | None = None,
+    partition_persons: PositiveCount | None = None,
 ) -> dict[str, Any]:
     """S-DHC for the 50 states and DC: Nation and State levels."""
     return run_dataset("us", **locals())
@@ -236,16 +260,16 @@ def pr_flow(
     signing_key: str | None = None,
     validate_inputs: bool = True,
     validate_outputs: bool = True,
-    lifetime_cap: str | None = None,
+    lifetime_cap: LifetimeCap | None = None,
     cap_reason: str | None = None,
     resume_run_id: str | None = None,
     resume_reason: str | None = None,
     non_confidential: bool = False,
     log_file: str | None = None,
-    counting: str = "local",
+    counting: Counting = "local",
     dask_address: str | None = None,
-    dask_workers: int | None = None,
-    partition_persons: int | None = None,
+    dask_workers: PositiveCount | None = None,
+    partition_persons: PositiveCount | None = None,
 ) -> dict[str, Any]:
     """S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level."""
     return run_dataset("pr", **locals())
@@ -273,16 +297,17 @@ def release_flow(
 
     Both datasets run even if one fails; the release fails if either does.
     """
-    root = Path(output_root).absolute()
-    configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
-    common = dict(output_root=str(root), signing_key=signing_key, validate_outputs=validate_outputs,
-                  non_confidential=non_confidential, log_file=log_file)
-    states = {
-        "us": us_flow(config=us_config, data=us_data, ledger=us_ledger, return_state=True, **common),
-        "pr": pr_flow(config=pr_config, data=pr_data, ledger=pr_ledger, return_state=True, **common),
-    }
-    failed = [label for label, state in states.items() if not state.is_completed()]
-    if failed:
-        raise PHSafeError("release incomplete: " + ", ".join(
-            f"{label} {states[label].type.value.lower()} ({states[label].message})" for label in failed))
-    return {label: state.result() for label, state in states.items()}
+    with front_end("flow"):
+        root = Path(output_root).absolute()
+        configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
+        common = dict(output_root=str(root), signing_key=signing_key, validate_outputs=validate_outputs,
+                      non_confidential=non_confidential, log_file=log_file)
+        states = {
+            "us": us_flow(config=us_config, data=us_data, ledger=us_ledger, return_state=True, **common),
+            "pr": pr_flow(config=pr_config, data=pr_data, ledger=pr_ledger, return_state=True, **common),
+        }
+        failed = [label for label, state in states.items() if not state.is_completed()]
+        if failed:
+            raise PHSafeError("release incomplete: " + ", ".join(
+                f"{label} {states[label].type.value.lower()} ({states[label].message})" for label in failed))
+        return {label: state.result() for label, state in states.items()}

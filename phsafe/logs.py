@@ -15,6 +15,14 @@ from typing import Any, Callable, Sequence, TextIO
 import structlog
 
 
+def _add_log_level(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The severity as ``log_level``: ``level`` is taken by the population-group level that the
+    engine binds to the events of a measurement (``state_A-G``), which structlog's own
+    ``add_log_level`` would overwrite."""
+    event["log_level"] = "warning" if method == "warn" else ("error" if method == "exception" else method)
+    return event
+
+
 class _JsonFileTee:
     """A structlog processor that appends each event as one JSON line to a file."""
 
@@ -23,7 +31,6 @@ class _JsonFileTee:
 
     def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
         record = dict(event)
-        record.setdefault("level", method)
         self.stream.write(json.dumps(record, default=str, sort_keys=True) + "\n")
         self.stream.flush()
         return event
@@ -62,7 +69,7 @@ def configure(
         _log_stream = None
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
+        _add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
     ]
@@ -72,7 +79,11 @@ def configure(
         processors.append(_JsonFileTee(_log_stream))
     processors.extend(_Forward(sink) for sink in sinks)
     processors.append(_ConsoleFilter(console_level))
-    processors.append(structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_no_traceback))
+    console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_no_traceback)
+    # The severity column reads ``log_level``; a population-group ``level`` is an ordinary field.
+    console.columns = [structlog.dev.Column("log_level", c.formatter) if c.key == "level" else c
+                       for c in console.columns]
+    processors.append(console)
     structlog.configure(
         processors=processors,
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),

@@ -1,8 +1,15 @@
-"""What a run shows in the Prefect UI: budget spends, validation summary, manifest, checkpoint.
+"""What a run shows in the Prefect UI: five artifacts per dataset run.
 
-Every artifact is value-free: budgets, sensitivities, variances, cell counts of public domains,
-rule names with failing-row counts, file digests and the signed ledger checkpoint. No microdata,
-no exact count, no raw value of a bad row ever goes into one.
+``<dataset>-budget-spends`` (table), ``<dataset>-input-validation`` and
+``<dataset>-output-validation`` (table of broken rules, or a note that every rule holds),
+``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint`` (Markdown).
+
+Artifacts live in the Prefect database, outside the data's trust boundary: each holds public
+facts only -- budgets (as decimals), sensitivities, variances, MOEs, cell counts of public
+domains, names of broken rules, digests of the published (noisy) tables, the signed ledger
+checkpoint. Never microdata, an exact count, a failing-row count or a digest of the inputs: the
+number of rows breaking a rule is a statistic of the confidential data, and stays in the
+validation report inside the enclave.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from tasks._format import decimal_text
+
+_BUDGET_COLUMNS = ("rho", "epsilon", "budget")
+
 
 def _key(label: str, what: str) -> str:
     # Artifact keys: lowercase letters, digits and dashes. The key is per dataset, so the UI
@@ -20,45 +31,63 @@ def _key(label: str, what: str) -> str:
     return f"{label}-{what}".lower().replace("_", "-")
 
 
-def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: str) -> None:
+def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any) -> None:
     """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger)."""
+    table = [{k: decimal_text(v) if k in _BUDGET_COLUMNS else (round(v, 2) if k == "moe90" else v)
+              for k, v in row.items()} for row in rows]
     create_table_artifact(
         key=_key(label, "budget-spends"),
-        table=rows,
-        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger; planned total {total}.",
+        table=table,
+        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger; "
+                    f"planned total {decimal_text(total)}.",
     )
 
 
+def broken_rules(report: Any) -> list[dict[str, str]]:
+    """The public part of a validation report: file, columns and rule of each broken rule."""
+    return [{"file": f.file, "columns": ", ".join(f.columns), "rule": f.rule} for f in report.failures]
+
+
+def broken_rules_text(subject: str, report: Any) -> str:
+    """A failed validation as the flow run's message shows it: rules only, no counts."""
+    rules = broken_rules(report)
+    lines = [f"{subject}: {len(rules)} rule{'s' if len(rules) != 1 else ''} failed"]
+    lines += [f"  {r['file']}" + (f" [{r['columns']}]" if r["columns"] else "") + f": {r['rule']}" for r in rules]
+    return "\n".join(lines)
+
+
 def validation_summary(label: str, run_id: str, subject: str, report: Any) -> None:
-    """Each broken rule: file, columns, rule, failing row count (never the rows)."""
-    failures = [
-        {"file": f.file, "columns": ", ".join(f.columns), "rule": f.rule,
-         "failing": "" if f.failing_rows is None else f"{f.failing_rows} {f.row_noun}s"}
-        for f in report.failures
-    ]
+    """Each broken rule: file, columns, rule. Failing-row counts stay in the confidential report."""
+    failures = broken_rules(report)
     verdict = "passed" if report.ok else f"FAILED ({len(failures)} rule(s) broken)"
+    description = f"{subject.capitalize()} validation of run `{run_id}`: {verdict}."
     if failures:
         create_table_artifact(key=_key(label, f"{subject}-validation"), table=failures,
-                              description=f"{subject.capitalize()} validation of run `{run_id}`: {verdict}.")
+                              description=description + " Failing-row counts are in the validation "
+                                                        "report inside the enclave.")
     else:
         create_markdown_artifact(key=_key(label, f"{subject}-validation"),
                                  markdown=f"# {subject.capitalize()} validation: {verdict}\n\nRun `{run_id}`.\n"
                                  + "".join(f"\n- {n}" for n in report.notes),
-                                 description=f"{subject.capitalize()} validation of run `{run_id}`: {verdict}.")
+                                 description=description)
 
 
 def output_manifest(label: str, output_dir: Path) -> None:
-    """The published manifest: every file with its SHA-256, lineage digests."""
+    """The published manifest: every published file with its SHA-256, budget, code, config."""
     manifest = json.loads((Path(output_dir) / "manifest.json").read_text(encoding="utf-8"))
+    config = manifest.get("config") or {}
     lines = [
         f"# Outputs of run `{manifest['run_id']}`", "",
         f"Published to `{output_dir}`.", "",
-        f"- privacy definition: {manifest['privacy_defn']}, total budget {manifest['total_budget']}",
-        f"- config: `{manifest['config']['path']}` sha256 `{manifest['config']['sha256']}`",
+        f"- privacy definition: {manifest['privacy_defn']}, total budget {decimal_text(manifest['total_budget'])}",
+    ]
+    if manifest.get("dataset"):
+        lines.append(f"- dataset: `{manifest['dataset']}`")
+    if config:
+        lines.append(f"- config: `{config.get('path')}` sha256 `{config.get('sha256')}`")
+    lines += [
         f"- code: `{manifest['code_version']}`",
         f"- ledger: `{manifest['ledger']}`", "",
-        "| input | sha256 |", "|---|---|",
-        *[f"| {name} | `{digest}` |" for name, digest in sorted(manifest["inputs"].items())], "",
         "| file | sha256 |", "|---|---|",
         *[f"| {name} | `{digest}` |" for name, digest in sorted(manifest["files"].items())],
     ]
@@ -76,3 +105,66 @@ def ledger_checkpoint(label: str, run_id: str, checkpoint: dict[str, Any]) -> No
     )
     create_markdown_artifact(key=_key(label, "ledger-checkpoint"), markdown=markdown,
                              description=f"Ledger checkpoint after run {run_id} ({signed})")
+
+
+# --------------------------------------------------------------------------------------------
+# The weekly rehearsal (synthetic inputs declared non-confidential)
+# --------------------------------------------------------------------------------------------
+
+_SYNTHETIC = ("Synthetic inputs declared non-confidential: accuracy figures like these are computed "
+              "only on such data, never on the production inputs.")
+
+
+def _share(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def rehearsal_coverage(run_id: str, verdicts: dict[str, Any], errors: dict[str, list[dict[str, Any]]],
+                       alpha: float) -> None:
+    """Coverage of the stated 90% MOE per dataset × table × level, against its binomial tolerance,
+    with the error figures of the same table and level."""
+    rows = []
+    for label, verdict in verdicts.items():
+        by_level = {(e["TABLE"], e["LEVEL"]): e for e in errors.get(label, [])}
+        for r in verdict.rows.to_dict(orient="records"):
+            # The pooled row pools coverage over the measured tables only: no error figures there.
+            e = {} if r["TABLE"] == "ALL" else by_level.get((r["TABLE"], r["LEVEL"]), {})
+            rows.append({
+                "dataset": label, "table": r["TABLE"], "level": r["LEVEL"],
+                "cells x trials": r["N"], "MOE coverage": _share(r["COVERAGE"]), "nominal": _share(r["NOMINAL"]),
+                "expected": _share(r["EXPECTED"]),
+                "tolerance": f"[{_share(r['TOLERANCE_LOW'])}, {_share(r['TOLERANCE_HIGH'])}]",
+                "verdict": "ok" if r["OK"] else "OUTSIDE",
+                "mean MOE": f"{e['MEAN_MOE']:.1f}" if e else "",
+                "MAE": f"{e['MAE']:.1f}" if e else "",
+                "P90 |error|": f"{e['P90_ABS_ERROR']:.1f}" if e else "",
+                "truncation MAE": f"{e['TRUNCATION_MAE']:.2f}" if e else "",
+            })
+    outside = sum(r["verdict"] != "ok" for r in rows)
+    verdict = "every table and level within tolerance" if not outside else f"{outside} OUTSIDE tolerance"
+    create_table_artifact(
+        key="rehearsal-moe-coverage", table=rows,
+        description=(f"Rehearsal `{run_id}`: {verdict}. Share of released cells within the stated 90% MOE of "
+                     "the truncated exact count, against the nominal 0.90; 'expected' is the exact coverage of "
+                     "the integer noise, the tolerance its binomial interval (Bonferroni, a correct pipeline "
+                     f"fails a rehearsal with probability ≤ {alpha:g}). {_SYNTHETIC}"),
+    )
+
+
+def rehearsal_report(run_id: str, folder: Path, inputs: dict[str, dict[str, Any]],
+                     runs: dict[str, str], accuracy: dict[str, dict[str, Any]]) -> None:
+    """Where the rehearsal's inputs, runs, accuracy reports and plots are."""
+    lines = [f"# Rehearsal `{run_id}`", "", _SYNTHETIC, "", f"Folder: `{folder}`", "",
+             "| dataset | synthetic inputs | production flow | accuracy report | plots |", "|---|---|---|---|---|"]
+    for label in inputs:
+        i = inputs[label]
+        a = accuracy.get(label, {})
+        report = f"[report.html](file://{a['report']}) `{a['report']}`" if a else "not run"
+        plots = "<br>".join(f"[{Path(p).name}](file://{p})" for p in a.get("plots", [])) or "-"
+        lines.append(f"| {label} | {i['persons']:,} persons, {i['states']} state(s), {i['format']}, seed {i['seed']} "
+                     f"| {runs.get(label, '-')} | {report} | {plots} |")
+    lines += ["", "The plots (`coverage.png`: coverage per table and level with ±2 SE; `mae.png`, "
+              "`error_distribution.png`, `abs_errors.png`) are on the worker's disk; the links open "
+              "there, or copy the folder."]
+    create_markdown_artifact(key="rehearsal-accuracy-report", markdown="\n".join(lines) + "\n",
+                             description=f"Rehearsal {run_id}: inputs, runs, accuracy reports and plots. {_SYNTHETIC}")

@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
@@ -45,6 +46,24 @@ def _task_run_names(flow_run_id) -> list[str]:
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
     return [r.name for r in runs if r.state is not None and r.state.is_completed()]
+
+
+def _log_messages(flow_run_id) -> list[str]:
+    """The flow run's log lines in the Prefect database (its tasks' included)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    APILogHandler().flush()  # logs reach the server in batches, from a background worker
+    with get_client(sync_client=True) as client:
+        entries, offset = [], 0
+        while True:
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                    limit=200, offset=offset)
+            entries += page
+            offset += len(page)
+            if len(page) < 200:
+                return [e.message for e in entries]
 
 
 def _ledger_entries(path: Path) -> list[dict]:
@@ -119,10 +138,26 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     assert (outputs / "manifest.json").exists() and not (outputs / ".measurements").exists()
     _verify(Path(summary["ledger"]), outputs)
 
+    # Budgets as decimals (US: 1.257281, never 1257281/1000000): the config's rho, summed exactly.
+    budgets = json.loads((DEMO / dataset / "config.json").read_text(), parse_float=Decimal)["privacy_budget"]
+    total = str(sum(v for levels in budgets.values() for v in levels.values()).normalize())
+    assert f"planned total {total}." in spends.description and summary["total_budget"] == total
+    assert all(re.fullmatch(r"\d+\.\d+", r["rho"]) for r in rows)
+    assert {Decimal(r["rho"]) for r in rows} <= {v for levels in budgets.values() for v in levels.values()}
+
+    # The JSON-lines file keeps every field: run and flow run ids, table and population level.
     events = [json.loads(line) for line in log_file.read_text().splitlines()]
     measured = [e for e in events if e.get("event") == "measurement"]
-    assert measured and all(e["run_id"] == run_id and e["flow_run_id"] == str(flow_run_id)
-                            and e["table"] and e["level"] for e in measured)
+    assert {(e["table"], e["level"]) for e in measured} == {(r["table"], r["level"]) for r in rows}
+    assert all(e["run_id"] == run_id and e["flow_run_id"] == str(flow_run_id) and e["log_level"] == "info"
+               for e in measured)
+    # The Prefect run log: one readable line per event, key fields first, no JSON.
+    messages = _log_messages(flow_run_id)
+    assert not [m for m in messages if m.lstrip().startswith("{")]
+    assert sum(bool(re.fullmatch(r"measurement: table=PH\w+ level=(usa|state)_\S+ status=drawn cells=\d+", m))
+               for m in messages) == len(rows)
+    assert any(re.fullmatch(r"stage finished: stage='truncate, join and count' seconds=[\d.]+ .*", m)
+               for m in messages), messages
 
 
 def test_validation_failure_ends_failed_before_any_spend(tmp_path):
@@ -131,7 +166,7 @@ def test_validation_failure_ends_failed_before_any_spend(tmp_path):
     data = tmp_path / "bad"
     shutil.copytree(DEMO / "us", data)
     persons = pd.read_csv(data / "persons.csv", dtype=str)
-    persons.loc[persons.index[:3], "QAGE"] = "999"  # out of range: a rule of the persons suite
+    persons.loc[persons.index[:13], "QAGE"] = "999"  # out of range: a rule of the persons suite
     persons.to_csv(data / "persons.csv", index=False)
     ledger = tmp_path / "us-ledger.jsonl"
 
@@ -139,6 +174,10 @@ def test_validation_failure_ends_failed_before_any_spend(tmp_path):
     assert state.is_failed()
     assert "input validation failed" in state.message and "QAGE" in state.message
     assert "999" not in state.message
+    # The failing-row count (13) is a statistic of the confidential data: it stays in the report
+    # inside the enclave, out of the Prefect database (state message, artifacts).
+    message = state.message.replace(str(tmp_path), "TMP")
+    assert not re.search(r"\b13\b", message) and "failing row" not in message
     assert not [e for e in _ledger_entries(ledger) if e["kind"] in ("RUN_STARTED", "INTENT")]
     assert not list((tmp_path / "out").glob("*/tables"))
 
@@ -147,6 +186,8 @@ def test_validation_failure_ends_failed_before_any_spend(tmp_path):
     rows = json.loads(report.data) if isinstance(report.data, str) else report.data
     assert any("QAGE" in r["columns"] for r in rows)
     assert "999" not in json.dumps(rows)
+    assert all(set(r) == {"file", "columns", "rule"} for r in rows)
+    assert not re.search(r"\b13\b", json.dumps(rows) + (report.description or ""))
 
 
 class _FailAfter:
@@ -203,7 +244,7 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
     # With the cap raised (and the reason recorded), the resume completes. Committed measurements
     # are read back, never re-drawn; the lost one is drawn again as a new, visible spend.
     resumed = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id=run_id,
-                                resume_reason="disk replaced", lifetime_cap="1.4",
+                                resume_reason="disk replaced", lifetime_cap=1.4,
                                 cap_reason="re-spend of the measurement lost with the disk"),
                       return_state=True)
     assert resumed.is_completed(), resumed.message
@@ -268,3 +309,65 @@ def test_us_flow_refuses_puerto_rico_config(tmp_path):
                     return_state=True)
     assert state.is_failed() and "Puerto Rico" in state.message
     assert not (tmp_path / "us-ledger.jsonl").exists()
+
+
+def test_refusals_name_flow_parameters(tmp_path):
+    from flows.sdhc import us_flow
+
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id="us-20260101T0000Z-00000000"),
+                    return_state=True)
+    assert state.is_failed()
+    assert "the flow parameter resume_run_id names run us-20260101T0000Z-00000000" in state.message
+    assert "--resume" not in state.message
+
+
+def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
+    """The engine's refusals are raised in tasks (threads): they too name flow parameters."""
+    from flows.sdhc import us_flow
+    from phsafe import engine
+    from phsafe.errors import BudgetError, option
+
+    def refuse(run, plan, digests):
+        raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
+
+    monkeypatch.setattr(engine, "open_run_in_ledger", refuse)
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert state.is_failed()
+    assert "raise it with the flow parameter lifetime_cap and the flow parameter cap_reason" in state.message
+
+
+@pytest.mark.parametrize(("parameter", "value"), [("lifetime_cap", "a lot"), ("lifetime_cap", -1),
+                                                  ("counting", "gpu"), ("dask_workers", 0)])
+def test_parameters_are_typed(tmp_path, parameter, value):
+    from flows.sdhc import us_flow
+
+    state = us_flow(**_params(tmp_path, "us", **{parameter: value}), return_state=True)
+    assert state.is_failed() and parameter in state.message
+    assert not (tmp_path / "us-ledger.jsonl").exists()
+
+
+def test_parameter_schema_has_numbers_and_choices():
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.rehearsal import rehearsal_flow
+    from flows.sdhc import us_flow
+
+    schema = parameter_schema(us_flow).model_dump_for_openapi()
+    properties = schema["properties"]
+    cap_types = {s.get("type") for s in properties["lifetime_cap"]["anyOf"]}
+    assert cap_types == {"number", "null"}
+    assert properties["counting"]["enum"] == ["local", "dask"]
+    assert {s.get("type") for s in properties["dask_workers"]["anyOf"]} == {"integer", "null"}
+    rehearsal = parameter_schema(rehearsal_flow).model_dump_for_openapi()["properties"]
+    assert rehearsal["persons"]["type"] == "integer" and rehearsal["persons"]["minimum"] == 1
+    assert rehearsal["input_format"]["enum"] == ["csv", "parquet", "parquet-partitioned"]
+
+
+def test_lifetime_cap_is_exactly_the_decimal_typed():
+    from fractions import Fraction
+
+    from flows.sdhc import _cap
+
+    assert _cap(2.514562) == Fraction(2514562, 1000000)
+    assert _cap(1.4) == Fraction(14, 10)
+    assert _cap(3) == 3 and _cap(None) is None

@@ -1,0 +1,58 @@
+"""Prefect tasks of the weekly rehearsal: synthetic inputs, the accuracy experiment, its verdict.
+
+Thin wrappers over :mod:`phsafe.synthetic`, :mod:`phsafe.accuracy` and :mod:`phsafe.rehearsal`.
+Everything here runs on synthetic data declared non-confidential; the rules of the production
+tasks hold all the same (DEVELOPERS.md): nothing cached or persisted, and the task that draws
+noise (the accuracy experiment, 2·K private runs) is never retried.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+from prefect.logging import get_run_logger
+
+from phsafe.config import load_config
+from phsafe.rehearsal import CoverageVerdict, verdict_from_report
+
+_NOTHING_KEPT = {"cache_policy": NONE, "persist_result": False}
+
+
+@task(name="synthesize-inputs", task_run_name="synthesize-{label}-inputs", **_NOTHING_KEPT, retries=0)
+def synthesize_inputs(label: str, config: Path, directory: Path, persons: int, fmt: str,
+                      seed: int | None) -> dict[str, Any]:
+    """Fresh synthetic persons, units and geo for the states of ``config`` (``phsafe synth``)."""
+    from phsafe.synthetic import synthesize
+
+    states = list(load_config(config).states)
+    result = synthesize(directory, persons, states, fmt=fmt, seed=seed)  # type: ignore[arg-type]
+    return {"data": str(directory), "persons": result.n_persons, "units": result.n_units,
+            "states": len(states), "seed": result.seed, "format": fmt, "seconds": round(result.seconds, 1)}
+
+
+@task(name="measure-accuracy", task_run_name="measure-{label}-accuracy", **_NOTHING_KEPT, retries=0)
+def measure_accuracy(label: str, config: Path, data: Path, directory: Path, trials: int,
+                     with_postprocess: bool) -> dict[str, Any]:
+    """``phsafe accuracy CONFIG DATA OUT --non-confidential --trials K``: K private runs at the
+    config's budgets against the truth, each with its own throwaway ledger; report and plots."""
+    from phsafe.accuracy import run_accuracy
+
+    result = run_accuracy(config, data, directory, trials=trials, non_confidential=True,
+                          with_postprocess=with_postprocess, plots=True, progress=get_run_logger().info)
+    metrics = result.metrics
+    return {
+        "report": str(directory / "report.html"),
+        "plots": sorted(str(p) for p in (directory / "plots").glob("*.png")),
+        "errors": metrics[["TABLE", "LEVEL", "MEAN_MOE", "MAE", "P90_ABS_ERROR", "TRUNCATION_MAE"]]
+        .to_dict(orient="records"),
+        "seconds": round(result.seconds, 1),
+    }
+
+
+@task(name="check-coverage", task_run_name="check-{label}-coverage", **_NOTHING_KEPT, retries=0)
+def check_coverage(label: str, directory: Path, alpha: float) -> CoverageVerdict:
+    """MOE coverage per table × level against its binomial tolerance (:mod:`phsafe.rehearsal`)."""
+    return verdict_from_report(directory, alpha=alpha)

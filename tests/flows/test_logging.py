@@ -1,0 +1,55 @@
+"""Run logs for people, log files for machines: the Prefect run log line of a phsafe event, and
+budgets as decimals."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+import structlog
+
+from flows._logging import run_log_message
+from tasks._format import decimal_text
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (Fraction(1257281, 1000000), "1.257281"), ("1257281/1000000", "1.257281"), (Decimal("2.2E-5"), "0.000022"),
+    (2.514562, "2.514562"), (10, "10"), (Decimal("Infinity"), "Infinity"), ("Infinity", "Infinity"),
+    (Fraction(1, 3), "0.333333… (1/3)"), ("not an amount", "not an amount"),
+])
+def test_budgets_read_as_decimals(value, text):
+    assert decimal_text(value) == text
+
+
+def test_a_run_log_line_is_the_event_then_its_key_fields():
+    event = {"event": "measurement", "measurement": "PH1_num/state_A-G", "status": "drawn", "cells": 70,
+             "level": "state_A-G", "table": "PH1_num", "run_id": "us-20261201T0700Z-1a2b3c4d",
+             "flow_run_id": "1a2b3c4d-0000", "dataset": "us", "log_level": "info", "timestamp": "2026-12-01T07:00Z"}
+    assert run_log_message(event) == "measurement: table=PH1_num level=state_A-G status=drawn cells=70"
+    assert run_log_message({"event": "stage finished", "peak_rss_mib": 162, "seconds": 0.009,
+                            "stage": "truncate, join and count"}) == \
+        "stage finished: stage='truncate, join and count' seconds=0.009 peak_rss_mib=162"
+    assert run_log_message({"event": "plan", "total": "1257281/1000000", "measurements": 46, "cells": 1224}) == \
+        "plan: cells=1224 measurements=46 total=1.257281"
+    assert run_log_message({"event": "run published"}) == "run published"
+
+
+def test_the_log_file_keeps_every_field_and_the_population_level(tmp_path):
+    from phsafe import logs
+
+    sent: list[tuple[str, dict]] = []
+    logs.configure(tmp_path / "log.jsonl", sinks=[lambda level, event: sent.append((level, event))])
+    log = structlog.get_logger("test")
+    with structlog.contextvars.bound_contextvars(run_id="r1", table="PH2", level="state_*"):
+        log.info("measurement", measurement="PH2/state_*", status="drawn", cells=40)
+        log.warning("stored measurement has the wrong shape", measurement="PH2/state_*")
+    logs.configure(None)
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert records[0] | {"timestamp": None} == {
+        "event": "measurement", "measurement": "PH2/state_*", "status": "drawn", "cells": 40, "run_id": "r1",
+        "table": "PH2", "level": "state_*", "log_level": "info", "timestamp": None}
+    assert records[1]["log_level"] == "warning" and records[1]["level"] == "state_*"
+    assert [level for level, _ in sent] == ["info", "warning"]
+    assert run_log_message(sent[0][1]) == "measurement: table=PH2 level=state_* status=drawn cells=40"
