@@ -2,14 +2,17 @@
 
 Each dataset flow chains, as Prefect tasks over :mod:`phsafe.engine`::
 
-    validate inputs ─► fingerprint ─► preprocess + count ─► plan ─► open ledger run
+    plan ─► preflight ─► validate inputs ─► fingerprint ─► preprocess + count ─► open ledger run
         ─► nine measurements, submitted concurrently ─► derive PH5_num/PH8_num, variances,
-        write ─► validate outputs ─► publish (ledger finished, signed checkpoint, manifest,
-        atomic rename)
+        write ─► validate outputs ─► publish (signed checkpoint, manifest, atomic rename, then
+        the ledger records the release)
 
 and publishes five artifacts: budget spends, input validation, output validation, output
-manifest and ledger checkpoint. A validation failure ends the flow Failed before the ledger is
-touched: nothing is spent.
+manifest and ledger checkpoint. A refused preflight or a validation failure ends the flow Failed
+before the ledger is touched: nothing is spent. The release goes to ``<output_root>/<run id>/``
+(the public zone); the run's confidential work folder -- validation reports, noisy vectors until
+published, the final checkpoint -- is ``runs/<run id>/`` beside the ledger, and the JSON-lines
+log defaults to ``phsafe-log.jsonl`` beside the ledger.
 
 Re-running never re-draws noise silently. The phsafe run id is derived from the Prefect flow run
 (``us-20261121T0200Z-<flow run id>``), so a *flow retry* finds its run in the ledger and resumes
@@ -22,7 +25,6 @@ raises it with a reason.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from decimal import Decimal
 from fractions import Fraction
@@ -109,15 +111,19 @@ def run_dataset(
     data: str,
     output_root: str,
     ledger: str,
-    signing_key: str | None,
-    validate_inputs: bool,
-    validate_outputs: bool,
-    lifetime_cap: float | None,
-    cap_reason: str | None,
-    resume_run_id: str | None,
-    resume_reason: str | None,
-    non_confidential: bool,
-    log_file: str | None,
+    dataset: str | None = None,
+    new_version_reason: str | None = None,
+    signing_key: str | None = None,
+    public_key: str | None = None,
+    validate_inputs: bool = True,
+    validate_outputs: bool = True,
+    lifetime_cap: float | None = None,
+    cap_reason: str | None = None,
+    resume_run_id: str | None = None,
+    resume_reason: str | None = None,
+    non_confidential: bool = False,
+    work_dir: str | None = None,
+    log_file: str | None = None,
     counting: Counting = "local",
     dask_address: str | None = None,
     dask_workers: int | None = None,
@@ -129,33 +135,40 @@ def run_dataset(
     """
     with front_end("flow"):
         root = Path(output_root).absolute()
-        configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
+        root.mkdir(parents=True, exist_ok=True)  # the release area: each run publishes a folder in it
+        ledger_path = Path(ledger).absolute()
+        configure_once(Path(log_file) if log_file else ledger_path.parent / "phsafe-log.jsonl")
         # Artifacts of runs on non-confidential (synthetic) data get keys of their own, so the
         # versions of `us-budget-spends` in the UI are those of runs on the real inputs only.
         shown = f"nonconfidential-{label}" if non_confidential else label
         run_id = resume_run_id or _run_id(label)
-        run_dir = root / run_id
         options = engine.PrivateRunOptions(
-            ledger=Path(ledger).absolute(), lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
-            signing_key=Path(signing_key) if signing_key else None, non_confidential=non_confidential,
-            report_dir=run_dir / "validation",
+            ledger=ledger_path, dataset=dataset, new_version=new_version_reason,
+            lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
+            signing_key=Path(signing_key) if signing_key else None,
+            public_key=Path(public_key) if public_key else None, non_confidential=non_confidential,
+            validate_inputs=validate_inputs, validate_outputs=validate_outputs,
+            work_dir=Path(work_dir) if work_dir else None,
             resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
         )
-        earlier = engine.open_ledger(options.ledger).run(run_id) if options.ledger.exists() else None
+        earlier = engine.open_ledger(ledger_path).run(run_id) if ledger_path.is_file() else None
         if resume_run_id and earlier is None:
             raise PHSafeError(f"{option('resume')} names run {resume_run_id}, which is not in the ledger "
-                              f"{options.ledger}; nothing to resume")
+                              f"{ledger_path}; nothing to resume")
         if earlier is not None and earlier.status is RunStatus.FINISHED:
-            raise PHSafeError(f"run {run_id} already finished and published; it is never run again")
+            raise PHSafeError(f"run {run_id} already finished and published to {earlier.output_path}; "
+                              "it is never run again")
         with structlog.contextvars.bound_contextvars(run_id=run_id, flow_run_id=str(flow_run.id), dataset=label):
             run, cfg = engine.begin_private_run(
-                Path(config), Path(data), run_dir / "tables", options, run_id=run_id, resume=earlier is not None,
+                Path(config), Path(data), root / run_id, options, run_id=run_id, resume=earlier is not None,
             )
             _check_dataset(label, cfg, run.config_path)
+            plan = t.plan_budget(cfg)
+            run = t.preflight(run, cfg, plan)  # nothing is spent if anything is wrong
             if validate_inputs:
                 report = t.validate_inputs(run)
                 artifacts.validation_summary(shown, run_id, "input", report)
-                if not report.ok:  # before the ledger is opened: nothing spent
+                if not report.ok:  # before the ledger run: nothing spent
                     raise engine.ValidationFailed("input", _public_text(report, run))
             digests = t.fingerprint_inputs(run.data_dir)
             if counting == "dask":  # per-partition counting on the cluster; sums come back here
@@ -163,8 +176,7 @@ def run_dataset(
                                        max_persons=partition_persons)
             else:
                 counts = t.preprocess_and_count(run, cfg)
-            plan = t.plan_budget(cfg)
-            attempt = t.open_ledger_run(run, plan, digests)
+            attempt = t.open_ledger_run(run, plan, digests, counts)
             try:
                 futures = [t.measure_table.submit(run, plan, table, counts, attempt) for table in TABLES]
                 wait(futures)
@@ -176,24 +188,25 @@ def run_dataset(
                     artifacts.validation_summary(shown, run_id, "output", report)
                     if not report.ok:
                         raise engine.ValidationFailed("output", _public_text(report, run))
-                checkpoint = t.publish(run, cfg, plan, digests, file_digests, attempt)
+                checkpoint = t.publish(run, cfg, plan, file_digests, attempt)
             except BaseException as exc:
                 resumable = t.record_failure(run, plan, attempt, engine.failure_reason(exc))
                 artifacts.budget_spends(shown, run_id, engine.spend_summary(run, plan), plan.total)
-                if resumable:
-                    log.error("run failed; committed measurements kept for a resume", resume_run_id=run_id)
+                hinted = engine.with_resume_hint(exc, run) if resumable else exc
+                if hinted is not exc:
+                    raise hinted from exc
                 raise
             artifacts.budget_spends(shown, run_id, engine.spend_summary(run, plan), plan.total)
             artifacts.output_manifest(shown, run.output_dir)
             artifacts.ledger_checkpoint(shown, run_id, checkpoint)
-            (run_dir / "checkpoint.json").write_text(json.dumps(checkpoint, indent=2, sort_keys=True) + "\n")
             summary = {
-                "dataset": label,
+                "dataset": run.dataset,
                 "run_id": run_id,
                 "outputs": str(run.output_dir),
+                "work_folder": str(run.run_dir),
                 "validation_reports": str(run.report_dir),
-                "ledger": str(options.ledger),
-                "checkpoint": str(run_dir / "checkpoint.json"),
+                "ledger": str(ledger_path),
+                "checkpoint": str(run.run_dir / "checkpoint.json"),
                 "total_budget": decimal_text(plan.total),
                 "privacy_defn": plan.privacy_defn.value,
                 "measurements": {s: sum(o.status == s for o in outcomes) for s in ("drawn", "reused", "noiseless")},
@@ -204,21 +217,28 @@ def run_dataset(
 
 _COMMON_DOC = """
     Args:
-        config: The production ``config.json`` of this dataset.
+        config: The production ``config.json`` of this dataset (its ``"dataset"`` names the
+            dataset the run spends against, unless ``dataset`` does).
         data: Folder with persons, units and geo (CSV or Parquet).
-        output_root: Each run writes ``<output_root>/<run id>/`` (``tables/``, ``validation/``,
-            ``checkpoint.json``); the log is ``<output_root>/phsafe-log.jsonl`` unless ``log_file``.
-        ledger: This dataset's audit ledger (JSON Lines), created if missing.
-        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoint.
-        validate_inputs: Validate config and inputs first (Great Expectations).
+        output_root: Each run publishes its release to ``<output_root>/<run id>/``.
+        ledger: This dataset's audit ledger, made once by ``phsafe ledger init`` (a run never
+            creates one, except a throwaway one for non-confidential data).
+        dataset: The dataset name (default: the config's ``"dataset"``).
+        new_version_reason: Why these records are a new content version of the dataset
+            (recorded); needed the first time the dataset runs on records it has not seen.
+        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoints.
+        public_key: The operator's Ed25519 public key (PEM): the signing key must match it.
+        validate_inputs: Validate config and inputs first (Great Expectations; recorded).
         validate_outputs: Validate the tables before publishing them.
-        lifetime_cap: Raise the dataset's lifetime budget to this number (rho or epsilon, e.g. 2.5);
-            needs ``cap_reason``.
+        lifetime_cap: Raise the dataset's lifetime cap to this number (rho or epsilon, e.g. 2.5);
+            needs ``cap_reason``; recorded.
         cap_reason: Why the cap is raised (recorded in the ledger).
-        resume_run_id: Resume this failed run: its committed measurements are reused.
+        resume_run_id: Complete this failed run: its committed measurements are reused, not
+            drawn again.
         resume_reason: Why it is resumed (recorded in the ledger).
-        non_confidential: The data is synthetic (allows Infinity budgets).
-        log_file: JSON-lines log file (default under ``output_root``).
+        non_confidential: The data is synthetic (Infinity budgets, a throwaway ledger).
+        work_dir: Folder of the runs' confidential work folders (default: ``runs/`` beside the ledger).
+        log_file: JSON-lines log file (default: ``phsafe-log.jsonl`` beside the ledger; confidential).
         counting: ``local`` (in this process) or ``dask`` (per-partition tasks on a Dask cluster;
             validation, plan, ledger and noise stay here).
         dask_address: Scheduler address of an existing Dask cluster (default: a LocalCluster).
@@ -233,7 +253,10 @@ def us_flow(
     data: str,
     output_root: str,
     ledger: str,
+    dataset: str | None = None,
+    new_version_reason: str | None = None,
     signing_key: str | None = None,
+    public_key: str | None = None,
     validate_inputs: bool = True,
     validate_outputs: bool = True,
     lifetime_cap: LifetimeCap | None = None,
@@ -241,6 +264,7 @@ def us_flow(
     resume_run_id: str | None = None,
     resume_reason: str | None = None,
     non_confidential: bool = False,
+    work_dir: str | None = None,
     log_file: str | None = None,
     counting: Counting = "local",
     dask_address: str | None = None,
@@ -257,7 +281,10 @@ def pr_flow(
     data: str,
     output_root: str,
     ledger: str,
+    dataset: str | None = None,
+    new_version_reason: str | None = None,
     signing_key: str | None = None,
+    public_key: str | None = None,
     validate_inputs: bool = True,
     validate_outputs: bool = True,
     lifetime_cap: LifetimeCap | None = None,
@@ -265,6 +292,7 @@ def pr_flow(
     resume_run_id: str | None = None,
     resume_reason: str | None = None,
     non_confidential: bool = False,
+    work_dir: str | None = None,
     log_file: str | None = None,
     counting: Counting = "local",
     dask_address: str | None = None,
@@ -288,19 +316,23 @@ def release_flow(
     pr_data: str,
     pr_ledger: str,
     output_root: str,
+    new_version_reason: str | None = None,
     signing_key: str | None = None,
+    public_key: str | None = None,
     validate_outputs: bool = True,
     non_confidential: bool = False,
     log_file: str | None = None,
 ) -> dict[str, Any]:
     """The release: the US and Puerto Rico flows as subflows, each with its own ledger.
 
-    Both datasets run even if one fails; the release fails if either does.
+    Both datasets run even if one fails; the release fails if either does. Each config names its
+    dataset; ``new_version_reason`` is recorded for either dataset whose records are new to it.
     """
     with front_end("flow"):
         root = Path(output_root).absolute()
-        configure_once(Path(log_file) if log_file else root / "phsafe-log.jsonl")
-        common = dict(output_root=str(root), signing_key=signing_key, validate_outputs=validate_outputs,
+        configure_once(Path(log_file) if log_file else Path(us_ledger).absolute().parent / "phsafe-log.jsonl")
+        common = dict(output_root=str(root), new_version_reason=new_version_reason, signing_key=signing_key,
+                      public_key=public_key, validate_outputs=validate_outputs,
                       non_confidential=non_confidential, log_file=log_file)
         states = {
             "us": us_flow(config=us_config, data=us_data, ledger=us_ledger, return_state=True, **common),

@@ -468,20 +468,20 @@ def estimated_release_bytes(plan: RunPlan) -> int:
 
 def _check_output_dir(run: PrivateRun, needed: int) -> None:
     out = run.output_dir
+    other = f"choose another output folder ({option('output')})"
     if len(out.name.encode()) + len(f"..partial-{run.run_id}".encode()) > _NAME_MAX:
         raise PHSafeError(f"the output folder's name is too long ({len(out.name.encode())} bytes; with the "
-                          f"staging suffix a name must fit in {_NAME_MAX} bytes): choose a shorter {option('output')}")
+                          f"staging suffix a name must fit in {_NAME_MAX} bytes): {other}")
     parent = out.parent
     if not parent.exists():
-        raise PHSafeError(f"the output folder's parent {parent} does not exist: create it, or choose another "
-                          f"{option('output')}")
+        raise PHSafeError(f"the output folder's parent {parent} does not exist: create it, or {other}")
     if not parent.is_dir():
-        raise PHSafeError(f"the output folder's parent {parent} is not a folder: choose another {option('output')}")
+        raise PHSafeError(f"the output folder's parent {parent} is not a folder: {other}")
     _probe_folder(parent, "the output folder's parent")
     free = _free_bytes(parent)
     if free < needed:
         raise PHSafeError(f"the output folder's file system has {free >> 20} MiB free; the release needs about "
-                          f"{needed >> 20} MiB: free space or choose another {option('output')}")
+                          f"{needed >> 20} MiB: free space, or {other}")
 
 
 def _existing_release_of(run: PrivateRun) -> bool:
@@ -580,7 +580,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
                               f"resume it ({option('resume')})")
     if run.output_dir.exists() and not republish:
         raise OutputExistsError(f"the output folder {run.output_dir} already exists; a release is never "
-                                f"overwritten: choose a new {option('output')}")
+                                f"overwritten: choose a new output folder ({option('output')})")
     needed = estimated_release_bytes(plan)
     if not republish:
         _check_output_dir(run, needed)
@@ -896,12 +896,12 @@ def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> di
     manifest = json.loads((run.output_dir / MANIFEST).read_text(encoding="utf-8"))
     if manifest.get("files") != file_digests:
         raise OutputExistsError(f"{run.output_dir} holds a release of run {run.run_id} whose files differ from "
-                                f"what it writes now; choose a new {option('output')}")
+                                f"what it writes now; choose a new output folder ({option('output')})")
     for rel, digest in file_digests.items():
         path = run.output_dir / rel
         if not path.is_file() or file_digest(path) != digest:
             raise OutputExistsError(f"{run.output_dir} holds an incomplete release of run {run.run_id} ({rel}); "
-                                    f"choose a new {option('output')}")
+                                    f"choose a new output folder ({option('output')})")
     return manifest
 
 
@@ -996,13 +996,22 @@ def run_private(
             with stage("publish"):
                 publish_private_run(run, config, plan, file_digests, attempt)
         except BaseException as exc:
-            if record_failure(run, plan, attempt, failure_reason(exc)) and isinstance(exc, PHSafeError):
+            if record_failure(run, plan, attempt, failure_reason(exc)):
                 log.debug("run failed after spending; its committed measurements are kept for a resume",
                           run_id=run.run_id, run_dir=str(run.run_dir))
-                raise type(exc)(f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise "
-                                f"again: {resume_hint(run)}") from exc
+                hinted = with_resume_hint(exc, run)
+                if hinted is not exc:
+                    raise hinted from exc
             raise
     return RunResult(run.run_id, run.output_dir, file_digests, plan, stage.timings, run.ledger, run.run_dir)
+
+
+def with_resume_hint(exc: BaseException, run: PrivateRun) -> BaseException:
+    """``exc`` (one of ours) with how to complete the run that spent, or ``exc`` itself."""
+    if not isinstance(exc, PHSafeError):
+        return exc
+    return type(exc)(f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise again: "
+                     f"{resume_hint(run)}")
 
 
 def resume_hint(run: PrivateRun) -> str:

@@ -73,22 +73,22 @@ def validation_summary(label: str, run_id: str, subject: str, report: Any) -> No
 
 
 def output_manifest(label: str, output_dir: Path) -> None:
-    """The published manifest: every published file with its SHA-256, budget, code, config."""
+    """The published manifest, as published: public facts only (the plan's budgets, the code, the
+    dataset name, every released file's SHA-256, the keyed lineage commitment)."""
     manifest = json.loads((Path(output_dir) / "manifest.json").read_text(encoding="utf-8"))
-    config = manifest.get("config") or {}
     lines = [
         f"# Outputs of run `{manifest['run_id']}`", "",
         f"Published to `{output_dir}`.", "",
+        f"- dataset: `{manifest.get('dataset', '-')}`",
         f"- privacy definition: {manifest['privacy_defn']}, total budget {decimal_text(manifest['total_budget'])}",
-    ]
-    if manifest.get("dataset"):
-        lines.append(f"- dataset: `{manifest['dataset']}`")
-    if config:
-        lines.append(f"- config: `{config.get('path')}` sha256 `{config.get('sha256')}`")
-    lines += [
         f"- code: `{manifest['code_version']}`",
-        f"- ledger: `{manifest['ledger']}`", "",
-        "| file | sha256 |", "|---|---|",
+    ]
+    lineage = manifest.get("lineage")
+    if lineage:
+        lines.append(f"- lineage commitment (keyed; auditors check it with the ledger's key): "
+                     f"`{lineage['commitment']}`")
+    lines += [
+        "", "| file | sha256 |", "|---|---|",
         *[f"| {name} | `{digest}` |" for name, digest in sorted(manifest["files"].items())],
     ]
     create_markdown_artifact(key=_key(label, "output-manifest"), markdown="\n".join(lines) + "\n",

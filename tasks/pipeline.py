@@ -38,9 +38,16 @@ _IO_RETRIES = {"retries": 3, "retry_delay_seconds": exponential_backoff(backoff_
 _NO_RETRIES = {"retries": 0}
 
 
+@task(name="preflight", **_NOTHING_KEPT, **_NO_RETRIES)
+def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> PrivateRun:
+    """Everything the run needs later, checked before any spend: ledger, keys, paths, space, cap.
+    Returns the run with its truncation key (fresh, or the recorded one for a resume)."""
+    return engine.preflight(run, config, plan).run
+
+
 @task(name="fingerprint-inputs", **_NOTHING_KEPT, **_IO_RETRIES)
 def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
-    """SHA-256 of every input file; the ledger derives the dataset id from them."""
+    """SHA-256 of every input file: confidential lineage, recorded in the ledger only."""
     return engine.fingerprint_inputs(Path(data_dir))
 
 
@@ -63,9 +70,10 @@ def plan_budget(config: PHSafeConfig) -> RunPlan:
 
 
 @task(name="open-ledger-run", **_NOTHING_KEPT, **_NO_RETRIES)
-def open_ledger_run(run: PrivateRun, plan: RunPlan, input_digests: dict[str, str]) -> LedgerAttempt:
-    """Start (lifetime cap checked) or resume the run in the ledger; committed measurements."""
-    return engine.open_run_in_ledger(run, plan, input_digests)
+def open_ledger_run(run: PrivateRun, plan: RunPlan, input_digests: dict[str, str], counts: ExactCounts) -> LedgerAttempt:
+    """Start the run in the ledger (its dataset, content version and lifetime cap checked) or
+    resume it; returns what earlier attempts committed."""
+    return engine.open_run_in_ledger(run, plan, input_digests, engine.content_fingerprint(run, counts))
 
 
 @task(name="measure", task_run_name="measure-{table}", **_NOTHING_KEPT, **_NO_RETRIES)
@@ -91,11 +99,11 @@ def validate_outputs(run: PrivateRun, config: PHSafeConfig):
 
 @task(name="publish", **_NOTHING_KEPT, **_NO_RETRIES)
 def publish(
-    run: PrivateRun, config: PHSafeConfig, plan: RunPlan, input_digests: dict[str, str],
-    file_digests: dict[str, str], attempt: LedgerAttempt,
+    run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_digests: dict[str, str], attempt: LedgerAttempt,
 ) -> dict:
-    """Finish the run in the ledger, write the signed checkpoint and the manifest, rename."""
-    return engine.publish_private_run(run, config, plan, input_digests, file_digests, attempt)
+    """Sign a checkpoint, write the manifest, rename the release into place, then record it in
+    the ledger (OUTPUTS_PUBLISHED, RUN_FINISHED)."""
+    return engine.publish_private_run(run, config, plan, file_digests, attempt)
 
 
 @task(name="record-failure", **_NOTHING_KEPT, **_NO_RETRIES)

@@ -91,12 +91,23 @@ def _assert_no_microdata(artifacts: list, data: Path) -> None:
             assert column not in text, (artifact.key, column)
 
 
+def _ledger(tmp_path: Path, dataset: str, cap: str = "10") -> str:
+    """The dataset's ledger, made (once) as production makes it: ``phsafe ledger init``."""
+    from tests._ledgers import new_ledger
+
+    path = tmp_path / f"{dataset}-ledger.jsonl"
+    if not path.exists():
+        new_ledger(tmp_path, cap=cap, name=path.name)
+    return str(path)
+
+
 def _params(tmp_path: Path, dataset: str, **kw) -> dict:
     base = dict(
         config=str(DEMO / dataset / "config.json"),
         data=str(DEMO / dataset),
         output_root=str(tmp_path / "out"),
-        ledger=str(tmp_path / f"{dataset}-ledger.jsonl"),
+        ledger=_ledger(tmp_path, dataset),
+        new_version_reason="the demo's synthetic records",
     )
     base.update(kw)
     return base
@@ -179,7 +190,7 @@ def test_validation_failure_ends_failed_before_any_spend(tmp_path):
     message = state.message.replace(str(tmp_path), "TMP")
     assert not re.search(r"\b13\b", message) and "failing row" not in message
     assert not [e for e in _ledger_entries(ledger) if e["kind"] in ("RUN_STARTED", "INTENT")]
-    assert not list((tmp_path / "out").glob("*/tables"))
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
     artifacts = _artifacts(_flow_run_id(state))
     report = next(a for a in artifacts if a.key == "us-input-validation")
@@ -217,7 +228,7 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
     from flows.sdhc import us_flow
     from phsafe.ledger import read_ledger
 
-    ledger = tmp_path / "us-ledger.jsonl"
+    ledger = Path(_ledger(tmp_path, "us", cap="1.257281"))  # a cap of exactly one run
     injector = _FailAfter(monkeypatch, n=7)
     state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
     assert state.is_failed()
@@ -291,14 +302,14 @@ def test_release_flow_runs_both_datasets(tmp_path):
 
     result = release_flow(
         us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"),
-        us_ledger=str(tmp_path / "us-ledger.jsonl"),
+        us_ledger=_ledger(tmp_path, "us"),
         pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"),
-        pr_ledger=str(tmp_path / "pr-ledger.jsonl"),
-        output_root=str(tmp_path / "out"), validate_outputs=False,
+        pr_ledger=_ledger(tmp_path, "pr"),
+        output_root=str(tmp_path / "out"), validate_outputs=False, new_version_reason="the demo's records",
     )
     assert set(result) == {"us", "pr"}
     for label, summary in result.items():
-        assert summary["dataset"] == label
+        assert summary["dataset"] == f"demo-{label}"
         _verify(Path(summary["ledger"]), Path(summary["outputs"]))
 
 
@@ -308,7 +319,7 @@ def test_us_flow_refuses_puerto_rico_config(tmp_path):
     state = us_flow(**_params(tmp_path, "us", config=str(DEMO / "pr" / "config.json"), data=str(DEMO / "pr")),
                     return_state=True)
     assert state.is_failed() and "Puerto Rico" in state.message
-    assert not (tmp_path / "us-ledger.jsonl").exists()
+    assert not [e for e in _ledger_entries(tmp_path / "us-ledger.jsonl") if e["kind"] != "LEDGER_INIT"]
 
 
 def test_refusals_name_flow_parameters(tmp_path):
@@ -327,7 +338,7 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
     from phsafe import engine
     from phsafe.errors import BudgetError, option
 
-    def refuse(run, plan, digests):
+    def refuse(run, plan, digests, fingerprint):
         raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
 
     monkeypatch.setattr(engine, "open_run_in_ledger", refuse)
@@ -343,7 +354,7 @@ def test_parameters_are_typed(tmp_path, parameter, value):
 
     state = us_flow(**_params(tmp_path, "us", **{parameter: value}), return_state=True)
     assert state.is_failed() and parameter in state.message
-    assert not (tmp_path / "us-ledger.jsonl").exists()
+    assert [e["kind"] for e in _ledger_entries(tmp_path / "us-ledger.jsonl")] == ["LEDGER_INIT"]
 
 
 def test_parameter_schema_has_numbers_and_choices():
@@ -371,3 +382,108 @@ def test_lifetime_cap_is_exactly_the_decimal_typed():
     assert _cap(2.514562) == Fraction(2514562, 1000000)
     assert _cap(1.4) == Fraction(14, 10)
     assert _cap(3) == 3 and _cap(None) is None
+
+
+def _lost_signing_key(monkeypatch):  # noqa: ANN001 -- fine at preflight, unreadable at publish
+    import phsafe.ledger
+    from phsafe.errors import PHSafeError
+
+    original, calls = phsafe.ledger.load_signing_key, []
+
+    def flaky(path, public_key=None):  # noqa: ANN001
+        calls.append(path)
+        if len(calls) > 1:
+            raise PHSafeError(f"cannot read the signing key {path}: no such file or directory (ENOENT)")
+        return original(path, public_key)
+
+    monkeypatch.setattr(phsafe.ledger, "load_signing_key", flaky)
+    return "signing key"
+
+
+def _full_disk_under_out(monkeypatch):  # noqa: ANN001
+    import errno
+    import os
+
+    import phsafe.outputs
+
+    def no_space(src, dst, *a, **k):  # noqa: ANN001
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(phsafe.outputs.shutil, "copyfile", no_space)
+    return "ENOSPC"
+
+
+def _another_run_publishes_first(monkeypatch):  # noqa: ANN001
+    import phsafe.engine
+
+    original = phsafe.engine.publish_release
+
+    def race(release, target, run_id, manifest, **kw):  # noqa: ANN001
+        shutil.copytree(release, target)
+        return original(release, target, run_id, manifest, **kw)
+
+    monkeypatch.setattr(phsafe.engine, "publish_release", race)
+    return "already exists"
+
+
+@pytest.mark.parametrize("fault", [_lost_signing_key, _full_disk_under_out, _another_run_publishes_first],
+                         ids=["signing-key", "full-disk", "race"])
+def test_a_publish_failure_ends_failed_and_resume_publishes_without_new_spends(tmp_path, monkeypatch, fault):
+    """Issue 13 through the flow: a failure at publish time (after every spend) ends the flow
+    Failed with the reason, records nothing as published, and a re-run with resume_run_id
+    publishes -- to a new output root if the old one is unusable -- drawing nothing."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from flows.sdhc import us_flow
+    from phsafe.ledger import read_ledger
+
+    key = tmp_path / "signing.pem"
+    key.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    ledger = Path(_ledger(tmp_path, "us"))
+    reason = fault(monkeypatch)
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False, signing_key=str(key)), return_state=True)
+    assert state.is_failed() and reason in state.message, state.message
+    assert "resume_run_id" in state.message  # the reason says how to complete it
+    monkeypatch.undo()
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert not run.published and len(run.reusable) == len(run.planned)
+    spent = sum(_intents(ledger, run_id).values())
+    resumed = us_flow(**_params(tmp_path, "us", validate_inputs=False, signing_key=str(key), resume_run_id=run_id,
+                                resume_reason="publish failed", output_root=str(tmp_path / "out-2")),
+                      return_state=True)
+    assert resumed.is_completed(), resumed.message
+    summary = resumed.result()
+    assert summary["measurements"] == {"drawn": 0, "reused": len(run.planned), "noiseless": 0}
+    assert sum(_intents(ledger, run_id).values()) == spent  # nothing spent again
+    _verify(ledger, Path(summary["outputs"]))
+
+
+def test_no_artifact_log_or_result_holds_a_plain_function_of_the_inputs(tmp_path):
+    """Issue 12's digest attack against everything the flow puts in the Prefect database: every
+    artifact, every log line of the run, the flow's result. Nothing matches any candidate's plain
+    digest -- and the attack finds the hidden person in a plain digest (tests/system)."""
+    from flows.sdhc import us_flow
+    from phsafe import synthetic
+    from tests.system.test_governance import HEX, STATES, Attack
+
+    data = tmp_path / "data"
+    synthetic.write(synthetic.generate(1500, STATES, seed=1207), data)
+    raw = json.loads((DEMO / "us" / "config.json").read_text())
+    raw["state_filter"], raw["dataset"] = STATES, "attack-test"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(raw))
+    state = us_flow(**_params(tmp_path, "us", config=str(config), data=str(data)), return_state=True)
+    assert state.is_completed(), state.message
+    texts = [json.dumps(state.result())]
+    for artifact in _artifacts(_flow_run_id(state)):
+        texts += [json.dumps(artifact.data) if not isinstance(artifact.data, str) else artifact.data,
+                  artifact.description or ""]
+    texts += _log_messages(_flow_run_id(state))
+    tokens: set[bytes] = set()
+    for text in texts:
+        for token in HEX.findall(text.encode()):
+            tokens.update((token.lower(), token.lower()[:16]))
+    assert tokens  # artifacts carry digests (of the noisy tables) and the checkpoint: material
+    assert Attack(data, STATES, config).matches(tokens) == []
