@@ -39,9 +39,13 @@ def measure_accuracy(label: str, config: Path, data: Path, directory: Path, tria
     """``phsafe accuracy CONFIG DATA OUT --non-confidential --trials K``: K private runs at the
     config's budgets against the truth, each with its own throwaway ledger; report and plots."""
     from phsafe.accuracy import run_accuracy
+    from phsafe.progress import PlainProgress
 
+    # One line per finished stage of the experiment in the run log (its 2K runs' events go to
+    # the JSON-lines file only).
     result = run_accuracy(config, data, directory, trials=trials, non_confidential=True,
-                          with_postprocess=with_postprocess, plots=True, progress=get_run_logger().info)
+                          with_postprocess=with_postprocess, plots=True,
+                          progress=PlainProgress(write=get_run_logger().info))
     metrics = result.metrics
     return {
         "report": str(directory / "report.html"),

@@ -85,9 +85,10 @@ def test_rehearsal_runs_the_production_path_on_synthetic_inputs(tmp_path):
     assert str(folder / "accuracy" / "us" / "report.html") in report and "coverage.png" in report
     assert "non-confidential" in report
 
-    # The accuracy experiment's 2·K runs log one line a step in the run log, not every event.
+    # The accuracy experiment's 2·K runs log one line a stage in the run log, not every event.
     messages = _log_messages(_flow_run_id(state))
-    assert "trial 2/2: private run" in messages and "writing the report" in messages
+    assert any("private runs and their truncated exact counts: 2 trials -- done" in m for m in messages)
+    assert any("metrics, plots and report -- done" in m for m in messages)
     assert not [m for m in messages if m.startswith("measurement:")]
 
     # The two most recent rehearsals are kept (this one and last week's); older ones deleted.
@@ -119,4 +120,7 @@ def test_rehearsal_fails_when_the_noise_is_wider_than_the_stated_moe(tmp_path, m
     assert "outside its binomial tolerance" in state.message and "ALL (measured tables)" in state.message
     rows = _rows(next(a for a in _artifacts(_flow_run_id(state)) if a.key == "rehearsal-moe-coverage"))
     pooled = [r for r in rows if r["table"] == "ALL"]
-    assert all(r["verdict"] == "OUTSIDE" and float(r["MOE coverage"]) < 0.8 for r in pooled)
+    assert all(r["verdict"] == "OUTSIDE" for r in pooled)
+    # Twice the variance: coverage P(|Z| < 1.645/sqrt 2) = 0.755 instead of 0.90 (the US row
+    # pools 10K cells; Puerto Rico's 200 only bound it loosely).
+    assert float(next(r for r in pooled if r["dataset"] == "us")["MOE coverage"]) < 0.8
