@@ -1,11 +1,14 @@
 """Run PHSafe end to end on the bundled synthetic demo data (the README's demo command).
 
-Runs the release flow (``flows/sdhc.py``: the US and Puerto Rico flows as subflows) in Prefect's
-ephemeral mode -- no server to start -- on the two demo datasets: input validation, the nine
-measurements per dataset with the production budgets, output validation, atomic publication and
-a ledger checkpoint signed with a fresh Ed25519 key. Then it verifies each audit ledger offline
-against the published outputs and the public key, writes the auditor's reports, and prints where
-everything is.
+First, as production does before any data is seen, it makes one audit ledger per dataset with
+its policy (``phsafe ledger init``: every dataset's lifetime cap, the lineage key). Then it runs
+the release flow (``flows/sdhc.py``: the US and Puerto Rico flows as subflows) in Prefect's
+ephemeral mode -- no server to start -- on the two demo datasets, as a confidential run would:
+preflight, input validation, the nine measurements per dataset with the production budgets,
+output validation, publication and a ledger checkpoint signed with a fresh Ed25519 key. Then it
+verifies each ledger offline against the published release and the public key, writes the
+auditor's (confidential) reports, shows that a second release of the same records is refused,
+and prints where everything is -- the public release apart from the confidential zone.
 
 The demo data is synthetic, so each demo invocation gets its own folder and its own ledgers and
 can be repeated; inside each ledger the lifetime-budget rule applies exactly as for real data.
@@ -61,42 +64,61 @@ def _demo_keys(directory: Path) -> tuple[Path, Path]:
     return private, public
 
 
+def _section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
 def main() -> int:
     sys.path.insert(0, str(REPO))
     from flows.sdhc import release_flow
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     root = HERE / "output" / stamp
-    signing_key, public_key = _demo_keys(root / "keys")
+    enclave, public = root / "enclave", root / "public"
+    public.mkdir(parents=True)
+    signing_key, public_key = _demo_keys(enclave / "keys")
+    ledgers = {label: enclave / label / "ledger.jsonl" for label in ("us", "pr")}
+    _section("1. The audit ledgers, made before any data is seen (phsafe ledger init)")
+    for label, ledger in ledgers.items():
+        _run("ledger", "init", ledger, "--lifetime-cap", "1.5",
+             "--reason", f"demo policy: one release of the {label.upper()} demo data")
     where = os.environ.get("PREFECT_API_URL") or "Prefect ephemeral mode (no server)"
-    print(f"Running the release flow (US and Puerto Rico) on the demo data in {where} ...", flush=True)
+    _section(f"2. The release flow (US and Puerto Rico) on the demo data, in {where}")
     summaries = release_flow(
         us_config=str(HERE / "data" / "us" / "config.json"), us_data=str(HERE / "data" / "us"),
-        us_ledger=str(root / "ledgers" / "us-ledger.jsonl"),
+        us_ledger=str(ledgers["us"]),
         pr_config=str(HERE / "data" / "pr" / "config.json"), pr_data=str(HERE / "data" / "pr"),
-        pr_ledger=str(root / "ledgers" / "pr-ledger.jsonl"),
-        output_root=str(root), signing_key=str(signing_key),
+        pr_ledger=str(ledgers["pr"]),
+        output_root=str(public), signing_key=str(signing_key), public_key=str(public_key),
+        new_version_reason="the bundled synthetic demo records",
     )
+    _section("3. The auditors' check, offline: each ledger against its release and the public key")
     for label, summary in summaries.items():
-        run_dir = Path(summary["outputs"]).parent
         _run("audit", "verify", summary["ledger"], "--outputs", summary["outputs"], "--public-key", public_key)
-        _run("audit", "report", summary["ledger"], "--out", run_dir / "audit-report")
+        _run("audit", "report", summary["ledger"])
         frame = pd.read_csv(Path(summary["outputs"]) / "PH1_num" / "PH1_num.csv", sep="|", dtype={"REGION_ID": str})
-        print(f"\n{label.upper()}: run {summary['run_id']}, {summary['privacy_defn']} total "
-              f"{budget_text(summary['total_budget'])}; "
-              f"PH1_num, first rows of {len(frame)}:")
+        print(f"\n{label.upper()}: run {summary['run_id']} of dataset {summary['dataset']}, {summary['privacy_defn']} "
+              f"total {budget_text(summary['total_budget'])}; PH1_num, first rows of {len(frame)}:")
         print(frame.head(6).to_string(index=False))
+    _section("4. The same records again: refused by the dataset's lifetime cap, nothing spent")
+    again = subprocess.run([str(PHSAFE), "-q", "private", str(HERE / "data" / "us" / "config.json"),
+                            str(HERE / "data" / "us"), str(public / "again"), "--ledger", str(ledgers["us"])],
+                           capture_output=True, text=True)
+    print(again.stderr.strip().splitlines()[-1] if again.stderr.strip() else f"(exit {again.returncode})")
+    if again.returncode == 0:
+        raise SystemExit("the second release was not refused")
+
     print(f"\nDemo outputs: {root}")
+    print(f"  PUBLIC (what is published)        {public}")
     for label, summary in summaries.items():
-        run_dir = Path(summary["outputs"]).parent
-        print(f"  {label.upper()} run {summary['run_id']}")
-        print(f"    tables (CSV '|' and Parquet) {summary['outputs']}")
-        print(f"    manifest (digests, lineage)  {Path(summary['outputs']) / 'manifest.json'}")
-        print(f"    validation reports           {summary['validation_reports']}")
-        print(f"    audit ledger                 {summary['ledger']}")
-        print(f"    signed ledger checkpoint     {summary['checkpoint']}")
-        print(f"    auditor's report             {run_dir / 'audit-report'}")
-    print(f"  JSON-lines log                 {root / 'phsafe-log.jsonl'}")
+        print(f"    {label.upper()} release (tables, data package, manifest)  {summary['outputs']}")
+    print(f"  CONFIDENTIAL (stays with the data) {enclave}")
+    for label, summary in summaries.items():
+        ledger = Path(summary["ledger"])
+        print(f"    {label.upper()} audit ledger and lineage key  {ledger}  {ledger}.key")
+        print(f"    {label.upper()} run work folder (validation reports, checkpoint)  {summary['work_folder']}")
+        print(f"    {label.upper()} auditor's report             {ledger.parent / 'audit-report'}")
+    print(f"    JSON-lines log                 {ledgers['us'].parent / 'phsafe-log.jsonl'}")
     print(f"  public key for the auditors    {public_key}")
     print("  Prefect artifacts (budget spends, validation, manifest, checkpoint) are in the run's")
     print("  ephemeral database; run against a server to browse them in the UI (README: Run it in production).")
