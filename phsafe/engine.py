@@ -533,7 +533,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
         init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
                     privacy_defn=config.privacy_defn, non_confidential=True, code_version=run.code_version)
-        log.warning("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
+        log.info("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
         created = True
     check_ledger_file(run.ledger)
     ledger = open_ledger(run.ledger)

@@ -78,5 +78,6 @@ def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset
     except Exception as exc:  # noqa: BLE001
         fail(exc, log_file)
         return
+    throwaway = f"; throwaway ledger {result.ledger}" if ledger is None and non_confidential else ""
     result_line(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id}; "
-                f"confidential work folder {result.run_dir})")
+                f"confidential work folder {result.run_dir}{throwaway})")

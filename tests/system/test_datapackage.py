@@ -36,7 +36,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("datapackage")
     options = PrivateRunOptions(ledger=root / "ledger.jsonl", non_confidential=True)
     run_private(DEMO_US / "config.json", DEMO_US, root / "private", options)
-    run_nonprivate(DEMO_US / "config.json", DEMO_US, root / "nonprivate")
+    run_nonprivate(DEMO_US / "config.json", DEMO_US, root / "nonprivate", non_confidential=True)
     pr = root / "pr-data"
     synthetic.write(synthetic.generate(800, ["72"], seed=11), pr)
     raw = json.loads((REPO / "demo" / "data" / "pr" / "config.json").read_text())
