@@ -1317,7 +1317,7 @@ def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
 @pytest.mark.parametrize("round_", range(3))
 def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int) -> None:
     """Both declare the same new version; exactly one DATASET_VERSION and one run are recorded."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
     path = new_ledger(tmp_path, cap=PLAN.total).path
     barrier, results = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_contender, args=(str(path), f"run-{i}", str(tmp_path / f"out-{i}"), barrier, results))
@@ -1343,7 +1343,7 @@ def _writer(path: str, i: int, barrier) -> None:
 
 
 def test_concurrent_appends_keep_one_valid_chain(tmp_path: Path) -> None:
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
     path = new_ledger(tmp_path).path
     barrier = ctx.Barrier(3)
     procs = [ctx.Process(target=_writer, args=(str(path), i, barrier)) for i in range(3)]
