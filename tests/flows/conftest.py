@@ -297,6 +297,18 @@ async def _run_deployment(api: str, name: str, parameters: dict, timeout: float)
         artifacts = await client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
         task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
-        logs = await client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
-                                      limit=200)
+        # Every log line (pages of 200); the worker ships them in batches, the flow's last line
+        # ("Finished in state ...") after the state: wait for it.
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
+        logs_deadline = time.monotonic() + 60
+        while True:
+            logs: list = []
+            while True:
+                page = await client.read_logs(log_filter=log_filter, limit=200, offset=len(logs))
+                logs += page
+                if len(page) < 200:
+                    break
+            if any(entry.message.startswith("Finished in state") for entry in logs) or time.monotonic() > logs_deadline:
+                break
+            await asyncio.sleep(1)
         return DeploymentRun(flow_run, artifacts, task_runs, logs, seconds)
