@@ -55,6 +55,7 @@ from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
 from phsafe.noise import check_privacy_map, measure
 from phsafe.outputs import MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, write_tables
+from phsafe.progress import budget_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
@@ -648,13 +649,6 @@ def plan_private_run(config: PHSafeConfig) -> RunPlan:
     log.info("plan", measurements=len(plan.measurements), total=budget_text(plan.total),
              cells=sum(m.n_cells for m in plan.measurements))
     return plan
-
-
-def budget_text(amount) -> str:  # noqa: ANN001 -- Fraction | Decimal
-    """An exact budget as people read it: ``1.257281`` (a fraction only if it has no decimal form)."""
-    from phsafe.ledger import format_exact
-
-    return format_exact(amount)
 
 
 def content_fingerprint(run: PrivateRun, counts: ExactCounts) -> str:

@@ -917,12 +917,7 @@ class LedgerState:
     # -- the ledger's own entries ------------------------------------------------------------
 
     def _policy_fields(self, e: Mapping[str, Any]) -> tuple[PrivacyDefinition, Amount, str, bool]:
-        try:
-            defn = PrivacyDefinition(e["privacy_defn"])
-        except ValueError:
-            raise _Invalid("privacy_defn must be 'zcdp' or 'puredp'") from None
-        if not isinstance(e["non_confidential"], bool):
-            raise _Invalid("non_confidential must be true or false")
+        defn = _privacy_defn_and_kind(e)
         cap = _amount(e, "lifetime_cap")
         if _is_inf(cap) and not e["non_confidential"]:
             raise _Invalid("an Infinity lifetime cap is allowed only in a non-confidential ledger")
@@ -1074,12 +1069,7 @@ class LedgerState:
             raise _Invalid("code_version must be a short string")
         if not isinstance(e["truncation_key"], str) or not re.fullmatch(r"(?:[0-9a-f]{2}){8,128}", e["truncation_key"]):
             raise _Invalid("truncation_key must be 8 to 128 bytes of lowercase hex")
-        try:
-            defn = PrivacyDefinition(e["privacy_defn"])
-        except ValueError:
-            raise _Invalid("privacy_defn must be 'zcdp' or 'puredp'") from None
-        if not isinstance(e["non_confidential"], bool):
-            raise _Invalid("non_confidential must be true or false")
+        defn = _privacy_defn_and_kind(e)
         planned = _parse_planned(e["planned"], defn)
         total: Amount = Fraction(0)
         for spend in planned.values():
@@ -1447,6 +1437,17 @@ def _parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpen
             raise _Invalid(f"planned[{i}] ({m.key}): {', '.join(bad)} inconsistent with its budget and sensitivity")
         out[m.key] = PlannedSpend(measurement=m, budget=budget, record=item)
     return out
+
+
+def _privacy_defn_and_kind(e: Mapping[str, Any]) -> PrivacyDefinition:
+    """The entry's ``privacy_defn``, once its ``non_confidential`` is checked to be a boolean."""
+    try:
+        defn = PrivacyDefinition(e["privacy_defn"])
+    except ValueError:
+        raise _Invalid("privacy_defn must be 'zcdp' or 'puredp'") from None
+    if not isinstance(e["non_confidential"], bool):
+        raise _Invalid("non_confidential must be true or false")
+    return defn
 
 
 def _amount(e: Mapping[str, Any], name: str) -> Amount:
