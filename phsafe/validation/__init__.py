@@ -52,6 +52,22 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir))
 
 
+def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
+                    stage: Any = None) -> tuple[ValidationReport, Any]:
+    """Validate and count in one pass (see :func:`phsafe.counting.validated_counts`)."""
+    from phsafe.validation._inputs import run_validation
+
+    out: list[Any] = []
+
+    def call() -> ValidationReport:
+        report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage)
+        out.append(counts)
+        return report
+
+    report = _guarded("input validation", call)
+    return report, out[0]
+
+
 def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
     """Validate the private output tables in ``output_dir`` (e.g. the staging directory).
 

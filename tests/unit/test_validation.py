@@ -24,14 +24,17 @@ from phsafe.config import parse_config
 from phsafe.outputs import private_tables, write_tables
 from phsafe.schema import FILES, PUERTO_RICO, STATE_CODES, ColumnKind
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
+from phsafe import reader
 from phsafe.validation import (
     Failure,
     ValidationError,
     ValidationReport,
+    _combos,
     _config,
     _gx,
     _inputs,
     _read,
+    _worker,
     validate,
     validate_inputs,
     validate_outputs,
@@ -235,10 +238,10 @@ def test_a_rule_without_its_parameter_is_noted_not_skipped_silently() -> None:
 
 def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("invalid literal for int(): '123456789'")
 
-    monkeypatch.setattr(_inputs, "_validate", broken)
+    monkeypatch.setattr(_inputs, "run_validation", broken)
     with pytest.raises(ValidationError) as info:
         validate_inputs(US_CONFIG, tmp_path)
     assert "123456789" not in str(info.value) and "ValueError" in str(info.value)
@@ -292,17 +295,40 @@ def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, t
     assert ("persons.csv", "persons.CENRACE.domain", 3) in _summary(csv_report)
 
 
-def test_batches_and_distinct_rows_do_not_change_the_report(
+def test_batches_and_distinct_combinations_do_not_change_the_report(
     small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _write(_broken(small), tmp_path / "data")
     whole = validate_inputs(data / "config.json", data)
-    # Many small batches, each checked on its distinct rows.
-    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)
+    # Many small batches, whose distinct combinations are added up; combinations counted by
+    # sorting their keys rather than in dense bins.
+    monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(_combos, "DENSE_MAX_BINS", 1)
     batched = validate_inputs(data / "config.json", data)
     assert _summary(batched) == _summary(whole)
+    assert [r["statistics"] for r in batched.results] == [r["statistics"] for r in whole.results]
     assert not whole.ok
+
+
+def test_weighted_counts_are_the_counts_of_every_row() -> None:
+    """A rule judged once per distinct combination counts each failing combination's rows --
+    element, missing and unexpected counts alike -- as an evaluation of every row would."""
+    frame = pd.DataFrame({"QAGE": [10.0, 40.0, np.nan, 131.0, 16.0],
+                          "RELSHIP": pd.Series(["20", "20", "20", "34", "21"], dtype="str")})
+    weights = np.array([3, 1000, 7, 5, 2**33 + 1], dtype=np.int64)
+    every_row = frame.loc[frame.index.repeat(np.minimum(weights, 2000))].reset_index(drop=True)
+    rule_ids = ("persons.QAGE.range", "persons.age.householder", "persons.RELSHIP.domain")
+    weighted = _gx.evaluate(_gx.Job("persons", "persons", rule_ids, frame, weights))
+    plain = _gx.evaluate(_gx.Job("persons", "persons", rule_ids, every_row, None))
+    by_rule = {r.rule_id: r for r in weighted}
+    assert by_rule["persons.QAGE.range"].counts == {"element_count": int(weights.sum()), "unexpected_count": 5,
+                                                    "missing_count": 7}
+    assert by_rule["persons.age.householder"].counts["unexpected_count"] == 3  # the 10-year-old
+    assert by_rule["persons.age.householder"].counts["missing_count"] == 7
+    assert by_rule["persons.RELSHIP.domain"].success
+    capped = {r.rule_id: r for r in plain}
+    assert capped["persons.QAGE.range"].counts["unexpected_count"] == 5
+    assert capped["persons.age.householder"].counts["unexpected_count"] == 3
 
 
 def test_geo_values_checked_column_by_column_give_exact_counts(
@@ -313,12 +339,10 @@ def test_geo_values_checked_column_by_column_give_exact_counts(
     geo.loc[geo.index[10:12], "REGIONCE"] = "7"  # not a region
     geo.loc[geo.index[20], "PLACEFP"] = None  # empty
     data = _write(synthetic.SyntheticData(small.persons, small.units, geo), tmp_path / "data")
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 10**9)  # every row
-    every_row = validate_inputs(data / "config.json", data)
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)  # each column's distinct values
-    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
-    by_column = validate_inputs(data / "config.json", data)
-    assert _summary(by_column) == _summary(every_row) == {
+    one_batch = validate_inputs(data / "config.json", data)
+    monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
+    many_batches = validate_inputs(data / "config.json", data)
+    assert _summary(many_batches) == _summary(one_batch) == {
         ("geo.csv", "geo.TABBLK.format", 3), ("geo.csv", "geo.REGIONCE.domain", 2),
         ("geo.csv", "geo.PLACEFP.present", 1)}
 
@@ -329,18 +353,23 @@ def test_second_process_gives_the_same_report(
 ) -> None:
     data = _write(_broken(small), tmp_path / "data")
     here = validate_inputs(data / "config.json", data)
-    monkeypatch.setattr(_inputs, "PARALLEL_MIN_ROWS", 0)
     started = []
-    real = _inputs._Worker.__init__
 
-    def spy(self, request):  # type: ignore[no-untyped-def]
-        started.append(request["source"].stem)
-        real(self, request)
+    def second_process(rows: int) -> _worker.Evaluator:
+        started.append(rows)
+        return _worker.SecondProcess()
 
-    monkeypatch.setattr(_inputs._Worker, "__init__", spy)
+    monkeypatch.setattr(_inputs, "evaluator", second_process)
     there = validate_inputs(data / "config.json", data)
-    assert started == ["persons"]
+    assert started
     assert _summary(there) == _summary(here)
+    assert there.to_text() == here.to_text()
+
+
+def test_a_large_input_is_evaluated_in_a_second_process_only_before_gx_is_imported() -> None:
+    assert isinstance(_worker.evaluator(10), _worker.InProcess)
+    _gx._gx()  # imported here (as in this test session): a second process would import it again
+    assert isinstance(_worker.evaluator(10**9), _worker.InProcess)
 
 
 def test_report_files(small: synthetic.SyntheticData, tmp_path: Path) -> None:

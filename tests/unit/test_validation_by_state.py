@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from phsafe import synthetic
+from phsafe import reader, synthetic
 from phsafe.config import load_config
 from phsafe.counting import exact_counts
 from phsafe.errors import InputError
 from phsafe.tables import TABLES
 from phsafe.validation import ValidationReport, validate_inputs
-from phsafe.validation import _inputs
+from phsafe.validation import _inputs, _worker
 from tests.conftest import US_CONFIG
 
 STATES = ["01", "06", "11"]
@@ -91,8 +91,8 @@ def test_stored_by_state_gives_the_report_of_one_csv(small: synthetic.SyntheticD
     synthetic.write(data, csv_dir)
     whole = validate_inputs(_config(csv_dir), csv_dir)
     by_state = _write_by_state(data, tmp_path / "by_state")
-    together = validate_inputs(by_state / "config.json", by_state)  # one group of three states
-    monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", 1)  # each state on its own
+    together = validate_inputs(by_state / "config.json", by_state)  # each state's folders in one batch
+    monkeypatch.setattr(reader, "PARQUET_BATCH_ROWS", 97)  # and in many
     apart = validate_inputs(by_state / "config.json", by_state)
 
     assert not whole.ok
@@ -129,8 +129,8 @@ def test_records_join_only_within_their_states_folders(small: synthetic.Syntheti
     # Alabama's household: persons under 01, its unit under 06, its geo row under 01.
     folders, _, n_persons = _move_household(small, units_to="06")
     by_state = _write_by_state(small, tmp_path / "by_state", folders)
-    for group_min_rows in (_inputs.GROUP_MIN_ROWS, 1):  # 01 and 06 validated together, then apart
-        monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", group_min_rows)
+    for batch_rows in (reader.PARQUET_BATCH_ROWS, 97):  # whole files, then small batches
+        monkeypatch.setattr(reader, "PARQUET_BATCH_ROWS", batch_rows)
         report = validate_inputs(by_state / "config.json", by_state)
         assert _failure(report, "persons_in_units.unit_exists") == n_persons
         assert _failure(report, "units_geo.unit_in_geo") == 1  # the unit, under 06
@@ -186,18 +186,15 @@ def test_a_state_missing_from_a_file_holds_no_rows_of_it(small: synthetic.Synthe
 def test_states_on_a_second_process_give_the_same_report(small: synthetic.SyntheticData, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     by_state = _write_by_state(_broken(small), tmp_path / "by_state")
-    monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", 1)
     here = validate_inputs(by_state / "config.json", by_state)
-    monkeypatch.setattr(_inputs, "PARALLEL_MIN_ROWS", 0)
-    started: list[dict] = []
-    real = _inputs._Worker.__init__
+    started: list[int] = []
 
-    def spy(self, request):  # type: ignore[no-untyped-def]
-        started.append(request)
-        real(self, request)
+    def second_process(rows: int) -> _worker.Evaluator:
+        started.append(rows)
+        return _worker.SecondProcess()
 
-    monkeypatch.setattr(_inputs._Worker, "__init__", spy)
+    monkeypatch.setattr(_inputs, "evaluator", second_process)
     there = validate_inputs(by_state / "config.json", by_state)
-    assert [r["task"] for r in started] == ["states"] and started[0]["groups"]
+    assert started
     assert _summary(there) == _summary(here)
     assert there.to_text() == here.to_text()
