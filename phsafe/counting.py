@@ -500,6 +500,7 @@ class FileRows:
         self.missing: set[str] = set()
         self.columns: Columns = {}
         self.bad: dict[str, np.ndarray] = {}
+        self._compact: dict[str, np.ndarray] = {}
 
     def add(self, encoded: Mapping[str, Encoded], rows: int) -> None:
         for c in self.schema:
@@ -529,11 +530,15 @@ class FileRows:
         return len(self.columns["MAFID"])
 
     def compact(self, name: str) -> np.ndarray:
-        """The values of ``name`` as int32, ``INVALID`` where a row breaks a per-file rule."""
-        out = self.columns[name].astype(np.int32)
-        if name in self.bad:
-            out[self.bad[name]] = INVALID
-        return out
+        """The values of ``name`` as signed integers (int16 for a one-byte column, else int32),
+        ``INVALID`` where a row breaks a per-file rule (computed once)."""
+        if name not in self._compact:
+            values = self.columns[name]
+            out = values.astype(np.int16 if values.dtype.itemsize == 1 else np.int32)
+            if name in self.bad:
+                out[self.bad[name]] = INVALID
+            self._compact[name] = out
+        return self._compact[name]
 
     def ok(self, name: str) -> np.ndarray | None:
         """Rows whose value of ``name`` is valid (None: every row)."""
@@ -595,7 +600,9 @@ class _Layout:
         """Add one state's distinct valid MAFIDs; return how many another state already had."""
         if not len(mafids):
             return 0
-        offset = np.sort(mafids.astype(np.int64) - MAFID_MIN)
+        offset = mafids.astype(np.int64) - MAFID_MIN
+        if len(offset) > 1 and not bool((offset[1:] > offset[:-1]).all()):
+            offset.sort()
         byte = offset >> 3
         bit = np.left_shift(np.uint8(1), (offset & 7).astype(np.uint8))
         seen = self.seen[stem]

@@ -135,10 +135,10 @@ class GeoSide:
     state: npt.NDArray[np.uint8]
     set_aside: int
 
-    @property
-    def aside(self) -> npt.NDArray[np.bool_]:
+    def __post_init__(self) -> None:
+        self.aside = (self.rows > 0) & (self.kept == 0)
         """MAFIDs whose every geo row is set aside: their units and persons are set aside too."""
-        return (self.rows > 0) & (self.kept == 0)
+        self.any_aside = bool(self.aside.any())
 
 
 def state_indices(states: Sequence[str]) -> npt.NDArray[np.uint8]:
@@ -179,14 +179,22 @@ def geo_side(mafid: npt.NDArray[np.integer], mafid_ok: npt.NDArray[np.bool_] | N
     set_aside = int(n - np.count_nonzero(kept_row))
     rows = np.flatnonzero(mafid_ok) if mafid_ok is not None else np.arange(n)
     m = mafid[rows]
-    if _is_sorted(m):
-        order = None
-        keys = sorted_distinct(m)
+    if _is_sorted(m):  # extracts sorted by MAFID: keys and each row's key in one pass
+        new = np.empty(len(m), dtype=bool)
+        new[:1] = True
+        np.not_equal(m[1:], m[:-1], out=new[1:])
+        keys = m[new]
+        key = (np.cumsum(new, dtype=np.int32) - 1) if len(m) else np.empty(0, np.int32)
     else:
         order = np.argsort(m, kind="stable")
-        keys = sorted_distinct(m[order])
+        sorted_m = m[order]
+        new = np.empty(len(m), dtype=bool)
+        new[:1] = True
+        np.not_equal(sorted_m[1:], sorted_m[:-1], out=new[1:])
+        keys = sorted_m[new]
+        key = np.empty(len(m), dtype=np.int32)
+        key[order] = np.cumsum(new, dtype=np.int32) - 1
     index = KeyIndex(keys, expected_lookups)
-    key = index.lookup(m)
     counts = np.bincount(key, minlength=len(keys)).astype(np.int32)
     kept = np.bincount(key[kept_row[rows]], minlength=len(keys)).astype(np.int32)
     first = np.full(len(keys), -1, dtype=np.int64)
@@ -289,7 +297,7 @@ class Joiner:
         if ok is not None:
             key[~ok] = -1
         aside_keys = self.geo.aside
-        if aside_keys.any():
+        if self.geo.any_aside:
             found = np.flatnonzero(key >= 0)
             aside = np.zeros(len(key), dtype=bool)
             aside[found] = aside_keys[key[found]]

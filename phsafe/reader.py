@@ -24,6 +24,7 @@ messages of pyarrow's parser, which quote offending rows, are replaced by our ow
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import os
@@ -659,6 +660,13 @@ class Encoded:
         counts = np.bincount(kind, minlength=NOT_UTF8 + 1)
         return {k: int(counts[k]) for k in (NOT_UTF8, NULL, MALFORMED, OUT_OF_RANGE, NOT_IN_SET) if counts[k]}
 
+    def class_view(self) -> tuple[np.ndarray, int]:
+        """The classes as ``(array, offset)`` -- class = array + offset -- without a copy when
+        they follow from the values."""
+        if self.classes is not None:
+            return self.classes, 0
+        return self.values, 0 if self.column.kind is ColumnKind.CODE else 1
+
     def class_of_rows(self) -> np.ndarray:
         """The class of each row (int64)."""
         if self.classes is not None:
@@ -739,19 +747,36 @@ def _compact_dtype(c: Column) -> np.dtype:
     return np.dtype(np.uint8 if width <= 2 else np.uint16 if width <= 4 else np.uint32 if width <= 9 else np.int64)
 
 
+@functools.cache
+def _outside_set(c: Column, size: int) -> np.ndarray:
+    """Lookup table over ``0 .. size - 1``: True where the value is not in ``c.allowed``."""
+    assert c.allowed is not None
+    table = np.ones(size, dtype=bool)
+    table[[v for v in c.allowed if v < size]] = False
+    return table
+
+
 def _domain_kind(c: Column, values: np.ndarray) -> np.ndarray | None:
     """Per row of well-formed ``values``: ``OK``, ``OUT_OF_RANGE`` or ``NOT_IN_SET``; None if
-    every row is inside ``c``'s domain."""
+    every row is inside ``c``'s domain (the usual case: decided by a minimum, a maximum or one
+    lookup per row, without temporaries)."""
+    if not len(values):
+        return None
     kind = None
-    if c.minimum is not None:
-        outside = (values < c.minimum) | (values > c.maximum)
-        if outside.any():
-            kind = np.where(outside, OUT_OF_RANGE, OK).astype(np.uint8)
+    lo, hi = int(values.min()), int(values.max())
+    if c.minimum is not None and (lo < c.minimum or hi > c.maximum):
+        kind = np.where((values < c.minimum) | (values > c.maximum), OUT_OF_RANGE, OK).astype(np.uint8)
     if c.allowed is not None:
-        allowed = np.zeros(max(c.allowed) + 2, dtype=bool)
-        allowed[list(c.allowed)] = True
-        inside = np.clip(values, 0, len(allowed) - 1).astype(np.int64)
-        missing = ~allowed[inside] | (values < 0) | (values >= len(allowed) - 1)
+        first, last = min(c.allowed), max(c.allowed)
+        if len(c.allowed) == last - first + 1:  # a range of codes: the extremes decide
+            if lo >= first and hi <= last:
+                return kind
+            missing = (values < first) | (values > last)
+        elif values.dtype.itemsize <= 2 and values.dtype.kind == "u":
+            missing = _outside_set(c, 1 << (8 * values.dtype.itemsize))[values]
+        else:
+            table = _outside_set(c, last + 2)  # the last entry stands for everything above
+            missing = table[np.clip(values, 0, last + 1).astype(np.intp)] | (values < 0)
         if missing.any():
             if kind is None:
                 kind = np.zeros(len(values), np.uint8)

@@ -9,12 +9,15 @@ a frame of a few hundred rows where the file has millions (a million persons row
 thousand distinct (QAGE, RELSHIP) pairs).
 
 Values are counted as non-negative integer *classes* (see :class:`phsafe.reader.ClassBook`): two
-rows have the same class exactly when validation sees the same value in them.
+rows have the same class exactly when validation sees the same value in them. The groups of a
+file are counted together where their columns' combinations fit in a dense array of bins
+(:func:`joints`): one pass over a batch's rows counts several groups, whose own combinations are
+the sums over the other columns at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,110 +29,123 @@ DENSE_MAX_BINS = 1 << 22
 """Combinations are counted in a dense array of bins up to this many possible combinations (one
 pass over the rows); beyond, by sorting their packed keys."""
 _PACK_LIMIT = 1 << 62
+_DENSE_ALWAYS = 1 << 16  # bins counted densely whatever the rows (a few hundred kB)
+
+Values = tuple[np.ndarray, int]
+"""A column's classes as (array, offset): the class of row ``i`` is ``array[i] + offset``
+(compact values are their classes shifted: integers' classes are ``value + 1``)."""
 
 
-def _pack(columns: Sequence[npt.NDArray[np.int64]]) -> tuple[npt.NDArray[np.int64], list[int]] | None:
-    """Each row's combination as one int64 (mixed radix), or None if the radices overflow."""
-    radices = [int(c.max()) + 1 if len(c) else 1 for c in columns]
+def _pack(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int], list[int]] | None:
+    """Each row's combination as one integer (mixed radix over each column's own range), with
+    the columns' minimums and radices; None if the radices overflow 62 bits."""
+    mins, radices = [], []
     total = 1
-    for r in radices:
-        total *= r
+    for c in columns:
+        lo, hi = int(c.min()), int(c.max())
+        mins.append(lo)
+        radices.append(hi - lo + 1)
+        total *= hi - lo + 1
     if total >= _PACK_LIMIT:
         return None
-    key = np.zeros(len(columns[0]), dtype=np.int64)
-    for c, r in zip(columns, radices):
-        key *= r
-        key += c
-    return key, radices
+    dtype = np.uint32 if total < (1 << 32) else np.int64
+    key = _shifted(columns[0], mins[0], dtype)
+    for c, lo, r in zip(columns[1:], mins[1:], radices[1:]):
+        key *= dtype(r)
+        key += _shifted(c, lo, dtype)
+    return key, mins, radices
 
 
-def _unpack(key: npt.NDArray[np.int64], radices: list[int]) -> list[npt.NDArray[np.int64]]:
+def _shifted(values: np.ndarray, lo: int, dtype: type) -> np.ndarray:
+    """``values - lo`` in ``dtype`` (uint32 arithmetic wraps around: exact, since the true
+    result is in range)."""
+    out = values.astype(dtype)
+    if lo:
+        out -= dtype(lo % (1 << 32)) if dtype is np.uint32 else dtype(lo)
+    return out
+
+
+def _unpack(key: np.ndarray, mins: list[int], radices: list[int]) -> list[npt.NDArray[np.int64]]:
     out: list[npt.NDArray[np.int64]] = []
-    key = key.copy()
-    for r in reversed(radices):
-        out.append(key % r)
+    key = key.astype(np.int64)
+    for lo, r in zip(reversed(mins), reversed(radices)):
+        out.append(key % r + lo)
         key //= r
     return out[::-1]
 
 
-def distinct(columns: Sequence[npt.NDArray[np.integer]], weights: npt.NDArray[np.integer] | None = None
+def distinct(columns: Sequence[np.ndarray], weights: np.ndarray | None = None
              ) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
-    """The distinct combinations of ``columns`` (non-negative integers, one value per row) and
-    the number of rows -- or the sum of ``weights`` -- of each.
+    """The distinct combinations of ``columns`` (integers, one value per row) and the number of
+    rows -- or the sum of ``weights`` -- of each.
 
     Returns:
-        (one array per column of the distinct combinations, their weights), combinations sorted.
+        (one int64 array per column of the distinct combinations, their weights).
     """
-    cols = [np.asarray(c, dtype=np.int64) for c in columns]
-    n = len(cols[0]) if cols else 0
+    n = len(columns[0]) if columns else 0
     if n == 0:
-        return [np.empty(0, np.int64) for _ in cols], np.empty(0, np.int64)
+        return [np.empty(0, np.int64) for _ in columns], np.empty(0, np.int64)
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    packed = _pack(cols)
+    packed = _pack(columns)
     if packed is None:
-        # Some class is large (e.g. an irregular number): count on dense ids of each column.
-        uniques, dense = zip(*(np.unique(c, return_inverse=True) for c in cols))
+        # Some class is far from the others (e.g. an irregular number): dense ids per column.
+        uniques, dense = zip(*(np.unique(c, return_inverse=True) for c in columns))
         combos, counts = distinct(list(dense), weights)
         return [u[d] for u, d in zip(uniques, combos)], counts
-    key, radices = packed
-    total = 1
-    for r in radices:
-        total *= r
-    if total <= DENSE_MAX_BINS:
+    key, mins, radices = packed
+    total = int(np.prod(radices, dtype=object))
+    if total <= DENSE_MAX_BINS and (total <= _DENSE_ALWAYS or total <= 16 * n):
         binned = np.bincount(key, weights=w, minlength=total)
-        present = np.flatnonzero(binned)
-        counts = binned[present]
-        keys = present.astype(np.int64)
+        keys = np.flatnonzero(binned)
+        counts = binned[keys]
     else:
         keys, inverse = np.unique(key, return_inverse=True)
         counts = np.bincount(inverse, weights=w, minlength=len(keys))
-    return _unpack(keys, radices), np.rint(counts).astype(np.int64) if w is not None else counts.astype(np.int64)
+    counts = np.rint(counts).astype(np.int64) if w is not None else counts.astype(np.int64)
+    return _unpack(keys, mins, radices), counts
 
 
 @dataclass
 class ComboCounter:
-    """Adds up the distinct combinations of some columns over many batches."""
+    """Adds up the distinct combinations of some columns (their classes) over many batches."""
 
-    n_columns: int
+    columns: tuple[str, ...]
     _parts: list[tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]] = field(default_factory=list)
-    _pending_rows: int = 0
+    _rows: int = 0
 
-    def add(self, columns: Sequence[npt.NDArray[np.integer]], weights: npt.NDArray[np.integer] | None = None) -> None:
-        if not len(columns[0]):
+    def add(self, values: Sequence[Values], weights: np.ndarray | None = None) -> None:
+        """Add rows: each column's classes as ``(array, offset)``."""
+        if not len(values[0][0]):
             return
-        combos, counts = distinct(columns, weights)
+        combos, counts = distinct([a for a, _ in values], weights)
+        for combo, (_, offset) in zip(combos, values):
+            combo += offset
         self._parts.append((combos, counts))
-        self._pending_rows += len(counts)
-        if len(self._parts) > 32 or self._pending_rows > 4_000_000:
+        self._rows += len(counts)
+        if len(self._parts) > 32 or self._rows > 4_000_000:
             self._parts = [self._merged()]
-            self._pending_rows = len(self._parts[0][1])
-
-    def add_counted(self, columns: Sequence[npt.NDArray[np.integer]], counts: npt.NDArray[np.integer]) -> None:
-        """Add combinations already counted (e.g. per MAFID key)."""
-        self.add(columns, counts)
+            self._rows = len(self._parts[0][1])
 
     def _merged(self) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
         if not self._parts:
-            return [np.empty(0, np.int64) for _ in range(self.n_columns)], np.empty(0, np.int64)
+            return [np.empty(0, np.int64) for _ in self.columns], np.empty(0, np.int64)
         if len(self._parts) == 1:
             return self._parts[0]
-        columns = [np.concatenate([p[0][i] for p in self._parts]) for i in range(self.n_columns)]
+        columns = [np.concatenate([p[0][i] for p in self._parts]) for i in range(len(self.columns))]
         return distinct(columns, np.concatenate([p[1] for p in self._parts]))
 
-    def result(self) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
-        """The distinct combinations so far and their weights."""
+    def result(self, columns: Sequence[str] | None = None
+               ) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+        """The distinct combinations so far (of ``columns``, a subset: summed over the others)
+        and their weights."""
         merged = self._merged()
         self._parts = [merged] if len(merged[1]) else []
-        return merged
-
-    def merge(self, other: "ComboCounter") -> None:
-        combos, counts = other.result()
-        if len(counts):
-            self.add(combos, counts)
-
-    @property
-    def empty(self) -> bool:
-        return not self._parts
+        if columns is None or tuple(columns) == self.columns:
+            return merged
+        combos, counts = merged
+        if not len(counts):
+            return [np.empty(0, np.int64) for _ in columns], counts
+        return distinct([combos[self.columns.index(c)] for c in columns], counts)
 
 
 @dataclass(frozen=True)
@@ -165,3 +181,31 @@ def rule_groups(suite: Suite, frame: str, column_order: Sequence[str], *,
         groups.setdefault(columns, []).append(rule)
     return [RuleGroup(suite.name, frame, columns, tuple(r.rule_id for r in rules))
             for columns, rules in groups.items()]
+
+
+def joints(groups: Sequence[RuleGroup], sizes: Mapping[str, int], column_order: Sequence[str]
+           ) -> list[tuple[str, ...]]:
+    """Sets of columns to count together so that every group's columns are in one of them.
+
+    Greedy, largest groups first: a group joins the first set whose combinations, with the
+    group's columns added, still fit in :data:`DENSE_MAX_BINS` (``sizes``: how many classes a
+    valid column has); otherwise it starts a set of its own.
+    """
+    position = {name: i for i, name in enumerate(column_order)}
+
+    def product(columns: set[str]) -> int:
+        out = 1
+        for c in columns:
+            out *= sizes[c]
+        return out
+
+    sets: list[set[str]] = []
+    for group in sorted(groups, key=lambda g: (-product(set(g.columns)), g.columns)):
+        columns = set(group.columns)
+        for s in sets:
+            if columns <= s or product(s | columns) <= DENSE_MAX_BINS:
+                s |= columns
+                break
+        else:
+            sets.append(columns)
+    return [tuple(sorted(s, key=lambda c: position.get(c, len(position)))) for s in sets]

@@ -45,7 +45,7 @@ from phsafe.logs import get_logger
 from phsafe.reader import INVALID, NOT_UTF8, OK, ClassBook, Encoded, InputFile, SourceReader
 from phsafe.schema import FILES, RELSHIP_HOUSEHOLDER, RTYPE_UNIT_HU, STATE_CODES, PUERTO_RICO, Column
 from phsafe.validation import _config, _gx
-from phsafe.validation._combos import ComboCounter, RuleGroup, distinct, rule_groups
+from phsafe.validation._combos import ComboCounter, RuleGroup, Values, distinct, joints, rule_groups
 from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._suites import Suite, load_suite
@@ -198,7 +198,7 @@ class _FileCheck:
     header: list[str] | None = None
     headers_seen: set[tuple[str, ...]] = field(default_factory=set)
     groups: list[RuleGroup] | None = None
-    counters: dict[RuleGroup, ComboCounter] = field(default_factory=dict)
+    counters: list[ComboCounter] = field(default_factory=list)
     mafid_group: RuleGroup | None = None
     irregular_mafids: list[npt.NDArray[np.int64]] = field(default_factory=list)
     complete: bool = True
@@ -230,7 +230,8 @@ class InputValidation:
         self.files = {stem: _FileCheck(stem, load_suite(stem), Tally(load_suite(stem)),
                                        {c.name: ClassBook(c) for c in FILES[stem]}) for stem in STEMS}
         self.cross = {name: Tally(load_suite(name), _ROW_NOUNS) for name in CROSS_FILE_SUITES}
-        self.cross_counters: dict[RuleGroup, ComboCounter] = {}
+        self.cross_counters: dict[str, list[ComboCounter]] = {}
+        self.cross_groups: dict[str, list[RuleGroup]] = {}
         self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
         self._skipped_cross: list[str] = []
@@ -284,12 +285,16 @@ class InputValidation:
                     check.complete = False
                     # Such rows are left out of every rule: their other fields cannot be trusted.
                     rows = ~bad if rows is None else rows & ~bad
-        assert check.groups is not None
-        for group in check.groups:
-            classes = [encoded[c].class_of_rows() for c in group.columns]
-            if rows is not None:
-                classes = [c[rows] for c in classes]
-            check.counters[group].add(classes)
+        views: dict[str, Values] = {}
+
+        def view(column: str) -> Values:
+            if column not in views:
+                array, offset = encoded[column].class_view()
+                views[column] = (array if rows is None else array[rows], offset)
+            return views[column]
+
+        for counter in check.counters:
+            counter.add([view(c) for c in counter.columns])
         if check.mafid_group is not None:
             m = encoded["MAFID"]
             if m.kind is not None:  # irregular MAFIDs; the valid ones come from the join
@@ -300,7 +305,8 @@ class InputValidation:
                     check.irregular_mafids.append(m.class_of_rows()[irregular])
 
     def _setup(self, check: _FileCheck, present: list[str]) -> None:
-        """Group the file's rules by the columns they read; rules of absent columns are noted."""
+        """Group the file's rules by the columns they read, and the groups into sets of columns
+        counted together; rules of absent columns are noted."""
         check.columns = set(present)
         order = [c.name for c in FILES[check.stem]]
         groups = []
@@ -313,8 +319,9 @@ class InputValidation:
                 check.mafid_group = group
             else:
                 groups.append(group)
-                check.counters[group] = ComboCounter(len(group.columns))
         check.groups = groups
+        sizes = {c.name: _classes(c) for c in FILES[check.stem]}
+        check.counters = [ComboCounter(columns) for columns in joints(groups, sizes, order)]
 
     def file_read(self, stem: str, part: Any, reader: SourceReader) -> None:
         check = self.files[stem]
@@ -385,78 +392,83 @@ class InputValidation:
         frame = _file_frame(check.books, ("MAFID",), classes)
         self._submit(check.tally, group, frame, counts)
 
-    def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]],
-                   weights: npt.NDArray[np.integer] | None = None) -> None:
-        """Add rows of a derived frame (compact values, INVALID for null) to each rule group."""
-        tally = self.cross[suite]
-        for group in rule_groups(tally.suite, suite, list(columns)):
-            counter = self.cross_counters.setdefault(group, ComboCounter(len(group.columns)))
-            counter.add([np.asarray(columns[c], dtype=np.int64) + 1 for c in group.columns], weights)
+    def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
+        """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
+        if suite not in self.cross_counters:
+            groups = rule_groups(self.cross[suite].suite, suite, list(columns))
+            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
+            self.cross_groups[suite] = groups
+            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, list(columns))]
+        for counter in self.cross_counters[suite]:
+            counter.add([(columns[c], 1) for c in counter.columns])
 
-    def _units_geo(self, join: Any, units: Any, geo_rows_: Any) -> None:
+    def _units_geo(self, join: Any, units: Any, geo_rows: Any) -> None:
+        """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
         geo = join.geo
-        n_geo, n_keys = len(geo.index), join.n_keys
-        geo_rows = np.zeros(n_keys, np.int64)
-        geo_rows[:n_geo] = geo.rows
-        aside = np.zeros(n_keys, bool)
-        aside[:n_geo] = geo.aside
-        # One row per MAFID of kept units or kept geo rows.
-        present = ((join.unit_rows > 0) | (geo_rows > 0)) & ~aside
+        n_geo = len(geo.index)
+        present = join.unit_rows > 0
+        present[:n_geo] |= geo.rows > 0
+        present[:n_geo] &= ~geo.aside
         keys = np.flatnonzero(present)
-        unit_rtype = _first(units.compact("RTYPE"), join.unit_first[keys])
+        geo_count = np.zeros(len(keys), np.int64)
         geo_first = np.full(len(keys), -1, np.int64)
         inside = keys < n_geo
+        geo_count[inside] = geo.rows[keys[inside]]
         geo_first[inside] = geo.first[keys[inside]]
-        geo_rtype = _first(geo_rows_.compact("RTYPE"), geo_first)
         self._cross_add("units_geo", {
             "UNITS_ROWS": np.minimum(join.unit_rows[keys], _SMALL_MAX),
-            "GEO_ROWS": np.minimum(geo_rows[keys], _SMALL_MAX),
-            "UNIT_RTYPE": unit_rtype,
-            "GEO_RTYPE": geo_rtype,
+            "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
+            "UNIT_RTYPE": _at(units.compact("RTYPE"), join.unit_first[keys]),
+            "GEO_RTYPE": _at(geo_rows.compact("RTYPE"), geo_first),
         })
 
     def _persons_in_units(self, join: Any, units: Any, persons: Any) -> None:
-        valid = persons.ok("MAFID")
-        rows = np.arange(persons.rows) if valid is None else np.flatnonzero(valid)
-        key = join.person_key[rows]
-        found = key >= 0
-        unit_row = np.full(len(rows), -1, np.int64)
-        unit_row[found] = join.unit_first[key[found]]
-        in_units = unit_row >= 0
-        relship = persons.compact("RELSHIP")[rows]
-        self._cross_add("persons_in_units", {
-            "IN_UNITS": in_units.astype(np.int64),
-            "RTYPE": persons.compact("RTYPE")[rows],
-            "RELSHIP": relship,
-            "QAGE": persons.compact("QAGE")[rows],
-            "UNIT_RTYPE": _first(units.compact("RTYPE"), unit_row),
-            "UNIT_HHT": _first(units.compact("HHT"), unit_row),
-            "UNIT_HHT2": _first(units.compact("HHT2"), unit_row),
-        })
-        # Households: the first unit row of each MAFID with RTYPE 2 and HHT != 0, and its
-        # number of householders (unknown when one of its persons' RELSHIP is invalid).
+        """One row per person with a valid MAFID, next to the first unit row of its MAFID; and
+        one row per household with its number of householders."""
         n_keys = join.n_keys
+        first = join.unit_first
+        # Per key: the first unit row's values (INVALID for none), read through each person's key.
+        unit_rtype = _at(units.compact("RTYPE"), first)
+        unit_hht = _at(units.compact("HHT"), first)
+        unit_hht2 = _at(units.compact("HHT2"), first)
+        valid = persons.ok("MAFID")
+        key = join.person_key if valid is None else join.person_key[valid]
+        relship = persons.compact("RELSHIP")
+        rtype, age = persons.compact("RTYPE"), persons.compact("QAGE")
+        if valid is not None:
+            relship, rtype, age = relship[valid], rtype[valid], age[valid]
+        self._cross_add("persons_in_units", {
+            "IN_UNITS": _at(first >= 0, key, False).astype(np.int8),
+            "RTYPE": rtype,
+            "RELSHIP": relship,
+            "QAGE": age,
+            "UNIT_RTYPE": _at(unit_rtype, key),
+            "UNIT_HHT": _at(unit_hht, key),
+            "UNIT_HHT2": _at(unit_hht2, key),
+        })
+        # Households: the first unit row of each MAFID with RTYPE 2 and HHT != 0, and its number
+        # of householders (unknown when one of its persons' RELSHIP broke a per-file rule).
+        in_units = (key >= 0) & (_at(first, key) >= 0)
         householders = np.bincount(key[in_units & (relship == RELSHIP_HOUSEHOLDER)], minlength=n_keys)
         unknown = np.bincount(key[in_units & (relship == INVALID)], minlength=n_keys)
-        first = join.unit_first
-        has_unit = np.flatnonzero(first >= 0)
-        rtype = units.compact("RTYPE")[first[has_unit]]
-        hht = units.compact("HHT")[first[has_unit]]
-        households = has_unit[(rtype == RTYPE_UNIT_HU) & (hht > 0)]
+        households = np.flatnonzero((unit_rtype == RTYPE_UNIT_HU) & (unit_hht > 0))
         counts = np.where(unknown[households] > 0, INVALID, np.minimum(householders[households], _SMALL_MAX))
         self._cross_add("households", {"HOUSEHOLDERS": counts})
 
     def _submit_accumulated(self) -> None:
         for stem, check in self.files.items():
-            for group, counter in check.counters.items():
-                combos, counts = counter.result()
+            for group in check.groups or ():
+                counter = next(c for c in check.counters if set(group.columns) <= set(c.columns))
+                combos, counts = counter.result(group.columns)
                 if len(counts):
                     self._submit(check.tally, group, _file_frame(check.books, group.columns, combos), counts,
                                  self._parameters(stem))
-        for group, counter in self.cross_counters.items():
-            combos, counts = counter.result()
-            if len(counts):
-                self._submit(self.cross[group.suite], group, _derived_frame(group.columns, combos), counts)
+        for suite, groups in self.cross_groups.items():
+            for group in groups:
+                counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
+                combos, counts = counter.result(group.columns)
+                if len(counts):
+                    self._submit(self.cross[suite], group, _derived_frame(group.columns, combos), counts)
 
     # --------------------------------------------------------------------------------- report
     def _collect(self) -> None:
@@ -519,12 +531,26 @@ class InputValidation:
         return report
 
 
-def _first(values: npt.NDArray[np.integer], rows: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
-    """``values[rows]``, ``INVALID`` where ``rows`` is -1."""
-    out = np.full(len(rows), INVALID, np.int64)
-    present = rows >= 0
-    out[present] = values[rows[present]]
-    return out
+def _at(values: np.ndarray, rows: np.ndarray, missing: object = INVALID) -> np.ndarray:
+    """``values[rows]``, ``missing`` where ``rows`` is -1 (one gather: the missing value is
+    appended, and -1 reads the last entry)."""
+    return np.append(values, np.array(missing, dtype=values.dtype))[rows]
+
+
+def _classes(column: Column) -> int:
+    """How many classes a valid value of ``column`` can be (how combinations are grouped)."""
+    if column.allowed is not None:
+        return max(column.allowed) - min(column.allowed) + 1
+    if column.minimum is not None:
+        assert column.maximum is not None
+        return column.maximum - column.minimum + 1
+    assert column.width is not None
+    return 10**column.width
+
+
+_DERIVED_CLASSES = {"IN_UNITS": 2, "RTYPE": 7, "RELSHIP": 40, "QAGE": 117, "UNIT_RTYPE": 6, "UNIT_HHT": 9,
+                    "UNIT_HHT2": 14, "GEO_RTYPE": 6}
+"""Classes of the derived frames' columns (compact values and INVALID); counts have 256."""
 
 
 def _structural(result: Any, file_names: Mapping[str, str]) -> dict[str, list[Failure]]:
