@@ -49,20 +49,26 @@ def _pack(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, list[int], list[in
     if total >= _PACK_LIMIT:
         return None
     dtype = np.uint32 if total < (1 << 32) else np.int64
-    key = _shifted(columns[0], mins[0], dtype)
+    # sum((c_i - min_i) * stride_i) = sum(c_i * stride_i) - sum(min_i * stride_i): the columns are
+    # folded in as they are and the constant taken off once (modular arithmetic: exact, since the
+    # result is in range).
+    key = columns[0].astype(dtype)
+    offset = mins[0]
     for c, lo, r in zip(columns[1:], mins[1:], radices[1:]):
         key *= dtype(r)
-        key += _shifted(c, lo, dtype)
+        if c.dtype.kind in "iu" and c.dtype.itemsize < np.dtype(dtype).itemsize and (
+                c.dtype.kind == "u" or dtype is np.int64):
+            key += c
+        else:
+            key += c.astype(dtype)
+        offset = offset * r + lo
+    if offset:
+        bits = 8 * np.dtype(dtype).itemsize
+        constant = offset % (1 << bits)
+        if dtype is np.int64 and constant >= 1 << 63:
+            constant -= 1 << 64
+        key -= dtype(constant)
     return key, mins, radices
-
-
-def _shifted(values: np.ndarray, lo: int, dtype: type) -> np.ndarray:
-    """``values - lo`` in ``dtype`` (uint32 arithmetic wraps around: exact, since the true
-    result is in range)."""
-    out = values.astype(dtype)
-    if lo:
-        out -= dtype(lo % (1 << 32)) if dtype is np.uint32 else dtype(lo)
-    return out
 
 
 def _unpack(key: np.ndarray, mins: list[int], radices: list[int]) -> list[npt.NDArray[np.int64]]:

@@ -176,10 +176,18 @@ class Job:
     """One evaluation: the rules ``rule_ids`` of ``suite``'s ``frame`` on ``data``.
 
     Attributes:
-        data: The frame (pandas). With ``weights``, its rows are distinct combinations of values
+        data: The frame: pandas, or its columns as classes (:class:`~phsafe.validation._frames.
+            FrameColumn` s, turned into values where the job is evaluated). With ``weights``, its
+            rows are distinct combinations of values
             and ``weights[i]`` is the number of rows row ``i`` stands for.
         weights: Rows each frame row stands for (int64), or None (one each).
         parameters: Suite parameters (``$PARAMETER`` values).
+        column_weights: Instead of ``weights``, for rules that each read one column: the frame's
+            columns are independent lists of distinct values -- column ``c``'s are its first
+            ``len(column_weights[c])`` rows, repeated to the frame's length (a repeated value
+            changes no such rule's verdict) -- and ``column_weights[c][i]`` is the number of rows
+            value ``i`` of ``c`` stands for. One frame then carries every one-column rule of a
+            suite.
     """
 
     suite: str
@@ -188,6 +196,7 @@ class Job:
     data: Any
     weights: Any = None
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    column_weights: Mapping[str, Any] | None = None
 
 
 _SUMMED = ("element_count", "unexpected_count", "missing_count")
@@ -203,28 +212,38 @@ def evaluate(job: Job) -> list[RuleResult]:
     rule would count on the file itself (element, missing and unexpected counts alike), with
     Great Expectations doing every count.
     """
+    from phsafe.validation._frames import frame
+
     suite = load_suite(job.suite)
     rules = [suite.rule(r) for r in job.rule_ids]
-    results = run(suite, job.frame, job.data, rules, job.parameters, counts=False)
+    data = frame(job.data)
+    results = run(suite, job.frame, data, rules, job.parameters, counts=False)
     failed = [rule for rule, result in zip(rules, results) if not result.success and result.raised is None]
     if not failed:
         return results
-    if job.weights is None:
-        recount = {r.rule_id: r for r in run(suite, job.frame, job.data, failed, job.parameters, counts=True)}
+    if job.column_weights is not None:
+        recount = {}
+        for column, weights in job.column_weights.items():
+            rules = [r for r in failed if r.referenced_columns() == {column}]
+            if rules:
+                values = data[[column]].iloc[: len(weights)].reset_index(drop=True)
+                recount.update(_weighted(suite, job, rules, values, weights))
+    elif job.weights is None:
+        recount = {r.rule_id: r for r in run(suite, job.frame, data, failed, job.parameters, counts=True)}
     else:
-        recount = _weighted(suite, job, failed)
+        recount = _weighted(suite, job, failed, data, job.weights)
     return [recount.get(r.rule_id, r) for r in results]
 
 
-def _weighted(suite: Suite, job: Job, rules: Sequence[Rule]) -> dict[str, RuleResult]:
-    weights = np.asarray(job.weights, dtype=np.int64)
+def _weighted(suite: Suite, job: Job, rules: Sequence[Rule], data: Any, weights: Any) -> dict[str, RuleResult]:
+    weights = np.asarray(weights, dtype=np.int64)
     totals: dict[str, dict[str, int]] = {r.rule_id: {} for r in rules}
     raised: dict[str, str | None] = {r.rule_id: None for r in rules}
     for bit in range(int(weights.max(initial=0)).bit_length()):
         rows = np.flatnonzero((weights >> bit) & 1)
         if not len(rows):
             continue
-        part = job.data.iloc[rows].reset_index(drop=True)
+        part = data.iloc[rows].reset_index(drop=True)
         for result in run(suite, job.frame, part, rules, job.parameters, counts=True):
             if result.raised is not None:
                 raised[result.rule_id] = raised[result.rule_id] or result.raised

@@ -38,14 +38,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from phsafe.logs import get_logger
 from phsafe.reader import INVALID, NOT_UTF8, OK, ClassBook, Encoded, InputFile, SourceReader
 from phsafe.schema import FILES, RELSHIP_HOUSEHOLDER, RTYPE_UNIT_HU, STATE_CODES, PUERTO_RICO, Column
 from phsafe.validation import _config, _gx
 from phsafe.validation._combos import ComboCounter, RuleGroup, Values, distinct, joints, rule_groups
+from phsafe.validation._frames import CODE, DERIVED, FLAG, INTEGER, FrameColumn
 from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._suites import Suite, load_suite
@@ -62,6 +61,8 @@ COMPACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "geo": ("MAFID", "RTYPE"),
 }
 """Columns of each file the cross-file rules read."""
+MAFID_JOB_ROWS = 8_000_000
+"""Distinct MAFIDs of several state partitions are judged together, up to this many a job."""
 _SMALL_MAX = 254
 """Row counts in the derived frames are capped here: every rule on a count compares it with 0 or
 1, so a count of 300 and one of 254 get the same verdict."""
@@ -141,49 +142,23 @@ def _usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
 
 
 # ------------------------------------------------------------------------------- frames for GX
-def _code_texts(book: ClassBook, classes: npt.NDArray[np.int64]) -> pd.Series:
-    """The text of each class of a code column (None for empty)."""
-    width = book.column.width
-    assert width is not None
-    regular = classes < book.null_class
-    if regular.all():
-        text = pc.utf8_lpad(pa.array(classes).cast(pa.string()), width=width, padding="0")
-        return text.to_pandas()
-    values = [book.value(int(c)) for c in classes]
-    return pa.array(values, pa.string()).to_pandas()
-
-
-def _integer_values(book: ClassBook, classes: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-    """The number of each class of an integer column (NaN for null), as float64: exact for these
-    ranges, and Great Expectations' range rule is vectorised only for numpy columns."""
-    out = classes.astype(np.float64) - 1.0
-    out[classes == 0] = np.nan
-    extra = classes >= book.first_extra
-    if extra.any():
-        out[extra] = [float(book.value(int(c))) for c in classes[extra]]  # type: ignore[arg-type]
-    return out
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int32 when the values fit (half the bytes to send), else int64."""
+    if len(values) and values.dtype.itemsize > 4 and -(1 << 31) <= int(values.min()) and int(values.max()) < (1 << 31):
+        return values.astype(np.int32)
+    return values
 
 
 def _file_frame(books: Mapping[str, ClassBook], columns: Sequence[str],
-                combos: Sequence[npt.NDArray[np.int64]]) -> pd.DataFrame:
-    data: dict[str, Any] = {}
-    for name, classes in zip(columns, combos):
-        book = books[name]
-        data[name] = _code_texts(book, classes) if book.code else _integer_values(book, classes)
-    return pd.DataFrame(data)
+                combos: Sequence[npt.NDArray[np.int64]]) -> list[FrameColumn]:
+    return [FrameColumn(name, _narrow(classes), 0, CODE if books[name].code else INTEGER, books[name])
+            for name, classes in zip(columns, combos)]
 
 
-def _derived_frame(columns: Sequence[str], combos: Sequence[npt.NDArray[np.int64]]) -> pd.DataFrame:
+def _derived_frame(columns: Sequence[str], combos: Sequence[npt.NDArray[np.int64]]) -> list[FrameColumn]:
     """A derived frame from compact classes (value + 1; 0 for null)."""
-    data: dict[str, Any] = {}
-    for name, classes in zip(columns, combos):
-        if name == "IN_UNITS":
-            data[name] = (classes - 1).astype(bool)
-        else:
-            values = classes.astype(np.float64) - 1.0
-            values[classes == 0] = np.nan
-            data[name] = values
-    return pd.DataFrame(data)
+    return [FrameColumn(name, _narrow(classes), 0, FLAG if name == "IN_UNITS" else DERIVED)
+            for name, classes in zip(columns, combos)]
 
 
 # ----------------------------------------------------------------------------- the observer
@@ -201,6 +176,7 @@ class _FileCheck:
     counters: list[ComboCounter] = field(default_factory=list)
     mafid_group: RuleGroup | None = None
     irregular_mafids: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    mafids: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(default_factory=list)
     complete: bool = True
     columns: set[str] = field(default_factory=set)
     utf8_rows: dict[str, int] = field(default_factory=dict)
@@ -237,7 +213,7 @@ class InputValidation:
         self._skipped_cross: list[str] = []
 
     # ----------------------------------------------------------------------------- GX jobs
-    def _submit(self, tally: Tally, group: RuleGroup, frame: pd.DataFrame, weights: npt.NDArray[np.int64] | None,
+    def _submit(self, tally: Tally, group: RuleGroup, frame: Any, weights: npt.NDArray[np.int64] | None,
                 parameters: Mapping[str, Any] | None = None) -> None:
         params = {k: v for k, v in (parameters or {}).items() if v is not None}
         rules = []
@@ -250,7 +226,8 @@ class InputValidation:
                 rules.append(rule_id)
         if not rules:
             return
-        job = _gx.Job(group.suite, group.frame, tuple(rules), frame, weights, params)
+        job = _gx.Job(group.suite, group.frame, tuple(rules), frame, None if weights is None else _narrow(weights),
+                      params)
         self._jobs.append((job, self.evaluator.submit(job), tally))
 
     def config(self, raw: Any) -> Tally:
@@ -345,7 +322,7 @@ class InputValidation:
     def partition(self, part: Any, geo: Any, join: Any, rows: Mapping[str, Any], last: bool) -> None:
         """Frames of one joined partition: MAFID rules, cross-file rules; at the last, the rest."""
         for stem in STEMS:
-            self._mafids(stem, join, rows[stem])
+            self._mafids(stem, join, rows[stem], last)
         usable = {stem for stem in STEMS if self.files[stem].usable() and stem not in self.missing}
         if {"units", "geo"} <= usable:
             self._units_geo(join, rows["units"], rows["geo"])
@@ -361,7 +338,7 @@ class InputValidation:
         if last:
             self._submit_accumulated()
 
-    def _mafids(self, stem: str, join: Any, rows: Any) -> None:
+    def _mafids(self, stem: str, join: Any, rows: Any, last: bool) -> None:
         """The distinct MAFIDs of a file's kept rows in this partition, with their rows."""
         check = self.files[stem]
         group = check.mafid_group
@@ -372,25 +349,36 @@ class InputValidation:
         elif stem == "units":
             keys, weights = join.mafid, join.unit_rows
         else:
-            found = join.person_key >= 0
-            weights = np.bincount(join.person_key[found], minlength=join.n_keys)
+            weights = np.bincount(join.person_key + 1, minlength=join.n_keys + 1)[1:]  # key -1: none
             keys = join.mafid
             valid = rows.ok("MAFID")
-            orphan = ~found if valid is None else ~found & valid
+            orphan = join.person_key < 0
+            if valid is not None:
+                orphan &= valid
             if orphan.any():
                 check.irregular_mafids.append(rows.columns["MAFID"][orphan].astype(np.int64) + 1)
         present = weights > 0
-        classes = [keys[present].astype(np.int64) + 1]
-        counts = weights[present].astype(np.int64)
+        check.mafids.append((keys[present].astype(np.int64) + 1, weights[present].astype(np.int64)))
         if check.irregular_mafids:
             extra, extra_counts = distinct([np.concatenate(check.irregular_mafids)])
             check.irregular_mafids.clear()
-            classes = [np.concatenate([classes[0], extra[0]])]
-            counts = np.concatenate([counts, extra_counts])
-        if not len(counts):
+            check.mafids.append((extra[0], extra_counts))
+        if last or sum(len(c) for c, _ in check.mafids) >= MAFID_JOB_ROWS:
+            self._submit_mafids(check)
+
+    def _submit_mafids(self, check: _FileCheck) -> None:
+        """The distinct MAFIDs gathered so far (a few partitions') in one job. Each partition
+        holds its own MAFIDs, so no merging is needed: a MAFID stored under two states is two
+        rows of the frame, each with its own rows -- the counts are the same."""
+        if not check.mafids or check.mafid_group is None:
+            check.mafids.clear()
             return
-        frame = _file_frame(check.books, ("MAFID",), classes)
-        self._submit(check.tally, group, frame, counts)
+        classes = np.concatenate([c for c, _ in check.mafids])
+        counts = np.concatenate([w for _, w in check.mafids])
+        check.mafids.clear()
+        if len(counts):
+            frame = _file_frame(check.books, ("MAFID",), [classes])
+            self._submit(check.tally, check.mafid_group, frame, counts)
 
     def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
         """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
@@ -457,18 +445,48 @@ class InputValidation:
 
     def _submit_accumulated(self) -> None:
         for stem, check in self.files.items():
+            single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
             for group in check.groups or ():
                 counter = next(c for c in check.counters if set(group.columns) <= set(c.columns))
                 combos, counts = counter.result(group.columns)
-                if len(counts):
+                if not len(counts):
+                    continue
+                if len(group.columns) == 1 and _plain(check.suite, group):
+                    single[group.columns[0]] = (group, combos[0], counts)
+                else:
                     self._submit(check.tally, group, _file_frame(check.books, group.columns, combos), counts,
                                  self._parameters(stem))
+            if single:
+                self._submit_columns(check, single, self._parameters(stem))
         for suite, groups in self.cross_groups.items():
             for group in groups:
                 counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
                 combos, counts = counter.result(group.columns)
                 if len(counts):
                     self._submit(self.cross[suite], group, _derived_frame(group.columns, combos), counts)
+
+    def _submit_columns(self, check: _FileCheck, single: dict[str, tuple[RuleGroup, Any, Any]],
+                        parameters: Mapping[str, Any]) -> None:
+        """Every one-column rule group of a file in one job: each column's distinct values,
+        repeated to the longest list's length (see :class:`phsafe.validation._gx.Job`)."""
+        length = max(len(classes) for _, classes, _ in single.values())
+        columns = list(single)
+        padded = [np.resize(single[c][1], length) for c in columns]
+        frame = _file_frame(check.books, columns, padded)
+        rule_ids = tuple(r for c in columns for r in single[c][0].rule_ids)
+        group = RuleGroup(check.stem, check.stem, tuple(columns), rule_ids)
+        params = {k: v for k, v in parameters.items() if v is not None}
+        runnable = []
+        for rule_id in rule_ids:
+            missing = check.suite.rule(rule_id).parameters() - set(params)
+            if missing:
+                check.tally.skip(rule_id, f"no valid {', '.join(sorted(missing))} in the config")
+            else:
+                runnable.append(rule_id)
+        if runnable:
+            job = _gx.Job(group.suite, group.frame, tuple(runnable), frame, None, params,
+                          column_weights={c: _narrow(single[c][2]) for c in columns})
+            self._jobs.append((job, self.evaluator.submit(job), check.tally))
 
     # --------------------------------------------------------------------------------- report
     def _collect(self) -> None:
@@ -529,6 +547,11 @@ class InputValidation:
                 f"the input is stored by state ({result.states_found} TABBLKST=<state> folders): records join "
                 "only within a state's folders, as the counting reads them")
         return report
+
+
+def _plain(suite: Suite, group: RuleGroup) -> bool:
+    """The group's rules can be judged on a list of values that repeats some (no ``mostly``)."""
+    return all(suite.rule(r).config.get("kwargs", {}).get("mostly") is None for r in group.rule_ids)
 
 
 def _at(values: np.ndarray, rows: np.ndarray, missing: object = INVALID) -> np.ndarray:
