@@ -227,6 +227,13 @@ def locate_inputs(data_dir: str | Path) -> dict[str, InputFile]:
     return found
 
 
+def _digest(path: Path, name: str) -> str:
+    try:
+        return file_digest(path)
+    except OSError:
+        raise InputError(name, "", "could not be read") from None
+
+
 def file_digest(path: Path) -> str:
     """SHA-256 of a file's bytes, streamed."""
     h = hashlib.sha256()
@@ -265,10 +272,14 @@ def input_digests(files: dict[str, InputFile]) -> dict[str, str]:
     A single file's digest is the SHA-256 of its bytes; a folder's is :func:`directory_digest`.
     Files are hashed on a few threads (hashing releases the GIL), largest first.
     """
-    paths = sorted({str(p) for f in files.values() for p in f.files},
-                   key=lambda p: -os.path.getsize(p))
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        digests = dict(zip(paths, pool.map(lambda p: file_digest(Path(p)), paths)))
+    names = {str(p): f.file_name(p) for f in files.values() for p in f.files}
+    try:
+        paths = sorted(names, key=lambda p: -os.path.getsize(p))
+        with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+            digests = dict(zip(paths, pool.map(lambda p: _digest(Path(p), names[p]), paths)))
+    except OSError:
+        unreadable = next(n for p, n in names.items() if not os.access(p, os.R_OK)) if names else ""
+        raise InputError(unreadable or "input", "", "could not be read") from None
     out: dict[str, str] = {}
     for f in files.values():
         if f.directory:

@@ -71,7 +71,11 @@ def _gx() -> dict[str, Any]:
 
             # GX fingerprints every pandas batch below this size by hashing all of its values
             # (an MD5 of the confidential data, written into the result's metadata, and a full
-            # extra pass over the batch). Fingerprinting is off: threshold 0.
+            # extra pass over the batch). Fingerprinting is off: threshold 0 -- and a release
+            # that renamed the setting must not silently turn it back on.
+            if not hasattr(pandas_execution_engine, "HASH_THRESHOLD"):
+                raise RuntimeError("great_expectations: HASH_THRESHOLD is gone; batch fingerprints "
+                                   "would hash confidential data (pin the reviewed version)")
             pandas_execution_engine.HASH_THRESHOLD = 0
 
             context = gx.get_context(

@@ -198,3 +198,74 @@ def test_states_on_a_second_process_give_the_same_report(small: synthetic.Synthe
     assert started
     assert _summary(there) == _summary(here)
     assert there.to_text() == here.to_text()
+
+
+# ------------------------------------------------------------------------------ one read
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the data reads of each input file: CSV parsers opened, Parquet batches iterated."""
+    import collections
+
+    import pyarrow.csv as pacsv
+
+    reads: dict[str, int] = collections.Counter()
+    open_csv, parquet_file = pacsv.open_csv, pq.ParquetFile
+
+    def counted_open_csv(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[str(path)] += 1
+        return open_csv(path, *args, **kwargs)
+
+    class CountedParquetFile(parquet_file):  # type: ignore[misc,valid-type]
+        def __init__(self, source, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(source, *args, **kwargs)
+            self._counted_path = str(source)
+
+        def iter_batches(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            reads[self._counted_path] += 1
+            return super().iter_batches(*args, **kwargs)
+
+    monkeypatch.setattr(reader.pacsv, "open_csv", counted_open_csv)
+    monkeypatch.setattr(reader.pq, "ParquetFile", CountedParquetFile)
+    return reads
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "by_state"])
+def test_validation_and_counting_read_each_file_once(small: synthetic.SyntheticData, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    from phsafe.counting import validated_counts
+
+    if fmt == "by_state":
+        data = _write_by_state(small, tmp_path / "data")
+    else:
+        synthetic.write(small, tmp_path / "data", fmt=fmt)
+        data = tmp_path / "data"
+        _config(data)
+    files = sorted(str(p) for p in data.rglob(f"*.{'csv' if fmt == 'csv' else 'parquet'}"))
+    reads = _count_reads(monkeypatch)
+    counts, report = validated_counts(data / "config.json", data, list(TABLES.values()), key=bytes(16))
+    assert report is not None and report.ok, report.to_text()
+    assert counts is not None and counts.content.persons > 0
+    assert dict(reads) == {f: 1 for f in files}
+    # The counts are those of the counting alone.
+    alone = exact_counts(load_config(data / "config.json"), data, list(TABLES.values()), key=bytes(16))
+    assert counts.content == alone.content
+    for name, table in alone.items():
+        for level, cube in table.by_level.items():
+            assert (counts[name].by_level[level] == cube).all(), (name, level)
+
+
+def test_folders_outside_the_state_filter_are_set_aside_persons_unread(
+        small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    by_state = _write_by_state(small, tmp_path / "by_state")
+    raw = json.loads((by_state / "config.json").read_text())
+    raw["state_filter"] = ["06"]
+    (by_state / "config.json").write_text(json.dumps(raw))
+    reads = _count_reads(monkeypatch)
+    report = validate_inputs(by_state / "config.json", by_state)
+    assert report.ok, report.to_text()
+    states = _state_of_mafid(small)
+    outside = {stem: int((getattr(small, stem)["MAFID"].map(states) != "06").sum())
+               for stem in ("persons", "units", "geo")}
+    assert report.set_aside == outside
+    # Their units and geo MAFIDs are read for the layout check (once); their persons never.
+    assert not any("/persons/TABBLKST=01/" in f or "/persons/TABBLKST=11/" in f for f in reads)
+    assert max(reads.values()) == 1
