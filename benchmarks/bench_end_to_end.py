@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -86,6 +87,8 @@ def main() -> int:
     parser.add_argument("--persons", type=_count, default=1_000_000, help="e.g. 1000000, 10M, 331M")
     parser.add_argument("--format", choices=("csv", "parquet", "parquet-partitioned"), default="csv")
     parser.add_argument("--config", type=Path, default=US_CONFIG)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="alternate the bare read and the private run this many times; report medians")
     parser.add_argument("--phases", action="store_true",
                         help="also time `phsafe validate` alone and the private run without validation")
     parser.add_argument("--skip-read", action="store_true",
@@ -99,14 +102,17 @@ def main() -> int:
     phases: list[Phase] = []
     read = [sys.executable, str(HERE / "pyarrow_read.py"), str(data)]
     try:
-        if not args.skip_read:
-            phases.append(run_phase("pyarrow read", read))
-        phases.append(run_phase(
-            "private",
-            [sys.executable, str(HERE / "private_validated.py"), str(args.config), str(data), str(work / "out"),
-             "--ledger", str(work / "ledger.jsonl"), "--log", str(work / "run.log")],
-            log=work / "private.out"))
-        stages = _stages(work / "run.log")
+        for attempt in range(args.repeat):
+            suffix = "" if args.repeat == 1 else f" #{attempt + 1}"
+            if not args.skip_read:
+                phases.append(run_phase("pyarrow read" + suffix, read))
+            phases.append(run_phase(
+                "private" + suffix,
+                [sys.executable, str(HERE / "private_validated.py"), str(args.config), str(data),
+                 str(work / f"out{attempt}"), "--ledger", str(work / f"ledger{attempt}.jsonl"), "--log",
+                 str(work / f"run{attempt}.log")],
+                log=work / "private.out"))
+        stages = _stages(work / f"run{args.repeat - 1}.log")
         if not args.skip_read:
             phases.append(run_phase("pyarrow read (after)", read))
         if args.phases:
@@ -119,11 +125,11 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    by_name = {p.name: p for p in phases}
-    total = by_name["private"].wall_seconds
-    peak = by_name["private"].peak_rss_mib
-    reads = [by_name[n].wall_seconds for n in ("pyarrow read", "pyarrow read (after)") if n in by_name]
-    read_seconds = sum(reads) / len(reads) if reads else None
+    private_runs = [p for p in phases if p.name.startswith("private") and "without" not in p.name]
+    read_runs = [p for p in phases if p.name.startswith("pyarrow read")]
+    total = statistics.median(p.wall_seconds for p in private_runs)
+    peak = max(p.peak_rss_mib for p in private_runs)
+    read_seconds = statistics.median(p.wall_seconds for p in read_runs) if read_runs else None
     target = TARGETS_SECONDS.get(args.persons)
     result = {
         "persons": args.persons,

@@ -1,12 +1,36 @@
-"""Exact counting: from the input files to the exact (truncated) count cubes of every table.
+"""Exact counting -- and input validation -- in one pass over the input files.
 
 This is the one entry point the engine and the Prefect flows use to turn ``DATA`` into
-:class:`~phsafe.tabulate.TableCounts`: read, preprocess (state filter, geography, group quarters),
-truncate-join-count. Nothing here draws noise or touches the ledger; the results are exact and
-confidential, so they never leave the process except as sums handed to :mod:`phsafe.noise`.
+:class:`~phsafe.tabulate.TableCounts`: read, check, filter by state, join on MAFID, truncate,
+count. Nothing here draws noise or touches the ledger; the results are exact and confidential, so
+they never leave the process except as sums handed to :mod:`phsafe.noise`.
 
-The work is cut into *partitions* that can be counted independently, in any order, on any
-process, and added up:
+:func:`validated_counts` is what a private run calls: it validates the config and the inputs
+against the suites of ``expectations/`` *and* counts the tables in the same pass -- each input
+file is read once -- and returns the counts only when every rule holds. :func:`exact_counts`
+counts without validation (the checks the counting itself needs still stop a bad input).
+
+The pass (:class:`InputPass`) works one *partition* at a time:
+
+* **data stored by state** (``persons/TABBLKST=06/...`` for all three files, see
+  :mod:`phsafe.reader`): one partition per state of ``state_filter``; memory is bounded by the
+  largest state, not the nation. Folders of other states are set aside: their persons are never
+  read, and only the MAFIDs of their units and geo rows (and geo's TABBLKST) are, for the layout
+  check across folders -- a geo row stored under another state's folder, a MAFID of units or geo
+  stored under two states. Every person and unit must have its geo row in its own partition.
+* **any other input** (one CSV or Parquet file, or a folder not stored by state): one partition,
+  the whole input, read into compact columns (about 23 bytes a person) and tabulated in MAFID
+  ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
+
+Within a partition, geo, then units, then persons are read batch by batch while a background
+thread reads ahead; each batch is checked column by column on its raw bytes
+(:func:`phsafe.reader.encode`), filtered -- geo rows outside ``state_filter`` and the units and
+persons of their MAFIDs are set aside first (spec §1) -- and kept as compact columns; at the end of
+the partition its records are joined on MAFID once (:mod:`phsafe.preprocess`), handed to the
+validation and counted. The next partition is read while this one is counted.
+
+For a cluster the counting can also be cut into partitions counted independently, in any order,
+on any process, and added up (the Dask path of ``flows/counting.py``):
 
 * :func:`plan_partitions` -- small, picklable descriptions (file paths, a state, a MAFID
   range; never data);
@@ -16,28 +40,13 @@ process, and added up:
 * :func:`combine_counts` -- adds the cubes and the digests (exact integers and sums modulo 2^64:
   the order does not matter).
 
-:func:`exact_counts` runs them one after the other in this process. Only the sums reach the
-noise step, which stays on the coordinating process with the budget accounting.
-
 Why partitions add up to the unpartitioned counts: every rule of the count is decided per MAFID
 -- a MAFID's state (its geo row), whether its unit is unique in a table's universe, and which of
 its persons truncation keeps (a keyed hash of each record, :mod:`phsafe.truncation`) -- so any
-split that keeps each MAFID's records together gives the same exact counts. Two kinds of split:
-
-* **state partitions** of a folder input stored by state (``persons/TABBLKST=06/...``, see
-  :mod:`phsafe.reader`): one partition per state of ``state_filter`` present in the data.
-  Memory is bounded by the largest state, not the nation. A state may further be cut into
-  MAFID ranges (``max_persons``). The layout is checked: geo rows must lie in their state's
-  folder and a MAFID must not have geo rows in two states (:func:`plan_partitions`), and every
-  person and unit must have its geo row in its own partition (:func:`count_partition`);
-  otherwise the run stops with an :class:`~phsafe.errors.InputError` before any budget is spent.
-  Partitions of states outside ``state_filter`` are not read.
-* **MAFID ranges** of any input (one CSV or Parquet file, or a folder not stored by state): by
-  default the whole input is one partition, read once into compact columns (about 23 bytes a
-  person) and tabulated in MAFID ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
-  With ``max_persons`` it is cut into MAFID ranges of the domain, each reading the whole input
-  and keeping its range: less memory per partition (and parallel on a cluster) for more
-  reading.
+split that keeps each MAFID's records together gives the same exact counts: states (the layout
+checks make sure a MAFID's records are in one state's folders), or MAFID ranges of the domain
+(``max_persons``: each range reads the whole input and keeps its range -- less memory per
+partition, and parallel on a cluster, for more reading).
 """
 
 from __future__ import annotations

@@ -179,27 +179,25 @@ def geo_side(mafid: npt.NDArray[np.integer], mafid_ok: npt.NDArray[np.bool_] | N
     set_aside = int(n - np.count_nonzero(kept_row))
     rows = np.flatnonzero(mafid_ok) if mafid_ok is not None else np.arange(n)
     m = mafid[rows]
-    if _is_sorted(m):  # extracts sorted by MAFID: keys and each row's key in one pass
-        new = np.empty(len(m), dtype=bool)
-        new[:1] = True
-        np.not_equal(m[1:], m[:-1], out=new[1:])
-        keys = m[new]
-        key = (np.cumsum(new, dtype=np.int32) - 1) if len(m) else np.empty(0, np.int32)
+    if _is_sorted(m):  # extracts sorted by MAFID: keys, counts and first rows from the runs
+        sorted_rows = rows
+        sorted_m = m
     else:
         order = np.argsort(m, kind="stable")
+        sorted_rows = rows[order]
         sorted_m = m[order]
-        new = np.empty(len(m), dtype=bool)
-        new[:1] = True
-        np.not_equal(sorted_m[1:], sorted_m[:-1], out=new[1:])
-        keys = sorted_m[new]
-        key = np.empty(len(m), dtype=np.int32)
-        key[order] = np.cumsum(new, dtype=np.int32) - 1
+    new = np.empty(len(sorted_m), dtype=bool)
+    new[:1] = True
+    np.not_equal(sorted_m[1:], sorted_m[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    keys = sorted_m[starts]
     index = KeyIndex(keys, expected_lookups)
-    counts = np.bincount(key, minlength=len(keys)).astype(np.int32)
-    kept = np.bincount(key[kept_row[rows]], minlength=len(keys)).astype(np.int32)
-    first = np.full(len(keys), -1, dtype=np.int64)
-    # The first row of each key: write the rows in reverse order, so the earliest write wins.
-    first[key[::-1]] = rows[::-1]
+    counts = np.diff(np.append(starts, len(sorted_m))).astype(np.int32)
+    kept_sorted = kept_row[sorted_rows]
+    kept = (np.add.reduceat(kept_sorted.view(np.int8), starts, dtype=np.int32) if len(starts)
+            else np.zeros(0, np.int32))
+    # The first row of each key in file order: a stable sort keeps equal MAFIDs in file order.
+    first = sorted_rows[starts].astype(np.int64)
     single = counts == 1
     hu = rtype[first] == RTYPE_UNIT_HU
     if rtype_ok is not None:
@@ -232,18 +230,12 @@ class Join:
     unit_rows: npt.NDArray[np.int32]
     unit_first: npt.NDArray[np.int64]
 
-    @property
-    def n_keys(self) -> int:
-        return len(self.geo.index) + len(self.extra)
-
-    @property
-    def state(self) -> npt.NDArray[np.uint8]:
+    def __post_init__(self) -> None:
+        self.n_keys = len(self.geo.index) + len(self.extra)
+        self.mafid = np.concatenate([self.geo.index.keys, self.extra.keys])
+        """The MAFID of each key."""
+        self.state = np.concatenate([self.geo.state, np.full(len(self.extra), NOT_TABULATED, np.uint8)])
         """State index of each key (keys only units have are never tabulated)."""
-        return np.concatenate([self.geo.state, np.full(len(self.extra), NOT_TABULATED, np.uint8)])
-
-    @property
-    def mafid(self) -> npt.NDArray[np.int32]:
-        return np.concatenate([self.geo.index.keys, self.extra.keys])
 
 
 class Joiner:

@@ -1,9 +1,15 @@
 """Readers for the three production input files, CSV or Parquet (spec §1).
 
-Files are streamed in record batches and converted batch by batch into compact numpy columns
-(``uint8`` codes, ``int32`` MAFIDs), so memory is bounded by the compact form of the data, not by
-its text. Every code column is read as a string, and its exact form is checked -- a code keeps its
-leading zeros (``"01"`` is not ``"1"``) -- before it is stored as the integer it spells.
+Files are streamed in record batches (:class:`SourceReader`) and checked column by column
+(:func:`encode`) into compact numpy columns (``uint8`` codes, ``int32`` MAFIDs), so memory is
+bounded by the compact form of the data, not by its text. Every code column is read as text, and
+its exact form is checked -- a code keeps its leading zeros (``"01"`` is not ``"1"``) -- on the raw
+bytes before it is stored as the integer it spells; an integer column is a whole number written
+in digits (or a Parquet integer), whatever its width (a 29-digit MAFID is a number outside the
+MAFID range, not an overflow). The same reading serves the counting, which stops at the first
+problem (an :class:`~phsafe.errors.InputError`), and validation, which reports every problem and
+sees each value as a *class* (:class:`ClassBook`), so that its rules are evaluated once per
+distinct value.
 
 Each input is one file (``persons.csv`` or ``persons.parquet``) or a folder of Parquet files
 (``persons/`` or ``persons.parquet/``), optionally partitioned by state in the Hive layout::
@@ -864,8 +870,12 @@ def _encode_integers(c: Column, arr: pa.Array, book: ClassBook | None) -> Encode
         arr = arr.fill_null(0)
     raw = arr.to_numpy(zero_copy_only=False)
     signed = np.issubdtype(raw.dtype, np.signedinteger)
-    # Compared in the column's own type: a uint64 beyond int64 never wraps into the range.
     assert c.minimum is not None and c.maximum is not None
+    if kind is None and len(raw) and int(raw.min()) >= c.minimum and int(raw.max()) <= c.maximum:
+        domain = _domain_kind(c, raw)  # within the range: only a code list can still refuse
+        if domain is None:
+            return Encoded(c, raw.astype(_compact_dtype(c)))
+    # Compared in the column's own type: a uint64 beyond int64 never wraps into the range.
     in_range = (raw >= max(c.minimum, 0)) & (raw <= c.maximum)
     values = np.where(in_range, raw, 0)
     domain = _domain_kind(c, values)
