@@ -539,13 +539,14 @@ class FileRows:
         return len(self.columns["MAFID"])
 
     def compact(self, name: str) -> np.ndarray:
-        """The values of ``name`` as signed integers (int16 for a one-byte column, else int32),
-        ``INVALID`` where a row breaks a per-file rule (computed once)."""
+        """The values of ``name``, ``INVALID`` where a row breaks a per-file rule: the values
+        themselves when no row does, else a signed copy (computed once)."""
+        if name not in self.bad:
+            return self.columns[name]
         if name not in self._compact:
             values = self.columns[name]
             out = values.astype(np.int16 if values.dtype.itemsize == 1 else np.int32)
-            if name in self.bad:
-                out[self.bad[name]] = INVALID
+            out[self.bad[name]] = INVALID
             self._compact[name] = out
         return self._compact[name]
 
@@ -557,6 +558,9 @@ class FileRows:
     def clean(self) -> bool:
         """Every kept value is valid: the tables can be counted from these rows."""
         return not self.bad and not self.missing
+
+    def release_compact(self) -> None:
+        self._compact.clear()
 
 
 class PassObserver(Protocol):
@@ -869,6 +873,7 @@ class InputPass:
         join = state["join"]
         assert isinstance(join, Join)
         rows = {s: state[s] for s in STEMS}
+        geo_clean = rows["geo"].clean  # type: ignore[union-attr]
         timer = state["timer"]
         assert isinstance(timer, _Timer)
         for name, seconds in timer.seconds.items():
@@ -879,11 +884,16 @@ class InputPass:
         if self.observer is not None:
             with totals("validate"):
                 self.observer.partition(part, join.geo, join, rows, last)  # type: ignore[arg-type]
+        # What only validation reads is let go before the tables are counted.
+        for r in rows.values():
+            r.release_compact()  # type: ignore[union-attr]
+        rows["geo"] = None  # type: ignore[assignment]
+        state.pop("geo", None)
         if self.counting is None or self.result.count_error is not None:
             return
         units, persons = rows["units"], rows["persons"]
         assert isinstance(units, FileRows) and isinstance(persons, FileRows)
-        if not (units.clean and persons.clean and rows["geo"].clean):  # type: ignore[union-attr]
+        if not (units.clean and persons.clean and geo_clean):
             if self.observer is None:  # pragma: no cover -- strict reading raised already
                 raise AssertionError("strict reading kept an invalid value")
             self.result.count_error = InputError(part.label, "", "holds values that break their column's rules")

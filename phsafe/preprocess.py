@@ -95,6 +95,11 @@ class KeyIndex:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def release(self) -> None:
+        """Drop the look-up structures (the keys stay)."""
+        self._table = None
+        self._hash = None
+
     def lookup(self, mafid: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
         """Position of each MAFID among the keys, or -1."""
         n = len(mafid)
@@ -315,6 +320,8 @@ class Joiner:
         unit_key = np.concatenate(self._unit_keys) if self._unit_keys else np.empty(0, np.int32)
         self._unit_keys.clear()
         person_key = np.concatenate(list(person_keys)) if len(person_keys) else np.empty(0, np.int32)
+        self.geo.index.release()
+        extra.release()
         return _join(self.geo, extra, unit_key, person_key)
 
 
@@ -439,25 +446,33 @@ def partitions(data: PreparedData, max_persons: int = MAX_PERSONS_PER_PARTITION)
     found once (a division of its key); each range then takes its rows with one pass over those
     bytes, so the cost grows with the records, not records x ranges.
     """
-    tab_units = np.flatnonzero(data.unit_state != NOT_TABULATED)
-    tab_persons = np.flatnonzero(data.person_state != NOT_TABULATED)
-    n_ranges = max(1, -(-len(tab_persons) // max_persons))
-    width = max(1, -(-data.n_keys // n_ranges))
+    n_persons = int(np.count_nonzero(data.person_state != NOT_TABULATED))
+    n_ranges = max(1, -(-n_persons // max_persons))
     if n_ranges == 1:
-        yield _partition(data, tab_units, tab_persons, 0, data.n_keys)
+        yield _partition(data, np.flatnonzero(data.unit_state != NOT_TABULATED),
+                         np.flatnonzero(data.person_state != NOT_TABULATED), 0, data.n_keys)
         return
-    unit_range = (data.unit_key[tab_units] // width).astype(np.uint16)
-    person_range = (data.person_key[tab_persons] // width).astype(np.uint16)
-    # Stable sorts of 16-bit range numbers are radix sorts: linear in the records.
-    unit_order = np.argsort(unit_range, kind="stable")
-    person_order = np.argsort(person_range, kind="stable")
-    unit_bounds = np.searchsorted(unit_range[unit_order], np.arange(n_ranges + 1))
-    person_bounds = np.searchsorted(person_range[person_order], np.arange(n_ranges + 1))
+    width = max(1, -(-data.n_keys // n_ranges))
+    # Each record's range (n_ranges: not tabulated), then the records grouped by range with one
+    # stable sort of those small numbers -- a radix sort, linear in the records.
+    unit_order, unit_bounds = _by_range(data.unit_key, data.unit_state, width, n_ranges)
+    person_order, person_bounds = _by_range(data.person_key, data.person_state, width, n_ranges)
     for r in range(n_ranges):
-        u = tab_units[unit_order[unit_bounds[r]:unit_bounds[r + 1]]]
-        p = tab_persons[person_order[person_bounds[r]:person_bounds[r + 1]]]
+        u = unit_order[unit_bounds[r]:unit_bounds[r + 1]]
+        p = person_order[person_bounds[r]:person_bounds[r + 1]]
         lo = r * width
         yield _partition(data, u, p, lo, min(data.n_keys, lo + width))
+
+
+def _by_range(key: npt.NDArray[np.int32], state: npt.NDArray[np.uint8], width: int, n_ranges: int
+              ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """Rows ordered by key range (tabulated rows only; int32), and each range's bounds."""
+    dtype = np.uint8 if n_ranges < 255 else np.uint16 if n_ranges < 65535 else np.uint32
+    ranges = (key // width).astype(dtype)
+    ranges[state == NOT_TABULATED] = n_ranges
+    order = np.argsort(ranges, kind="stable").astype(np.int32)
+    bounds = np.searchsorted(ranges[order], np.arange(n_ranges + 1))
+    return order, bounds
 
 
 def _partition(data: PreparedData, unit_rows: npt.NDArray[np.int64], person_rows: npt.NDArray[np.int64],

@@ -61,8 +61,10 @@ COMPACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "geo": ("MAFID", "RTYPE"),
 }
 """Columns of each file the cross-file rules read."""
-MAFID_JOB_ROWS = 8_000_000
-"""Distinct MAFIDs of several state partitions are judged together, up to this many a job."""
+SLICE_ROWS = 4_000_000
+"""Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
+MAFID_JOB_ROWS = 4_000_000
+"""Distinct MAFIDs of several state partitions are judged together, about this many a job."""
 _SMALL_MAX = 254
 """Row counts in the derived frames are capped here: every rule on a count compares it with 0 or
 1, so a count of 300 and one of 254 get the same verdict."""
@@ -376,9 +378,10 @@ class InputValidation:
         classes = np.concatenate([c for c, _ in check.mafids])
         counts = np.concatenate([w for _, w in check.mafids])
         check.mafids.clear()
-        if len(counts):
-            frame = _file_frame(check.books, ("MAFID",), [classes])
-            self._submit(check.tally, check.mafid_group, frame, counts)
+        for start in range(0, len(counts), MAFID_JOB_ROWS):  # bounded frames in the evaluation
+            piece = slice(start, start + MAFID_JOB_ROWS)
+            frame = _file_frame(check.books, ("MAFID",), [classes[piece]])
+            self._submit(check.tally, check.mafid_group, frame, counts[piece])
 
     def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
         """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
@@ -394,21 +397,27 @@ class InputValidation:
         """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
         geo = join.geo
         n_geo = len(geo.index)
-        present = join.unit_rows > 0
-        present[:n_geo] |= geo.rows > 0
-        present[:n_geo] &= ~geo.aside
-        keys = np.flatnonzero(present)
-        geo_count = np.zeros(len(keys), np.int64)
-        geo_first = np.full(len(keys), -1, np.int64)
-        inside = keys < n_geo
-        geo_count[inside] = geo.rows[keys[inside]]
-        geo_first[inside] = geo.first[keys[inside]]
-        self._cross_add("units_geo", {
-            "UNITS_ROWS": np.minimum(join.unit_rows[keys], _SMALL_MAX),
-            "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
-            "UNIT_RTYPE": _at(units.compact("RTYPE"), join.unit_first[keys]),
-            "GEO_RTYPE": _at(geo_rows.compact("RTYPE"), geo_first),
-        })
+        unit_rtype, geo_rtype = _signed(units.compact("RTYPE")), _signed(geo_rows.compact("RTYPE"))
+        for start in range(0, join.n_keys, SLICE_ROWS):  # bounded temporaries
+            stop = min(join.n_keys, start + SLICE_ROWS)
+            present = join.unit_rows[start:stop] > 0
+            inside = slice(start, min(stop, n_geo))
+            if inside.start < inside.stop:
+                n = inside.stop - inside.start
+                present[:n] |= geo.rows[inside] > 0
+                present[:n] &= ~geo.aside[inside]
+            keys = np.flatnonzero(present) + start
+            geo_count = np.zeros(len(keys), np.int64)
+            geo_first = np.full(len(keys), -1, np.int64)
+            in_geo = keys < n_geo
+            geo_count[in_geo] = geo.rows[keys[in_geo]]
+            geo_first[in_geo] = geo.first[keys[in_geo]]
+            self._cross_add("units_geo", {
+                "UNITS_ROWS": np.minimum(join.unit_rows[keys], _SMALL_MAX),
+                "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
+                "UNIT_RTYPE": _at(unit_rtype, join.unit_first[keys]),
+                "GEO_RTYPE": _at(geo_rtype, geo_first),
+            })
 
     def _persons_in_units(self, join: Any, units: Any, persons: Any) -> None:
         """One row per person with a valid MAFID, next to the first unit row of its MAFID; and
@@ -419,28 +428,41 @@ class InputValidation:
         unit_rtype = _at(units.compact("RTYPE"), first)
         unit_hht = _at(units.compact("HHT"), first)
         unit_hht2 = _at(units.compact("HHT2"), first)
+        has_unit = first >= 0
         valid = persons.ok("MAFID")
-        key = join.person_key if valid is None else join.person_key[valid]
-        relship = persons.compact("RELSHIP")
-        rtype, age = persons.compact("RTYPE"), persons.compact("QAGE")
-        if valid is not None:
-            relship, rtype, age = relship[valid], rtype[valid], age[valid]
-        self._cross_add("persons_in_units", {
-            "IN_UNITS": _at(first >= 0, key, False).astype(np.int8),
-            "RTYPE": rtype,
-            "RELSHIP": relship,
-            "QAGE": age,
-            "UNIT_RTYPE": _at(unit_rtype, key),
-            "UNIT_HHT": _at(unit_hht, key),
-            "UNIT_HHT2": _at(unit_hht2, key),
-        })
+        relship_all = persons.compact("RELSHIP")
+        rtype_all, age_all = persons.compact("RTYPE"), persons.compact("QAGE")
+        householder_keys: list[np.ndarray] = []
+        unknown_keys: list[np.ndarray] = []
+        for start in range(0, persons.rows, SLICE_ROWS):  # bounded temporaries
+            rows = slice(start, start + SLICE_ROWS)
+            key, relship = join.person_key[rows], relship_all[rows]
+            rtype, age = rtype_all[rows], age_all[rows]
+            if valid is not None:
+                keep = valid[rows]
+                key, relship, rtype, age = key[keep], relship[keep], rtype[keep], age[keep]
+            in_units = _at(has_unit, key, False)
+            self._cross_add("persons_in_units", {
+                "IN_UNITS": in_units.view(np.int8),
+                "RTYPE": rtype,
+                "RELSHIP": relship,
+                "QAGE": age,
+                "UNIT_RTYPE": _at(unit_rtype, key),
+                "UNIT_HHT": _at(unit_hht, key),
+                "UNIT_HHT2": _at(unit_hht2, key),
+            })
+            householder_keys.append(key[in_units & (relship == RELSHIP_HOUSEHOLDER)])
+            unknown_keys.append(key[in_units & (relship == INVALID)])
         # Households: the first unit row of each MAFID with RTYPE 2 and HHT != 0, and its number
         # of householders (unknown when one of its persons' RELSHIP broke a per-file rule).
-        in_units = (key >= 0) & (_at(first, key) >= 0)
-        householders = np.bincount(key[in_units & (relship == RELSHIP_HOUSEHOLDER)], minlength=n_keys)
-        unknown = np.bincount(key[in_units & (relship == INVALID)], minlength=n_keys)
         households = np.flatnonzero((unit_rtype == RTYPE_UNIT_HU) & (unit_hht > 0))
-        counts = np.where(unknown[households] > 0, INVALID, np.minimum(householders[households], _SMALL_MAX))
+        householders = np.bincount(np.concatenate(householder_keys), minlength=n_keys) if householder_keys \
+            else np.zeros(n_keys, np.int64)
+        counts = np.minimum(householders[households], _SMALL_MAX)
+        del householders
+        unknown = np.concatenate(unknown_keys) if unknown_keys else np.empty(0, np.int32)
+        if len(unknown):
+            counts[np.isin(households, unknown)] = INVALID
         self._cross_add("households", {"HOUSEHOLDERS": counts})
 
     def _submit_accumulated(self) -> None:
@@ -554,10 +576,24 @@ def _plain(suite: Suite, group: RuleGroup) -> bool:
     return all(suite.rule(r).config.get("kwargs", {}).get("mostly") is None for r in group.rule_ids)
 
 
-def _at(values: np.ndarray, rows: np.ndarray, missing: object = INVALID) -> np.ndarray:
-    """``values[rows]``, ``missing`` where ``rows`` is -1 (one gather: the missing value is
-    appended, and -1 reads the last entry)."""
-    return np.append(values, np.array(missing, dtype=values.dtype))[rows]
+def _signed(values: np.ndarray) -> np.ndarray:
+    """Values that can hold ``INVALID`` (unsigned ones copied to a signed type)."""
+    if values.dtype.kind == "u":
+        return values.astype(np.int16 if values.dtype.itemsize == 1 else np.int64)
+    return values
+
+
+def _at(values: np.ndarray, rows: np.ndarray, missing: int | bool = INVALID) -> np.ndarray:
+    """``values[rows]``, ``missing`` where ``rows`` is -1 (a signed type when it must hold -1)."""
+    if missing == INVALID:
+        values = _signed(values)
+    if not len(values):
+        return np.full(len(rows), missing, dtype=values.dtype)
+    out = values.take(rows, mode="clip")  # -1 reads the first value: replaced below
+    absent = rows < 0
+    if absent.any():
+        out[absent] = missing
+    return out
 
 
 def _classes(column: Column) -> int:

@@ -304,6 +304,8 @@ def test_batches_and_distinct_combinations_do_not_change_the_report(
     # sorting their keys rather than in dense bins.
     monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
     monkeypatch.setattr(_combos, "DENSE_MAX_BINS", 1)
+    monkeypatch.setattr(_inputs, "SLICE_ROWS", 97)  # derived frames built a few rows at a time
+    monkeypatch.setattr(_inputs, "MAFID_JOB_ROWS", 500)
     batched = validate_inputs(data / "config.json", data)
     assert _summary(batched) == _summary(whole)
     assert [r["statistics"] for r in batched.results] == [r["statistics"] for r in whole.results]
