@@ -570,7 +570,7 @@ class PassObserver(Protocol):
 
     def batch(self, stem: str, name: str, encoded: Mapping[str, Encoded], kept: np.ndarray | None) -> None: ...
 
-    def file_read(self, stem: str, part: PassPart, reader: SourceReader) -> None: ...
+    def file_read(self, stem: str, part: PassPart, reader: SourceReader, last: bool) -> None: ...
 
     def partition(self, part: PassPart, geo: GeoSide, join: Join, rows: Mapping[str, FileRows], last: bool) -> None: ...
 
@@ -741,7 +741,7 @@ class InputPass:
                     self._batch(part, stem, payload, rows, state)
             else:  # the file's end
                 if self.observer is not None:
-                    self.observer.file_read(stem, part, payload)  # type: ignore[arg-type]
+                    self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
                 rows.finish()
                 if stem == "geo":
                     with timer("join"):

@@ -183,6 +183,7 @@ class _FileCheck:
     columns: set[str] = field(default_factory=set)
     utf8_rows: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    submitted: bool = False
 
     def usable(self) -> bool:
         """Every row was read and the columns the cross-file rules need are all there."""
@@ -302,8 +303,17 @@ class InputValidation:
         sizes = {c.name: _classes(c) for c in FILES[check.stem]}
         check.counters = [ComboCounter(columns) for columns in joints(groups, sizes, order)]
 
-    def file_read(self, stem: str, part: Any, reader: SourceReader) -> None:
+    def file_read(self, stem: str, part: Any, reader: SourceReader, last: bool) -> None:
+        """A file of a partition is read; after the last partition's, its per-file rules are
+        judged -- while the other files are still being read."""
         check = self.files[stem]
+        try:
+            self._header(check, stem, reader)
+        finally:
+            if last:
+                self._submit_file(stem)
+
+    def _header(self, check: _FileCheck, stem: str, reader: SourceReader) -> None:
         if not reader.complete:
             check.complete = False
         header = reader.header
@@ -465,21 +475,29 @@ class InputValidation:
             counts[np.isin(households, unknown)] = INVALID
         self._cross_add("households", {"HOUSEHOLDERS": counts})
 
+    def _submit_file(self, stem: str) -> None:
+        """Submit a file's per-file rule groups (once its every partition is read)."""
+        check = self.files[stem]
+        if check.submitted:
+            return
+        check.submitted = True
+        single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        for group in check.groups or ():
+            counter = next(c for c in check.counters if set(group.columns) <= set(c.columns))
+            combos, counts = counter.result(group.columns)
+            if not len(counts):
+                continue
+            if len(group.columns) == 1 and _plain(check.suite, group):
+                single[group.columns[0]] = (group, combos[0], counts)
+            else:
+                self._submit(check.tally, group, _file_frame(check.books, group.columns, combos), counts,
+                             self._parameters(stem))
+        if single:
+            self._submit_columns(check, single, self._parameters(stem))
+
     def _submit_accumulated(self) -> None:
-        for stem, check in self.files.items():
-            single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
-            for group in check.groups or ():
-                counter = next(c for c in check.counters if set(group.columns) <= set(c.columns))
-                combos, counts = counter.result(group.columns)
-                if not len(counts):
-                    continue
-                if len(group.columns) == 1 and _plain(check.suite, group):
-                    single[group.columns[0]] = (group, combos[0], counts)
-                else:
-                    self._submit(check.tally, group, _file_frame(check.books, group.columns, combos), counts,
-                                 self._parameters(stem))
-            if single:
-                self._submit_columns(check, single, self._parameters(stem))
+        for stem in self.files:
+            self._submit_file(stem)
         for suite, groups in self.cross_groups.items():
             for group in groups:
                 counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
