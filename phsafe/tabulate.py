@@ -226,6 +226,7 @@ class _Shared:
         self._units: dict[tuple[Condition, ...], npt.NDArray[np.int64]] = {}
         self._joins: dict[tuple[tuple[Condition, ...], tuple[Condition, ...], int | None], Joined] = {}
         self._unit_joins: dict[tuple[Condition, ...], Joined] = {}
+        self._person_units: dict[tuple[Condition, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]] = {}
         self._gathered: dict[tuple[int, Source, str], np.ndarray] = {}
         self._base: dict[tuple[int, tuple[Source, str, str] | None], npt.NDArray[np.int32]] = {}
 
@@ -294,17 +295,23 @@ class _Shared:
         cache_key = (spec.person_universe, spec.unit_universe, tau)
         if cache_key not in self._joins:
             part = self.part
-            row_of_group = self.row_of_group(spec.unit_universe)
-            rows = np.flatnonzero(self.mask(spec.person_universe, Source.PERSON))
-            units = row_of_group[part.person_group[rows]]
-            joined = units >= 0
-            rows, units = rows[joined], units[joined]
+            unit_of, has_unit = self.person_units(spec.unit_universe)
+            rows = np.flatnonzero(self.mask(spec.person_universe, Source.PERSON) & has_unit)
+            units = unit_of[rows]
             if tau is not None:
                 assert key is not None and len(key) == TRUNCATION_KEY_BYTES
                 keep = _truncate(units, part.persons, rows, tau, key)
                 rows, units = rows[keep], units[keep]
             self._joins[cache_key] = Joined(person_rows=rows, unit_rows=units)
         return self._joins[cache_key]
+
+    def person_units(self, unit_universe: tuple[Condition, ...]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Each person's unique in-universe unit row (-1: none), and where there is one -- the
+        join's gather, done once for the tables of a unit universe."""
+        if unit_universe not in self._person_units:
+            unit_of = self.row_of_group(unit_universe)[self.part.person_group]
+            self._person_units[unit_universe] = (unit_of, unit_of >= 0)
+        return self._person_units[unit_universe]
 
 
 def tabulate_partition(

@@ -6,8 +6,10 @@ column(s), rule and number of failing rows -- never a value or a MAFID of a reco
 
 Public surface:
 
-* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), with the
-  cross-file rules on derived frames; streaming, batch by batch.
+* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), the state
+  filter applied first, with the cross-file rules on frames derived from the MAFID join; one
+  pass over the files, shared with the counting (:func:`phsafe.counting.validated_counts`
+  validates and counts in the same pass).
 * :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
 * :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
 * :class:`ValidationReport`, :class:`Failure`.

@@ -541,3 +541,20 @@ def test_great_expectations_batch_fingerprints_are_off() -> None:
 
     _gx._gx()
     assert pandas_execution_engine.HASH_THRESHOLD == 0  # no MD5 of confidential data in results
+
+
+def test_crlf_quoted_and_blank_line_files_are_validated_like_plain_ones(small: synthetic.SyntheticData,
+                                                                        tmp_path: Path) -> None:
+    """Validation reads the files the counting reads -- quoted header and fields, CRLF line
+    endings, a trailing blank line -- and reports the same."""
+    plain = _write(_broken(small), tmp_path / "plain")
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for path in plain.iterdir():
+        text = path.read_text()
+        if path.suffix == ".csv":
+            lines = text.splitlines()
+            text = "\r\n".join(",".join(f'"{f}"' for f in line.split(",")) for line in lines) + "\r\n\r\n"
+        (edited / path.name).write_text(text, newline="")
+    assert _summary(validate_inputs(edited / "config.json", edited)) == _summary(
+        validate_inputs(plain / "config.json", plain))
