@@ -48,7 +48,7 @@ from phsafe.validation._frames import CODE, DERIVED, FLAG, INTEGER, FrameColumn
 from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._suites import Suite, load_suite
-from phsafe.validation._worker import Evaluator, evaluator
+from phsafe.validation._worker import Evaluator, ReportJob, evaluator
 
 log = get_logger("phsafe.validation")
 
@@ -115,10 +115,10 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
                            stage=stage or _no_timer).run()
         report = observer.report(result, config_run, load_failure, missing, states)
+        if report_dir is not None:
+            observer.write_report(report, Path(report_dir))
     finally:
         observer.close()
-    if report_dir is not None:
-        write_report(report, Path(report_dir))
     counts = None
     if counting is not None and report.ok:
         if result.count_error is not None:
@@ -542,6 +542,14 @@ class InputValidation:
 
     def close(self) -> None:
         self.evaluator.close()
+
+    def write_report(self, report: ValidationReport, directory: Path) -> None:
+        """Write the report's files where Great Expectations runs (see :class:`._worker.ReportJob`)."""
+        try:
+            self.evaluator.submit(ReportJob(report, directory)).result()
+        except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: write here
+            log.warning("validation worker failed; writing the report in this process", error_type=type(exc).__name__)
+            write_report(report, directory)
 
     def report(self, result: Any, config_tally: Tally, load_failure: Failure | None, missing: list[Failure],
                states: tuple[str, ...] | None) -> ValidationReport:

@@ -13,7 +13,8 @@ input; results (value-free :class:`~phsafe.validation._gx.RuleResult` lists, or 
 an exception) leave as pickles on its standard output. Nothing else is printed.
 
 If the second process fails, its unanswered jobs are evaluated here instead (the report is the
-same: evaluation is deterministic).
+same: evaluation is deterministic). The report's files are written there too (:class:`ReportJob`):
+their Data Docs pages are rendered by Great Expectations, which this process need not import.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 SECOND_PROCESS_MIN_ROWS = 300_000
@@ -32,8 +35,29 @@ SECOND_PROCESS_MIN_ROWS = 300_000
 process, when the machine has a second core and Great Expectations is not imported here yet."""
 
 
+@dataclass(frozen=True)
+class ReportJob:
+    """Write a validation report's files (:func:`~phsafe.validation._report.write_report`) where
+    Great Expectations is already imported: its Data Docs pages are rendered by it."""
+
+    report: Any
+    directory: Path
+
+
+def _run(job: Any) -> Any:
+    if isinstance(job, ReportJob):
+        from phsafe.validation._report import write_report
+
+        write_report(job.report, job.directory)
+        return None
+    from phsafe.validation import _gx
+
+    return _gx.evaluate(job)
+
+
 class Evaluator(Protocol):
-    """Evaluates :class:`~phsafe.validation._gx.Job` s; results come back as futures."""
+    """Runs :class:`~phsafe.validation._gx.Job` s (and :class:`ReportJob` s); results come back
+    as futures."""
 
     def submit(self, job: Any) -> "Future[Any]": ...
 
@@ -51,7 +75,7 @@ class InProcess:
         self._pool.submit(_gx._gx)  # the import overlaps the reading
 
     def submit(self, job: Any) -> "Future[Any]":
-        return self._pool.submit(self._gx.evaluate, job)
+        return self._pool.submit(_run, job)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -158,6 +182,8 @@ def main() -> int:
     os.dup2(devnull, 1)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
     from phsafe.validation import _gx
+    # This file runs as __main__; the jobs' classes are those of the package's module.
+    from phsafe.validation._worker import _run as run
 
     _gx._gx()
     jobs = sys.stdin.buffer
@@ -167,7 +193,7 @@ def main() -> int:
         except EOFError:
             return 0
         try:
-            answer = (number, _gx.evaluate(job), None)
+            answer = (number, run(job), None)
         except Exception as exc:  # noqa: BLE001 -- its class only: the message may quote data
             answer = (number, None, type(exc).__name__)
         pickle.dump(answer, channel, protocol=pickle.HIGHEST_PROTOCOL)

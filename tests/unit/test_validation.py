@@ -362,10 +362,14 @@ def test_second_process_gives_the_same_report(
         return _worker.SecondProcess()
 
     monkeypatch.setattr(_inputs, "evaluator", second_process)
-    there = validate_inputs(data / "config.json", data)
+    there = validate_inputs(data / "config.json", data, report_dir=tmp_path / "report")
     assert started
     assert _summary(there) == _summary(here)
     assert there.to_text() == here.to_text()
+    # The report's files are written by the second process (its Data Docs pages by GX there).
+    folder = tmp_path / "report" / "inputs"
+    assert (folder / "report.txt").read_text().strip() == there.to_text()
+    assert "DHC edit constraint" in (folder / "data_docs" / "persons.html").read_text()
 
 
 def test_a_large_input_is_evaluated_in_a_second_process_only_before_gx_is_imported() -> None:
