@@ -725,7 +725,7 @@ class InputPass:
     def _partitions(self) -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
         """Each partition with its kept rows, read ahead on a background thread."""
         state: dict[str, object] = {}
-        for event in prefetched(self._events(), depth=2):
+        for event in prefetched(self._events(), depth=4):
             kind, part, stem, payload = event
             if kind == "start":
                 if stem == "geo":

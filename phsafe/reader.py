@@ -393,7 +393,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 CSV_BLOCK_BYTES = 16 << 20
 """CSV text per batch (about 700,000 persons rows): bounds memory; larger blocks cost memory,
 not speed."""
-PARQUET_BATCH_ROWS = 4_000_000
+PARQUET_BATCH_ROWS = 2_000_000
 _HEADER_MAX_BYTES = 1 << 16
 _OTHER_DELIMITERS = (";", "|", "\t")
 
