@@ -48,8 +48,10 @@ NOT_TABULATED = np.uint8(255)
 DIRECT_SLOTS_PER_LOOKUP = 16
 """A direct-address key table is used when its MAFID span holds at most this many slots per key
 and look-up (4 bytes a slot)."""
-DIRECT_MAX_SLOTS = 1 << 28
-"""Never more than this many slots (1 GiB) in a direct-address key table."""
+DIRECT_MAX_SLOTS = 1 << 30
+"""Never more than this many slots (4 GiB) in a direct-address key table: the MAFID domain's
+800M fit, which for a national file of a hundred million units and more takes less memory than a
+hash table of its keys (16 bytes or more a key)."""
 
 
 def _is_sorted(values: npt.NDArray[np.integer]) -> bool:
