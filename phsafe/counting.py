@@ -801,7 +801,7 @@ class InputPass:
                 encoded["MAFID"] = mafid
             kept = self._geo_kept(part, item.name, encoded)
             if strict:
-                for name, e in encoded.items():
+                for e in encoded.values():
                     raise_value_problems(item.name, e, kept)
             if self.observer is not None:
                 self.observer.batch(stem, item.name, encoded, kept)
@@ -828,7 +828,7 @@ class InputPass:
         if mafid is not None:
             encoded["MAFID"] = mafid
         if strict:
-            for name, e in encoded.items():
+            for e in encoded.values():
                 raise_value_problems(item.name, e)
         if self.observer is not None:
             self.observer.batch(stem, item.name, encoded, None)
