@@ -1,12 +1,36 @@
-"""Exact counting: from the input files to the exact (truncated) count cubes of every table.
+"""Exact counting -- and input validation -- in one pass over the input files.
 
 This is the one entry point the engine and the Prefect flows use to turn ``DATA`` into
-:class:`~phsafe.tabulate.TableCounts`: read, preprocess (state filter, geography, group quarters),
-truncate-join-count. Nothing here draws noise or touches the ledger; the results are exact and
-confidential, so they never leave the process except as sums handed to :mod:`phsafe.noise`.
+:class:`~phsafe.tabulate.TableCounts`: read, check, filter by state, join on MAFID, truncate,
+count. Nothing here draws noise or touches the ledger; the results are exact and confidential, so
+they never leave the process except as sums handed to :mod:`phsafe.noise`.
 
-The work is cut into *partitions* that can be counted independently, in any order, on any
-process, and added up:
+:func:`validated_counts` is what a private run calls: it validates the config and the inputs
+against the suites of ``expectations/`` *and* counts the tables in the same pass -- each input
+file is read once -- and returns the counts only when every rule holds. :func:`exact_counts`
+counts without validation (the checks the counting itself needs still stop a bad input).
+
+The pass (:class:`InputPass`) works one *partition* at a time:
+
+* **data stored by state** (``persons/TABBLKST=06/...`` for all three files, see
+  :mod:`phsafe.reader`): one partition per state of ``state_filter``; memory is bounded by the
+  largest state, not the nation. Folders of other states are set aside: their persons are never
+  read, and only the MAFIDs of their units and geo rows (and geo's TABBLKST) are, for the layout
+  check across folders -- a geo row stored under another state's folder, a MAFID of units or geo
+  stored under two states. Every person and unit must have its geo row in its own partition.
+* **any other input** (one CSV or Parquet file, or a folder not stored by state): one partition,
+  the whole input, read into compact columns (about 23 bytes a person) and tabulated in MAFID
+  ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
+
+Within a partition, geo, then units, then persons are read batch by batch while a background
+thread reads ahead; each batch is checked column by column on its raw bytes
+(:func:`phsafe.reader.encode`), filtered -- geo rows outside ``state_filter`` and the units and
+persons of their MAFIDs are set aside first (spec §1) -- and kept as compact columns; at the end of
+the partition its records are joined on MAFID once (:mod:`phsafe.preprocess`), handed to the
+validation and counted. The next partition is read while this one is counted.
+
+For a cluster the counting can also be cut into partitions counted independently, in any order,
+on any process, and added up (the Dask path of ``flows/counting.py``):
 
 * :func:`plan_partitions` -- small, picklable descriptions (file paths, a state, a MAFID
   range; never data);
@@ -16,52 +40,66 @@ process, and added up:
 * :func:`combine_counts` -- adds the cubes and the digests (exact integers and sums modulo 2^64:
   the order does not matter).
 
-:func:`exact_counts` runs them one after the other in this process. Only the sums reach the
-noise step, which stays on the coordinating process with the budget accounting.
-
 Why partitions add up to the unpartitioned counts: every rule of the count is decided per MAFID
 -- a MAFID's state (its geo row), whether its unit is unique in a table's universe, and which of
 its persons truncation keeps (a keyed hash of each record, :mod:`phsafe.truncation`) -- so any
-split that keeps each MAFID's records together gives the same exact counts. Two kinds of split:
-
-* **state partitions** of a folder input stored by state (``persons/TABBLKST=06/...``, see
-  :mod:`phsafe.reader`): one partition per state of ``state_filter`` present in the data.
-  Memory is bounded by the largest state, not the nation. A state may further be cut into
-  MAFID ranges (``max_persons``). The layout is checked: geo rows must lie in their state's
-  folder and a MAFID must not have geo rows in two states (:func:`plan_partitions`), and every
-  person and unit must have its geo row in its own partition (:func:`count_partition`);
-  otherwise the run stops with an :class:`~phsafe.errors.InputError` before any budget is spent.
-  Partitions of states outside ``state_filter`` are not read.
-* **MAFID ranges** of any input (one CSV or Parquet file, or a folder not stored by state): by
-  default the whole input is one partition, read once into compact columns (about 23 bytes a
-  person) and tabulated in MAFID ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
-  With ``max_persons`` it is cut into MAFID ranges of the domain, each reading the whole input
-  and keeping its range: less memory per partition (and parallel on a cluster) for more
-  reading.
+split that keeps each MAFID's records together gives the same exact counts: states (the layout
+checks make sure a MAFID's records are in one state's folders), or MAFID ranges of the domain
+(``max_persons``: each range reads the whole input and keeps its range -- less memory per
+partition, and parallel on a cluster, for more reading).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from phsafe.config import PHSafeConfig
-from phsafe.errors import InputError
+from phsafe.config import PHSafeConfig, load_config
+from phsafe.errors import ConfigError, InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
-from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, NOT_TABULATED, prepare
-from phsafe.reader import PARTITION_KEY, InputFile, InputTables, MafidRange, locate_inputs, read_table
-from phsafe.schema import MAFID_MAX, MAFID_MIN
+from phsafe.preprocess import (
+    MAX_PERSONS_PER_PARTITION,
+    NOT_TABULATED,
+    GeoSide,
+    Join,
+    Joiner,
+    geo_side,
+    prepared,
+    sorted_distinct,
+    state_indices,
+)
+from phsafe.reader import (
+    INVALID,
+    OK,
+    PARTITION_KEY,
+    ClassBook,
+    Columns,
+    Encoded,
+    FileBatch,
+    InputFile,
+    MafidRange,
+    Problems,
+    SourceReader,
+    encode,
+    locate_inputs,
+    prefetched,
+    raise_value_problems,
+)
+from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, Column
 from phsafe.tables import TableSpec
 from phsafe.tabulate import TableCounts, tabulate
+
+if TYPE_CHECKING:
+    from phsafe.validation import ValidationReport
 
 log = get_logger("phsafe.counting")
 
@@ -260,6 +298,8 @@ def plan_partitions(
     return out
 
 
+
+
 def count_partition(
     partition: CountingPartition,
     config: PHSafeConfig,
@@ -278,8 +318,7 @@ def count_partition(
         config: The run's config (state filter and the truncation thresholds τ).
         specs: Tables to count.
         key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
-        stage: Stage timer for progress and logs (stages ``read``, ``preprocess`` and
-            ``truncate, join and count``).
+        stage: Stage timer for progress and logs.
 
     Returns:
         Table name -> exact counts over every released state (zeros outside the partition), with
@@ -289,27 +328,11 @@ def count_partition(
         InputError: An input is unreadable, has inconsistent codes, or is not stored by state
             as its layout says (nothing is spent).
     """
-    with stage("read"):
-        tables = {stem: read_table(f, mafid_range=partition.mafid_range)
-                  for stem, f in partition.files.items()}
-        if partition.state is not None:
-            wrong = int(np.count_nonzero(tables["geo"]["TABBLKST"] != int(partition.state)))
-            if wrong:
-                raise InputError(f"{partition.files['geo'].name} ({partition.label})", "TABBLKST",
-                                 "every geo row is stored in the partition folder of its own state",
-                                 rows=wrong)
-    with stage("preprocess"):
-        inputs = InputTables(tables["persons"], tables["units"], tables["geo"], partition.files)
-        del tables
-        data = prepare(inputs, config.states,
-                       require_geo=partition.label if partition.state is not None else None)
-        del inputs
-        content = content_digest(data.persons, data.person_state, data.units, data.unit_state,
-                                 data.states, not_tabulated=NOT_TABULATED)
-    with stage("truncate, join and count" if key is not None else "join and count"):
-        tables = tabulate(list(specs), data, taus=dict(config.tau) if key is not None else None, key=key,
-                          max_persons_per_partition=MAX_PERSONS_PER_PARTITION)
-    return Counts(tables, content)
+    part = PassPart(partition.label, partition.state, partition.files, partition.mafid_range)
+    result = InputPass(partition.files, config.states, counting=Counting.of(config, specs, key),
+                       parts=[part], stage=stage).run()
+    assert result.counts is not None
+    return result.counts
 
 
 def combine_counts(results: Iterable[Mapping[str, TableCounts]]) -> Counts:
@@ -365,8 +388,9 @@ def exact_counts(
 ) -> Counts:
     """Exact count cubes of ``specs`` over the states of ``config``, and their content digest.
 
-    The combination of :func:`count_partition` over :func:`plan_partitions`, one partition at a
-    time in this process: peak memory is that of the largest partition.
+    One :class:`InputPass` without validation: each input file is read once, a partition (a
+    state, for data stored by state; else the whole input) at a time, the next partition read
+    while this one is counted. Peak memory is that of the largest partition.
 
     Args:
         config: The run's config (state filter and the truncation thresholds τ).
@@ -378,21 +402,562 @@ def exact_counts(
     Raises:
         InputError: An input is unreadable or has inconsistent codes (nothing is spent).
     """
-    with stage("plan partitions"):
-        parts = plan_partitions(config, Path(data_dir))
-    if len(parts) == 1:
-        return count_partition(parts[0], config, specs, key=key, stage=stage)
-    totals = _StageTotals()
-    with stage("count partitions"):
-        result: Counts | None = None
-        for number, part in enumerate(parts, start=1):
-            start = time.perf_counter()
-            counts = count_partition(part, config, specs, key=key, stage=totals)
-            result = counts if result is None else combine_counts([result, counts])
-            del counts
-            log.info("partition counted", partition=part.label, number=number, of=len(parts),
-                     seconds=round(time.perf_counter() - start, 3))
-    log.info("partition stages", **{k.replace(", ", "_").replace(" ", "_"): round(v, 3)
-                                    for k, v in totals.seconds.items()})
-    assert result is not None
-    return result
+    files = locate_inputs(data_dir)
+    result = InputPass(files, config.states, counting=Counting.of(config, specs, key), stage=stage).run()
+    assert result.counts is not None
+    return result.counts
+
+
+def validated_counts(
+    config_path: Path,
+    data_dir: Path,
+    specs: Sequence[TableSpec],
+    *,
+    key: bytes | None,
+    validate: bool = True,
+    report_dir: Path | None = None,
+    stage: StageTimer = _no_timer,
+) -> tuple[Counts | None, "ValidationReport | None"]:
+    """Validate the config and the inputs and count the tables, reading each input file once.
+
+    The entry point of a private (or non-private) run. With ``validate``, the config and the
+    three inputs are checked against every suite of ``expectations/`` (Great Expectations) on the
+    same columns the counting reads -- the state filter applied first (spec §1) -- and the counts
+    are returned only when every rule holds: a failed validation returns ``(None, report)``, and
+    the run must stop before any budget is spent. Without ``validate`` the counting still checks
+    what it needs (formats, code lists, the layout of data stored by state) and raises an
+    :class:`~phsafe.errors.InputError` at the first problem; the report is None.
+
+    Args:
+        config_path: The run's ``config.json``.
+        data_dir: Folder with the persons, units and geo inputs.
+        specs: Tables to count (e.g. ``list(phsafe.tables.TABLES.values())``).
+        key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
+        validate: Validate the inputs (the default of a private run).
+        report_dir: Where the validation report is written (``report_dir/inputs/``), if given.
+        stage: Stage timer for progress and logs.
+
+    Returns:
+        ``(counts, report)``: the exact counts (None when validation failed) and the validation
+        report (None without ``validate``). Both are confidential.
+
+    Raises:
+        ConfigError: Without ``validate``, the config is invalid.
+        InputError: Without ``validate``, an input breaks a rule the counting needs; with
+            ``validate``, every rule held but the counting still refused a record (e.g. codes that
+            fall in no cell of a table).
+        ValidationError: Validation could not complete (a defect, never a bad input).
+    """
+    if not validate:
+        config = load_config(config_path)
+        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage), None
+    from phsafe.validation import _run_validation
+
+    counting = None
+    try:
+        config = load_config(config_path)
+        counting = Counting.of(config, specs, key)
+    except ConfigError:
+        pass  # the report says what is wrong with the config; nothing is counted
+    report, counts = _run_validation(Path(config_path), Path(data_dir), counting=counting,
+                                     report_dir=report_dir, stage=stage)
+    return (counts if report.ok else None), report
+
+
+@dataclass(frozen=True)
+class Counting:
+    """What to count in a pass: the tables, the truncation thresholds (None: no truncation) and
+    the truncation key."""
+
+    specs: tuple[TableSpec, ...]
+    taus: dict[str, int] | None
+    key: bytes | None
+
+    @classmethod
+    def of(cls, config: PHSafeConfig, specs: Sequence[TableSpec], key: bytes | None) -> "Counting":
+        return cls(tuple(specs), dict(config.tau) if key is not None else None, key)
+
+
+@dataclass(frozen=True)
+class PassPart:
+    """A partition of a pass: a state's folders (data stored by state) or the whole input.
+
+    Attributes:
+        label: Public name for logs and messages (``"06"``, ``"all"``).
+        state: The state of the folders, for data stored by state.
+        files: The persons, units and geo inputs restricted to the partition's files.
+        mafid_range: Only rows with ``lo <= MAFID < hi`` (a cluster's slice of one input).
+    """
+
+    label: str
+    state: str | None
+    files: dict[str, InputFile]
+    mafid_range: MafidRange | None = None
+
+
+_ENGINE_COLUMNS = {stem: tuple(c for c in FILES[stem] if c.dtype is not None) for stem in STEMS}
+
+
+class FileRows:
+    """The kept rows of one file of a partition: compact columns gathered batch by batch."""
+
+    def __init__(self, stem: str) -> None:
+        self.stem = stem
+        self.schema = _ENGINE_COLUMNS[stem]
+        self._values: dict[str, list[np.ndarray]] = {c.name: [] for c in self.schema}
+        self._bad: dict[str, list[np.ndarray | None]] = {c.name: [] for c in self.schema}
+        self.missing: set[str] = set()
+        self.columns: Columns = {}
+        self.bad: dict[str, np.ndarray] = {}
+        self._compact: dict[str, np.ndarray] = {}
+
+    def add(self, encoded: Mapping[str, Encoded], rows: int) -> None:
+        for c in self.schema:
+            e = encoded.get(c.name)
+            if e is None:  # a column the file does not have: no valid value
+                self.missing.add(c.name)
+                self._values[c.name].append(np.zeros(rows, dtype=c.dtype))
+                self._bad[c.name].append(np.ones(rows, dtype=bool))
+                continue
+            self._values[c.name].append(e.values)
+            self._bad[c.name].append(None if e.kind is None else e.kind != OK)
+
+    def finish(self) -> "FileRows":
+        """Concatenate the batches (one column at a time: peak is data + one column)."""
+        for c in self.schema:
+            chunks = self._values.pop(c.name)
+            self.columns[c.name] = np.concatenate(chunks) if chunks else np.empty(0, dtype=c.dtype)
+            masks = self._bad.pop(c.name)
+            if any(m is not None for m in masks):
+                self.bad[c.name] = np.concatenate([np.zeros(len(v), bool) if m is None else m
+                                                   for m, v in zip(masks, chunks)])
+            del chunks
+        return self
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns["MAFID"])
+
+    def compact(self, name: str) -> np.ndarray:
+        """The values of ``name``, ``INVALID`` where a row breaks a per-file rule: the values
+        themselves when no row does, else a signed copy (computed once)."""
+        if name not in self.bad:
+            return self.columns[name]
+        if name not in self._compact:
+            values = self.columns[name]
+            out = values.astype(np.int16 if values.dtype.itemsize == 1 else np.int32)
+            out[self.bad[name]] = INVALID
+            self._compact[name] = out
+        return self._compact[name]
+
+    def ok(self, name: str) -> np.ndarray | None:
+        """Rows whose value of ``name`` is valid (None: every row)."""
+        return None if name not in self.bad else ~self.bad[name]
+
+    @property
+    def clean(self) -> bool:
+        """Every kept value is valid: the tables can be counted from these rows."""
+        return not self.bad and not self.missing
+
+    def release_compact(self) -> None:
+        self._compact.clear()
+
+
+class PassObserver(Protocol):
+    """What a pass tells the validation (see :mod:`phsafe.validation._inputs`)."""
+
+    def book(self, stem: str, column: Column) -> ClassBook: ...
+
+    def batch(self, stem: str, name: str, encoded: Mapping[str, Encoded], kept: np.ndarray | None) -> None: ...
+
+    def file_read(self, stem: str, part: PassPart, reader: SourceReader, last: bool) -> None: ...
+
+    def partition(self, part: PassPart, geo: GeoSide, join: Join, rows: Mapping[str, FileRows], last: bool) -> None: ...
+
+
+@dataclass
+class PassResult:
+    """What a pass found.
+
+    Attributes:
+        counts: The exact counts (when counting, and nothing refused them).
+        count_error: Why the counting refused the records (validation mode only; without
+            validation the error is raised).
+        problems: What reading found wrong, per file stem (validation mode).
+        set_aside: Rows the state filter set aside, per file stem.
+        layout: For data stored by state: rows of geo stored under another state's folder, and
+            MAFIDs of units or geo stored under two states' folders (stem -> count).
+        by_state: The data is stored by state (and how many state folders it has).
+        states_found: Number of ``TABBLKST=<state>`` folders (data stored by state).
+    """
+
+    counts: Counts | None = None
+    count_error: InputError | None = None
+    problems: dict[str, Problems] = field(default_factory=dict)
+    set_aside: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STEMS, 0))
+    misplaced: int = 0
+    repeated: dict[str, int] = field(default_factory=dict)
+    by_state: bool = False
+    states_found: int = 0
+
+
+class _Layout:
+    """MAFIDs of units and geo stored under more than one state's folders (one bit per possible
+    MAFID and file: 200 MB)."""
+
+    def __init__(self) -> None:
+        self.seen = {stem: np.zeros(((MAFID_MAX - MAFID_MIN) >> 3) + 1, dtype=np.uint8) for stem in ("units", "geo")}
+        self.repeated = {"units": 0, "geo": 0}
+
+    def add(self, stem: str, mafids: np.ndarray) -> int:
+        """Add one state's distinct valid MAFIDs; return how many another state already had."""
+        if not len(mafids):
+            return 0
+        offset = mafids.astype(np.int64) - MAFID_MIN
+        if len(offset) > 1 and not bool((offset[1:] > offset[:-1]).all()):
+            offset.sort()
+        byte = offset >> 3
+        bit = np.left_shift(np.uint8(1), (offset & 7).astype(np.uint8))
+        seen = self.seen[stem]
+        again = int(np.count_nonzero(seen[byte] & bit))
+        starts = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
+        seen[byte[starts]] |= np.bitwise_or.reduceat(bit, starts)
+        self.repeated[stem] += again
+        return again
+
+
+class InputPass:
+    """One pass over the inputs: read each file once, check, filter, join; validate and count.
+
+    Partitions are processed one at a time -- a state's folders for data stored by state, else
+    the whole input -- and within a partition geo, then units, then persons, batch by batch,
+    while a background thread reads ahead (reading releases the GIL). Each batch is checked
+    column by column (:func:`phsafe.reader.encode`), filtered (the state filter comes first:
+    spec §1) and kept as compact columns; at the end of a partition its records are joined on
+    MAFID (:mod:`phsafe.preprocess`), handed to the validation (``observer``) and counted.
+
+    Without an observer the pass is strict: the first problem raises an InputError (what the
+    counting needs: formats and code lists of the columns it reads, the layout of data stored
+    by state). With one, problems are reported to it and nothing raises on bad input.
+
+    Args:
+        files: The located inputs.
+        states: The released states (sorted), or None for no state filter (validation of a
+            config without a usable ``state_filter``).
+        observer: The validation, if any.
+        counting: What to count (None: nothing).
+        parts: The partitions (default: one per released state for data stored by state,
+            else one).
+        stage: Stage timer.
+        reads: Called with each file's path when its data is read (tests count reads).
+    """
+
+    def __init__(self, files: Mapping[str, InputFile], states: tuple[str, ...] | None, *,
+                 observer: PassObserver | None = None, counting: Counting | None = None,
+                 parts: list[PassPart] | None = None, stage: StageTimer = _no_timer,
+                 reads: Callable[[Path], None] | None = None) -> None:
+        self.files = dict(files)
+        self.states = states
+        self.observer = observer
+        self.counting = counting
+        self.stage = stage
+        self.reads = reads
+        self.result = PassResult()
+        self.problems = {stem: Problems(strict=observer is None) for stem in STEMS}
+        self.result.problems = self.problems
+        self._state_index = state_indices(states or ())
+        self._counts: list[Counts] = []
+        self._layout: _Layout | None = None
+        self._aside_folders: list[PassPart] = []
+        self.parts = parts if parts is not None else self._plan()
+
+    # ------------------------------------------------------------------------------------ plan
+    def _plan(self) -> list[PassPart]:
+        inputs = [self.files[s] for s in STEMS if s in self.files]
+        if len(inputs) < len(STEMS) or not all(f.partitioned for f in inputs):
+            return [PassPart("all", None, self.files)]
+        self.result.by_state = True
+        by_stem = {f.stem: f.partitions() for f in inputs}
+        found = sorted({k for parts in by_stem.values() for k in parts if k is not None})
+        self.result.states_found = len(found)
+        released = set(self.states) if self.states is not None else set(found)
+
+        def part(state: str) -> PassPart:
+            return PassPart(state, state, {f.stem: f.subset(by_stem[f.stem].get(state, ())) for f in inputs})
+
+        self._layout = _Layout()
+        self._aside_folders = [part(s) for s in found if s not in released]
+        parts = [part(s) for s in found if s in released]
+        return parts or [PassPart("empty", None, {f.stem: f.subset(()) for f in inputs})]
+
+    # ------------------------------------------------------------------------------------- run
+    def run(self) -> PassResult:
+        """Read, check, join, validate and count every partition (see the class docstring)."""
+        totals = _StageTotals()
+        with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"):
+            for number, (part, files) in enumerate(self._partitions(), start=1):
+                started = time.perf_counter()
+                self._finish_partition(part, files, number == len(self.parts), totals)
+                log.debug("partition done", partition=part.label, number=number, of=len(self.parts),
+                          seconds=round(time.perf_counter() - started, 3))
+            for part in self._aside_folders:
+                with totals("layout of folders outside the state filter"):
+                    self._aside_folder(part)
+        log.info("partition stages", **{k.replace(", ", "_").replace(" ", "_"): round(v, 3)
+                                        for k, v in totals.seconds.items()})
+        if self._layout is not None:
+            self.result.repeated = {k: v for k, v in self._layout.repeated.items() if v}
+            if self.observer is None:
+                for stem, n in self.result.repeated.items():
+                    raise InputError(self.files[stem].name, "MAFID",
+                                     f"a MAFID has {stem} rows in more than one state partition", rows=n)
+        if self.counting is not None and self.result.count_error is None and self.result.counts is None:
+            self.result.counts = self._zero_counts() if not self._counts else combine_counts(self._counts)
+        return self.result
+
+    def _zero_counts(self) -> Counts:
+        assert self.counting is not None
+        n = len(self.states or ())
+        return Counts({s.name: TableCounts(s, {lv: np.zeros((n, len(lv.codes), len(s.basis)), np.int64)
+                                                for lv in s.iteration_levels}) for s in self.counting.specs},
+                      ContentDigest())
+
+    def _partitions(self) -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
+        """Each partition with its kept rows, read ahead on a background thread."""
+        state: dict[str, object] = {}
+        for event in prefetched(self._events(), depth=4):
+            kind, part, stem, payload = event
+            if kind == "start":
+                if stem == "geo":
+                    state = {"geo": FileRows("geo"), "units": FileRows("units"), "persons": FileRows("persons"),
+                             "person_keys": [], "timer": _Timer()}
+                continue
+            rows = state[stem]
+            assert isinstance(rows, FileRows)
+            timer = state["timer"]
+            assert isinstance(timer, _Timer)
+            if kind == "batch":
+                with timer("read and check"):
+                    self._batch(part, stem, payload, rows, state)
+            else:  # the file's end
+                if self.observer is not None:
+                    self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
+                rows.finish()
+                if stem == "geo":
+                    with timer("join"):
+                        state["joiner"] = self._joiner(part, rows)
+                elif stem == "persons":
+                    with timer("join"):
+                        joiner = state["joiner"]
+                        assert isinstance(joiner, Joiner)
+                        state["join"] = joiner.finish(state["person_keys"])  # type: ignore[arg-type]
+                        for s in ("units", "persons"):
+                            self.result.set_aside[s] += joiner.set_aside[s]
+                    yield part, state  # type: ignore[misc]
+                    state = {}
+
+    def _events(self) -> Iterator[tuple[str, PassPart, str, object]]:
+        for part in self.parts:
+            for stem in ("geo", "units", "persons"):
+                reader = SourceReader(part.files[stem], self.problems[stem], columns=self._wanted(stem),
+                                      reads=self.reads)
+                yield "start", part, stem, reader
+                for item in reader.batches():
+                    yield "batch", part, stem, item
+                yield "end", part, stem, reader
+
+    # ---------------------------------------------------------------------------------- batches
+    def _encode(self, stem: str, batch: pa.RecordBatch, names: Sequence[str]) -> dict[str, Encoded]:
+        out = {}
+        for name in names:
+            i = batch.schema.get_field_index(name)
+            if i < 0:
+                continue
+            column = COLUMN[stem, name]
+            out[name] = encode(column, batch.column(i), None if self.observer is None else
+                               self.observer.book(stem, column))
+        return out
+
+    def _wanted(self, stem: str) -> tuple[str, ...]:
+        if self.observer is not None:
+            return tuple(c.name for c in FILES[stem])
+        return tuple(c.name for c in _ENGINE_COLUMNS[stem])
+
+    def _batch(self, part: PassPart, stem: str, item: FileBatch, rows: FileRows, state: dict[str, object]) -> None:
+        batch = item.batch
+        strict = self.observer is None
+        mafid = self._encode(stem, batch, ["MAFID"]).get("MAFID")
+        keep = None
+        if mafid is not None and part.mafid_range is not None:
+            if strict:
+                raise_value_problems(item.name, mafid)
+            lo, hi = part.mafid_range
+            keep = (mafid.values >= lo) & (mafid.values < hi)
+        if stem == "geo":
+            if keep is not None:
+                batch, mafid = _take_rows(batch, mafid, keep)
+            encoded = self._encode(stem, batch, [n for n in self._wanted(stem) if n != "MAFID"])
+            if mafid is not None:
+                encoded["MAFID"] = mafid
+            kept = self._geo_kept(part, item.name, encoded)
+            if strict:
+                for e in encoded.values():
+                    raise_value_problems(item.name, e, kept)
+            if self.observer is not None:
+                self.observer.batch(stem, item.name, encoded, kept)
+            rows.add(encoded, batch.num_rows)
+            return
+        joiner = state["joiner"]
+        assert isinstance(joiner, Joiner)
+        n = batch.num_rows
+        if mafid is None:  # no MAFID column (reported): nothing joins
+            values, ok = np.zeros(n, np.int32), np.zeros(n, bool)
+        else:
+            values, ok = mafid.values, None if mafid.kind is None else mafid.kind == OK
+        if keep is not None:
+            batch, mafid = _take_rows(batch, mafid, keep)
+            values, ok = values[keep], None if ok is None else ok[keep]
+        if stem == "units":
+            aside = joiner.units(values, ok)
+        else:
+            aside, person_key = joiner.persons(values, ok)
+            state["person_keys"].append(person_key)  # type: ignore[union-attr]
+        if aside is not None:
+            batch, mafid = _take_rows(batch, mafid, aside)
+        encoded = self._encode(stem, batch, [n for n in self._wanted(stem) if n != "MAFID"])
+        if mafid is not None:
+            encoded["MAFID"] = mafid
+        if strict:
+            for e in encoded.values():
+                raise_value_problems(item.name, e)
+        if self.observer is not None:
+            self.observer.batch(stem, item.name, encoded, None)
+        rows.add(encoded, batch.num_rows)
+
+    def _geo_kept(self, part: PassPart, name: str, encoded: Mapping[str, Encoded]) -> np.ndarray | None:
+        """Geo rows the state filter keeps (None: all); counts rows stored under another
+        state's folder."""
+        state = encoded.get("TABBLKST")
+        if state is None:
+            return None
+        valid = None if state.kind is None else state.kind == OK
+        code = state.values.astype(np.intp)
+        if part.state is not None:
+            elsewhere = code != int(part.state)
+            if valid is not None:
+                elsewhere &= valid
+            n = int(np.count_nonzero(elsewhere))
+            if n:
+                self.result.misplaced += n
+                if self.observer is None:
+                    raise InputError(f"{part.files['geo'].name} ({part.label})", "TABBLKST",
+                                     "every geo row is stored in the partition folder of its own state",
+                                     rows=n)
+        if self.states is None:
+            return None
+        kept = self._state_index[code] != NOT_TABULATED
+        if valid is not None:
+            kept |= ~valid  # a TABBLKST that is not a valid code cannot be placed outside the filter
+        return None if kept.all() else kept
+
+    def _joiner(self, part: PassPart, geo: FileRows) -> Joiner:
+        lookups = sum(part.files[s].estimated_rows() for s in ("units", "persons"))
+        cols = geo.columns
+        side = geo_side(cols["MAFID"], geo.ok("MAFID"), cols["RTYPE"], geo.ok("RTYPE"), cols["TABBLKST"],
+                        geo.ok("TABBLKST"), self.states, expected_lookups=lookups)
+        self.result.set_aside["geo"] += side.set_aside
+        return Joiner(side)
+
+    # --------------------------------------------------------------------------- partition end
+    def _finish_partition(self, part: PassPart, state: dict[str, object], last: bool, totals: _StageTotals) -> None:
+        join = state["join"]
+        assert isinstance(join, Join)
+        rows = {s: state[s] for s in STEMS}
+        geo_clean = rows["geo"].clean  # type: ignore[union-attr]
+        timer = state["timer"]
+        assert isinstance(timer, _Timer)
+        for name, seconds in timer.seconds.items():
+            totals.seconds[name] = totals.seconds.get(name, 0.0) + seconds
+        if self._layout is not None:
+            self._layout_add("units", part, join.mafid[join.unit_rows > 0])
+            self._layout_add("geo", part, join.geo.index.keys)
+        if self.observer is not None:
+            with totals("validate"):
+                self.observer.partition(part, join.geo, join, rows, last)  # type: ignore[arg-type]
+        # What only validation reads is let go before the tables are counted.
+        for r in rows.values():
+            r.release_compact()  # type: ignore[union-attr]
+        rows["geo"] = None  # type: ignore[assignment]
+        state.pop("geo", None)
+        if self.counting is None or self.result.count_error is not None:
+            return
+        units, persons = rows["units"], rows["persons"]
+        assert isinstance(units, FileRows) and isinstance(persons, FileRows)
+        if not (units.clean and persons.clean and geo_clean):
+            if self.observer is None:  # pragma: no cover -- strict reading raised already
+                raise AssertionError("strict reading kept an invalid value")
+            self.result.count_error = InputError(part.label, "", "holds values that break their column's rules")
+            return
+        states = self.states or ()
+        try:
+            with totals("fingerprint"):
+                data = prepared(join, units.columns, persons.columns, states,
+                                require_geo=part.label if part.state is not None else None)
+                content = content_digest(data.persons, data.person_state, data.units, data.unit_state,
+                                         states, not_tabulated=NOT_TABULATED)
+            with totals("truncate, join and count" if self.counting.key is not None else "join and count"):
+                tables = tabulate(list(self.counting.specs), data, taus=self.counting.taus, key=self.counting.key,
+                                  max_persons_per_partition=MAX_PERSONS_PER_PARTITION)
+        except InputError as exc:
+            if self.observer is None:
+                raise
+            self.result.count_error = exc
+            return
+        self._counts.append(Counts(tables, content))
+        if len(self._counts) > 1:
+            self._counts = [combine_counts(self._counts)]
+
+    def _layout_add(self, stem: str, part: PassPart, mafids: np.ndarray) -> None:
+        assert self._layout is not None
+        again = self._layout.add(stem, mafids)
+        if again and self.observer is None and stem == "geo":
+            raise InputError(f"{self.files[stem].name}/{PARTITION_KEY}={part.state}", "MAFID",
+                             "a MAFID has geo rows in more than one state partition", rows=again)
+
+    def _aside_folder(self, part: PassPart) -> None:
+        """A state folder outside the state filter: set aside; only its layout is checked (the
+        MAFIDs of units and geo, geo's TABBLKST); its persons are never read."""
+        self.result.set_aside["persons"] += part.files["persons"].estimated_rows()
+        for stem, names in (("units", ("MAFID",)), ("geo", ("MAFID", "TABBLKST"))):
+            reader = SourceReader(part.files[stem], Problems(strict=False), columns=names, reads=self.reads)
+            mafids = []
+            for item in reader.batches():
+                batch = item.batch
+                self.result.set_aside[stem] += batch.num_rows
+                encoded = self._layout_encode(stem, batch, names)
+                m = encoded.get("MAFID")
+                if m is not None:
+                    mafids.append(m.values if m.kind is None else m.values[m.kind == OK])
+                if "TABBLKST" in encoded:
+                    self._geo_kept(part, item.name, {"TABBLKST": encoded["TABBLKST"]})
+            if mafids:
+                self._layout_add(stem, part, sorted_distinct(np.concatenate(mafids).astype(np.int32)))
+
+    def _layout_encode(self, stem: str, batch: pa.RecordBatch, names: Sequence[str]) -> dict[str, Encoded]:
+        out = {}
+        for name in names:
+            i = batch.schema.get_field_index(name)
+            if i >= 0:
+                out[name] = encode(COLUMN[stem, name], batch.column(i))
+        return out
+
+
+COLUMN = {(stem, c.name): c for stem in STEMS for c in FILES[stem]}
+
+
+def _take_rows(batch: pa.RecordBatch, mafid: Encoded | None, rows: np.ndarray) -> tuple[pa.RecordBatch, Encoded | None]:
+    return batch.filter(pa.array(rows)), None if mafid is None else mafid.take(rows)
+
+
+class _Timer(_StageTotals):
+    """Stage seconds of one partition."""

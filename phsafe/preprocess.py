@@ -1,30 +1,38 @@
-"""Preprocessing: state filter, geography and group quarters (spec §4), and MAFID-range partitions.
+"""Preprocessing: the state filter, the MAFID join of persons, units and geo, and geography (spec §4).
 
-* Geo rows are kept when their TABBLKST is in ``state_filter``; a MAFID listed more than once in
-  geo is ambiguous (its state is not known) and is dropped.
-* A unit, and the persons in it, is tabulated only when its geo row has RTYPE 2: GQ facilities'
-  geo rows (RTYPE 4) are dropped first, so GQ records never reach a table even when the unit file
-  disagrees.
-* Units keep every row whose MAFID has a kept geo row -- duplicates included: whether a MAFID is
-  unique is decided per table *after* its universe filter (Algorithm 3, steps 1-2), see
-  :mod:`phsafe.truncation`.
+Every rule of the count is decided per MAFID, so a partition's records are joined once, on their
+MAFIDs, and everything downstream -- the validation's cross-file frames, the tabulation, the
+content fingerprint -- reads that join:
 
-Memory: records stay in file order in their compact columns; preprocessing only adds one byte
-per record, its state (or "not tabulated"). :func:`partitions` then cuts the tabulated records
-into MAFID ranges and builds, per partition, the MAFID grouping that truncate-join-count needs.
+* :class:`GeoSide` -- what geo says about each MAFID: how many geo rows carry it (all of them,
+  and those the state filter keeps), its first row, and its *state* for the tables: the state
+  of its geo row when there is exactly one, it is a housing unit's (RTYPE 2: GQ facilities'
+  geo rows are dropped, so GQ records never reach a table) and its TABBLKST is in
+  ``state_filter``; otherwise ``NOT_TABULATED``. A MAFID listed twice in geo is ambiguous: its
+  state is not known, and it is not tabulated.
+* The state filter comes first (spec §1, §4): a geo row outside ``state_filter`` is set aside, and
+  so are the units and persons of a MAFID whose every geo row is set aside (:meth:`GeoSide.aside`).
+  Records with no geo row are kept (validation reports them; the tables never count them).
+* :class:`Join` -- the keys of the partition (geo's MAFIDs, then those only units have), each
+  kept unit's and person's key, and per key the number of unit rows and the first one. Units
+  keep every row of their MAFID -- duplicates included: whether a MAFID is unique is decided
+  per table *after* its universe filter (Algorithm 3, steps 1-2), see :mod:`phsafe.truncation`.
+
+Keys are found with a direct-address table over the keys' MAFID span when it is small against
+the look-ups (a state's MAFIDs, usually clustered), a binary search when the look-ups are sorted
+(extracts sorted by MAFID), and a hash table otherwise.
+
 Truncation and unit uniqueness are decided per MAFID and counts add up, so any MAFID-disjoint
-split gives the same exact counts -- cutting by MAFID range (rather than by state) bounds the
-temporaries of the data path by the partition size even for the largest state. Count vectors are
-kept per state; the nation's vector is the sum of the exact state vectors before any noise.
-
-The same argument lets :mod:`phsafe.counting` read data stored by state one state at a time
-(``prepare(..., require_geo=...)`` then checks that every record's geo row is in its partition).
+split gives the same exact counts: :func:`partitions` cuts the tabulated records into MAFID
+ranges of a few million persons, which keeps each table's temporaries in the CPU caches. Count
+vectors are kept per state; the nation's vector is the sum of the exact state vectors before
+any noise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -32,22 +40,331 @@ import pandas as pd
 
 from phsafe.errors import InputError
 from phsafe.reader import Columns, InputTables
-from phsafe.schema import MAFID_MAX, MAFID_MIN, RTYPE_UNIT_HU
+from phsafe.schema import RTYPE_UNIT_HU
 
 NOT_TABULATED = np.uint8(255)
-_CHUNK = 8_000_000  # rows per step of the MAFID look-ups, to bound temporaries
+"""State index of a record the tables do not count."""
+
+DIRECT_SLOTS_PER_LOOKUP = 16
+"""A direct-address key table is used when its MAFID span holds at most this many slots per key
+and look-up (4 bytes a slot)."""
+DIRECT_MAX_SLOTS = 1 << 30
+"""Never more than this many slots (4 GiB) in a direct-address key table: the MAFID domain's
+800M fit, which for a national file of a hundred million units and more takes less memory than a
+hash table of its keys (16 bytes or more a key)."""
+
+
+def _is_sorted(values: npt.NDArray[np.integer]) -> bool:
+    return len(values) < 2 or bool((values[1:] >= values[:-1]).all())
+
+
+def sorted_distinct(values: npt.NDArray[np.integer]) -> npt.NDArray[np.integer]:
+    """The distinct values, sorted.
+
+    ``np.unique`` without ``return_*`` takes a hash-based path in numpy 2.x that is far slower
+    than sorting on arrays of millions of MAFIDs; a sort (skipped when the values are already
+    sorted, as extracts sorted by MAFID are) and a comparison of neighbours is all it takes.
+    """
+    s = values if _is_sorted(values) else np.sort(values)
+    if s.size == 0:
+        return s.copy()
+    keep = np.empty(s.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+class KeyIndex:
+    """Sorted distinct MAFIDs, and the position of any MAFID among them (-1: absent).
+
+    Args:
+        keys: Sorted, distinct MAFIDs.
+        expected_lookups: How many look-ups will follow (chooses a direct-address table).
+    """
+
+    def __init__(self, keys: npt.NDArray[np.integer], expected_lookups: int = 0) -> None:
+        self.keys = np.asarray(keys, dtype=np.int32)
+        self._table: npt.NDArray[np.int32] | None = None
+        self._hash: pd.Index | None = None
+        self._lo = int(self.keys[0]) if len(self.keys) else 0
+        self._span = int(self.keys[-1]) - self._lo + 1 if len(self.keys) else 0
+        if self._span and self._span <= min(DIRECT_MAX_SLOTS,
+                                            DIRECT_SLOTS_PER_LOOKUP * (len(self.keys) + expected_lookups)):
+            table = np.full(self._span + 1, -1, dtype=np.int32)  # the last slot: off the span
+            table[self.keys.astype(np.int64) - self._lo] = np.arange(len(self.keys), dtype=np.int32)
+            self._table = table
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def release(self) -> None:
+        """Drop the look-up structures (the keys stay)."""
+        self._table = None
+        self._hash = None
+
+    def lookup(self, mafid: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
+        """Position of each MAFID among the keys, or -1."""
+        n = len(mafid)
+        if len(self.keys) == 0 or n == 0:
+            return np.full(n, -1, dtype=np.int32)
+        if self._table is not None:
+            offset = mafid.astype(np.int64)
+            offset -= self._lo
+            np.clip(offset, -1, self._span, out=offset)
+            return self._table[offset]
+        if _is_sorted(mafid):
+            pos = np.searchsorted(self.keys, mafid).astype(np.int32)
+            np.minimum(pos, len(self.keys) - 1, out=pos)
+            pos[self.keys[pos] != mafid] = -1
+            return pos
+        if self._hash is None:
+            self._hash = pd.Index(self.keys)
+        return self._hash.get_indexer(mafid).astype(np.int32)
+
+
+@dataclass
+class GeoSide:
+    """What the geo rows of a partition say about each of their MAFIDs (see the module docstring).
+
+    Attributes:
+        index: The distinct MAFIDs of geo rows with a valid MAFID.
+        rows: Geo rows per MAFID.
+        kept: Geo rows per MAFID that the state filter keeps.
+        first: Row (in file order) of each MAFID's first geo row.
+        state: State index of each MAFID for the tables, or ``NOT_TABULATED``.
+        set_aside: Geo rows the state filter set aside (any MAFID, valid or not).
+    """
+
+    index: KeyIndex
+    rows: npt.NDArray[np.int32]
+    kept: npt.NDArray[np.int32]
+    first: npt.NDArray[np.int64]
+    state: npt.NDArray[np.uint8]
+    set_aside: int
+
+    def __post_init__(self) -> None:
+        self.aside = (self.rows > 0) & (self.kept == 0)
+        """MAFIDs whose every geo row is set aside: their units and persons are set aside too."""
+        self.any_aside = bool(self.aside.any())
+
+
+def state_indices(states: Sequence[str]) -> npt.NDArray[np.uint8]:
+    """State code (0..99) -> index into ``states``, or ``NOT_TABULATED``."""
+    if len(states) >= NOT_TABULATED:
+        raise ValueError("too many states")
+    table = np.full(256, NOT_TABULATED, dtype=np.uint8)
+    for i, code in enumerate(states):
+        table[int(code)] = i
+    return table
+
+
+def geo_side(mafid: npt.NDArray[np.integer], mafid_ok: npt.NDArray[np.bool_] | None,
+             rtype: npt.NDArray[np.integer], rtype_ok: npt.NDArray[np.bool_] | None,
+             state: npt.NDArray[np.integer], state_ok: npt.NDArray[np.bool_] | None,
+             states: Sequence[str] | None, *, expected_lookups: int = 0) -> GeoSide:
+    """Summarise geo per MAFID.
+
+    Args:
+        mafid, rtype, state: Geo's MAFID, RTYPE and TABBLKST (compact; meaningless where the
+            matching ``*_ok`` mask is False).
+        mafid_ok, rtype_ok, state_ok: Rows whose value is valid (None: every row).
+        states: The released states (sorted), or None: no state filter (validation of a config
+            without a usable ``state_filter``) -- every row is kept, none is tabulated.
+        expected_lookups: Units and persons to be looked up (chooses the look-up method).
+    """
+    n = len(mafid)
+    index_of_state = state_indices(states or ())
+    code = np.where(state_ok, state, 0) if state_ok is not None else state
+    geo_state = index_of_state[code.astype(np.intp)] if n else np.empty(0, np.uint8)
+    if states is None:
+        kept_row = np.ones(n, dtype=bool)
+    else:
+        # A TABBLKST that is not a valid code cannot be placed outside the filter: kept (and reported).
+        kept_row = geo_state != NOT_TABULATED
+        if state_ok is not None:
+            kept_row |= ~state_ok
+    set_aside = int(n - np.count_nonzero(kept_row))
+    rows = np.flatnonzero(mafid_ok) if mafid_ok is not None else np.arange(n)
+    m = mafid[rows]
+    if _is_sorted(m):  # extracts sorted by MAFID: keys, counts and first rows from the runs
+        sorted_rows = rows
+        sorted_m = m
+    else:
+        order = np.argsort(m, kind="stable")
+        sorted_rows = rows[order]
+        sorted_m = m[order]
+    new = np.empty(len(sorted_m), dtype=bool)
+    new[:1] = True
+    np.not_equal(sorted_m[1:], sorted_m[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    keys = sorted_m[starts]
+    index = KeyIndex(keys, expected_lookups)
+    counts = np.diff(np.append(starts, len(sorted_m))).astype(np.int32)
+    kept_sorted = kept_row[sorted_rows]
+    kept = (np.add.reduceat(kept_sorted.view(np.int8), starts, dtype=np.int32) if len(starts)
+            else np.zeros(0, np.int32))
+    # The first row of each key in file order: a stable sort keeps equal MAFIDs in file order.
+    first = sorted_rows[starts].astype(np.int64)
+    single = counts == 1
+    hu = rtype[first] == RTYPE_UNIT_HU
+    if rtype_ok is not None:
+        hu &= rtype_ok[first]
+    key_state = np.where(single & hu, geo_state[first], NOT_TABULATED).astype(np.uint8)
+    if states is None:
+        key_state[:] = NOT_TABULATED
+    return GeoSide(index, counts, kept, first, key_state, set_aside)
+
+
+@dataclass
+class Join:
+    """The MAFID join of one partition's kept records (see the module docstring).
+
+    Keys ``0 .. len(geo.index) - 1`` are geo's MAFIDs; the others are MAFIDs only units have.
+
+    Attributes:
+        geo: What geo says about each of its MAFIDs.
+        extra: Sorted MAFIDs of kept units that geo does not have.
+        unit_key: Key of each kept unit row (-1: its MAFID is not valid).
+        person_key: Key of each kept person (-1: MAFID not valid, or neither in geo nor units).
+        unit_rows: Kept unit rows per key.
+        unit_first: First kept unit row of each key (-1: none).
+    """
+
+    geo: GeoSide
+    extra: KeyIndex
+    unit_key: npt.NDArray[np.int32]
+    person_key: npt.NDArray[np.int32]
+    unit_rows: npt.NDArray[np.int32]
+    unit_first: npt.NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        self.n_keys = len(self.geo.index) + len(self.extra)
+        self.mafid = np.concatenate([self.geo.index.keys, self.extra.keys])
+        """The MAFID of each key."""
+        self.state = np.concatenate([self.geo.state, np.full(len(self.extra), NOT_TABULATED, np.uint8)])
+        """State index of each key (keys only units have are never tabulated)."""
+
+
+class Joiner:
+    """Builds a partition's :class:`Join` while its units, then its persons, stream in.
+
+    Units and persons batches are looked up as they are read, so that the rows the state filter
+    sets aside are dropped before anything else is done with them. Call :meth:`units` for every
+    batch of units, then :meth:`persons` for every batch of persons, then :meth:`finish`.
+    """
+
+    def __init__(self, geo: GeoSide) -> None:
+        self.geo = geo
+        self._unit_keys: list[npt.NDArray[np.int32]] = []
+        # Valid unit MAFIDs geo does not have: (batch number, rows, MAFIDs); keyed once all are in.
+        self._orphans: list[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int32]]] = []
+        self._extra: KeyIndex | None = None
+        self.set_aside = {"units": 0, "persons": 0}
+
+    def units(self, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+              ) -> npt.NDArray[np.bool_] | None:
+        """Look up a batch of units; return the rows kept (None: every row)."""
+        keep, key = self._filter("units", mafid, ok)
+        m = mafid if keep is None else mafid[keep]
+        valid = ok if keep is None or ok is None else ok[keep]
+        orphan = key < 0 if valid is None else (key < 0) & valid
+        if orphan.any():
+            rows = np.flatnonzero(orphan)
+            self._orphans.append((len(self._unit_keys), rows, m[rows].astype(np.int32)))
+        self._unit_keys.append(key)
+        return keep
+
+    def persons(self, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+                ) -> tuple[npt.NDArray[np.bool_] | None, npt.NDArray[np.int32]]:
+        """Look up a batch of persons (after every unit): (rows kept -- None for all --, the key
+        of each kept row, -1 for none)."""
+        extra = self._extra_index()
+        keep, key = self._filter("persons", mafid, ok)
+        missing = np.flatnonzero(key < 0)
+        if len(missing) and len(extra):
+            m = mafid if keep is None else mafid[keep]
+            found = extra.lookup(m[missing])
+            if ok is not None:
+                found[~(ok if keep is None else ok[keep])[missing]] = -1
+            hit = found >= 0
+            key[missing[hit]] = found[hit] + len(self.geo.index)
+        return keep, key
+
+    def _filter(self, stem: str, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+                ) -> tuple[npt.NDArray[np.bool_] | None, npt.NDArray[np.int32]]:
+        key = self.geo.index.lookup(mafid)
+        if ok is not None:
+            key[~ok] = -1
+        aside_keys = self.geo.aside
+        if self.geo.any_aside:
+            found = np.flatnonzero(key >= 0)
+            aside = np.zeros(len(key), dtype=bool)
+            aside[found] = aside_keys[key[found]]
+            n = int(np.count_nonzero(aside))
+            if n:
+                self.set_aside[stem] += n
+                keep = ~aside
+                return keep, key[keep]
+        return None, key
+
+    def _extra_index(self) -> KeyIndex:
+        if self._extra is None:
+            mafids = [m for _, _, m in self._orphans]
+            self._extra = KeyIndex(sorted_distinct(np.concatenate(mafids)) if mafids else np.empty(0, np.int32))
+            for batch, rows, m in self._orphans:
+                self._unit_keys[batch][rows] = self._extra.lookup(m) + len(self.geo.index)
+            self._orphans.clear()
+        return self._extra
+
+    def finish(self, person_keys: Sequence[npt.NDArray[np.int32]]) -> Join:
+        """The join, given the key of every kept person (from :meth:`persons`, in order)."""
+        extra = self._extra_index()
+        unit_key = np.concatenate(self._unit_keys) if self._unit_keys else np.empty(0, np.int32)
+        self._unit_keys.clear()
+        person_key = np.concatenate(list(person_keys)) if len(person_keys) else np.empty(0, np.int32)
+        self.geo.index.release()
+        extra.release()
+        return _join(self.geo, extra, unit_key, person_key)
+
+
+def _join(geo: GeoSide, extra: KeyIndex, unit_key: npt.NDArray[np.int32],
+          person_key: npt.NDArray[np.int32]) -> Join:
+    n_keys = len(geo.index) + len(extra)
+    valid = unit_key >= 0
+    rows = np.flatnonzero(valid)
+    keys = unit_key[rows]
+    unit_rows = np.bincount(keys, minlength=n_keys).astype(np.int32)
+    unit_first = np.full(n_keys, -1, dtype=np.int64)
+    unit_first[keys[::-1]] = rows[::-1]
+    return Join(geo, extra, unit_key, person_key, unit_rows, unit_first)
+
+
+def join_all(geo: Columns, units: Columns, persons: Columns, states: Sequence[str]) -> tuple[Join, Columns, Columns]:
+    """The join of whole, valid compact columns (see :class:`Joiner`): (join, kept units, kept
+    persons)."""
+    side = geo_side(geo["MAFID"], None, geo["RTYPE"], None, geo["TABBLKST"], None, states,
+                    expected_lookups=len(units["MAFID"]) + len(persons["MAFID"]))
+    joiner = Joiner(side)
+    keep_u = joiner.units(units["MAFID"], None)
+    kept_units = units if keep_u is None else {k: v[keep_u] for k, v in units.items()}
+    keep_p, person_key = joiner.persons(persons["MAFID"], None)
+    kept_persons = persons if keep_p is None else {k: v[keep_p] for k, v in persons.items()}
+    return joiner.finish([person_key]), kept_units, kept_persons
 
 
 @dataclass
 class PreparedData:
-    """Records in file order, each tagged with the index of its state.
+    """The records a partition's tables are counted from, each with its state and MAFID key.
 
     Attributes:
         states: Released state codes (sorted); state indices point into it.
-        units: Unit columns, file order.
+        units: Kept unit columns, file order.
         unit_state: State index of each unit, or ``NOT_TABULATED``.
-        persons: Person columns, file order.
+        persons: Kept person columns, file order.
         person_state: State index of each person's MAFID, or ``NOT_TABULATED``.
+        unit_key: MAFID key of each unit (-1: none).
+        person_key: MAFID key of each person (-1: none).
+        n_keys: Number of keys.
     """
 
     states: tuple[str, ...]
@@ -55,17 +372,55 @@ class PreparedData:
     unit_state: npt.NDArray[np.uint8]
     persons: Columns
     person_state: npt.NDArray[np.uint8]
+    unit_key: npt.NDArray[np.int32]
+    person_key: npt.NDArray[np.int32]
+    n_keys: int
+
+
+def prepared(join: Join, units: Columns, persons: Columns, states: tuple[str, ...], *,
+             require_geo: str | None = None) -> PreparedData:
+    """Tag each kept record with its state for the tables.
+
+    Args:
+        require_geo: If given (the name of the data partition, for messages), every person and
+            unit must have a geo row in the partition -- as they do when the data is stored by
+            state and each record is in its state's partition. Without it a record with no geo
+            row is simply not tabulated (spec §4).
+
+    Raises:
+        InputError: ``require_geo`` is given and a person or unit has no geo row.
+    """
+    key_state = np.concatenate([join.state, [NOT_TABULATED]])  # key -1 reads the last entry
+    unit_state = key_state[join.unit_key]
+    person_state = key_state[join.person_key]
+    if require_geo is not None:
+        has_geo = np.concatenate([join.geo.rows > 0, np.zeros(len(join.extra) + 1, dtype=bool)])
+        for stem, key in (("units", join.unit_key), ("persons", join.person_key)):
+            n = int(np.count_nonzero(~has_geo[key]))
+            if n:
+                raise InputError(
+                    f"{stem} ({require_geo})", "MAFID",
+                    "every record is stored in the partition of its unit's state: this MAFID has no "
+                    "geo row in the same partition", rows=n)
+    return PreparedData(states, units, unit_state, persons, person_state, join.unit_key, join.person_key,
+                        join.n_keys)
+
+
+def prepare(inputs: InputTables, states: tuple[str, ...], *, require_geo: str | None = None) -> PreparedData:
+    """Apply the state filter and the geography rules to whole compact columns (see :func:`prepared`)."""
+    join, units, persons = join_all(inputs.geo, inputs.units, inputs.persons, states)
+    return prepared(join, units, persons, states, require_geo=require_geo)
 
 
 @dataclass
 class Partition:
-    """The records of one MAFID range, grouped by MAFID.
+    """The tabulated records of one MAFID range, grouped by MAFID.
 
     Attributes:
-        units: Unit columns, rows sorted by MAFID.
+        units: Unit columns.
         unit_state: State index (into the run's states) of each unit row.
         unit_group: MAFID group of each unit row (rows sharing a MAFID share a group).
-        persons: Person columns of persons whose MAFID has a unit in the partition.
+        persons: Person columns of the tabulated persons.
         person_group: MAFID group of each person.
         n_groups: Number of MAFID groups.
     """
@@ -82,230 +437,53 @@ def _take(cols: Columns, index: npt.NDArray[np.integer] | slice) -> Columns:
     return {k: v[index] for k, v in cols.items()}
 
 
-def _duplicated(values: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
-    """True where a value occurs more than once."""
-    if len(values) < 2 or bool((values[1:] > values[:-1]).all()):
-        return np.zeros(len(values), dtype=bool)  # strictly increasing (files sorted by MAFID)
-    order = np.argsort(values, kind="stable")
-    s = values[order]
-    dup_sorted = np.zeros(len(s), dtype=bool)
-    if len(s) > 1:
-        eq = s[1:] == s[:-1]
-        dup_sorted[1:] |= eq
-        dup_sorted[:-1] |= eq
-    out = np.empty(len(s), dtype=bool)
-    out[order] = dup_sorted
-    return out
-
-
-DIRECT_TABLE_MIN_LOOKUPS = 2_000_000
-"""From this many look-ups on, states are found with a direct-address table instead of a binary
-search: the table costs a fill of up to 800 MB, a binary search ~20 cache misses per look-up."""
-DIRECT_TABLE_BYTES_PER_LOOKUP = 64
-"""Below this many table bytes per look-up the direct table wins whatever the number of
-look-ups (e.g. one state's MAFIDs, when they are clustered)."""
-
-
-def use_direct_table(geo_mafid: npt.NDArray[np.integer], lookups: int) -> bool:
-    """Whether a :class:`StateLookup` over ``geo_mafid`` should be a direct-address table."""
-    if len(geo_mafid) == 0:
-        return False
-    span = int(geo_mafid.max()) - int(geo_mafid.min()) + 1
-    return lookups >= DIRECT_TABLE_MIN_LOOKUPS or span <= DIRECT_TABLE_BYTES_PER_LOOKUP * lookups
-
-
-class StateLookup:
-    """The state index of a MAFID (``missing`` for MAFIDs with no geo row).
-
-    Args:
-        geo_mafid: MAFIDs of the geo rows (a MAFID listed twice must have the same state on
-            both rows, e.g. ``NOT_TABULATED``).
-        geo_state: Their state indices, or ``NOT_TABULATED``.
-        direct: Use a direct-address table (one byte per possible MAFID between the smallest
-            and the largest geo MAFID: at most 800 MB, much less for one state's MAFIDs when
-            they are clustered) rather than a binary search over the sorted geo MAFIDs.
-        missing: The value of a MAFID with no geo row.
-    """
-
-    def __init__(self, geo_mafid: npt.NDArray[np.integer], geo_state: npt.NDArray[np.uint8], *, direct: bool,
-                 missing: np.uint8 = NOT_TABULATED) -> None:
-        self.direct = direct
-        self.missing = np.uint8(missing)
-        if direct:
-            self.lo = int(geo_mafid.min()) if len(geo_mafid) else MAFID_MIN
-            hi = int(geo_mafid.max()) if len(geo_mafid) else MAFID_MIN
-            self.table = np.full(hi - self.lo + 2, self.missing, dtype=np.uint8)  # last: off the range
-            self.table[geo_mafid.astype(np.int64) - self.lo] = geo_state
-        else:
-            order = np.argsort(geo_mafid, kind="stable")
-            self.sorted_mafid, self.sorted_state = geo_mafid[order], geo_state[order]
-
-    def __call__(self, mafid: npt.NDArray[np.integer]) -> npt.NDArray[np.uint8]:
-        if len(mafid) and (mafid.min() < MAFID_MIN or mafid.max() > MAFID_MAX):
-            raise ValueError(f"MAFID outside {MAFID_MIN}..{MAFID_MAX}")  # the reader checks this
-        out = np.full(len(mafid), self.missing, dtype=np.uint8)
-        for start in range(0, len(mafid), _CHUNK):
-            chunk = mafid[start : start + _CHUNK]
-            if self.direct:
-                # MAFIDs off the table's range read its last entry, which is always missing
-                index = np.clip(chunk.astype(np.int64) - self.lo, -1, len(self.table) - 1)
-                out[start : start + _CHUNK] = self.table[index]
-            elif len(self.sorted_mafid):
-                pos = np.minimum(np.searchsorted(self.sorted_mafid, chunk), len(self.sorted_mafid) - 1)
-                found = self.sorted_mafid[pos] == chunk
-                out[start : start + _CHUNK] = np.where(found, self.sorted_state[pos], self.missing)
-        return out
-
-
-NO_GEO = np.uint8(254)
-"""Internal: a record whose MAFID has no geo row at all (see ``prepare(require_geo=True)``)."""
-
-
-def prepare(inputs: InputTables, states: tuple[str, ...], *, require_geo: str | None = None) -> PreparedData:
-    """Apply the state filter and the geography rules: tag each record with its state.
-
-    Args:
-        inputs: The records.
-        states: The released states (``state_filter``, sorted).
-        require_geo: If given (the name of the data partition, for messages), every person and
-            unit must have a geo row among ``inputs.geo`` -- as they do when the data is stored
-            by state and each record is in its state's partition. Without it a record with no
-            geo row is simply not tabulated (spec §4).
-
-    Raises:
-        InputError: ``require_geo`` is given and a person or unit has no geo row.
-    """
-    if len(states) >= NO_GEO:
-        raise ValueError("too many states")
-    state_index = np.full(256, NOT_TABULATED, dtype=np.uint8)
-    for i, code in enumerate(states):
-        state_index[int(code)] = i
-    geo = inputs.geo
-    geo_state = state_index[geo["TABBLKST"]]
-    keep = (geo_state != NOT_TABULATED) & ~_duplicated(geo["MAFID"]) & (geo["RTYPE"] == RTYPE_UNIT_HU)
-    lookups = len(inputs.units["MAFID"]) + len(inputs.persons["MAFID"])
-    missing = NO_GEO if require_geo is not None else NOT_TABULATED
-    state_of = StateLookup(geo["MAFID"], np.where(keep, geo_state, NOT_TABULATED).astype(np.uint8),
-                           direct=use_direct_table(geo["MAFID"], lookups), missing=missing)
-    del geo_state, keep
-    unit_state = state_of(inputs.units["MAFID"])
-    person_state = state_of(inputs.persons["MAFID"])
-    del state_of
-    if require_geo is not None:
-        for stem, tagged in (("units", unit_state), ("persons", person_state)):
-            orphans = tagged == NO_GEO
-            n = int(np.count_nonzero(orphans))
-            if n:
-                raise InputError(
-                    f"{stem} ({require_geo})", "MAFID",
-                    "every record is stored in the partition of its unit's state: this MAFID has no "
-                    "geo row in the same partition", rows=n)
-    return PreparedData(
-        states=states,
-        units=inputs.units,
-        unit_state=unit_state,
-        persons=inputs.persons,
-        person_state=person_state,
-    )
-
-
-def _mafid_ranges(person_mafid: npt.NDArray[np.integer], max_persons: int) -> list[tuple[int, int]]:
-    """Cut the MAFID range into consecutive ranges of about ``max_persons`` persons each.
-
-    The cut points come from a histogram of the tabulated persons' MAFIDs over their own span
-    (one pass); a range exceeds ``max_persons`` only if a single histogram bin does. The first
-    and last ranges reach the ends of the MAFID domain, so the ranges cover it.
-    """
-    n = len(person_mafid)
-    k = max(1, -(-n // max_persons))
-    if k == 1:
-        return [(MAFID_MIN, MAFID_MAX + 1)]
-    lo, hi = int(person_mafid.min()), int(person_mafid.max()) + 1
-    edges = np.unique(np.linspace(lo, hi, 64 * k + 1).astype(np.int64))
-    per_bin, _ = np.histogram(person_mafid, bins=edges)
-    cumulative = np.cumsum(per_bin)
-    targets = np.arange(1, k) * (n / k)
-    cuts = edges[1:][np.minimum(np.searchsorted(cumulative, targets), len(cumulative) - 1)]
-    bounds = np.unique(np.concatenate([[MAFID_MIN], cuts, [MAFID_MAX + 1]]))
-    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
-
-
 MAX_PERSONS_PER_PARTITION = 2_000_000
-"""Persons tabulated at once: small enough that a partition's MAFID groups stay in the CPU
-caches (at 331M persons, 2M-person ranges tabulate California 1.4x faster than 8M ones)."""
-_GROUP_TABLE_SLOTS_PER_RECORD = 16  # a direct MAFID -> group table up to this many slots a record
-
-
-def _range_ids(mafid: npt.NDArray[np.integer], tabulated: npt.NDArray[np.bool_],
-               cuts: npt.NDArray[np.int64]) -> npt.NDArray[np.unsignedinteger]:
-    """Index of each record's MAFID range (``len(cuts) + 1`` for records not tabulated)."""
-    k = len(cuts) + 1
-    dtype = np.uint8 if k < 255 else np.uint16 if k < 65535 else np.uint32
-    out = np.empty(len(mafid), dtype=dtype)
-    for start in range(0, len(mafid), _CHUNK):  # bounded temporaries
-        chunk = slice(start, start + _CHUNK)
-        out[chunk] = np.searchsorted(cuts, mafid[chunk], side="right")
-    out[~tabulated] = k
-    return out
-
-
-def _group_of(group_mafid: npt.NDArray[np.integer], mafid: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
-    """Index of each ``mafid`` in the sorted, unique ``group_mafid`` (-1 if absent).
-
-    A direct table over the groups' MAFID span when it is small (the usual case: a range of a
-    few million persons), else a hash look-up.
-    """
-    if len(group_mafid) == 0:
-        return np.full(len(mafid), -1, dtype=np.int64)
-    lo = int(group_mafid[0])
-    span = int(group_mafid[-1]) - lo + 1
-    if span > _GROUP_TABLE_SLOTS_PER_RECORD * (len(mafid) + len(group_mafid)):
-        return pd.Index(group_mafid).get_indexer(mafid).astype(np.int64)
-    table = np.full(span + 1, -1, dtype=np.int32)  # the last slot: off the span
-    table[group_mafid.astype(np.int64) - lo] = np.arange(len(group_mafid), dtype=np.int32)
-    return table[np.clip(mafid.astype(np.int64) - lo, -1, span)].astype(np.int64)
+"""Persons tabulated at once: small enough that a range's MAFID groups stay in the CPU caches."""
 
 
 def partitions(data: PreparedData, max_persons: int = MAX_PERSONS_PER_PARTITION) -> Iterator[Partition]:
-    """Yield the tabulated records by MAFID range, about ``max_persons`` persons at a time.
+    """Yield the tabulated records by ranges of MAFID keys, about ``max_persons`` persons at a time.
 
-    Each record's range is found once (one byte a record); each range then takes its rows with
-    one pass over those bytes, so the cost grows with the records, not records x ranges.
+    Records join on their key, so a range of keys holds whole MAFIDs. Each record's range is
+    found once (a division of its key); each range then takes its rows with one pass over those
+    bytes, so the cost grows with the records, not records x ranges.
     """
-    tabulated_units = data.unit_state != NOT_TABULATED
-    tabulated_persons = data.person_state != NOT_TABULATED
-    unit_mafid, person_mafid = data.units["MAFID"], data.persons["MAFID"]
-    ranges = _mafid_ranges(person_mafid[tabulated_persons], max_persons)
-    if len(ranges) > 1:
-        cuts = np.array([lo for lo, _ in ranges[1:]], dtype=np.int64)
-        unit_range = _range_ids(unit_mafid, tabulated_units, cuts)
-        person_range = _range_ids(person_mafid, tabulated_persons, cuts)
-    del tabulated_persons
-    for r in range(len(ranges)):
-        if len(ranges) > 1:
-            unit_rows = np.flatnonzero(unit_range == r)
-            person_rows = np.flatnonzero(person_range == r)
-        else:
-            unit_rows = np.flatnonzero(tabulated_units)
-            person_rows = np.flatnonzero(data.person_state != NOT_TABULATED)
-        order = np.argsort(unit_mafid[unit_rows], kind="stable")
-        unit_rows = unit_rows[order]
-        units = _take(data.units, unit_rows)
-        unit_state = data.unit_state[unit_rows]
-        mafid = units["MAFID"]
-        new_group = np.ones(len(mafid), dtype=bool)
-        if len(mafid) > 1:
-            new_group[1:] = mafid[1:] != mafid[:-1]
-        unit_group = np.cumsum(new_group, dtype=np.int64) - 1
-        group_mafid = mafid[new_group]
-        group = _group_of(group_mafid, person_mafid[person_rows])
-        found = group >= 0
-        person_rows, person_group = person_rows[found], group[found]
-        yield Partition(
-            units=units,
-            unit_state=unit_state,
-            unit_group=unit_group,
-            persons=_take(data.persons, person_rows),
-            person_group=person_group,
-            n_groups=len(group_mafid),
-        )
+    n_persons = int(np.count_nonzero(data.person_state != NOT_TABULATED))
+    n_ranges = max(1, -(-n_persons // max_persons))
+    if n_ranges == 1:
+        yield _partition(data, np.flatnonzero(data.unit_state != NOT_TABULATED),
+                         np.flatnonzero(data.person_state != NOT_TABULATED), 0, data.n_keys)
+        return
+    width = max(1, -(-data.n_keys // n_ranges))
+    # Each record's range (n_ranges: not tabulated), then the records grouped by range with one
+    # stable sort of those small numbers -- a radix sort, linear in the records.
+    unit_order, unit_bounds = _by_range(data.unit_key, data.unit_state, width, n_ranges)
+    person_order, person_bounds = _by_range(data.person_key, data.person_state, width, n_ranges)
+    for r in range(n_ranges):
+        u = unit_order[unit_bounds[r]:unit_bounds[r + 1]]
+        p = person_order[person_bounds[r]:person_bounds[r + 1]]
+        lo = r * width
+        yield _partition(data, u, p, lo, min(data.n_keys, lo + width))
+
+
+def _by_range(key: npt.NDArray[np.int32], state: npt.NDArray[np.uint8], width: int, n_ranges: int
+              ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+    """Rows ordered by key range (tabulated rows only; int32), and each range's bounds."""
+    dtype = np.uint8 if n_ranges < 255 else np.uint16 if n_ranges < 65535 else np.uint32
+    ranges = (key // width).astype(dtype)
+    ranges[state == NOT_TABULATED] = n_ranges
+    order = np.argsort(ranges, kind="stable").astype(np.int32)
+    bounds = np.searchsorted(ranges[order], np.arange(n_ranges + 1))
+    return order, bounds
+
+
+def _partition(data: PreparedData, unit_rows: npt.NDArray[np.int64], person_rows: npt.NDArray[np.int64],
+               lo: int, hi: int) -> Partition:
+    return Partition(
+        units=_take(data.units, unit_rows),
+        unit_state=data.unit_state[unit_rows],
+        unit_group=data.unit_key[unit_rows].astype(np.int64) - lo,
+        persons=_take(data.persons, person_rows),
+        person_group=data.person_key[person_rows].astype(np.int64) - lo,
+        n_groups=max(0, hi - lo),
+    )

@@ -1,9 +1,15 @@
 """Readers for the three production input files, CSV or Parquet (spec §1).
 
-Files are streamed in record batches and converted batch by batch into compact numpy columns
-(``uint8`` codes, ``int32`` MAFIDs), so memory is bounded by the compact form of the data, not by
-its text. Every code column is read as a string, and its exact form is checked -- a code keeps its
-leading zeros (``"01"`` is not ``"1"``) -- before it is stored as the integer it spells.
+Files are streamed in record batches (:class:`SourceReader`) and checked column by column
+(:func:`encode`) into compact numpy columns (``uint8`` codes, ``int32`` MAFIDs), so memory is
+bounded by the compact form of the data, not by its text. Every code column is read as text, and
+its exact form is checked -- a code keeps its leading zeros (``"01"`` is not ``"1"``) -- on the raw
+bytes before it is stored as the integer it spells; an integer column is a whole number written
+in digits (or a Parquet integer), whatever its width (a 29-digit MAFID is a number outside the
+MAFID range, not an overflow). The same reading serves the counting, which stops at the first
+problem (an :class:`~phsafe.errors.InputError`), and validation, which reports every problem and
+sees each value as a *class* (:class:`ClassBook`), so that its rules are evaluated once per
+distinct value.
 
 Each input is one file (``persons.csv`` or ``persons.parquet``) or a folder of Parquet files
 (``persons/`` or ``persons.parquet/``), optionally partitioned by state in the Hive layout::
@@ -24,13 +30,18 @@ messages of pyarrow's parser, which quote offending rows, are replaced by our ow
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
+import io
 import os
+import queue
 import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -42,8 +53,7 @@ import pyarrow.parquet as pq
 from phsafe.errors import InputError
 from phsafe.schema import FILES, Column, ColumnKind
 
-_BLOCK_SIZE = 8 << 20  # bytes of CSV text per batch: larger blocks cost memory, not speed
-_PARQUET_BATCH_ROWS = 4_000_000
+T = TypeVar("T")
 _CSV_BYTES_PER_PERSON = 23  # "3,123456789,44,1,01,20\n"
 PARTITION_KEY = "TABBLKST"
 """The one Hive partition key a folder of Parquet files may use: ``TABBLKST=<2-digit state>``."""
@@ -223,6 +233,13 @@ def locate_inputs(data_dir: str | Path) -> dict[str, InputFile]:
     return found
 
 
+def _digest(path: Path, name: str) -> str:
+    try:
+        return file_digest(path)
+    except OSError:
+        raise InputError(name, "", "could not be read") from None
+
+
 def file_digest(path: Path) -> str:
     """SHA-256 of a file's bytes, streamed."""
     h = hashlib.sha256()
@@ -261,10 +278,14 @@ def input_digests(files: dict[str, InputFile]) -> dict[str, str]:
     A single file's digest is the SHA-256 of its bytes; a folder's is :func:`directory_digest`.
     Files are hashed on a few threads (hashing releases the GIL), largest first.
     """
-    paths = sorted({str(p) for f in files.values() for p in f.files},
-                   key=lambda p: -os.path.getsize(p))
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        digests = dict(zip(paths, pool.map(lambda p: file_digest(Path(p)), paths)))
+    names = {str(p): f.file_name(p) for f in files.values() for p in f.files}
+    try:
+        paths = sorted(names, key=lambda p: -os.path.getsize(p))
+        with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+            digests = dict(zip(paths, pool.map(lambda p: _digest(Path(p), names[p]), paths)))
+    except OSError:
+        unreadable = next(n for p, n in names.items() if not os.access(p, os.R_OK)) if names else ""
+        raise InputError(unreadable or "input", "", "could not be read") from None
     out: dict[str, str] = {}
     for f in files.values():
         if f.directory:
@@ -303,18 +324,769 @@ def read_inputs(data_dir: str | Path) -> InputTables:
     return InputTables(tables["persons"], tables["units"], tables["geo"], files)
 
 
+
+
 MafidRange = tuple[int, int]
 """MAFIDs ``lo <= m < hi``."""
 
 
-def read_table(f: InputFile, *, mafid_range: MafidRange | None = None) -> Columns:
-    """Read one input into compact columns, batch by batch.
+# --------------------------------------------------------------------------------------------
+# What reading finds wrong: one value-free line per problem
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReadProblem:
+    """A problem found while reading an input: the file, the columns, the rule, a row count.
+
+    ``rule`` says what a valid file satisfies (as validation reports put it); never a value.
+    """
+
+    file: str
+    columns: tuple[str, ...]
+    rule: str
+    rows: int | None = None
+
+
+class Problems:
+    """Where reading reports what it finds wrong.
+
+    Args:
+        strict: Raise an :class:`~phsafe.errors.InputError` at the first problem (the counting
+            without validation); otherwise collect every problem (validation reports them all).
+    """
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.found: list[ReadProblem] = []
+
+    def add(self, file: str, rule: str, error: str, columns: Sequence[str] = (), rows: int | None = None) -> None:
+        """Report a problem: ``rule`` as validation states it, ``error`` as an input error says it."""
+        if self.strict:
+            raise InputError(file, ",".join(columns), error, rows=rows)
+        self.found.append(ReadProblem(file, tuple(columns), rule, rows))
+
+
+def check_header(name: str, names: Sequence[str], columns: tuple[Column, ...]) -> None:
+    """Raise an :class:`~phsafe.errors.InputError` unless ``names`` are exactly the schema's."""
+    expected = [c.name for c in columns]
+    names = list(names)
+    if names == expected:
+        return
+    missing = [n for n in expected if n not in names]
+    extra = [n for n in names if n not in expected]
+    if missing:
+        raise InputError(name, ",".join(missing), "required column is missing from the header")
+    if extra:
+        shown = [n for n in extra if _IDENTIFIER.match(n)]
+        hidden = len(extra) - len(shown)
+        listed = ",".join(shown) + (f"{',' if shown else ''}{hidden} other column{'s' if hidden != 1 else ''}"
+                                    if hidden else "")
+        raise InputError(name, listed, "is not a column of this file")
+    raise InputError(name, "", f"columns must be in the order {','.join(expected)} (each named once)")
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+# --------------------------------------------------------------------------------------------
+# Raw reading: record batches of the schema's columns, with the structural checks
+# --------------------------------------------------------------------------------------------
+CSV_BLOCK_BYTES = 16 << 20
+"""CSV text per batch (about 700,000 persons rows): bounds memory; larger blocks cost memory,
+not speed."""
+PARQUET_BATCH_ROWS = 2_000_000
+_HEADER_MAX_BYTES = 1 << 16
+_OTHER_DELIMITERS = (";", "|", "\t")
+
+
+@dataclass
+class FileBatch:
+    """One record batch of one file: the schema columns it has, under their schema names.
+
+    CSV columns arrive as ``binary`` (the exact bytes of each field; an empty field is null);
+    Parquet columns as stored (code columns dictionary-encoded when stored as text).
+    """
+
+    name: str
+    path: Path
+    batch: pa.RecordBatch
+
+
+class SourceReader:
+    """Streams one input (a file, or a folder's files) as :class:`FileBatch` es.
+
+    Structural problems -- an empty or unreadable file, a header that is not comma-separated
+    or names a column twice, a row with the wrong number of fields, a Parquet column of the
+    wrong type -- go to ``problems`` (which raises in strict mode); a file that cannot be read at
+    all is skipped and ``complete`` becomes False. Rows that break a structural rule are left
+    out (they are counted in the problem; their fields cannot be trusted).
+
+    Args:
+        source: The input.
+        problems: Where problems are reported.
+        columns: Schema columns to read (default: every schema column).
+        reads: Called with each file's path when its data is read (tests count reads).
+    """
+
+    def __init__(self, source: InputFile, problems: Problems, *, columns: Sequence[str] | None = None,
+                 reads: Callable[[Path], None] | None = None) -> None:
+        self.source = source
+        self.problems = problems
+        self.schema = FILES[source.stem]
+        self.wanted = tuple(c.name for c in self.schema if columns is None or c.name in columns)
+        self.header: list[str] | None = None
+        self.complete = True
+        self._reads = reads
+
+    def batches(self) -> Iterator[FileBatch]:
+        for path in self.source.files:
+            if self._reads is not None:
+                self._reads(path)
+            name = self.source.file_name(path)
+            parts = self._parquet(path, name) if self.source.format == "parquet" else self._csv(path, name)
+            for batch in parts:
+                yield FileBatch(name, path, batch)
+
+    def _fail(self, name: str, rule: str, error: str, columns: Sequence[str] = (), rows: int | None = None,
+              *, incomplete: bool = True) -> None:
+        if incomplete:
+            self.complete = False
+        self.problems.add(name, rule, error, columns, rows)
+
+    # ---------------------------------------------------------------------------- CSV
+    def _csv_header(self, path: Path, name: str) -> list[str] | None:
+        try:
+            with open(path, "rb") as fh:
+                first = fh.readline(_HEADER_MAX_BYTES)
+        except OSError:
+            self._fail(name, "the file can be read", "could not be read")
+            return None
+        if first.startswith(b"\xef\xbb\xbf"):
+            first = first[3:]
+        if not first.strip():
+            self._fail(name, "the file is not empty: it starts with a header row naming its columns",
+                       "is empty (a header row is required)")
+            return None
+        try:
+            line = first.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError:
+            self._fail(name, "the header row is UTF-8 text", "header row is not valid UTF-8")
+            return None
+        try:
+            # The csv module reads the header as pyarrow reads the rows: quoted fields allowed.
+            names = next(csv.reader(io.StringIO(line)), [])
+        except csv.Error:
+            self._fail(name, "the header row is a well-formed comma-separated line",
+                       "header row is not a well-formed comma-separated line")
+            return None
+        if len(names) <= 1:
+            for d in _OTHER_DELIMITERS:
+                if d in line:
+                    shown = "tab" if d == "\t" else f"'{d}'"
+                    self._fail(name, f"the file is comma-separated (its header row has no comma but {shown}s)",
+                               f"is not comma-separated (its header row has no comma but {shown}s)")
+                    return None
+        return names
+
+    def _csv(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+        names = self._csv_header(path, name)
+        if names is None:
+            return
+        self.header = names
+        if len(set(names)) != len(names):
+            self._fail(name, "every column of the header row is named once", "names a column more than once")
+            return
+        if self.problems.strict:
+            check_header(name, names, self.schema)
+        # Columns are read under neutral names: a header name is never handed to pyarrow's
+        # messages, and columns outside the schema are skipped without being parsed.
+        neutral = [f"c{i}" for i in range(len(names))]
+        wanted = {f"c{names.index(n)}": n for n in self.wanted if n in names}
+        if not wanted:  # no column of the schema: nothing to read beyond the header
+            self.complete = False
+            return
+        bad_rows = [0]
+
+        def on_invalid(row: pacsv.InvalidRow) -> str:  # never look at row.text: it is data
+            bad_rows[0] += 1
+            return "skip"
+
+        try:
+            reader = pacsv.open_csv(
+                path,
+                read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=1, block_size=CSV_BLOCK_BYTES,
+                                               use_threads=True),
+                parse_options=pacsv.ParseOptions(delimiter=",", invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=list(wanted),
+                    column_types={k: pa.binary() for k in wanted},
+                    null_values=[""],
+                    strings_can_be_null=True,
+                    quoted_strings_can_be_null=True,
+                ),
+            )
+            for batch in reader:
+                yield pa.RecordBatch.from_arrays(batch.columns, names=[wanted[n] for n in batch.schema.names])
+        except (pa.ArrowException, OSError):
+            # pyarrow's message quotes the offending row: the rule is stated without it.
+            self._fail(name, "the file is well-formed CSV (reading stopped at a row that could not be parsed)",
+                       "is not a well-formed comma-separated file (reading stopped at a row that could not "
+                       "be parsed)")
+            return
+        if bad_rows[0]:
+            self._fail(name, f"every row has the header's {len(names)} comma-separated fields",
+                       f"every row must have the header's {len(names)} comma-separated fields", rows=bad_rows[0])
+
+    # ---------------------------------------------------------------------------- Parquet
+    def _parquet(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+        where = "" if not self.source.directory else f" ({name} is not)"
+        try:
+            schema = pq.read_schema(path)
+        except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
+            self._fail(name if not self.source.directory else self.source.name,
+                       "the file is a readable Parquet file" if not self.source.directory
+                       else f"every file is a readable Parquet file{where}",
+                       "is not a readable Parquet file")
+            return
+        header = list(schema.names)
+        if self.header is not None and self.source.directory and header != self.header:
+            self._fail(self.source.name, f"every Parquet file of the folder has the same columns ({name} differs)",
+                       f"every Parquet file of the folder has the same columns ({name} differs)")
+            return
+        if self.header is None:
+            self.header = header
+        if len(set(header)) != len(header):
+            self._fail(name, "every column is named once", "names a column more than once")
+            return
+        if self.problems.strict:
+            check_header(name, header, self.schema)
+        present = [c for c in self.schema if c.name in header and c.name in self.wanted]
+        if not present:
+            self.complete = False
+            return
+        text_codes = []
+        for c in present:
+            t = schema.field(c.name).type
+            t = t.value_type if pa.types.is_dictionary(t) else t
+            text = pa.types.is_string(t) or pa.types.is_large_string(t)
+            if c.kind is ColumnKind.CODE and not text:
+                self._fail(self.source.name, "is stored as text (a Parquet string column), so leading zeros are kept",
+                           "must be stored as a string code", (c.name,), incomplete=False)
+            elif c.kind is ColumnKind.INTEGER and not (text or pa.types.is_integer(t)):
+                self._fail(self.source.name, "is stored as an integer or text column",
+                           "must be stored as an integer", (c.name,), incomplete=False)
+            if c.kind is ColumnKind.CODE and text:
+                text_codes.append(c.name)
+        try:
+            pf = pq.ParquetFile(path, read_dictionary=text_codes)
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present]):
+                yield batch
+        except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
+            self._fail(self.source.name, "the file is a readable Parquet file (reading stopped at a corrupt page)",
+                       "is not a readable Parquet file (reading stopped at a corrupt page)")
+
+
+def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """``items``, produced ``depth`` ahead on a background thread.
+
+    Reading releases the GIL (pyarrow parses and decompresses in C++), so the next batch or
+    partition is read while this thread works on the current one. An exception raised while
+    producing is raised here, at the item it stopped at.
+    """
+    out: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        out.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            out.put((False, None))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the consumer
+            out.put((False, exc))
+
+    thread = threading.Thread(target=produce, name="phsafe-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = out.get()
+            if not more:
+                if isinstance(item, BaseException):
+                    raise item
+                return
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        close = getattr(items, "close", None)
+        thread.join(timeout=5)
+        if close is not None and not thread.is_alive():
+            close()
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding: each column's values checked against its format and domain, as compact integers
+# --------------------------------------------------------------------------------------------
+OK, NULL, MALFORMED, OUT_OF_RANGE, NOT_IN_SET, NOT_UTF8 = 0, 1, 2, 3, 4, 5
+"""What is wrong with a row's value of one column (see :class:`Encoded`), in the order an input
+error reports them."""
+
+INT_NULL_CLASS = 0
+INT_EXACT_MAX = 1 << 53
+"""Integers up to this are their own class (``value + 1``); others are classes of a
+:class:`ClassBook` (negative integers, and integers of more digits than this)."""
+
+
+@dataclass
+class Encoded:
+    """One column of one batch, checked.
+
+    Attributes:
+        column: The schema column.
+        values: The integer each row spells (compact dtype); meaningless where ``kind`` is not OK.
+        kind: Per row: ``OK``, ``NULL`` (empty), ``MALFORMED`` (not the column's format: not a
+            code of its width, not a whole number), ``OUT_OF_RANGE`` or ``NOT_IN_SET`` (well
+            formed, outside the domain) or ``NOT_UTF8``; None when every row is OK.
+        classes: Per row, the class of the value as validation sees it (see :class:`ClassBook`);
+            None when it follows from ``values`` (every row well formed).
+    """
+
+    column: Column
+    values: np.ndarray
+    kind: np.ndarray | None = None
+    classes: np.ndarray | None = None
+
+    @property
+    def all_ok(self) -> bool:
+        return self.kind is None
+
+    def take(self, rows: np.ndarray) -> "Encoded":
+        """The rows ``rows`` (a mask or indices) of this column."""
+        return Encoded(self.column, self.values[rows], None if self.kind is None else self.kind[rows],
+                       None if self.classes is None else self.classes[rows])
+
+    def problems(self, rows: np.ndarray | None = None) -> dict[int, int]:
+        """Rows of each failing kind (among ``rows``, a mask, if given)."""
+        if self.kind is None:
+            return {}
+        kind = self.kind if rows is None else self.kind[rows]
+        counts = np.bincount(kind, minlength=NOT_UTF8 + 1)
+        return {k: int(counts[k]) for k in (NOT_UTF8, NULL, MALFORMED, OUT_OF_RANGE, NOT_IN_SET) if counts[k]}
+
+    def class_view(self) -> tuple[np.ndarray, int]:
+        """The classes as ``(array, offset)`` -- class = array + offset -- without a copy when
+        they follow from the values."""
+        if self.classes is not None:
+            return self.classes, 0
+        return self.values, 0 if self.column.kind is ColumnKind.CODE else 1
+
+    def class_of_rows(self) -> np.ndarray:
+        """The class of each row (int64)."""
+        if self.classes is not None:
+            return self.classes
+        if self.column.kind is ColumnKind.CODE:
+            return self.values.astype(np.int64)
+        return self.values.astype(np.int64) + 1
+
+    def compact(self) -> np.ndarray:
+        """The values as int32 with ``INVALID`` (-1) where a row is not OK."""
+        out = self.values.astype(np.int32)
+        if self.kind is not None:
+            out[self.kind != OK] = INVALID
+        return out
+
+
+INVALID = -1
+
+
+class ClassBook:
+    """The classes of one column's values, as validation sees them, over a whole input.
+
+    A code column's value is its exact text; an integer column's value is the number its digits
+    spell (null when it is not a whole number written in digits). Rows with the same value have
+    the same class, so rules are evaluated once per distinct combination of classes:
+
+    * a code of width ``w`` written with exactly ``w`` ASCII digits is the class of the integer
+      it spells (0 .. 10**w - 1: the text and the integer determine each other); an empty value
+      is ``10**w``; any other text is a class from ``10**w + 1`` on, numbered in this book;
+    * an integer column's value ``v`` in ``0 .. 2**53`` is class ``v + 1``; null is class 0;
+      other numbers (negative, or too large to be exact in float64) are classes numbered in
+      this book from ``2**53 + 2`` on.
+    """
+
+    def __init__(self, column: Column) -> None:
+        self.column = column
+        self.code = column.kind is ColumnKind.CODE
+        width = column.width or 0
+        self.null_class = 10**width if self.code else INT_NULL_CLASS
+        self.first_extra = self.null_class + 1 if self.code else INT_EXACT_MAX + 2
+        self._extra: dict[object, int] = {}
+        self._values: list[object] = []
+
+    def extra(self, values: Sequence[object]) -> np.ndarray:
+        """The classes of values outside the regular classes (strings or floats)."""
+        out = np.empty(len(values), dtype=np.int64)
+        for i, v in enumerate(values):
+            cls = self._extra.get(v)
+            if cls is None:
+                cls = self._extra[v] = self.first_extra + len(self._values)
+                self._values.append(v)
+            out[i] = cls
+        return out
+
+    def value(self, cls: int) -> object:
+        """What validation sees for class ``cls``: text (or None) for a code, a float (NaN for null)
+        for an integer."""
+        if self.code:
+            if cls < self.null_class:
+                return f"{cls:0{self.column.width}d}"
+            if cls == self.null_class:
+                return None
+            return self._values[cls - self.first_extra]
+        if cls == INT_NULL_CLASS:
+            return float("nan")
+        if cls < self.first_extra:
+            return float(cls - 1)
+        return self._values[cls - self.first_extra]
+
+    def values(self, classes: np.ndarray) -> list[object]:
+        return [self.value(int(c)) for c in classes]
+
+
+def _compact_dtype(c: Column) -> np.dtype:
+    if c.dtype is not None:
+        return np.dtype(c.dtype)
+    width = c.width or 18
+    return np.dtype(np.uint8 if width <= 2 else np.uint16 if width <= 4 else np.uint32 if width <= 9 else np.int64)
+
+
+@functools.cache
+def _outside_set(c: Column, size: int) -> np.ndarray:
+    """Lookup table over ``0 .. size - 1``: True where the value is not in ``c.allowed``."""
+    assert c.allowed is not None
+    table = np.ones(size, dtype=bool)
+    table[[v for v in c.allowed if v < size]] = False
+    return table
+
+
+def _domain_kind(c: Column, values: np.ndarray) -> np.ndarray | None:
+    """Per row of well-formed ``values``: ``OK``, ``OUT_OF_RANGE`` or ``NOT_IN_SET``; None if
+    every row is inside ``c``'s domain (the usual case: decided by a minimum, a maximum or one
+    lookup per row, without temporaries)."""
+    if not len(values):
+        return None
+    kind = None
+    lo, hi = int(values.min()), int(values.max())
+    if c.minimum is not None and (lo < c.minimum or hi > c.maximum):
+        kind = np.where((values < c.minimum) | (values > c.maximum), OUT_OF_RANGE, OK).astype(np.uint8)
+    if c.allowed is not None:
+        first, last = min(c.allowed), max(c.allowed)
+        if len(c.allowed) == last - first + 1:  # a range of codes: the extremes decide
+            if lo >= first and hi <= last:
+                return kind
+            missing = (values < first) | (values > last)
+        elif values.dtype.itemsize <= 2 and values.dtype.kind == "u":
+            missing = _outside_set(c, 1 << (8 * values.dtype.itemsize))[values]
+        else:
+            table = _outside_set(c, last + 2)  # the last entry stands for everything above
+            missing = table[np.clip(values, 0, last + 1).astype(np.intp)] | (values < 0)
+        if missing.any():
+            if kind is None:
+                kind = np.zeros(len(values), np.uint8)
+            kind[(kind == OK) & missing] = NOT_IN_SET
+    return kind
+
+
+def encode(c: Column, arr: pa.Array, book: ClassBook | None = None) -> Encoded:
+    """Check one column of a batch against its format and domain, as compact integers.
+
+    Args:
+        c: The schema column.
+        arr: Its values: text (``binary`` from CSV, ``string`` or dictionary-encoded text from
+            Parquet) or integers (Parquet).
+        book: Where validation's classes of irregular values are numbered (None: no classes
+            are computed -- the counting without validation).
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        return _encode_dictionary(c, arr, book)
+    if pa.types.is_integer(t):
+        if c.kind is ColumnKind.INTEGER:
+            return _encode_integers(c, arr, book)
+        arr = arr.cast(pa.string())  # a code stored as a number (reported): its digits as text
+        t = arr.type
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        fast = _fast_digits(arr, c)
+        if fast is None:
+            return _encode_text_slowly(c, arr, book)
+        values = fast
+        kind = _domain_kind(c, values)
+        if kind is None:
+            return Encoded(c, values.astype(_compact_dtype(c)))
+        classes = None
+        if book is not None:
+            classes = values.astype(np.int64) + (0 if c.kind is ColumnKind.CODE else 1)
+        return Encoded(c, np.where(kind == OK, values, 0).astype(_compact_dtype(c)), kind, classes)
+    # An unusable type (reported when the file was opened): every value is missing.
+    n = len(arr)
+    return Encoded(c, np.zeros(n, _compact_dtype(c)), np.full(n, NULL, np.uint8),
+                   None if book is None else np.full(n, book.null_class, np.int64))
+
+
+def _encode_dictionary(c: Column, arr: pa.DictionaryArray, book: ClassBook | None) -> Encoded:
+    """Each distinct value is checked once, then expanded through the indices."""
+    inner = encode(c, arr.dictionary, book)
+    indices = arr.indices
+    if indices.null_count:
+        # A null index is a missing value: an extra dictionary slot that says so.
+        idx = indices.fill_null(len(arr.dictionary)).to_numpy(zero_copy_only=False)
+        values = np.concatenate([inner.values, np.zeros(1, inner.values.dtype)])
+        kind = np.concatenate([inner.kind if inner.kind is not None else np.zeros(len(arr.dictionary), np.uint8),
+                               np.array([NULL], np.uint8)])
+        classes = None
+        if book is not None:
+            classes = np.concatenate([inner.class_of_rows(), np.array([book.null_class], np.int64)])
+        return Encoded(c, values[idx], kind[idx], None if classes is None else classes[idx])
+    idx = indices.to_numpy(zero_copy_only=False)
+    if inner.kind is None:
+        return Encoded(c, inner.values[idx])
+    kind = inner.kind[idx]
+    if not kind.any():  # only unused dictionary entries are irregular: no row is
+        return Encoded(c, inner.values[idx])
+    return Encoded(c, inner.values[idx], kind, None if book is None else inner.class_of_rows()[idx])
+
+
+def _encode_integers(c: Column, arr: pa.Array, book: ClassBook | None) -> Encoded:
+    n = len(arr)
+    kind = None
+    if arr.null_count:
+        kind = np.where(arr.is_null().to_numpy(zero_copy_only=False), NULL, OK).astype(np.uint8)
+        arr = arr.fill_null(0)
+    raw = arr.to_numpy(zero_copy_only=False)
+    signed = np.issubdtype(raw.dtype, np.signedinteger)
+    assert c.minimum is not None and c.maximum is not None
+    if kind is None and len(raw) and int(raw.min()) >= c.minimum and int(raw.max()) <= c.maximum:
+        domain = _domain_kind(c, raw)  # within the range: only a code list can still refuse
+        if domain is None:
+            return Encoded(c, raw.astype(_compact_dtype(c)))
+    # Compared in the column's own type: a uint64 beyond int64 never wraps into the range.
+    in_range = (raw >= max(c.minimum, 0)) & (raw <= c.maximum)
+    values = np.where(in_range, raw, 0)
+    domain = _domain_kind(c, values)
+    if domain is not None or not in_range.all():
+        kind = np.zeros(n, np.uint8) if kind is None else kind
+        kind[(kind == OK) & ~in_range] = OUT_OF_RANGE
+        if domain is not None:
+            kind[kind == OK] = domain[kind == OK]
+    values = values.astype(_compact_dtype(c))
+    if kind is not None and not kind.any():
+        kind = None
+    if kind is None:
+        return Encoded(c, values)
+    classes = None
+    if book is not None:
+        classes = np.empty(n, np.int64)
+        exact = (raw >= 0) & (raw <= INT_EXACT_MAX) if signed else raw <= INT_EXACT_MAX
+        classes[exact] = raw[exact].astype(np.int64) + 1
+        other = ~exact
+        if other.any():
+            classes[other] = book.extra([float(v) for v in raw[other].tolist()])
+        classes[kind == NULL] = INT_NULL_CLASS
+    return Encoded(c, values, kind, classes)
+
+
+def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray] | None:
+    """Offsets (int64, relative) and bytes of a text array, or None if it has nulls."""
+    if arr.null_count:
+        return None
+    _, offsets_buf, data_buf = arr.buffers()
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[arr.offset: arr.offset + len(arr) + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    return offsets, data[offsets[0]: offsets[-1]] if len(offsets) else data[:0]
+
+
+_DIGIT = np.uint8(48)
+
+
+def _fixed_width_digits(data: np.ndarray, n: int, width: int) -> np.ndarray | None:
+    """The integers ``n`` fields of exactly ``width`` ASCII digits spell, else None."""
+    digits = data - _DIGIT  # wraps: anything but '0'..'9' becomes > 9
+    if digits.max(initial=0) > 9:
+        return None
+    if width == 1:
+        return digits
+    dtype = np.uint8 if width <= 2 else np.uint16 if width <= 4 else np.uint32 if width <= 9 else np.uint64
+    d = digits.reshape(n, width)
+    out = d[:, 0].astype(dtype)
+    ten = dtype(10)
+    for j in range(1, width):
+        out *= ten
+        out += d[:, j]
+    return out
+
+
+def _fast_digits(arr: pa.Array, c: Column) -> np.ndarray | None:
+    """The integers the values spell when every value is well formed -- checked on the raw
+    bytes, much faster than a regular expression -- else None (then the slow path finds and
+    counts the rows of each problem)."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, _compact_dtype(c))
+    parts = _buffers(arr)
+    if parts is None:
+        return None
+    offsets, data = parts
+    total = int(offsets[-1] - offsets[0])
+    values: np.ndarray | None
+    if c.kind is ColumnKind.CODE:
+        assert c.width is not None
+        if total != n * c.width or (c.width > 1 and (np.diff(offsets) != c.width).any()):
+            return None
+        values = _fixed_width_digits(data, n, c.width)
+    else:
+        lengths = np.diff(offsets)
+        shortest, longest = int(lengths.min()), int(lengths.max())
+        if shortest < 1 or longest > 18:
+            return None
+        if shortest == longest and longest <= 9:
+            values = _fixed_width_digits(data, n, longest)
+        else:
+            if (data - _DIGIT).max(initial=0) > 9:
+                return None
+            text = arr if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type) else arr.view(
+                pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string())
+            values = pc.cast(text, pa.int64()).to_numpy(zero_copy_only=False)
+    return values
+
+
+def _encode_text_slowly(c: Column, arr: pa.Array, book: ClassBook | None) -> Encoded:
+    """Text with an empty, malformed or non-UTF-8 value: each row's kind, one pass per rule."""
+    n = len(arr)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        arr, utf8 = _as_text(arr)
+    else:
+        utf8 = None
+    kind = np.zeros(n, np.uint8)
+    is_null = arr.is_null().to_numpy(zero_copy_only=False)
+    kind[is_null] = NULL
+    if utf8 is not None:
+        kind[~utf8] = NOT_UTF8
+    pattern = f"^[0-9]{{{c.width}}}$" if c.kind is ColumnKind.CODE else "^[0-9]+$"
+    well = pc.fill_null(pc.match_substring_regex(arr, pattern), False).to_numpy(zero_copy_only=False) & (kind == OK)
+    values = np.zeros(n, np.int64)
+    floats = None
+    if well.any():
+        digits = pc.filter(arr, pa.array(well))
+        if c.kind is ColumnKind.CODE:
+            values[well] = pc.cast(digits, pa.int64()).to_numpy(zero_copy_only=False)
+        else:
+            lengths = pc.utf8_length(digits).to_numpy(zero_copy_only=False)
+            short = lengths <= 18
+            parsed = np.zeros(len(digits), np.int64)
+            if short.any():
+                parsed[short] = pc.cast(pc.filter(digits, pa.array(short)), pa.int64()).to_numpy(zero_copy_only=False)
+            values[well] = parsed
+            floats = np.full(n, np.nan)
+            if (~short).any():  # more digits than int64 holds: a number far outside any range
+                huge = np.flatnonzero(well)[~short]
+                floats[huge] = pc.cast(pc.filter(digits, pa.array(~short)), pa.float64()).to_numpy(
+                    zero_copy_only=False)
+                values[huge] = -1
+    kind[(kind == OK) & ~well] = MALFORMED
+    huge = np.isfinite(floats) if floats is not None else None
+    domain = _domain_kind(c, values)
+    if domain is not None:
+        kind[kind == OK] = domain[kind == OK]
+    if huge is not None and huge.any():
+        kind[huge & (kind == OK)] = OUT_OF_RANGE
+    compact = np.where(kind == OK, values, 0).astype(_compact_dtype(c))
+    classes = None
+    if book is not None:
+        classes = np.empty(n, np.int64)
+        if c.kind is ColumnKind.CODE:
+            classes[well] = values[well]
+            classes[is_null] = book.null_class
+            other = ~well & ~is_null & (kind != NOT_UTF8)
+            if other.any():
+                classes[other] = book.extra(pc.filter(arr, pa.array(other)).to_pylist())
+        else:
+            exact = well & (values >= 0) & (values <= INT_EXACT_MAX)
+            classes[exact] = values[exact] + 1
+            classes[~well] = INT_NULL_CLASS  # not a whole number written in digits: null
+            other = well & ~exact
+            if other.any():
+                assert floats is not None
+                classes[other] = book.extra(floats[other].tolist())
+        classes[kind == NOT_UTF8] = book.null_class  # such rows are left out of validation
+    return Encoded(c, compact, kind, classes)
+
+
+def _as_text(arr: pa.Array) -> tuple[pa.Array, np.ndarray | None]:
+    """A binary array as text; the rows holding invalid UTF-8 (a mask of valid rows) if any,
+    those rows as null."""
+    try:
+        return arr.cast(pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string()), None
+    except pa.ArrowInvalid:
+        pass
+    valid = np.array([_is_utf8(v) for v in arr.to_pylist()], dtype=bool)  # rare: the file is rejected
+    masked = pc.if_else(pa.array(valid), arr, pa.scalar(None, arr.type))
+    return masked.cast(pa.large_string() if pa.types.is_large_binary(arr.type) else pa.string()), valid
+
+
+def _is_utf8(value: bytes | None) -> bool:
+    if value is None:
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def value_error(c: Column, kind: int) -> str:
+    """How an input error states the rule a value of kind ``kind`` breaks."""
+    if kind == NULL:
+        return "must not be empty"
+    if kind == NOT_UTF8:
+        return "contains bytes that are not valid UTF-8"
+    if kind == MALFORMED:
+        if c.kind is ColumnKind.CODE:
+            return f"must be a {c.width}-digit code (leading zeros kept)"
+        return "must be a non-negative whole number"
+    if kind == OUT_OF_RANGE:
+        return f"must be between {c.minimum} and {c.maximum}"
+    shown = c.allowed_strings() or []
+    listing = ", ".join(shown) if len(shown) <= 12 else f"{shown[0]} ... {shown[-1]}"
+    return f"must be one of {listing}"
+
+
+def raise_value_problems(name: str, encoded: Encoded, rows: np.ndarray | None = None) -> None:
+    """Raise the input error of the first problem of ``encoded`` (among ``rows``), if any."""
+    for kind, count in encoded.problems(rows).items():
+        raise InputError(name, encoded.column.name, value_error(encoded.column, kind), rows=count)
+
+
+# --------------------------------------------------------------------------------------------
+# Strict reading of one input into compact columns (the counting without validation)
+# --------------------------------------------------------------------------------------------
+def read_table(f: InputFile, *, mafid_range: MafidRange | None = None,
+               keep: Callable[[np.ndarray], np.ndarray] | None = None) -> Columns:
+    """Read one input into compact columns (the columns the engine keeps), batch by batch.
 
     Args:
         f: The input (every file of it: a file, or a folder's ``parts``).
         mafid_range: Keep only the rows whose MAFID lies in this range. Every row's MAFID is
             checked; the other columns of rows outside the range are neither checked nor kept,
             so a reading of the whole MAFID range in pieces checks every row exactly once.
+        keep: Given each batch's MAFIDs, the rows to keep (e.g. the state filter); the other
+            columns of the other rows are neither checked nor kept.
 
     Raises:
         InputError: A file is malformed, a header is wrong, or a value breaks its column's
@@ -323,210 +1095,33 @@ def read_table(f: InputFile, *, mafid_range: MafidRange | None = None) -> Column
     columns = FILES[f.stem]
     kept = [c for c in columns if c.dtype is not None]
     mafid = next(c for c in kept if c.name == "MAFID")
+    reader = SourceReader(f, Problems(strict=True), columns=[c.name for c in kept])
     parts: dict[str, list[np.ndarray]] = {c.name: [] for c in kept}
-    for name, batch in _batches(f, columns, [c.name for c in kept]):
+    checked: set[str] = set()
+    for item in reader.batches():
+        if item.name not in checked:
+            check_header(item.name, reader.header or [], columns)
+            checked.add(item.name)
+        batch = item.batch
+        m = encode(mafid, batch.column(batch.schema.get_field_index("MAFID")))
+        raise_value_problems(item.name, m)
+        rows = None
         if mafid_range is not None:
-            m = _encode(name, mafid, batch.column(batch.schema.get_field_index("MAFID")))
-            inside = (m >= mafid_range[0]) & (m < mafid_range[1])
-            if not inside.all():
-                batch = batch.filter(pa.array(inside))
-            parts["MAFID"].append(m[inside])
+            rows = (m.values >= mafid_range[0]) & (m.values < mafid_range[1])
+        if keep is not None:
+            k = keep(m.values)
+            rows = k if rows is None else rows & k
+        if rows is not None and rows.all():
+            rows = None
         for c in kept:
-            if mafid_range is None or c is not mafid:
-                parts[c.name].append(_encode(name, c, batch.column(batch.schema.get_field_index(c.name))))
+            e = m if c is mafid else encode(c, batch.column(batch.schema.get_field_index(c.name)))
+            raise_value_problems(item.name, e, rows)
+            parts[c.name].append(e.values if rows is None else e.values[rows])
+    if reader.header is not None and not checked:  # a header and no rows
+        check_header(f.file_name(f.files[0]) if f.files else f.name, reader.header, columns)
     out: Columns = {}
     for c in kept:  # one column at a time, releasing its batches: peak is data + one column
         chunks = parts.pop(c.name)
         out[c.name] = np.concatenate(chunks) if chunks else np.empty(0, dtype=c.dtype)
         del chunks
     return out
-
-
-def _check_header(name: str, names: list[str], columns: tuple[Column, ...]) -> None:
-    expected = [c.name for c in columns]
-    if names == expected:
-        return
-    missing = [n for n in expected if n not in names]
-    extra = [n for n in names if n not in expected]
-    if missing:
-        raise InputError(name, ",".join(missing), "required column is missing from the header")
-    if extra:
-        raise InputError(name, ",".join(extra), "is not a column of this file")
-    raise InputError(name, ",".join(names), f"columns must be in the order {','.join(expected)}")
-
-
-_EXPECTED_COLUMNS = re.compile(r"Expected (\d+) columns, got (\d+)")
-
-
-def _csv_error(name: str, exc: Exception) -> InputError:
-    """Rewrap a pyarrow CSV error without the row text pyarrow quotes."""
-    msg = str(exc)
-    m = _EXPECTED_COLUMNS.search(msg)
-    if m:
-        return InputError(name, "", f"a row has {m.group(2)} fields where the header has {m.group(1)}")
-    if "UTF8" in msg or "utf-8" in msg.lower() or "utf8" in msg.lower():
-        return InputError(name, "", "contains bytes that are not valid UTF-8")
-    if "Empty CSV file" in msg or "empty" in msg.lower():
-        return InputError(name, "", "is empty (a header row is required)")
-    return InputError(name, "", "is not a well-formed comma-separated file")
-
-
-def _batches(f: InputFile, columns: tuple[Column, ...], wanted: list[str]) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """(file name for messages, batch) for every file of ``f``.
-
-    Parquet batches hold only the ``wanted`` columns, code columns dictionary-encoded (a few
-    distinct codes per column: their format and domain are checked once per distinct value).
-    CSV batches hold every column, as strings.
-    """
-    for path in f.files:
-        name = f.file_name(path)
-        if f.format == "parquet":
-            yield from ((name, b) for b in _parquet_batches(name, path, columns, wanted))
-        else:
-            yield from ((name, b) for b in _csv_batches(name, path, columns))
-
-
-def _parquet_batches(name: str, path: Path, columns: tuple[Column, ...], wanted: list[str]) -> Iterator[pa.RecordBatch]:
-    codes = [c.name for c in columns if c.kind is ColumnKind.CODE and c.name in wanted]
-    try:
-        pf = pq.ParquetFile(path, read_dictionary=codes)
-        names = pf.schema_arrow.names
-    except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
-        raise InputError(name, "", "is not a readable Parquet file") from None
-    _check_header(name, names, columns)
-    try:
-        yield from pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=wanted)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError):
-        raise InputError(name, "", "is not a readable Parquet file (reading stopped at a corrupt page)") from None
-
-
-def _csv_batches(name: str, path: Path, columns: tuple[Column, ...]) -> Iterator[pa.RecordBatch]:
-    if path.stat().st_size == 0:
-        raise InputError(name, "", "is empty (a header row is required)")
-    with open(path, "rb") as fh:
-        first = fh.readline()
-    try:
-        # The csv module reads the header as pyarrow reads the rows: quotes are allowed.
-        header = next(csv.reader([first.decode("utf-8").rstrip("\r\n")]), [])
-    except UnicodeDecodeError:
-        raise InputError(name, "", "header row is not valid UTF-8") from None
-    except csv.Error:
-        raise InputError(name, "", "header row is not a well-formed comma-separated line") from None
-    _check_header(name, header, columns)
-    try:
-        reader = pacsv.open_csv(
-            path,
-            read_options=pacsv.ReadOptions(block_size=_BLOCK_SIZE, use_threads=True),
-            parse_options=pacsv.ParseOptions(delimiter=","),
-            convert_options=pacsv.ConvertOptions(
-                column_types={c.name: pa.string() for c in columns},
-                strings_can_be_null=False,
-                check_utf8=True,
-            ),
-        )
-        for batch in reader:
-            yield batch
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise _csv_error(name, exc) from None
-
-
-def _encode(name: str, c: Column, arr: pa.Array) -> np.ndarray:
-    """Check one column batch against its format and domain; return compact integers.
-
-    A dictionary-encoded column is checked and converted on its distinct values, then expanded
-    through its indices; failing rows are still counted per row.
-    """
-    if arr.null_count:
-        raise InputError(name, c.name, "must not be empty", rows=arr.null_count)
-    if pa.types.is_dictionary(arr.type):
-        indices = arr.indices.to_numpy(zero_copy_only=False)
-        rows = np.bincount(indices, minlength=len(arr.dictionary))
-        return _encode_values(name, c, arr.dictionary, rows)[indices]
-    return _encode_values(name, c, arr, None)
-
-
-def _encode_values(name: str, c: Column, arr: pa.Array, rows: np.ndarray | None) -> np.ndarray:
-    """Encode ``arr``; ``rows[i]`` is how many rows value ``i`` stands for (None: one each)."""
-
-    def count(bad: np.ndarray) -> int:
-        return int(bad.sum()) if rows is None else int(rows[bad].sum())
-
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        values = _ascii_digits(arr, c.width if c.kind is ColumnKind.CODE else None)
-        if values is not None:  # every value well formed: only the domain is left to check
-            _check_domain(name, c, values, count)
-            return values.astype(c.dtype)
-        if c.kind is ColumnKind.CODE:
-            pattern, rule = f"^[0-9]{{{c.width}}}$", f"must be a {c.width}-digit code (leading zeros kept)"
-        else:
-            pattern, rule = r"^[0-9]+$", "must be a non-negative whole number"
-        ok = pc.match_substring_regex(arr, pattern)
-        if not pc.all(ok).as_py():
-            bad = count(~ok.to_numpy(zero_copy_only=False))
-            if bad:
-                raise InputError(name, c.name, rule, rows=bad)
-            # only unused dictionary entries are malformed: map them to a value the domain
-            # check accepts (no row points at them)
-            arr = pc.if_else(ok, arr, pa.scalar("0" * (c.width or 1), arr.type))
-        values = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
-    elif pa.types.is_integer(arr.type) and c.kind is ColumnKind.INTEGER:
-        values = pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
-    else:
-        kind = "a string code" if c.kind is ColumnKind.CODE else "an integer"
-        raise InputError(name, c.name, f"must be stored as {kind}")
-    _check_domain(name, c, values, count)
-    return values.astype(c.dtype)
-
-
-_POWERS = 10 ** np.arange(18, dtype=np.int64)[::-1]
-
-
-def _ascii_digits(arr: pa.Array, width: int | None) -> np.ndarray | None:
-    """The integers a string array spells if every value is 1-18 ASCII digits (exactly
-    ``width`` of them if given), else None.
-
-    Works on the array's raw offsets and bytes: much faster than a regular expression, and a
-    fixed-width code is converted without parsing. The slow path, which counts the failing
-    rows, runs only when this returns None.
-    """
-    n = len(arr)
-    if n == 0 or arr.null_count:
-        return None
-    _, offsets_buf, data_buf = arr.buffers()
-    wide = pa.types.is_large_string(arr.type)
-    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)[arr.offset : arr.offset + n + 1]
-    if data_buf is None:
-        return None
-    data = np.frombuffer(data_buf, dtype=np.uint8)[offsets[0] : offsets[-1]]
-    if width is not None:
-        if offsets[-1] - offsets[0] != n * width or (np.diff(offsets) != width).any():
-            return None
-    else:
-        lengths = np.diff(offsets)
-        if lengths.min() < 1 or lengths.max() > 18:
-            return None
-    digits = data - np.uint8(48)  # wraps: anything but '0'..'9' becomes > 9
-    if digits.max(initial=0) > 9:
-        return None
-    if width is None:
-        return pc.cast(arr, pa.int64()).to_numpy(zero_copy_only=False)
-    if width == 1:
-        return digits.astype(np.int64)
-    return digits.reshape(n, width).astype(np.int64) @ _POWERS[-width:]
-
-
-def _check_domain(name: str, c: Column, values: np.ndarray,
-                  count: Callable[[np.ndarray], int]) -> None:
-    if c.minimum is not None:
-        bad = count((values < c.minimum) | (values > c.maximum))
-        if bad:
-            raise InputError(name, c.name, f"must be between {c.minimum} and {c.maximum}", rows=bad)
-    if c.allowed is not None:
-        allowed = np.zeros(max(c.allowed) + 2, dtype=bool)
-        allowed[list(c.allowed)] = True
-        inside = values.clip(0, len(allowed) - 1)
-        bad = count(~allowed[inside] | (values >= len(allowed) - 1))
-        if bad:
-            shown = c.allowed_strings() or []
-            listing = ", ".join(shown) if len(shown) <= 12 else f"{shown[0]} ... {shown[-1]}"
-            raise InputError(name, c.name, f"must be one of {listing}", rows=bad)

@@ -13,6 +13,7 @@ columns involved and a row count -- never silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -25,8 +26,8 @@ from phsafe.logs import get_logger
 from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, Partition, PreparedData, partitions
 from phsafe.reader import Columns
 from phsafe.schema import FILES
-from phsafe.tables import Cell, IterationSource, Source, TableKind, TableSpec
-from phsafe.truncation import Joined, join_persons, truncate as _truncate, unique_units, universe_mask
+from phsafe.tables import Cell, Condition, IterationSource, Source, TableKind, TableSpec
+from phsafe.truncation import TRUNCATION_KEY_BYTES, Joined, truncate as _truncate, unique_units
 
 log = get_logger("phsafe.tabulate")
 
@@ -52,10 +53,28 @@ class CellLookup:
     table: npt.NDArray[np.int16]
 
     def cell_index(self, person: Columns | None, unit: Columns, person_rows, unit_rows) -> npt.NDArray[np.int16]:
-        flat = np.zeros(len(unit_rows), dtype=np.int64)
-        for (source, column), stride in zip(self.columns, self.strides):
-            values = person[column][person_rows] if source is Source.PERSON else unit[column][unit_rows]
-            flat += values.astype(np.int64) * stride
+        def column(source: Source, name: str) -> np.ndarray:
+            return person[name][person_rows] if source is Source.PERSON else unit[name][unit_rows]  # type: ignore[index]
+
+        if not self.columns:
+            return np.zeros(len(unit_rows), dtype=np.int16)
+        return self.cell_index_of(column)
+
+    def cell_index_of(self, column: "Callable[[Source, str], np.ndarray]") -> npt.NDArray[np.int16]:
+        """The cell of each record, given each column's values of the records."""
+        flat: np.ndarray | None = None
+        for (source, name), stride in zip(self.columns, self.strides):
+            values = column(source, name)
+            if flat is None:
+                flat = values.astype(np.int32)
+                if stride != 1:
+                    flat *= stride
+            elif stride == 1:
+                flat += values
+            else:
+                flat += values.astype(np.int32) * stride
+        if flat is None:
+            return np.zeros(len(column(Source.UNIT, "MAFID")), dtype=np.int16)
         return self.table[flat]
 
 
@@ -125,17 +144,20 @@ def count_records(
     n_states: int,
     *,
     weights: npt.NDArray[np.integer] | None = None,
+    shared: "_Shared | None" = None,
 ) -> TableCounts:
     """Count joined records by state x iteration code x basis cell, for each iteration level.
 
-    One pass over the records: they are counted by (state, cell, race, ethnicity) into a small
+    One pass over the records: they are counted by (cell, state, race, ethnicity) into a small
     cube (a few hundred thousand bins), and each iteration level's counts are sums over that
     cube's race and ethnicity axes (:func:`_iteration_matrix`) -- exact integer sums, the same
-    as mapping every record to its code at every level.
+    as mapping every record to its code at every level. A record's (state, race, ethnicity)
+    part and its column values are gathered once per join (``shared``) for all the tables
+    counted from that join.
     """
-    person_rows, unit_rows = joined.person_rows, joined.unit_rows
+    shared = shared or _Shared(part)
     lookup = cell_lookup(spec.basis)
-    cells = lookup.cell_index(part.persons, part.units, person_rows, unit_rows)
+    cells = lookup.cell_index_of(lambda source, column: shared.gather(joined, source, column))
     unmatched = int(np.count_nonzero(cells < 0))
     if unmatched:
         cols = [c for _, c in lookup.columns]
@@ -150,35 +172,25 @@ def count_records(
     n_cells = len(spec.basis)
     race_cols = _iteration_columns(spec)
     by_race = race_cols is not None and any(lv is not IterationLevel.TOTAL for lv in spec.iteration_levels)
-    flat = part.unit_state[unit_rows].astype(np.int64)
-    flat *= n_cells
-    flat += cells
-    n_bins = n_states * n_cells
-    if by_race:
-        assert race_cols is not None
-        source, race_col, eth_col = race_cols
-        cols, rows = (part.persons, person_rows) if source is Source.PERSON else (part.units, unit_rows)
-        race = cols[race_col][rows]
-        eth = cols[eth_col][rows]
-        if len(race) and (int(race.max()) >= _RACE_VALUES or int(eth.max()) >= _ETH_VALUES):
-            raise AssertionError("race or ethnicity beyond its column's domain")  # the reader checks
-        flat *= _RACE_VALUES
-        flat += race
-        flat *= _ETH_VALUES
-        flat += eth
-        n_bins *= _RACE_VALUES * _ETH_VALUES
+    base = shared.base(joined, race_cols if by_race else None)
+    width = n_states * (_RACE_VALUES * _ETH_VALUES if by_race else 1)
+    flat = cells.astype(np.int32)
+    flat *= width
+    flat += base
     w = None if weights is None else weights.astype(np.float64)
-    binned = np.bincount(flat, weights=w, minlength=n_bins)
+    binned = np.bincount(flat, weights=w, minlength=n_cells * width)
     del flat
     cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
     out = TableCounts(spec)
     if not by_race:
-        cube = cube.reshape(n_states, n_cells)
+        cube = cube.reshape(n_cells, n_states).T
         for level in spec.iteration_levels:
-            out.by_level[level] = cube[:, None, :].copy()
+            out.by_level[level] = np.ascontiguousarray(cube[:, None, :])
         return out
 
-    grid = cube.reshape(n_states * n_cells, _RACE_VALUES, _ETH_VALUES)
+    # (cell, state, race, ethnicity) -> (state, cell, race, ethnicity)
+    cube = cube.reshape(n_cells, n_states, _RACE_VALUES, _ETH_VALUES).transpose(1, 0, 2, 3)
+    grid = np.ascontiguousarray(cube).reshape(n_states * n_cells, _RACE_VALUES, _ETH_VALUES)
     invalid = grid.copy()
     invalid[:, 1:, 1:] = 0  # what is left: records with race code 00 or ethnicity 0
     bad_rows = int(invalid.sum())
@@ -202,6 +214,106 @@ def count_records(
     return out
 
 
+class _Shared:
+    """Work the tables of one partition share: each universe's mask (one gather through a lookup
+    table per condition), each unit universe's unique units, and each truncated join -- PH1_num,
+    PH2 and PH7 have the same universes and, with the production thresholds, the same τ: their
+    join is computed once."""
+
+    def __init__(self, part: Partition) -> None:
+        self.part = part
+        self._masks: dict[tuple[Source, tuple[Condition, ...]], npt.NDArray[np.bool_]] = {}
+        self._units: dict[tuple[Condition, ...], npt.NDArray[np.int64]] = {}
+        self._joins: dict[tuple[tuple[Condition, ...], tuple[Condition, ...], int | None], Joined] = {}
+        self._unit_joins: dict[tuple[Condition, ...], Joined] = {}
+        self._person_units: dict[tuple[Condition, ...], tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]] = {}
+        self._gathered: dict[tuple[int, Source, str], np.ndarray] = {}
+        self._base: dict[tuple[int, tuple[Source, str, str] | None], npt.NDArray[np.int32]] = {}
+
+    def mask(self, conditions: tuple[Condition, ...], source: Source) -> npt.NDArray[np.bool_]:
+        """Rows of ``source`` meeting every condition on it (as :func:`~phsafe.truncation.universe_mask`)."""
+        key = (source, tuple(c for c in conditions if c.source is source))
+        if key not in self._masks:
+            cols = self.part.persons if source is Source.PERSON else self.part.units
+            mask = np.ones(len(cols["MAFID"]), dtype=bool)
+            for cond in key[1]:
+                column = cols[cond.column]
+                size = max(max(cond.values), int(column.max()) if len(column) else 0) + 1
+                inside = np.zeros(size, dtype=bool)
+                inside[list(cond.values)] = True
+                mask &= inside[column]
+            self._masks[key] = mask
+        return self._masks[key]
+
+    def gather(self, joined: Joined, source: Source, column: str) -> np.ndarray:
+        """A column's values of the joined records (gathered once per join and column)."""
+        key = (id(joined), source, column)
+        if key not in self._gathered:
+            if source is Source.PERSON:
+                assert joined.person_rows is not None
+                self._gathered[key] = self.part.persons[column][joined.person_rows]
+            else:
+                self._gathered[key] = self.part.units[column][joined.unit_rows]
+        return self._gathered[key]
+
+    def base(self, joined: Joined, race_cols: tuple[Source, str, str] | None) -> npt.NDArray[np.int32]:
+        """Each joined record's (state, race, ethnicity) bin -- or its state -- computed once per
+        join and iteration source."""
+        key = (id(joined), race_cols)
+        if key not in self._base:
+            state = self.part.unit_state[joined.unit_rows].astype(np.int32)
+            if race_cols is not None:
+                source, race_col, eth_col = race_cols
+                race, eth = self.gather(joined, source, race_col), self.gather(joined, source, eth_col)
+                if len(race) and (int(race.max()) >= _RACE_VALUES or int(eth.max()) >= _ETH_VALUES):
+                    raise AssertionError("race or ethnicity beyond its column's domain")  # the reader checks
+                state *= _RACE_VALUES
+                state += race
+                state *= _ETH_VALUES
+                state += eth
+            self._base[key] = state
+        return self._base[key]
+
+    def row_of_group(self, unit_universe: tuple[Condition, ...]) -> npt.NDArray[np.int64]:
+        """Each MAFID group's single in-universe unit row, or -1 (see :func:`~phsafe.truncation.unique_units`)."""
+        if unit_universe not in self._units:
+            part = self.part
+            self._units[unit_universe] = unique_units(
+                part.unit_group, self.mask(unit_universe, Source.UNIT), part.n_groups)
+        return self._units[unit_universe]
+
+    def units(self, unit_universe: tuple[Condition, ...]) -> Joined:
+        """The unique in-universe units of a unit table."""
+        if unit_universe not in self._unit_joins:
+            row_of_group = self.row_of_group(unit_universe)
+            self._unit_joins[unit_universe] = Joined(person_rows=None, unit_rows=row_of_group[row_of_group >= 0])
+        return self._unit_joins[unit_universe]
+
+    def persons(self, spec: TableSpec, tau: int | None, key: bytes | None) -> Joined:
+        """The truncated join of ``spec``'s universes (:func:`~phsafe.truncation.join_persons`,
+        with the masks above)."""
+        cache_key = (spec.person_universe, spec.unit_universe, tau)
+        if cache_key not in self._joins:
+            part = self.part
+            unit_of, has_unit = self.person_units(spec.unit_universe)
+            rows = np.flatnonzero(self.mask(spec.person_universe, Source.PERSON) & has_unit)
+            units = unit_of[rows]
+            if tau is not None:
+                assert key is not None and len(key) == TRUNCATION_KEY_BYTES
+                keep = _truncate(units, part.persons, rows, tau, key)
+                rows, units = rows[keep], units[keep]
+            self._joins[cache_key] = Joined(person_rows=rows, unit_rows=units)
+        return self._joins[cache_key]
+
+    def person_units(self, unit_universe: tuple[Condition, ...]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        """Each person's unique in-universe unit row (-1: none), and where there is one -- the
+        join's gather, done once for the tables of a unit universe."""
+        if unit_universe not in self._person_units:
+            unit_of = self.row_of_group(unit_universe)[self.part.person_group]
+            self._person_units[unit_universe] = (unit_of, unit_of >= 0)
+        return self._person_units[unit_universe]
+
+
 def tabulate_partition(
     spec: TableSpec,
     part: Partition,
@@ -209,20 +321,17 @@ def tabulate_partition(
     *,
     tau: int | None,
     key: bytes | None,
+    shared: _Shared | None = None,
 ) -> TableCounts:
     """Exact counts of ``spec`` on one partition (truncated with ``tau`` unless None)."""
-    unit_mask = universe_mask(part.units, spec.unit_universe, Source.UNIT)
-    row_of_group = unique_units(part.unit_group, unit_mask, part.n_groups)
+    shared = shared or _Shared(part)
     if spec.kind is TableKind.PERSON:
-        joined = join_persons(
-            part.persons, part.person_group, spec.person_universe, row_of_group, tau=tau, key=key
-        )
+        joined = shared.persons(spec, tau, key)
         weights = None
     else:
-        rows = row_of_group[row_of_group >= 0]
-        joined = Joined(person_rows=None, unit_rows=rows)
-        weights = part.units[spec.weight][rows] if spec.weight else None
-    return count_records(spec, part, joined, n_states, weights=weights)
+        joined = shared.units(spec.unit_universe)
+        weights = part.units[spec.weight][joined.unit_rows] if spec.weight else None
+    return count_records(spec, part, joined, n_states, weights=weights, shared=shared)
 
 
 def tabulate(
@@ -249,10 +358,12 @@ def tabulate(
     totals: dict[str, TableCounts] = {s.name: TableCounts(s) for s in specs}
     for number, part in enumerate(partitions(data, max_persons_per_partition), start=1):
         log.debug("tabulating partition", partition=number)
+        shared = _Shared(part)
         for spec in specs:
             tau = taus[spec.tau_key] if (taus is not None and spec.tau_key) else None
-            counts = tabulate_partition(spec, part, n_states, tau=tau, key=key)
+            counts = tabulate_partition(spec, part, n_states, tau=tau, key=key, shared=shared)
             totals[spec.name].add(counts)
+        del shared
     for spec in specs:  # a run with no records still has the full (zero) domain
         for level in spec.iteration_levels:
             totals[spec.name].by_level.setdefault(

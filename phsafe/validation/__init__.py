@@ -6,8 +6,10 @@ column(s), rule and number of failing rows -- never a value or a MAFID of a reco
 
 Public surface:
 
-* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), with the
-  cross-file rules on derived frames; streaming, batch by batch.
+* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), the state
+  filter applied first, with the cross-file rules on frames derived from the MAFID join; one
+  pass over the files, shared with the counting (:func:`phsafe.counting.validated_counts`
+  validates and counts in the same pass).
 * :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
 * :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
 * :class:`ValidationReport`, :class:`Failure`.
@@ -50,6 +52,22 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     from phsafe.validation._inputs import validate_inputs as run
 
     return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir))
+
+
+def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
+                    stage: Any = None) -> tuple[ValidationReport, Any]:
+    """Validate and count in one pass (see :func:`phsafe.counting.validated_counts`)."""
+    from phsafe.validation._inputs import run_validation
+
+    out: list[Any] = []
+
+    def call() -> ValidationReport:
+        report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage)
+        out.append(counts)
+        return report
+
+    report = _guarded("input validation", call)
+    return report, out[0]
 
 
 def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:

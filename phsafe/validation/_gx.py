@@ -20,10 +20,13 @@ import os
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from phsafe.validation._report import safe_result_counts
-from phsafe.validation._suites import Rule, Suite, subsuite_json
+from phsafe.validation._suites import Rule, Suite, load_suite, subsuite_json
 
 # Verdicts only: no counts, no values.
 VERDICT_FORMAT: dict[str, Any] = {"result_format": "BOOLEAN_ONLY"}
@@ -66,10 +69,13 @@ def _gx() -> dict[str, Any]:
             )
             from great_expectations.execution_engine import pandas_execution_engine
 
-            _hoist_configuration(gx.__version__)
             # GX fingerprints every pandas batch below this size by hashing all of its values
             # (an MD5 of the confidential data, written into the result's metadata, and a full
-            # extra pass over the batch). Fingerprinting is off: threshold 0.
+            # extra pass over the batch). Fingerprinting is off: threshold 0 -- and a release
+            # that renamed the setting must not silently turn it back on.
+            if not hasattr(pandas_execution_engine, "HASH_THRESHOLD"):
+                raise RuntimeError("great_expectations: HASH_THRESHOLD is gone; batch fingerprints "
+                                   "would hash confidential data (pin the reviewed version)")
             pandas_execution_engine.HASH_THRESHOLD = 0
 
             context = gx.get_context(
@@ -88,69 +94,6 @@ def _gx() -> dict[str, Any]:
                 suites={},
             )
         return _state
-
-
-PINNED_VERSION = "1.24.1"
-
-
-def _hoist_configuration(version: str) -> None:
-    """Build an expectation's configuration once per kwargs lookup, not once per key.
-
-    In GX 1.24.1, ``Expectation._get_domain_kwargs``, ``_get_success_kwargs`` and
-    ``_get_runtime_kwargs`` evaluate the ``configuration`` property -- a full pydantic
-    serialisation of the expectation, value sets included -- inside a dict comprehension, once
-    for every key, and GX calls them for every metric of every expectation: about half of the
-    time of validating a small file. These replacements compute the same dicts from a single
-    evaluation (``configuration`` is a pure function of the expectation, which does not change
-    while the dicts are built). Applied only to the pinned version, whose code they mirror.
-    """
-    if version != PINNED_VERSION:
-        return
-    from great_expectations.expectations.expectation import Expectation, parse_result_format
-
-    if getattr(Expectation, "_phsafe_hoisted", False):
-        return
-
-    def _default(self: Any, key: str, kwargs: Mapping[str, Any]) -> Any:
-        return kwargs.get(key, self._get_default_value(key))
-
-    def _get_domain_kwargs(self: Any) -> dict[str, Any]:
-        kwargs = self.configuration.kwargs
-        return {key: _default(self, key, kwargs) for key in self.domain_keys}
-
-    def _get_success_kwargs(self: Any) -> dict[str, Any]:
-        domain_kwargs = self._get_domain_kwargs()
-        kwargs = self.configuration.kwargs
-        success_kwargs = {key: _default(self, key, kwargs) for key in self.success_keys}
-        success_kwargs.update(domain_kwargs)
-        return success_kwargs
-
-    def _success_kwarg(self: Any, key: str, kwargs: Mapping[str, Any]) -> Any:
-        # Expectation._get_success_kwarg with the configuration evaluated by the caller.
-        if key in kwargs:
-            return kwargs[key]
-        field = self.__fields__.get(key)
-        if field is not None:
-            return field.default if not field.required else None
-        return None
-
-    def _get_runtime_kwargs(self: Any, runtime_configuration: dict | None = None) -> dict:
-        runtime_configuration = runtime_configuration or {}
-        kwargs = self.configuration.kwargs
-        # _get_success_kwargs, inlined on the same kwargs (no subclass overrides these methods).
-        success_kwargs = {key: _default(self, key, kwargs) for key in self.success_keys}
-        success_kwargs.update({key: _default(self, key, kwargs) for key in self.domain_keys})
-        runtime_kwargs = {
-            key: runtime_configuration.get(key, _success_kwarg(self, key, kwargs)) for key in self.runtime_keys
-        }
-        runtime_kwargs.update(success_kwargs)
-        runtime_kwargs["result_format"] = parse_result_format(runtime_kwargs["result_format"])
-        return runtime_kwargs
-
-    Expectation._get_domain_kwargs = _get_domain_kwargs
-    Expectation._get_success_kwargs = _get_success_kwargs
-    Expectation._get_runtime_kwargs = _get_runtime_kwargs
-    Expectation._phsafe_hoisted = True
 
 
 def prewarm() -> threading.Thread:
@@ -230,6 +173,89 @@ def run(
     for r in missing:
         out[r.rule_id] = RuleResult(r.rule_id, False, {}, "NotEvaluated")
     return [out[r.rule_id] for r in rules]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One evaluation: the rules ``rule_ids`` of ``suite``'s ``frame`` on ``data``.
+
+    Attributes:
+        data: The frame: pandas, or its columns as classes (:class:`~phsafe.validation._frames.
+            FrameColumn` s, turned into values where the job is evaluated). With ``weights``, its
+            rows are distinct combinations of values
+            and ``weights[i]`` is the number of rows row ``i`` stands for.
+        weights: Rows each frame row stands for (int64), or None (one each).
+        parameters: Suite parameters (``$PARAMETER`` values).
+        column_weights: Instead of ``weights``, for rules that each read one column: the frame's
+            columns are independent lists of distinct values -- column ``c``'s are its first
+            ``len(column_weights[c])`` rows, repeated to the frame's length (a repeated value
+            changes no such rule's verdict) -- and ``column_weights[c][i]`` is the number of rows
+            value ``i`` of ``c`` stands for. One frame then carries every one-column rule of a
+            suite.
+    """
+
+    suite: str
+    frame: str
+    rule_ids: tuple[str, ...]
+    data: Any
+    weights: Any = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    column_weights: Mapping[str, Any] | None = None
+
+
+_SUMMED = ("element_count", "unexpected_count", "missing_count")
+
+
+def evaluate(job: Job) -> list[RuleResult]:
+    """Evaluate a job: every rule's verdict, and the exact counts of the rules that fail.
+
+    Verdicts come from one run on the frame. A rule that fails is evaluated again for counts;
+    with weights, on the sub-frames of the rows whose weight has bit ``b`` set, for each bit
+    ``b``: a row of weight ``w`` is in the sub-frames of the bits of ``w``, so the counts of
+    sub-frame ``b`` times ``2**b``, added up, count every row as ``w`` rows -- exactly what the
+    rule would count on the file itself (element, missing and unexpected counts alike), with
+    Great Expectations doing every count.
+    """
+    from phsafe.validation._frames import frame
+
+    suite = load_suite(job.suite)
+    rules = [suite.rule(r) for r in job.rule_ids]
+    data = frame(job.data)
+    results = run(suite, job.frame, data, rules, job.parameters, counts=False)
+    failed = [rule for rule, result in zip(rules, results) if not result.success and result.raised is None]
+    if not failed:
+        return results
+    if job.column_weights is not None:
+        recount = {}
+        for column, weights in job.column_weights.items():
+            rules = [r for r in failed if r.referenced_columns() == {column}]
+            if rules:
+                values = data[[column]].iloc[: len(weights)].reset_index(drop=True)
+                recount.update(_weighted(suite, job, rules, values, weights))
+    elif job.weights is None:
+        recount = {r.rule_id: r for r in run(suite, job.frame, data, failed, job.parameters, counts=True)}
+    else:
+        recount = _weighted(suite, job, failed, data, job.weights)
+    return [recount.get(r.rule_id, r) for r in results]
+
+
+def _weighted(suite: Suite, job: Job, rules: Sequence[Rule], data: Any, weights: Any) -> dict[str, RuleResult]:
+    weights = np.asarray(weights, dtype=np.int64)
+    totals: dict[str, dict[str, int]] = {r.rule_id: {} for r in rules}
+    raised: dict[str, str | None] = {r.rule_id: None for r in rules}
+    for bit in range(int(weights.max(initial=0)).bit_length()):
+        rows = np.flatnonzero((weights >> bit) & 1)
+        if not len(rows):
+            continue
+        part = data.iloc[rows].reset_index(drop=True)
+        for result in run(suite, job.frame, part, rules, job.parameters, counts=True):
+            if result.raised is not None:
+                raised[result.rule_id] = raised[result.rule_id] or result.raised
+            for key in _SUMMED:
+                value = result.counts.get(key)
+                if isinstance(value, int):
+                    totals[result.rule_id][key] = totals[result.rule_id].get(key, 0) + (value << bit)
+    return {rule_id: RuleResult(rule_id, False, counts, raised[rule_id]) for rule_id, counts in totals.items()}
 
 
 def render_data_docs(result: Mapping[str, Any]) -> str:

@@ -1,271 +1,76 @@
-"""Input validation: the config, the three files one batch at a time, then the cross-file rules.
+"""Input validation: the config and the three files, on the columns the counting reads.
 
-Each file is streamed batch by batch: a batch is checked by its file's suite and reduced to the
-compact columns the cross-file rules need (a MAFID and a few codes per row), then dropped. The
-derived frames of the cross-file rules are built from those compact columns; persons are joined
-to a sorted index of units in slices, so memory stays bounded by the compact form of the data.
+The files are read once, by the counting's pass (:class:`phsafe.counting.InputPass`): each batch
+is checked column by column and reduced to compact columns; the state filter comes first (spec
+§1) -- geo rows outside ``state_filter``, and the units and persons of their MAFIDs, are set aside
+and counted, and the rules apply to the records the run keeps. This module is the pass's
+*observer*: it turns what the pass sees into the frames the suites are evaluated on, and the
+results into a report.
 
-Input stored by state (every file a folder of ``TABBLKST=<state>`` partitions) is validated a
-group of states at a time -- the three files' folders of those states, then the cross-file rules
-on them, records joining only within their own state -- so memory is bounded by the largest
-state (or group of small ones), as in the counting. What no group can show (a MAFID of units or
-geo stored under two states, a geo row under another state's folder) is checked across the
-folders on the MAFID and TABBLKST columns alone.
+* Per-file suites: each group of rules that read the same columns (:mod:`._combos`) is evaluated
+  on the distinct combinations of those columns over every kept row of the file (all batches,
+  all state folders), each with its number of rows. Rules about MAFID alone read the distinct
+  MAFIDs, which the join has already found (a few million a state), a state at a time.
+* Cross-file suites, on frames derived from the MAFID join of each partition: ``units_geo`` (one
+  row per MAFID of units or geo), ``persons_in_units`` (one row per person, next to the unit with
+  its MAFID), ``households`` (one row per household with its number of householders) -- again as
+  distinct combinations with their weights. Records join only within their partition: for data
+  stored by state, within their state's folders, exactly as the counting reads them.
+* Across the state folders of data stored by state: a geo row stored under another state's
+  folder, a MAFID of units or geo stored under two states' folders.
 
-Great Expectations is single-threaded and most of its time is Python, so large inputs are
-validated on two processes (the machine has two cores): the states are shared between this
-process and a second one, or, for input not stored by state, the persons file -- the largest --
-is validated in the second process while this one validates geo and units. Small inputs are
-validated in-process: a second process would spend longer importing Great Expectations than it
-saves.
+Great Expectations evaluates every frame (:func:`phsafe.validation._gx.evaluate`), in a second
+process for a large input (:mod:`._worker`), while this one goes on reading and counting. A
+value that broke a per-file rule is null in the derived frames (and a household holding a person
+with such a RELSHIP has an unknown number of householders), so it is reported once, by the
+per-file rule, and not again by every cross-file rule it touches. A row that could not be read
+at all makes the cross-file rules of its file unchecked (the report says so).
 """
 
 from __future__ import annotations
 
-import itertools
-import os
-import pickle
-import re
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from phsafe.logs import get_logger
-from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN
+from phsafe.reader import INVALID, NOT_UTF8, OK, ClassBook, Encoded, InputFile, SourceReader
+from phsafe.schema import FILES, RELSHIP_HOUSEHOLDER, RTYPE_UNIT_HU, STATE_CODES, PUERTO_RICO, Column
 from phsafe.validation import _config, _gx
-from phsafe.validation._frames import (
-    COMPACT_COLUMNS,
-    CompactColumns,
-    UnitIndex,
-    compact,
-    file_frame,
-    header_frame,
-    parse_integers,
-    small_int_frames,
-    sorted_distinct,
-    units_geo,
-)
-from phsafe.validation._read import STATE_COLUMN, FileReader, SourceFile, describe_header, locate
+from phsafe.validation._combos import ComboCounter, RuleGroup, Values, distinct, joints, rule_groups
+from phsafe.validation._frames import CODE, DERIVED, FLAG, INTEGER, FrameColumn
+from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
-from phsafe.validation._run import SuiteRun
-from phsafe.validation._suites import Rule, load_suite
+from phsafe.validation._suites import Suite, load_suite
+from phsafe.validation._worker import Evaluator, ReportJob, evaluator
 
 log = get_logger("phsafe.validation")
 
 _ROW_NOUNS = {"persons_in_units": "person", "households": "household", "units_geo": "MAFID", "config": "key"}
-PARALLEL_MIN_ROWS = 4_000_000
-"""Persons files of at least this many rows (estimated) are validated in a second process."""
-JOIN_SLICE_ROWS = 2_000_000
-"""Persons per ``persons_in_units`` frame."""
-
-
-@dataclass
-class FilePart:
-    """What validating one file yields: its suite's tally, structural failures, compact columns."""
-
-    stem: str
-    tally: Tally
-    failures: list[Failure] = field(default_factory=list)
-    header: list[str] | None = None
-    complete: bool = False
-    columns: dict[str, npt.NDArray[np.int32]] = field(default_factory=dict)
-
-    @property
-    def usable(self) -> bool:
-        """Every row was read and the columns the cross-file rules need are all there."""
-        return self.complete and set(COMPACT_COLUMNS[self.stem]) <= set(self.columns)
-
-
-DISTINCT_FILES = frozenset({"persons", "units", "geo"})
-"""Files whose rows, MAFID aside, repeat few combinations of codes: their rules are evaluated on
-distinct rows (see :mod:`phsafe.validation._run`) -- or, when every rule of the suite is about
-one column (geo's), on each column's distinct values (see :func:`_distinct_columns`)."""
-_KEY = "MAFID"
-DISTINCT_MIN_ROWS = 50_000
-"""Batches smaller than this are checked in one run on every row (distinct rows would save
-less than the extra runs cost)."""
-
-
-def _distinct(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
-    """The distinct rows of ``batch`` over ``names`` (nulls are a value like any other)."""
-    table = pa.Table.from_batches([batch]).select(names)
-    return table.group_by(names, use_threads=True).aggregate([]).select(names).combine_chunks().to_batches()[0] \
-        if table.num_rows else batch.select(names)
-
-
-def _distinct_columns(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
-    """Each column's distinct values (null included), each repeated to the longest's length.
-
-    A rule about one column with no row condition (not empty, format, code list, range) holds on
-    every row exactly when it holds on each distinct value of the column, and repeating values
-    does not change that; rows of this batch pair unrelated values, which such rules never see.
-    A geo batch of a million rows -- a million MAFIDs but a few thousand blocks, tracts and
-    places -- shrinks some twentyfold.
-    """
-    uniques = [pc.unique(batch.column(batch.schema.get_field_index(n))) for n in names]
-    length = max(len(u) for u in uniques)
-    arrays = [u if len(u) == length else u.take(pa.array(np.arange(length) % len(u))) for u in uniques]
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def _columnwise(rules: list[Rule]) -> bool:
-    """Every rule reads one column, with no row condition and no ``mostly`` (see
-    :func:`_distinct_columns`)."""
-    return all(
-        len(r.referenced_columns()) == 1
-        and not r.config.get("kwargs", {}).get("row_condition")
-        and r.config.get("kwargs", {}).get("mostly") is None
-        for r in rules
-    )
-
-
-@dataclass
-class _Check:
-    """One prepared evaluation of a file's suite (see :meth:`SuiteRun.check`)."""
-
-    frame: pd.DataFrame
-    only: set[str] | None = None
-    exclude: set[str] | None = None
-    every_row: Callable[[], pd.DataFrame] | None = None
-
-
-class FileValidation:
-    """Validation of one input file: batches are prepared (read, typed, reduced) before their
-    rules are evaluated, so the first batch can be prepared while Great Expectations imports."""
-
-    def __init__(self, source: SourceFile, parameters: dict | None = None) -> None:
-        self.stem = source.stem
-        self.run = SuiteRun(self.stem, parameters)
-        self.reader = FileReader(source)
-        self.kept = CompactColumns()
-        self._pending = self._prepare()
-        self._ahead: list[list[_Check]] = []
-
-    def read_ahead(self) -> None:
-        """Prepare the first batch now (one batch: memory stays bounded)."""
-        for checks in self._pending:
-            self._ahead.append(checks)
-            break
-
-    def finish(self) -> FilePart:
-        """Evaluate the rules on every batch; return the file's part of the report."""
-        for checks in itertools.chain(self._ahead, self._pending):
-            for c in checks:
-                self.run.check(self.stem, c.frame, only=c.only, exclude=c.exclude, every_row=c.every_row)
-        self._ahead.clear()
-        stem, reader = self.stem, self.reader
-        columns = {name: self.kept.get(name) for name in self.kept.parts}
-        if stem == "persons":  # the codes and ages fit in one byte: 7 bytes a person in all
-            columns = {k: v if k == _KEY else v.astype(np.int8) for k, v in columns.items()}
-        if reader.header is not None and not reader.failures and not self.kept.parts:  # no rows
-            columns = {name: np.empty(0, dtype=np.int32) for name in COMPACT_COLUMNS[stem] if name in reader.header}
-        return FilePart(stem, self.run.tally, reader.failures, reader.header, reader.complete, columns)
-
-    def _prepare(self) -> Iterator[list[_Check]]:
-        stem, reader = self.stem, self.reader
-        header_rule = f"{stem}.header"
-        key_rules = {r.rule_id for r in self.run.rules(stem) if _KEY in r.referenced_columns()}
-        columnwise = _columnwise(self.run.rules(stem, exclude={header_rule} | key_rules))
-        header_done = False
-        for batch in reader.batches():
-            assert reader.header is not None
-            header, names = reader.header, batch.schema.names
-            checks = []
-            if batch.num_rows < DISTINCT_MIN_ROWS:
-                # Small: one Great Expectations run, header rule included (its cost is per rule).
-                checks.append(_Check(file_frame(batch, stem, header, whole_header=True),
-                                     exclude={header_rule} if header_done else None))
-            else:
-                if not header_done:
-                    checks.append(_Check(header_frame(header), only={header_rule}))
-                if stem in DISTINCT_FILES and _KEY in names and len(names) > 1:
-                    # MAFID is (nearly) unique per row: its rules see every row, in a one-column
-                    # frame; every other rule sees the distinct rows of the other columns (or
-                    # each column's distinct values, when every rule is about one column).
-                    others = [n for n in names if n not in (_KEY, STATE_COLUMN)]
-                    reduced = _distinct_columns(batch, others) if columnwise else _distinct(batch, others)
-                    checks.append(_Check(file_frame(batch.select([_KEY]), stem, [_KEY]), only=key_rules))
-                    checks.append(_Check(
-                        file_frame(reduced, stem, [n for n in header if n != _KEY]),
-                        exclude={header_rule} | key_rules,
-                        every_row=lambda b=batch, h=header: file_frame(b, stem, h),
-                    ))
-                else:
-                    checks.append(_Check(file_frame(batch, stem, header), exclude={header_rule}))
-            header_done = True
-            if set(COMPACT_COLUMNS[stem]) <= set(names):
-                self.kept.add(compact(batch, stem))
-            yield checks
-        if not header_done and reader.header is not None:  # a header and no rows
-            yield [_Check(header_frame(reader.header), only={header_rule})]
-
-
-def validate_file(source: SourceFile, parameters: dict | None = None) -> FilePart:
-    """Validate one input file batch by batch with its suite; keep its compact columns."""
-    return FileValidation(source, parameters).finish()
-
-
-class _Worker:
-    """One validation task running in a second Python process (see :mod:`._worker`).
-
-    Args:
-        request: ``{"task": "file", "source": ...}`` (:func:`validate_file`) or
-            ``{"task": "states", "sources": ..., "groups": [[...], ...], ...}`` (:func:`validate_states`).
-    """
-
-    def __init__(self, request: dict) -> None:
-        self.request = request
-        self._dir = tempfile.TemporaryDirectory(prefix="phsafe-validate-")
-        self.result_path = Path(self._dir.name) / "part.pickle"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "phsafe.validation._worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        try:
-            assert self.process.stdin is not None
-            with self.process.stdin as stdin:
-                pickle.dump({**request, "result": str(self.result_path)}, stdin)
-        except BaseException:
-            self.cancel()
-            raise
-
-    def result(self) -> object:
-        """The worker's result; raises if it failed (the caller then validates in-process)."""
-        try:
-            if self.process.wait() != 0:
-                raise RuntimeError("validation worker failed")
-            with open(self.result_path, "rb") as fh:
-                return pickle.load(fh)
-        finally:
-            self._dir.cleanup()
-
-    def cancel(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._dir.cleanup()
-
-
-def _second_core() -> bool:
-    return (os.cpu_count() or 1) >= 2
-
-
-def _start_worker(request: dict) -> _Worker | None:
-    try:
-        return _Worker(request)
-    except (OSError, ValueError):
-        return None
+STEMS = ("persons", "units", "geo")
+CROSS_FILE_SUITES = ("units_geo", "persons_in_units", "households")
+COMPACT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "persons": ("MAFID", "RTYPE", "RELSHIP", "QAGE"),
+    "units": ("MAFID", "RTYPE", "HHT", "HHT2"),
+    "geo": ("MAFID", "RTYPE"),
+}
+"""Columns of each file the cross-file rules read."""
+SLICE_ROWS = 4_000_000
+"""Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
+MAFID_JOB_ROWS = 4_000_000
+"""Distinct MAFIDs of several state partitions are judged together, about this many a job."""
+_SMALL_MAX = 254
+"""Row counts in the derived frames are capped here: every rule on a count compares it with 0 or
+1, so a count of 300 and one of 254 get the same verdict."""
+_REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder "
+                  "(this MAFID is also stored under another state)")
+_MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
 
 
 def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
@@ -274,435 +79,591 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
     returned report.
 
-    Input stored by state (``persons/TABBLKST=06/...`` for all three files, as ``phsafe synth``
-    writes it) is validated a group of states at a time, as the counting reads it: memory is
-    bounded by the largest state, and the groups are shared between two processes.
-
     Args:
         config_path: The run's configuration.
-        data_dir: Folder holding persons, units and geo (CSV or Parquet).
+        data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
         report_dir: If given, the report, the value-free Great Expectations results and their
             Data Docs are written to ``report_dir/inputs/``.
     """
-    config_path, data_dir = Path(config_path), Path(data_dir)
-    sources, missing = locate(data_dir)
-    report = _validate(config_path, sources, missing)
-    if report_dir is not None:
-        write_report(report, Path(report_dir))
-    return report
+    return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir)[0]
 
 
-CROSS_FILE_SUITES = ("units_geo", "persons_in_units", "households")
+def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
+                   stage: Any = None) -> tuple[ValidationReport, Any]:
+    """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
 
+    Returns:
+        (the report, the exact counts -- None when not counting or the report is not ok).
 
-@dataclass
-class Outcome:
-    """What validating the three files yields, before it is reported.
-
-    Attributes:
-        tallies: Suite name -> its results, added up (the file suites and the cross-file ones).
-        failures: File stem -> structural failures (no suite can express them).
-        headers: File stem -> a header read from it (one that breaks the header rule, if any
-            does), to explain a failed header rule.
-        notes: What was not checked and why.
+    Raises:
+        InputError: Every rule held, but the counting refused a record.
     """
+    from phsafe.counting import InputPass, _no_timer
 
-    tallies: dict[str, Tally] = field(default_factory=dict)
-    failures: dict[str, list[Failure]] = field(default_factory=dict)
-    headers: dict[str, list[str]] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    def merge(self, other: "Outcome") -> None:
-        """Add ``other`` (e.g. another state partition's outcome) to this one."""
-        for name, tally in other.tallies.items():
-            if name in self.tallies:
-                self.tallies[name].merge(tally)
-            else:
-                self.tallies[name] = tally
-        for stem, failures in other.failures.items():
-            self.failures[stem] = _added_up(self.failures.get(stem, []) + failures)
-        for stem, header in other.headers.items():
-            if stem not in self.headers or self.headers[stem] == _expected_header(stem):
-                self.headers[stem] = header
-        self.notes.extend(n for n in other.notes if n not in self.notes)
-
-
-def _expected_header(stem: str) -> list[str]:
-    return [c.name for c in FILES[stem]]
-
-
-def _added_up(failures: list[Failure]) -> list[Failure]:
-    """One failure per file, columns and rule, counts added (the partitions of a folder each
-    report their own rows)."""
-    merged: dict[tuple[str, tuple[str, ...], str], Failure] = {}
-    for f in failures:
-        key = (f.file, f.columns, f.rule)
-        if key in merged and merged[key].failing_rows is not None and f.failing_rows is not None:
-            merged[key] = replace(merged[key], failing_rows=merged[key].failing_rows + f.failing_rows)
-        else:
-            merged.setdefault(key, f)
-    return list(merged.values())
-
-
-def _outcome(parts: dict[str, FilePart], file_names: dict[str, str]) -> Outcome:
-    """The outcome of the files' parts and of the cross-file rules evaluated on them."""
-    outcome = Outcome()
-    for stem, part in parts.items():
-        outcome.tallies[stem] = part.tally
-        outcome.failures[stem] = list(part.failures)
-        if part.header is not None:
-            outcome.headers[stem] = part.header
-    runs, notes = _cross_file(parts, file_names)
-    for run in runs:
-        outcome.tallies[run.suite.name] = run.tally
-    outcome.notes.extend(notes)
-    return outcome
-
-
-def _file_names(sources: dict[str, SourceFile], config_path: Path) -> dict[str, str]:
-    names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    names["config"] = config_path.name
-    return names
-
-
-def _validate(config_path: Path, sources: dict[str, SourceFile], missing: list[Failure]) -> ValidationReport:
-    _gx.prewarm()
     config, load_failure = _config.load(config_path)
     raw = _config.read_raw(config_path)
-    geo_parameters = {"state_filter": _config.state_filter(config, raw)}
-    file_names = _file_names(sources, config_path)
-    config_run = SuiteRun("config", row_nouns=_ROW_NOUNS)
-    if len(sources) == len(FILES) and all(source.partitioned for source in sources.values()):
-        outcome = _validate_by_state(sources, geo_parameters, file_names, config_run, raw)
-    else:
-        outcome = _validate_files(sources, geo_parameters, file_names, config_run, raw)
-
-    # The report lists, in order: the config, each file, then the cross-file rules.
-    report = ValidationReport(subject="inputs")
-    report.failures.extend(missing)
-    if load_failure is not None:
-        report.failures.append(load_failure)
-    report.failures.extend(config_run.tally.failures(file_names))
-    tallies = [config_run.tally]
-    for stem in FILES:
-        report.failures.extend(outcome.failures.get(stem, []))
-        if stem in outcome.tallies:
-            header = outcome.headers.get(stem)
-            report.failures.extend(_explain_header(f, stem, header)
-                                   for f in outcome.tallies[stem].failures(file_names))
-            tallies.append(outcome.tallies[stem])
-    for name in CROSS_FILE_SUITES:
-        if name in outcome.tallies:
-            report.failures.extend(outcome.tallies[name].failures(file_names))
-            tallies.append(outcome.tallies[name])
-    for tally in tallies:
-        report.notes.extend(tally.notes())
-        if tally.any_evaluated():
-            report.results.append(tally.result_json())
-    report.notes.extend(outcome.notes)
-    return report
-
-
-def _check_config(config_run: SuiteRun, raw: dict | None) -> None:
-    if raw is not None:
-        config_run.check("config", _config.flatten(raw))
-
-
-def _validate_files(sources: dict[str, SourceFile], geo_parameters: dict, file_names: dict[str, str],
-                    config_run: SuiteRun, raw: dict | None) -> Outcome:
-    """Each file as a whole (CSV, Parquet, or a folder not stored by state); a large persons
-    file in a second process while this one validates geo and units."""
-    worker = None
-    if "persons" in sources and _second_core() and sources["persons"].estimated_rows() >= PARALLEL_MIN_ROWS:
-        worker = _start_worker({"task": "file", "source": sources["persons"]})
+    state_list = _config.state_filter(config, raw)
+    states = _usable_states(state_list)
+    sources, missing = locate(data_dir)
+    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
+    file_names["config"] = config_path.name
+    rows = sum(s.estimated_rows() for s in sources.values())
+    observer = InputValidation(file_names, evaluator(rows), state_list, missing=set(FILES) - set(sources))
     try:
-        here = [stem for stem in ("geo", "units", "persons") if stem in sources and not (stem == "persons" and worker)]
-        validations = {stem: FileValidation(sources[stem], geo_parameters if stem == "geo" else None)
-                       for stem in here}
-        for validation in validations.values():  # while Great Expectations is being imported
-            validation.read_ahead()
-        parts = {stem: validation.finish() for stem, validation in validations.items()}
-        validations.clear()
-        _check_config(config_run, raw)
-        if worker is not None:
-            parts["persons"] = _persons_part(worker, sources["persons"])
+        config_run = observer.config(raw)
+        files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
+        result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
+                           stage=stage or _no_timer).run()
+        report = observer.report(result, config_run, load_failure, missing, states)
+        if report_dir is not None:
+            observer.write_report(report, Path(report_dir))
     finally:
-        if worker is not None:
-            worker.cancel()
-    return _outcome(parts, file_names)
+        observer.close()
+    counts = None
+    if counting is not None and report.ok:
+        if result.count_error is not None:
+            raise result.count_error
+        counts = result.counts
+    return report, counts
 
 
-# ------------------------------------------------------------------------- input stored by state
-GROUP_MIN_ROWS = 3_000_000
-"""States are validated in groups of at least this many rows of persons, units and geo (a large
-state alone): each Great Expectations run costs a fixed overhead, about a second per state."""
+def _absent(data_dir: Path, stem: str) -> InputFile:
+    """A file that is missing (reported): read as a folder of no files."""
+    return InputFile(stem, data_dir / stem, "parquet", True, ())
 
 
-def validate_group(sources: dict[str, SourceFile], states: list[str], file_names: dict[str, str],
-                   geo_parameters: dict) -> Outcome:
-    """Validate the ``TABBLKST=<state>`` folders of ``states`` in each file, then the cross-file
-    rules on the three files' rows of those states.
+def _usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
+    """The state filter to apply first, or None (the config gives no usable one: nothing is set
+    aside, and the report says so)."""
+    if not state_list:
+        return None
+    valid = STATE_CODES | {PUERTO_RICO}
+    if not all(isinstance(s, str) and s in valid for s in state_list):
+        return None
+    return tuple(sorted(set(state_list)))
 
-    The cross-file rules are decided per MAFID, and the counting reads a MAFID's records from its
-    state's folders only; so records of different states never join here (a person whose unit
-    is stored under another state has no unit), whichever states are validated together.
+
+# ------------------------------------------------------------------------------- frames for GX
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int32 when the values fit (half the bytes to send), else int64."""
+    if len(values) and values.dtype.itemsize > 4 and -(1 << 31) <= int(values.min()) and int(values.max()) < (1 << 31):
+        return values.astype(np.int32)
+    return values
+
+
+def _file_frame(books: Mapping[str, ClassBook], columns: Sequence[str],
+                combos: Sequence[npt.NDArray[np.int64]]) -> list[FrameColumn]:
+    return [FrameColumn(name, _narrow(classes), 0, CODE if books[name].code else INTEGER, books[name])
+            for name, classes in zip(columns, combos)]
+
+
+def _derived_frame(columns: Sequence[str], combos: Sequence[npt.NDArray[np.int64]]) -> list[FrameColumn]:
+    """A derived frame from compact classes (value + 1; 0 for null)."""
+    return [FrameColumn(name, _narrow(classes), 0, FLAG if name == "IN_UNITS" else DERIVED)
+            for name, classes in zip(columns, combos)]
+
+
+# ----------------------------------------------------------------------------- the observer
+@dataclass
+class _FileCheck:
+    """Validation of one input file over every partition of the pass."""
+
+    stem: str
+    suite: Suite
+    tally: Tally
+    books: dict[str, ClassBook]
+    header: list[str] | None = None
+    headers_seen: set[tuple[str, ...]] = field(default_factory=set)
+    groups: list[RuleGroup] | None = None
+    counters: list[ComboCounter] = field(default_factory=list)
+    mafid_group: RuleGroup | None = None
+    irregular_mafids: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    mafids: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]] = field(default_factory=list)
+    complete: bool = True
+    columns: set[str] = field(default_factory=set)
+    utf8_rows: dict[str, int] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    submitted: bool = False
+
+    def usable(self) -> bool:
+        """Every row was read and the columns the cross-file rules need are all there."""
+        return self.complete and set(COMPACT_COLUMNS[self.stem]) <= self.columns
+
+
+class InputValidation:
+    """The validation side of a pass (see the module docstring).
+
+    Args:
+        file_names: Stem -> the name reports give the file.
+        evaluator: Where Great Expectations runs.
+        state_filter: The config's state filter (the geo rule's parameter), if usable.
+        missing: Stems of files that are missing (reported by :func:`locate`).
     """
-    started = time.perf_counter()
-    parts: dict[str, FilePart] = {}
-    for stem in ("geo", "units", "persons"):
-        partitions = sources[stem].partitions()
-        files = tuple(f for state in states for f in partitions.get(state, ()))
-        if not files:
-            parts[stem] = _no_rows(stem)
-            continue
-        parts[stem] = FileValidation(sources[stem].subset(files), geo_parameters if stem == "geo" else None).finish()
-    outcome = _outcome(parts, file_names)
-    # States and seconds only: a count of the group's records would be an exact confidential count.
-    log.info("state partitions validated", states=",".join(states), seconds=round(time.perf_counter() - started, 2))
-    return outcome
 
+    def __init__(self, file_names: Mapping[str, str], evaluator: Evaluator, state_filter: list[str] | None,
+                 missing: set[str]) -> None:
+        self.file_names = dict(file_names)
+        self.evaluator = evaluator
+        self.state_filter = state_filter
+        self.missing = missing
+        self.files = {stem: _FileCheck(stem, load_suite(stem), Tally(load_suite(stem)),
+                                       {c.name: ClassBook(c) for c in FILES[stem]}) for stem in STEMS}
+        self.cross = {name: Tally(load_suite(name), _ROW_NOUNS) for name in CROSS_FILE_SUITES}
+        self.cross_counters: dict[str, list[ComboCounter]] = {}
+        self.cross_groups: dict[str, list[RuleGroup]] = {}
+        self.cross_usable: dict[str, bool] = {}
+        self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
+        self._skipped_cross: list[str] = []
 
-def validate_states(sources: dict[str, SourceFile], groups: list[list[str]], file_names: dict[str, str],
-                    geo_parameters: dict) -> dict[str, Outcome]:
-    """:func:`validate_group` of each group of states, one after the other (keyed by its first state)."""
-    return {group[0]: validate_group(sources, group, file_names, geo_parameters) for group in groups}
+    # ----------------------------------------------------------------------------- GX jobs
+    def _submit(self, tally: Tally, group: RuleGroup, frame: Any, weights: npt.NDArray[np.int64] | None,
+                parameters: Mapping[str, Any] | None = None) -> None:
+        params = {k: v for k, v in (parameters or {}).items() if v is not None}
+        rules = []
+        for rule_id in group.rule_ids:
+            rule = tally.suite.rule(rule_id)
+            missing = rule.parameters() - set(params)
+            if missing:
+                tally.skip(rule_id, f"no valid {', '.join(sorted(missing))} in the config")
+            else:
+                rules.append(rule_id)
+        if not rules:
+            return
+        job = _gx.Job(group.suite, group.frame, tuple(rules), frame, None if weights is None else _narrow(weights),
+                      params)
+        self._jobs.append((job, self.evaluator.submit(job), tally))
 
+    def config(self, raw: Any) -> Tally:
+        """Submit the config suite on the flattened config; return its tally."""
+        tally = Tally(load_suite("config"), _ROW_NOUNS)
+        if raw is not None:
+            suite = load_suite("config")
+            group = RuleGroup("config", "config", (), tuple(r.rule_id for r in suite.rules))
+            self._submit(tally, group, _config.flatten(raw), None)
+        return tally
 
-def _no_rows(stem: str) -> FilePart:
-    """The part of a file that holds no rows of some states: nothing to check, nothing missing."""
-    return FilePart(stem, Tally(load_suite(stem)), complete=True,
-                    columns={name: np.empty(0, dtype=np.int32) for name in (*COMPACT_COLUMNS[stem], "STATE")})
+    def _parameters(self, stem: str) -> dict[str, Any]:
+        return {"state_filter": self.state_filter} if stem == "geo" else {}
 
+    # --------------------------------------------------------------------- the pass's hooks
+    def book(self, stem: str, column: Column) -> ClassBook:
+        return self.files[stem].books[column.name]
 
-def _state_rows(sources: dict[str, SourceFile]) -> dict[str, int]:
-    """Rows of persons, units and geo per state (Parquet metadata): the work of each state."""
-    rows: dict[str, int] = {}
-    for source in sources.values():
-        for state, files in source.partitions().items():
-            assert state is not None
-            rows[state] = rows.get(state, 0) + source.subset(files).estimated_rows()
-    return rows
+    def batch(self, stem: str, name: str, encoded: Mapping[str, Encoded], kept: npt.NDArray[np.bool_] | None) -> None:
+        check = self.files[stem]
+        if check.groups is None:
+            self._setup(check, list(encoded))
+        rows = kept
+        for column, e in encoded.items():
+            if e.kind is not None and (e.kind == NOT_UTF8).any():
+                bad = e.kind == NOT_UTF8
+                if kept is not None:
+                    bad &= kept
+                n = int(np.count_nonzero(bad))
+                if n:
+                    check.utf8_rows[column] = check.utf8_rows.get(column, 0) + n
+                    check.complete = False
+                    # Such rows are left out of every rule: their other fields cannot be trusted.
+                    rows = ~bad if rows is None else rows & ~bad
+        views: dict[str, Values] = {}
 
+        def view(column: str) -> Values:
+            if column not in views:
+                array, offset = encoded[column].class_view()
+                views[column] = (array if rows is None else array[rows], offset)
+            return views[column]
 
-def _groups(rows: dict[str, int]) -> list[list[str]]:
-    """States in groups of at least GROUP_MIN_ROWS rows (the last may hold fewer), in state order."""
-    groups: list[list[str]] = [[]]
-    size = 0
-    for state in sorted(rows):
-        if size >= GROUP_MIN_ROWS:
-            groups.append([])
-            size = 0
-        groups[-1].append(state)
-        size += rows[state]
-    return [g for g in groups if g]
+        for counter in check.counters:
+            counter.add([view(c) for c in counter.columns])
+        if check.mafid_group is not None:
+            m = encoded["MAFID"]
+            if m.kind is not None:  # irregular MAFIDs; the valid ones come from the join
+                irregular = m.kind != OK
+                if rows is not None:
+                    irregular &= rows
+                if irregular.any():
+                    check.irregular_mafids.append(m.class_of_rows()[irregular])
 
+    def _setup(self, check: _FileCheck, present: list[str]) -> None:
+        """Group the file's rules by the columns they read, and the groups into sets of columns
+        counted together; rules of absent columns are noted."""
+        check.columns = set(present)
+        order = [c.name for c in FILES[check.stem]]
+        groups = []
+        for group in rule_groups(check.suite, check.stem, order, exclude=frozenset({f"{check.stem}.header"})):
+            absent = set(group.columns) - check.columns
+            if absent:
+                for rule_id in group.rule_ids:
+                    check.tally.skip(rule_id, f"column {', '.join(sorted(absent))} is not in the data")
+            elif group.columns == ("MAFID",):
+                check.mafid_group = group
+            else:
+                groups.append(group)
+        check.groups = groups
+        sizes = {c.name: _classes(c) for c in FILES[check.stem]}
+        check.counters = [ComboCounter(columns) for columns in joints(groups, sizes, order)]
 
-def _share(groups: list[list[str]], rows: dict[str, int], head_start: int) -> tuple[list[list[str]], list[list[str]]]:
-    """Split the groups between this process and a second one, largest first, each to the
-    process with less work so far (this one starts with ``head_start`` rows of other work)."""
-    here: list[list[str]] = []
-    there: list[list[str]] = []
-    load_here, load_there = head_start, 0
-    for group in sorted(groups, key=lambda g: -sum(rows[s] for s in g)):
-        if load_here <= load_there:
-            here.append(group)
-            load_here += sum(rows[s] for s in group)
+    def file_read(self, stem: str, part: Any, reader: SourceReader, last: bool) -> None:
+        """A file of a partition is read; after the last partition's, its per-file rules are
+        judged -- while the other files are still being read."""
+        check = self.files[stem]
+        try:
+            self._header(check, stem, reader)
+        finally:
+            if last:
+                self._submit_file(stem)
+
+    def _header(self, check: _FileCheck, stem: str, reader: SourceReader) -> None:
+        if not reader.complete:
+            check.complete = False
+        header = reader.header
+        if header is None:
+            return
+        if check.header is None:
+            check.header = list(header)
+        if check.groups is None:  # a header and no rows (or no schema column)
+            self._setup(check, [c.name for c in FILES[stem] if c.name in header])
+        if tuple(header) not in check.headers_seen:
+            check.headers_seen.add(tuple(header))
+            frame = pd.DataFrame({name: pd.Series([], dtype="str") for name in header}, columns=header) \
+                if len(set(header)) == len(header) else None
+            if frame is not None:
+                group = RuleGroup(stem, stem, tuple(header), (f"{stem}.header",))
+                self._submit(check.tally, group, frame, None)
+
+    def partition(self, part: Any, geo: Any, join: Any, rows: Mapping[str, Any], last: bool) -> None:
+        """Frames of one joined partition: MAFID rules, cross-file rules; at the last, the rest."""
+        for stem in STEMS:
+            self._mafids(stem, join, rows[stem], last)
+        usable = {stem for stem in STEMS if self.files[stem].usable() and stem not in self.missing}
+        if {"units", "geo"} <= usable:
+            self._units_geo(join, rows["units"], rows["geo"])
+        if {"units", "persons"} <= usable:
+            self._persons_in_units(join, rows["units"], rows["persons"])
+        for name, needs in (("units_geo", ("units", "geo")), ("persons_in_units and households", ("units", "persons"))):
+            if not set(needs) <= usable:
+                bad = [self.file_names[s] for s in needs if s not in usable]
+                note = (f"cross-file rules of {name} not checked: they need every row and the key columns "
+                        f"of {', '.join(bad)}")
+                if note not in self._skipped_cross:
+                    self._skipped_cross.append(note)
+        if last:
+            self._submit_accumulated()
+
+    def _mafids(self, stem: str, join: Any, rows: Any, last: bool) -> None:
+        """The distinct MAFIDs of a file's kept rows in this partition, with their rows."""
+        check = self.files[stem]
+        group = check.mafid_group
+        if group is None:
+            return
+        if stem == "geo":
+            keys, weights = join.geo.index.keys, join.geo.kept
+        elif stem == "units":
+            keys, weights = join.mafid, join.unit_rows
         else:
-            there.append(group)
-            load_there += sum(rows[s] for s in group)
-    return here, there
+            weights = np.bincount(join.person_key + 1, minlength=join.n_keys + 1)[1:]  # key -1: none
+            keys = join.mafid
+            valid = rows.ok("MAFID")
+            orphan = join.person_key < 0
+            if valid is not None:
+                orphan &= valid
+            if orphan.any():
+                check.irregular_mafids.append(rows.columns["MAFID"][orphan].astype(np.int64) + 1)
+        present = weights > 0
+        check.mafids.append((keys[present].astype(np.int64) + 1, weights[present].astype(np.int64)))
+        if check.irregular_mafids:
+            extra, extra_counts = distinct([np.concatenate(check.irregular_mafids)])
+            check.irregular_mafids.clear()
+            check.mafids.append((extra[0], extra_counts))
+        if last or sum(len(c) for c, _ in check.mafids) >= MAFID_JOB_ROWS:
+            self._submit_mafids(check)
 
+    def _submit_mafids(self, check: _FileCheck) -> None:
+        """The distinct MAFIDs gathered so far (a few partitions') in one job. Each partition
+        holds its own MAFIDs, so no merging is needed: a MAFID stored under two states is two
+        rows of the frame, each with its own rows -- the counts are the same."""
+        if not check.mafids or check.mafid_group is None:
+            check.mafids.clear()
+            return
+        classes = np.concatenate([c for c, _ in check.mafids])
+        counts = np.concatenate([w for _, w in check.mafids])
+        check.mafids.clear()
+        for start in range(0, len(counts), MAFID_JOB_ROWS):  # bounded frames in the evaluation
+            piece = slice(start, start + MAFID_JOB_ROWS)
+            frame = _file_frame(check.books, ("MAFID",), [classes[piece]])
+            self._submit(check.tally, check.mafid_group, frame, counts[piece])
 
-def _validate_by_state(sources: dict[str, SourceFile], geo_parameters: dict, file_names: dict[str, str],
-                       config_run: SuiteRun, raw: dict | None) -> Outcome:
-    """Input stored by state: groups of states on two processes, then the checks across states."""
-    rows = _state_rows(sources)
-    groups = _groups(rows)
-    # The layout check below reads the MAFIDs of units and geo: about a tenth of validating them.
-    layout_rows = (sources["units"].estimated_rows() + sources["geo"].estimated_rows()) // 10
-    here, there = groups, []
-    if _second_core() and len(groups) > 1 and sum(rows.values()) >= PARALLEL_MIN_ROWS:
-        here, there = _share(groups, rows, layout_rows)
-    worker = None
-    if there:
-        worker = _start_worker({"task": "states", "sources": sources, "groups": there,
-                                "geo_parameters": geo_parameters, "file_names": file_names})
-        if worker is None:
-            here, there = groups, []
-    try:
-        by_group = validate_states(sources, here, file_names, geo_parameters)
-        _check_config(config_run, raw)
-        layout = _layout(sources)
-        if there:
-            by_group.update(_states_part(worker, sources, there, file_names, geo_parameters))
-    finally:
-        if worker is not None:
-            worker.cancel()
-    outcome = Outcome()
-    for first in sorted(by_group):  # the same report whichever process validated a group
-        outcome.merge(by_group[first])
-    outcome.merge(layout)
-    outcome.notes.append(
-        f"the input is stored by state ({len(rows)} TABBLKST=<state> folders): records join only "
-        "within a state's folders, as the counting reads them")
-    return outcome
+    def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
+        """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
+        if suite not in self.cross_counters:
+            groups = rule_groups(self.cross[suite].suite, suite, list(columns))
+            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
+            self.cross_groups[suite] = groups
+            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, list(columns))]
+        for counter in self.cross_counters[suite]:
+            counter.add([(columns[c], 1) for c in counter.columns])
 
+    def _units_geo(self, join: Any, units: Any, geo_rows: Any) -> None:
+        """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
+        geo = join.geo
+        n_geo = len(geo.index)
+        unit_rtype, geo_rtype = _signed(units.compact("RTYPE")), _signed(geo_rows.compact("RTYPE"))
+        for start in range(0, join.n_keys, SLICE_ROWS):  # bounded temporaries
+            stop = min(join.n_keys, start + SLICE_ROWS)
+            present = join.unit_rows[start:stop] > 0
+            inside = slice(start, min(stop, n_geo))
+            if inside.start < inside.stop:
+                n = inside.stop - inside.start
+                present[:n] |= geo.rows[inside] > 0
+                present[:n] &= ~geo.aside[inside]
+            keys = np.flatnonzero(present) + start
+            geo_count = np.zeros(len(keys), np.int64)
+            geo_first = np.full(len(keys), -1, np.int64)
+            in_geo = keys < n_geo
+            geo_count[in_geo] = geo.rows[keys[in_geo]]
+            geo_first[in_geo] = geo.first[keys[in_geo]]
+            self._cross_add("units_geo", {
+                "UNITS_ROWS": np.minimum(join.unit_rows[keys], _SMALL_MAX),
+                "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
+                "UNIT_RTYPE": _at(unit_rtype, join.unit_first[keys]),
+                "GEO_RTYPE": _at(geo_rtype, geo_first),
+            })
 
-def _states_part(worker: _Worker | None, sources: dict[str, SourceFile], groups: list[list[str]],
-                 file_names: dict[str, str], geo_parameters: dict) -> dict[str, Outcome]:
-    if worker is not None:
+    def _persons_in_units(self, join: Any, units: Any, persons: Any) -> None:
+        """One row per person with a valid MAFID, next to the first unit row of its MAFID; and
+        one row per household with its number of householders."""
+        n_keys = join.n_keys
+        first = join.unit_first
+        # Per key: the first unit row's values (INVALID for none), read through each person's key.
+        unit_rtype = _at(units.compact("RTYPE"), first)
+        unit_hht = _at(units.compact("HHT"), first)
+        unit_hht2 = _at(units.compact("HHT2"), first)
+        has_unit = first >= 0
+        valid = persons.ok("MAFID")
+        relship_all = persons.compact("RELSHIP")
+        rtype_all, age_all = persons.compact("RTYPE"), persons.compact("QAGE")
+        householder_keys: list[np.ndarray] = []
+        unknown_keys: list[np.ndarray] = []
+        for start in range(0, persons.rows, SLICE_ROWS):  # bounded temporaries
+            rows = slice(start, start + SLICE_ROWS)
+            key, relship = join.person_key[rows], relship_all[rows]
+            rtype, age = rtype_all[rows], age_all[rows]
+            if valid is not None:
+                keep = valid[rows]
+                key, relship, rtype, age = key[keep], relship[keep], rtype[keep], age[keep]
+            in_units = _at(has_unit, key, False)
+            self._cross_add("persons_in_units", {
+                "IN_UNITS": in_units.view(np.int8),
+                "RTYPE": rtype,
+                "RELSHIP": relship,
+                "QAGE": age,
+                "UNIT_RTYPE": _at(unit_rtype, key),
+                "UNIT_HHT": _at(unit_hht, key),
+                "UNIT_HHT2": _at(unit_hht2, key),
+            })
+            householder_keys.append(key[in_units & (relship == RELSHIP_HOUSEHOLDER)])
+            unknown_keys.append(key[in_units & (relship == INVALID)])
+        # Households: the first unit row of each MAFID with RTYPE 2 and HHT != 0, and its number
+        # of householders (unknown when one of its persons' RELSHIP broke a per-file rule).
+        households = np.flatnonzero((unit_rtype == RTYPE_UNIT_HU) & (unit_hht > 0))
+        householders = np.bincount(np.concatenate(householder_keys), minlength=n_keys) if householder_keys \
+            else np.zeros(n_keys, np.int64)
+        counts = np.minimum(householders[households], _SMALL_MAX)
+        del householders
+        unknown = np.concatenate(unknown_keys) if unknown_keys else np.empty(0, np.int32)
+        if len(unknown):
+            counts[np.isin(households, unknown)] = INVALID
+        self._cross_add("households", {"HOUSEHOLDERS": counts})
+
+    def _submit_file(self, stem: str) -> None:
+        """Submit a file's per-file rule groups (once its every partition is read)."""
+        check = self.files[stem]
+        if check.submitted:
+            return
+        check.submitted = True
+        single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
+        for group in check.groups or ():
+            counter = next(c for c in check.counters if set(group.columns) <= set(c.columns))
+            combos, counts = counter.result(group.columns)
+            if not len(counts):
+                continue
+            if len(group.columns) == 1 and _plain(check.suite, group):
+                single[group.columns[0]] = (group, combos[0], counts)
+            else:
+                self._submit(check.tally, group, _file_frame(check.books, group.columns, combos), counts,
+                             self._parameters(stem))
+        if single:
+            self._submit_columns(check, single, self._parameters(stem))
+
+    def _submit_accumulated(self) -> None:
+        for stem in self.files:
+            self._submit_file(stem)
+        for suite, groups in self.cross_groups.items():
+            for group in groups:
+                counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
+                combos, counts = counter.result(group.columns)
+                if len(counts):
+                    self._submit(self.cross[suite], group, _derived_frame(group.columns, combos), counts)
+
+    def _submit_columns(self, check: _FileCheck, single: dict[str, tuple[RuleGroup, Any, Any]],
+                        parameters: Mapping[str, Any]) -> None:
+        """Every one-column rule group of a file in one job: each column's distinct values,
+        repeated to the longest list's length (see :class:`phsafe.validation._gx.Job`)."""
+        length = max(len(classes) for _, classes, _ in single.values())
+        columns = list(single)
+        padded = [np.resize(single[c][1], length) for c in columns]
+        frame = _file_frame(check.books, columns, padded)
+        rule_ids = tuple(r for c in columns for r in single[c][0].rule_ids)
+        group = RuleGroup(check.stem, check.stem, tuple(columns), rule_ids)
+        params = {k: v for k, v in parameters.items() if v is not None}
+        runnable = []
+        for rule_id in rule_ids:
+            missing = check.suite.rule(rule_id).parameters() - set(params)
+            if missing:
+                check.tally.skip(rule_id, f"no valid {', '.join(sorted(missing))} in the config")
+            else:
+                runnable.append(rule_id)
+        if runnable:
+            job = _gx.Job(group.suite, group.frame, tuple(runnable), frame, None, params,
+                          column_weights={c: _narrow(single[c][2]) for c in columns})
+            self._jobs.append((job, self.evaluator.submit(job), check.tally))
+
+    # --------------------------------------------------------------------------------- report
+    def _collect(self) -> None:
+        for job, future, tally in self._jobs:
+            try:
+                results = future.result()
+            except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: evaluate here
+                log.warning("validation worker failed; evaluating in this process", error_type=type(exc).__name__)
+                results = _gx.evaluate(job)
+            for r in results:
+                tally.add(r.rule_id, r.success, r.counts, r.raised)
+        self._jobs.clear()
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+    def write_report(self, report: ValidationReport, directory: Path) -> None:
+        """Write the report's files where Great Expectations runs (see :class:`._worker.ReportJob`)."""
         try:
-            result = worker.result()
-            if isinstance(result, dict) and sorted(result) == sorted(g[0] for g in groups) \
-                    and all(isinstance(v, Outcome) for v in result.values()):
-                return result
-            raise RuntimeError("validation worker returned no result")
-        except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
-            log.warning("validation worker failed; validating in this process",
-                        error_type=type(exc).__name__, groups=len(groups))
-    return validate_states(sources, groups, file_names, geo_parameters)
+            self.evaluator.submit(ReportJob(report, directory)).result()
+        except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: write here
+            log.warning("validation worker failed; writing the report in this process", error_type=type(exc).__name__)
+            write_report(report, directory)
+
+    def report(self, result: Any, config_tally: Tally, load_failure: Failure | None, missing: list[Failure],
+               states: tuple[str, ...] | None) -> ValidationReport:
+        """Wait for every evaluation and assemble the report: the config, each file (its
+        structural failures, then its rules), the cross-file rules, then the notes."""
+        self._collect()
+        report = ValidationReport(subject="inputs")
+        report.failures.extend(missing)
+        if load_failure is not None:
+            report.failures.append(load_failure)
+        report.failures.extend(config_tally.failures(self.file_names))
+        tallies = [config_tally]
+        structural = _structural(result, self.file_names)
+        for stem in FILES:
+            check = self.files[stem]
+            report.failures.extend(structural.get(stem, []))
+            report.failures.extend(Failure(self.file_names[stem], (column,), "the values are UTF-8 text", n)
+                                   for column, n in check.utf8_rows.items())
+            if stem in self.missing:
+                continue
+            report.failures.extend(_explain_header(f, stem, check.header) for f in check.tally.failures(self.file_names))
+            tallies.append(check.tally)
+        for name in CROSS_FILE_SUITES:
+            report.failures.extend(self.cross[name].failures(self.file_names))
+            tallies.append(self.cross[name])
+        for tally in tallies:
+            report.notes.extend(tally.notes())
+            if tally.any_evaluated():
+                report.results.append(tally.result_json())
+        report.notes.extend(self._skipped_cross)
+        report.set_aside = dict(result.set_aside)
+        aside = result.set_aside
+        if states is None:
+            report.notes.append("the state filter was not applied (the config has no valid state_filter): "
+                                "every record was checked")
+        elif any(aside.values()):
+            report.notes.append(
+                f"state filter ({', '.join(states)}) applied first: {aside['geo']} geo rows outside it set aside, "
+                f"with {aside['units']} units rows and {aside['persons']} persons rows of their MAFIDs; the "
+                "rules were checked on the records the run keeps")
+        if result.by_state:
+            report.notes.append(
+                f"the input is stored by state ({result.states_found} TABBLKST=<state> folders): records join "
+                "only within a state's folders, as the counting reads them")
+        return report
 
 
-_REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder "
-                  "(this MAFID is also stored under another state)")
-_MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
+def _plain(suite: Suite, group: RuleGroup) -> bool:
+    """The group's rules can be judged on a list of values that repeats some (no ``mostly``)."""
+    return all(suite.rule(r).config.get("kwargs", {}).get("mostly") is None for r in group.rule_ids)
 
 
-def _layout(sources: dict[str, SourceFile]) -> Outcome:
-    """What no group of states can see: a MAFID of units or geo stored under two states, and a
-    geo row stored under another state than its own (the counting would refuse both).
-
-    Reads only MAFID, and TABBLKST of geo; keeps two bits per possible MAFID (200 MB). Values
-    that break a per-file rule are left to that rule.
-    """
-    outcome = Outcome()
-    for stem in ("units", "geo"):
-        source = sources[stem]
-        seen = np.zeros((MAFID_MAX >> 3) + 1, dtype=np.uint8)
-        repeated = np.zeros_like(seen)
-        misplaced = 0
-        for state, files in sorted(source.partitions().items(), key=lambda kv: str(kv[0])):
-            assert state is not None
-            mafids, other_state = _layout_columns(files, state, tabblkst=stem == "geo")
-            misplaced += other_state
-            mafids = sorted_distinct(mafids)
-            byte, bit = mafids >> 3, np.left_shift(np.uint8(1), (mafids & 7).astype(np.uint8))
-            again = (seen[byte] & bit) != 0
-            np.bitwise_or.at(repeated, byte[again], bit[again])
-            np.bitwise_or.at(seen, byte, bit)
-        failures = []
-        if misplaced:
-            failures.append(Failure(source.name, ("TABBLKST",), _MISPLACED_RULE, misplaced))
-        n = int(np.unpackbits(repeated[repeated != 0]).sum())
-        if n:
-            failures.append(Failure(source.name, ("MAFID",), _REPEATED_RULE.format(stem=stem), n, row_noun="MAFID"))
-        if failures:
-            outcome.failures[stem] = failures
-    return outcome
+def _signed(values: np.ndarray) -> np.ndarray:
+    """Values that can hold ``INVALID`` (unsigned ones copied to a signed type)."""
+    if values.dtype.kind == "u":
+        return values.astype(np.int16 if values.dtype.itemsize == 1 else np.int64)
+    return values
 
 
-def _other_state_rows(codes: pa.Array, state: str) -> int:
-    """Rows whose code is a well-formed state code other than ``state`` (a malformed or missing
-    code is reported by the geo suite)."""
-    if pa.types.is_dictionary(codes.type):
-        # Each distinct code is looked at once, then its rows are counted.
-        values = codes.dictionary.to_pylist()
-        other = [i for i, v in enumerate(values) if isinstance(v, str) and _STATE_CODE.fullmatch(v) and v != state]
-        if not other:
-            return 0
-        counts = np.bincount(codes.indices.fill_null(len(values)).to_numpy(zero_copy_only=False),
-                             minlength=len(values) + 1)
-        return int(counts[other].sum())
-    if not pa.types.is_string(codes.type):
-        return 0
-    well_formed = pc.match_substring_regex(codes, _STATE_CODE.pattern)
-    return int(pc.sum(pc.and_(well_formed, pc.not_equal(codes, state))).as_py() or 0)
+def _at(values: np.ndarray, rows: np.ndarray, missing: int | bool = INVALID) -> np.ndarray:
+    """``values[rows]``, ``missing`` where ``rows`` is -1 (a signed type when it must hold -1)."""
+    if missing == INVALID:
+        values = _signed(values)
+    if not len(values):
+        return np.full(len(rows), missing, dtype=values.dtype)
+    out = values.take(rows, mode="clip")  # -1 reads the first value: replaced below
+    absent = rows < 0
+    if absent.any():
+        out[absent] = missing
+    return out
 
 
-_STATE_CODE = re.compile(r"^[0-9]{2}$")
+def _classes(column: Column) -> int:
+    """How many classes a valid value of ``column`` can be (how combinations are grouped)."""
+    if column.allowed is not None:
+        return max(column.allowed) - min(column.allowed) + 1
+    if column.minimum is not None:
+        assert column.maximum is not None
+        return column.maximum - column.minimum + 1
+    assert column.width is not None
+    return 10**column.width
 
 
-def _layout_columns(files: tuple[Path, ...], state: str, *, tabblkst: bool) -> tuple[npt.NDArray[np.int64], int]:
-    """The valid MAFIDs of ``files``, and how many rows have a TABBLKST code of another state."""
-    chunks, other_state = [], 0
-    for path in files:
-        try:
-            pf = pq.ParquetFile(path, read_dictionary=["TABBLKST"] if tabblkst else None)
-            names = pf.schema_arrow.names
-            columns = [c for c in ("MAFID", "TABBLKST") if c in names and (c == "MAFID" or tabblkst)]
-            for batch in pf.iter_batches(batch_size=4_000_000, columns=columns):
-                if "MAFID" in columns:
-                    values = parse_integers(batch.column(columns.index("MAFID"))).fill_null(-1)
-                    values = values.to_numpy(zero_copy_only=False)
-                    chunks.append(values[(values >= MAFID_MIN) & (values <= MAFID_MAX)].astype(np.int64))
-                if "TABBLKST" in columns:
-                    other_state += _other_state_rows(batch.column(columns.index("TABBLKST")), state)
-        except Exception:  # noqa: BLE001 -- unreadable or mistyped: the file's own rules say how
-            continue
-    return (np.concatenate(chunks) if chunks else np.empty(0, dtype=np.int64)), other_state
+_DERIVED_CLASSES = {"IN_UNITS": 2, "RTYPE": 7, "RELSHIP": 40, "QAGE": 117, "UNIT_RTYPE": 6, "UNIT_HHT": 9,
+                    "UNIT_HHT2": 14, "GEO_RTYPE": 6}
+"""Classes of the derived frames' columns (compact values and INVALID); counts have 256."""
 
 
-def _cross_file(parts: dict[str, FilePart], file_names: dict[str, str]) -> tuple[list[SuiteRun], list[str]]:
-    """Evaluate the cross-file suites on derived frames, when the files they need are usable."""
-    units_geo_run = SuiteRun("units_geo", row_nouns=_ROW_NOUNS)
-    pin_run = SuiteRun("persons_in_units", row_nouns=_ROW_NOUNS)
-    households_run = SuiteRun("households", row_nouns=_ROW_NOUNS)
-    notes: list[str] = []
-    usable = {stem for stem, part in parts.items() if part.usable}
-    if not all("STATE" in part.columns for part in parts.values()):
-        # Not every file is stored by state: records join on their MAFID alone.
-        for part in parts.values():
-            part.columns.pop("STATE", None)
-    if {"units", "geo"} <= usable:
-        distinct, every_row = units_geo(_compact(parts["units"]), _compact(parts["geo"]))
-        units_geo_run.check("units_geo", distinct, every_row=every_row)
-    else:
-        notes.append(_skipped("units_geo", ("units", "geo"), usable, file_names))
-    if {"units", "persons"} <= usable:
-        index = UnitIndex(_compact(parts["units"]))
-        persons = parts["persons"].columns
-        for start in range(0, len(persons["MAFID"]), JOIN_SLICE_ROWS):
-            piece = {k: v[start:start + JOIN_SLICE_ROWS].astype(np.int32) for k, v in persons.items()}
-            distinct, every_row = small_int_frames(index.persons_in_units(piece))
-            pin_run.check("persons_in_units", distinct, every_row=every_row)
-        distinct, every_row = index.households()
-        households_run.check("households", distinct, every_row=every_row)
-    else:
-        notes.append(_skipped("persons_in_units and households", ("units", "persons"), usable, file_names))
-    return [units_geo_run, pin_run, households_run], notes
-
-
-def _persons_part(worker: _Worker | None, source: SourceFile) -> FilePart:
-    if worker is not None:
-        try:
-            part = worker.result()
-            if isinstance(part, FilePart):
-                return part
-            raise RuntimeError("validation worker returned no result")
-        except Exception as exc:  # noqa: BLE001 -- e.g. the process died: validate here instead
-            log.warning("validation worker failed; validating in this process",
-                        error_type=type(exc).__name__, file=source.name)
-    return validate_file(source)
-
-
-def _compact(part: FilePart) -> CompactColumns:
-    cols = CompactColumns()
-    cols.add({k: v.astype(np.int32) for k, v in part.columns.items()})
-    return cols
+def _structural(result: Any, file_names: Mapping[str, str]) -> dict[str, list[Failure]]:
+    """Failures no suite can express: problems of reading, and the layout of data stored by state."""
+    out: dict[str, list[Failure]] = {}
+    for stem, problems in result.problems.items():
+        merged: dict[tuple[str, tuple[str, ...], str], Failure] = {}
+        for p in problems.found:
+            key = (p.file, p.columns, p.rule)
+            if key in merged and merged[key].failing_rows is not None and p.rows is not None:
+                merged[key] = replace(merged[key], failing_rows=merged[key].failing_rows + p.rows)
+            else:
+                merged.setdefault(key, Failure(p.file, p.columns, p.rule, p.rows))
+        out[stem] = list(merged.values())
+    if result.misplaced:
+        out.setdefault("geo", []).append(Failure(file_names["geo"], ("TABBLKST",), _MISPLACED_RULE, result.misplaced))
+    for stem, n in result.repeated.items():
+        out.setdefault(stem, []).append(Failure(file_names[stem], ("MAFID",), _REPEATED_RULE.format(stem=stem), n,
+                                                row_noun="MAFID"))
+    return out
 
 
 def _explain_header(failure: Failure, stem: str, header: list[str] | None) -> Failure:
     """Add which columns are missing, unexpected or out of order to a failed header rule."""
     if header is None or not (failure.rule_id or "").endswith(".header"):
         return failure
-    expected = _expected_header(stem)
+    expected = [c.name for c in FILES[stem]]
     detail = describe_header(header, expected)
     missing = tuple(n for n in expected if n not in header)
     return replace(failure, rule=f"{failure.rule}: {detail}" if detail else failure.rule,
                    columns=missing or failure.columns)
-
-
-def _skipped(what: str, stems: tuple[str, ...], usable: set[str], file_names: dict[str, str]) -> str:
-    bad = [file_names[s] for s in stems if s not in usable]
-    return (f"cross-file rules of {what} not checked: they need every row and the key columns "
-            f"of {', '.join(bad)}")

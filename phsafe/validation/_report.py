@@ -90,12 +90,15 @@ class ValidationReport:
         results: Value-free Great Expectations suite results, one per suite run (merged over
             the batches of a file), as JSON-ready dicts.
         subject: ``inputs`` or ``outputs`` (names the report folder).
+        set_aside: Input file stem -> rows the state filter set aside (a count; the report is
+            confidential, but never holds a value).
     """
 
     failures: list[Failure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     subject: str = "validation"
+    set_aside: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -117,6 +120,7 @@ class ValidationReport:
             "ok": self.ok,
             "failures": [f.to_dict() for f in self.failures],
             "notes": list(self.notes),
+            **({"set_aside_by_state_filter": dict(self.set_aside)} if self.set_aside else {}),
             "suites": [
                 {
                     "suite": r["suite_name"],

@@ -199,11 +199,6 @@ def _geo_without_unit(ds: Dataset) -> None:
     ds.frames["units"] = ds.units[ds.units.MAFID != mafid].reset_index(drop=True)
 
 
-def _state_outside_filter(ds: Dataset) -> None:
-    assert "04" not in ds.config["state_filter"]
-    _set(ds.geo, 7, "TABBLKST", "04")
-
-
 def _two_householders(ds: Dataset) -> None:
     _set(ds.persons, _person(ds, "21"), "RELSHIP", "20")
 
@@ -394,7 +389,6 @@ CASES: tuple[Case, ...] = (
     Case("orphan_person", P, ("MAFID",), "every person's MAFID", _orphan_person, secrets=(ORPHAN_MAFID,), cli=True),
     Case("unit_without_geo", U, ("MAFID",), "every unit's MAFID is in geo", _unit_without_geo),
     Case("geo_without_unit", G, ("MAFID",), "every geo MAFID is in units", _geo_without_unit),
-    Case("state_outside_filter", G, ("TABBLKST",), "state_filter", _state_outside_filter),
     # ---- records that disagree
     Case("two_householders", U, ("persons.RELSHIP",), "exactly one householder", _two_householders),
     Case("no_householder", U, ("persons.RELSHIP",), "exactly one householder", _no_householder),

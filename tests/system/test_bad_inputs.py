@@ -91,10 +91,65 @@ def test_reference_fixture_is_rejected() -> None:
     report = validate_inputs(END_TO_END / "config.json", END_TO_END)
     assert not report.ok
     rules = {(f.file, f.rule_id) for f in report.failures}
-    # A unit whose RTYPE disagrees with geo, a repeated unit, states outside the filter.
+    # A unit whose RTYPE disagrees with geo, a GQ facility with a household type.
     assert ("units.csv", "units_geo.hu_rtype") in rules
-    assert ("units.csv", "units_geo.units_unique") in rules
-    assert ("geo.csv", "geo.TABBLKST.state_filter") in rules
+    assert ("units.csv", "units.gq_hht") in rules
+    # The state filter comes first: the repeated unit is in a state the run sets aside, as
+    # are five geo rows, six units rows and seven persons rows (counted, never shown).
+    assert ("units.csv", "units_geo.units_unique") not in rules
+    assert ("geo.csv", "geo.TABBLKST.state_filter") not in rules
+    assert report.set_aside == {"geo": 5, "units": 6, "persons": 7}
+    assert any("5 geo rows outside it set aside, with 6 units rows and 7 persons rows" in n for n in report.notes)
+
+
+# ------------------------------------------------------------------------------ the state filter first
+def _outside(ds: Dataset, state: str) -> tuple[set[str], int, int]:
+    """MAFIDs of ``state``'s geo rows, and the number of their units and persons rows."""
+    mafids = set(ds.geo.MAFID[ds.geo.TABBLKST == state])
+    return mafids, int(ds.units.MAFID.isin(mafids).sum()), int(ds.persons.MAFID.isin(mafids).sum())
+
+
+def test_records_outside_the_state_filter_are_set_aside_not_reported(base: Dataset, tmp_path: Path) -> None:
+    ds = base.copy()
+    mafid = ds.geo.MAFID.iloc[7]
+    ds.geo.loc[7, "TABBLKST"] = "04"  # a state the config does not release
+    n_units = int((ds.units.MAFID == mafid).sum())
+    n_persons = int((ds.persons.MAFID == mafid).sum())
+    data = ds.write(tmp_path / "data")
+    report = validate_inputs(data / "config.json", data, report_dir=tmp_path / "report")
+    assert report.ok, report.to_text()
+    assert report.set_aside == {"geo": 1, "units": n_units, "persons": n_persons}
+    saved = json.loads((tmp_path / "report" / "inputs" / "report.json").read_text())
+    assert saved["set_aside_by_state_filter"] == report.set_aside
+    assert_value_free(_report_texts(report), ds, (mafid,))
+
+
+def test_a_national_file_validates_with_a_subset_state_filter(base: Dataset, tmp_path: Path) -> None:
+    """``phsafe validate`` with a national file and a state filter of one state passes when the
+    records the run keeps are valid -- whatever the records it sets aside hold -- and fails when a
+    kept record is not."""
+    ds = base.copy()
+    ds.config["state_filter"] = ["06"]
+    aside = {state: _outside(ds, state) for state in ("01", "11", "36", "48")}
+    # A broken record in a state the run sets aside is not the run's business.
+    texas = next(iter(aside["48"][0]))
+    ds.persons.loc[ds.persons.index[ds.persons.MAFID == texas][:1], "QAGE"] = "131"
+    data = ds.write(tmp_path / "national")
+    proc = subprocess.run([str(PHSAFE), "validate", str(data / "config.json"), str(data)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = validate_inputs(data / "config.json", data)
+    assert report.ok, report.to_text()
+    assert report.set_aside == {"geo": sum(len(m) for m, _, _ in aside.values()),
+                                "units": sum(u for _, u, _ in aside.values()),
+                                "persons": sum(p for _, _, p in aside.values())}
+    # The same break in a kept (Californian) record fails.
+    california = ds.geo.MAFID[ds.geo.TABBLKST == "06"]
+    kept = ds.persons.index[ds.persons.MAFID.isin(california) & (ds.persons.RELSHIP == "34")][:1]
+    ds.persons.loc[kept, "QAGE"] = "131"
+    data = ds.write(tmp_path / "national_broken")
+    report = validate_inputs(data / "config.json", data)
+    assert {(f.rule_id, f.failing_rows) for f in report.failures} == {("persons.QAGE.range", 1)}
 
 
 @pytest.mark.parametrize("name", ["us", "pr"])
@@ -156,5 +211,5 @@ def test_validate_command_rejects_reference_fixture(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 1
-    assert "units.csv [MAFID]: MAFID is unique in units" in proc.stderr
+    assert "units.csv [RTYPE, geo.RTYPE]: a housing unit (units RTYPE 2) is a housing unit in geo too" in proc.stderr
     assert (tmp_path / "report" / "inputs" / "index.html").exists()

@@ -1,38 +1,63 @@
-"""Preprocessing: both MAFID-to-state look-ups agree, and state partitions cover every record."""
+"""Preprocessing: the MAFID key look-ups agree, the state filter comes first, and MAFID-range
+partitions cover every record; encoding checks values exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from phsafe.preprocess import NOT_TABULATED, StateLookup
+from phsafe.preprocess import NOT_TABULATED, KeyIndex, geo_side
 from phsafe.schema import MAFID_MAX, MAFID_MIN
 
 
-def test_direct_table_and_binary_search_agree() -> None:
+def test_direct_table_binary_search_and_hash_agree() -> None:
     rng = np.random.default_rng(7)
-    geo = rng.choice(np.arange(MAFID_MIN, MAFID_MIN + 5_000_000, dtype=np.int32), 50_000, replace=False)
-    geo = np.concatenate([geo, np.array([MAFID_MIN, MAFID_MAX], dtype=np.int32)])
-    states = rng.integers(0, 51, len(geo)).astype(np.uint8)
-    # Half of the queries hit a geo MAFID, half miss; the range ends are included.
+    keys = np.unique(rng.choice(np.arange(MAFID_MIN, MAFID_MIN + 5_000_000, dtype=np.int32), 50_000,
+                                replace=False))
+    keys = np.unique(np.concatenate([keys, np.array([MAFID_MIN, MAFID_MAX], dtype=np.int32)]))
+    # Half of the queries hit a key, half miss; the range ends are included.
     queries = np.concatenate([
-        rng.choice(geo, 30_000),
+        rng.choice(keys, 30_000),
         rng.integers(MAFID_MIN, MAFID_MAX + 1, 30_000).astype(np.int32),
-        np.array([MAFID_MIN, MAFID_MAX], dtype=np.int32),
+        np.array([MAFID_MIN, MAFID_MAX, MAFID_MIN - 1, MAFID_MAX + 1], dtype=np.int32),
     ])
-    direct = StateLookup(geo, states, direct=True)(queries)
-    search = StateLookup(geo, states, direct=False)(queries)
-    np.testing.assert_array_equal(direct, search)
-    expected = dict(zip(geo.tolist(), states.tolist()))
-    np.testing.assert_array_equal(
-        search, np.array([expected.get(q, NOT_TABULATED) for q in queries.tolist()], dtype=np.uint8)
-    )
+    expected = {k: i for i, k in enumerate(keys.tolist())}
+    want = np.array([expected.get(q, -1) for q in queries.tolist()])
+    hashed = KeyIndex(keys)  # a span far larger than the look-ups: a hash table
+    assert hashed._table is None
+    np.testing.assert_array_equal(hashed.lookup(queries), want)
+    ordered = np.sort(queries)  # sorted look-ups: a binary search
+    np.testing.assert_array_equal(hashed.lookup(ordered), [expected.get(q, -1) for q in ordered.tolist()])
+    clustered = keys[keys < MAFID_MIN + 5_000_000]
+    direct = KeyIndex(clustered, expected_lookups=1_000_000)
+    assert direct._table is not None and len(direct._table) <= 5_000_001  # the keys' span only
+    position = {k: i for i, k in enumerate(clustered.tolist())}
+    want = np.array([position.get(q, -1) for q in queries.tolist()])
+    np.testing.assert_array_equal(direct.lookup(queries), want)
+    np.testing.assert_array_equal(KeyIndex(clustered).lookup(queries), want)
 
 
-def test_no_geo_rows_means_nothing_is_tabulated() -> None:
+def test_no_keys_means_nothing_is_found() -> None:
     queries = np.array([MAFID_MIN, 123_456_789], dtype=np.int32)
-    for direct in (True, False):
-        out = StateLookup(np.empty(0, np.int32), np.empty(0, np.uint8), direct=direct)(queries)
-        assert (out == NOT_TABULATED).all()
+    assert (KeyIndex(np.empty(0, np.int32)).lookup(queries) == -1).all()
+
+
+def test_state_filter_first_and_ambiguous_geo_rows() -> None:
+    """A geo row outside the filter is set aside (and its MAFID's records with it); a MAFID
+    listed twice in geo -- even once outside the filter -- is never tabulated; a GQ geo row is
+    not tabulated; an invalid TABBLKST cannot be placed outside the filter: kept."""
+    m = MAFID_MIN
+    mafid = np.array([m + 1, m + 2, m + 3, m + 3, m + 4, m + 5, m + 6], dtype=np.int32)
+    rtype = np.array([2, 2, 2, 2, 4, 2, 2], dtype=np.uint8)
+    state = np.array([6, 48, 6, 48, 6, 6, 0], dtype=np.uint8)
+    state_ok = np.array([True] * 6 + [False])
+    side = geo_side(mafid, None, rtype, None, state, state_ok, ("06",))
+    assert side.set_aside == 2
+    assert side.index.keys.tolist() == [m + 1, m + 2, m + 3, m + 4, m + 5, m + 6]
+    assert side.rows.tolist() == [1, 1, 2, 1, 1, 1] and side.kept.tolist() == [1, 0, 1, 1, 1, 1]
+    assert side.aside.tolist() == [False, True, False, False, False, False]
+    assert side.state.tolist() == [0, NOT_TABULATED, NOT_TABULATED, NOT_TABULATED, 0, NOT_TABULATED]
+    everything = geo_side(mafid, None, rtype, None, state, state_ok, None)  # no usable filter
+    assert everything.set_aside == 0 and not everything.aside.any() and (everything.state == NOT_TABULATED).all()
 
 
 def test_mafid_range_partitions_give_the_same_counts(tmp_path) -> None:
@@ -67,27 +92,6 @@ def test_mafid_range_partitions_give_the_same_counts(tmp_path) -> None:
         assert sum(int(c.sum()) for c in whole[name].by_level.values()) > 0, name
 
 
-def test_direct_table_over_a_clustered_range_and_the_missing_marker() -> None:
-    from phsafe.preprocess import NO_GEO, use_direct_table
-
-    rng = np.random.default_rng(3)
-    lo = 400_000_000
-    geo = np.unique(rng.integers(lo, lo + 2_000_000, 30_000)).astype(np.int32)
-    states = rng.integers(0, 5, len(geo)).astype(np.uint8)
-    states[::7] = NOT_TABULATED  # e.g. GQ geo rows: present but not tabulated
-    queries = np.concatenate([rng.choice(geo, 20_000), rng.integers(MAFID_MIN, MAFID_MAX + 1, 20_000),
-                              np.array([MAFID_MIN, MAFID_MAX, geo.min() - 1, geo.max() + 1])]).astype(np.int32)
-    direct = StateLookup(geo, states, direct=True, missing=NO_GEO)
-    assert len(direct.table) <= 2_000_001  # the geo MAFIDs' span, not the whole MAFID range
-    search = StateLookup(geo, states, direct=False, missing=NO_GEO)
-    np.testing.assert_array_equal(direct(queries), search(queries))
-    expected = dict(zip(geo.tolist(), states.tolist()))
-    np.testing.assert_array_equal(direct(queries), [expected.get(q, NO_GEO) for q in queries.tolist()])
-    assert use_direct_table(geo, lookups=100_000)  # 2M bytes of table for 100k look-ups
-    assert not use_direct_table(np.array([MAFID_MIN, MAFID_MAX], np.int32), lookups=1_000)
-    assert use_direct_table(np.array([MAFID_MIN, MAFID_MAX], np.int32), lookups=3_000_000)
-
-
 def _tables(persons_mafid: list[int], units_mafid: list[int], geo_mafid: list[int]):
     from phsafe.reader import InputTables
 
@@ -118,47 +122,50 @@ def test_require_geo_rejects_records_without_a_geo_row() -> None:
     assert data.person_state.tolist() == [0, NOT_TABULATED]
 
 
-def test_duplicated_geo_mafids_are_never_tabulated_sorted_or_not() -> None:
-    from phsafe.preprocess import _duplicated
-
-    for values in ([1, 2, 3, 4], [1, 2, 2, 3], [3, 1, 2, 1], [5]):
-        a = np.array(values, dtype=np.int32)
-        expected = [values.count(v) > 1 for v in values]
-        assert _duplicated(a).tolist() == expected, values
-
-
 def test_encoding_fast_and_slow_paths_agree() -> None:
     """Codes and integers are checked on their raw bytes, or per dictionary value; a bad value
-    is reported with the same rule and row count as the regular-expression path."""
+    is reported with the same rule and row count as the regular-expression path, and never
+    quoted; integers wider than 64 bits are out of range, not an overflow."""
     import pyarrow as pa
     import pytest
 
     from phsafe.errors import InputError
-    from phsafe.reader import _encode
+    from phsafe.reader import ClassBook, encode, raise_value_problems
     from phsafe.schema import FILES
 
     race = next(c for c in FILES["persons"] if c.name == "CENRACE")
     age = next(c for c in FILES["persons"] if c.name == "QAGE")
+    mafid = next(c for c in FILES["persons"] if c.name == "MAFID")
     good = ["01", "63", "07", "01"]
     for arr in (pa.array(good), pa.array(good, pa.large_string()), pa.array(good).dictionary_encode(),
-                pa.array(["xx"] + good).slice(1)):
-        assert _encode("persons.csv", race, arr).tolist() == [1, 63, 7, 1]
-    assert _encode("persons.csv", age, pa.array(["0", "115", "7"])).tolist() == [0, 115, 7]
+                pa.array(["xx"] + good).slice(1), pa.array([g.encode() for g in good], pa.binary())):
+        encoded = encode(race, arr)
+        assert encoded.all_ok and encoded.values.tolist() == [1, 63, 7, 1]
+    assert encode(age, pa.array(["0", "115", "7", "007"])).values.tolist() == [0, 115, 7, 7]
     cases = [
         (race, ["01", "1", "1", "001"], "2-digit code", 3),
         (race, ["01", "64", "00", "64"], "must be one of", 3),
         (race, ["01", "0٣", "01", "01"], "2-digit code", 1),  # a non-ASCII digit
+        (race, ["01", None, "01", "01"], "must not be empty", 1),
         (age, ["5", "116", "x", "1"], "whole number", 1),
         (age, ["5", "116", "200", "1"], "between 0 and 115", 2),
+        (age, ["5", "1" * 20, "200", "1"], "between 0 and 115", 2),  # wider than 64 bits
+        (mafid, ["1" * 29, "123456789"], "between 100000001 and 900000000", 1),
     ]
     for column, values, rule, rows in cases:
-        for arr in (pa.array(values), pa.array(values).dictionary_encode()):
+        for arr in (pa.array(values), pa.array(values).dictionary_encode(),
+                    pa.array([None if v is None else v.encode() for v in values], pa.binary())):
             with pytest.raises(InputError, match=rule) as info:
-                _encode("persons.csv", column, arr)
+                raise_value_problems("persons.csv", encode(column, arr, ClassBook(column)))
             assert info.value.rows == rows, (values, arr.type)
+            assert "1111" not in str(info.value) and "200" not in str(info.value).replace("between", "")
+    for arr in (pa.array([2**64 - 1, 123456789], pa.uint64()), pa.array([-5, 123456789], pa.int64())):
+        with pytest.raises(InputError, match="between 100000001 and 900000000") as info:
+            raise_value_problems("persons.parquet", encode(mafid, arr))
+        assert info.value.rows == 1 and "18446744073709551615" not in str(info.value)
     # An unused malformed dictionary entry is no row's value: nothing to report.
     unused = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["01", "x"]))
-    assert _encode("persons.csv", race, unused).tolist() == [1, 1]
+    assert encode(race, unused).values.tolist() == [1, 1]
 
 
 def test_race_outside_the_domain_in_a_universe_is_an_input_error(tmp_path) -> None:

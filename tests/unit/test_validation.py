@@ -24,14 +24,17 @@ from phsafe.config import parse_config
 from phsafe.outputs import private_tables, write_tables
 from phsafe.schema import FILES, PUERTO_RICO, STATE_CODES, ColumnKind
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
+from phsafe import reader
 from phsafe.validation import (
     Failure,
     ValidationError,
     ValidationReport,
+    _combos,
     _config,
     _gx,
     _inputs,
     _read,
+    _worker,
     validate,
     validate_inputs,
     validate_outputs,
@@ -235,10 +238,10 @@ def test_a_rule_without_its_parameter_is_noted_not_skipped_silently() -> None:
 
 def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
-    def broken(*args: object) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("invalid literal for int(): '123456789'")
 
-    monkeypatch.setattr(_inputs, "_validate", broken)
+    monkeypatch.setattr(_inputs, "run_validation", broken)
     with pytest.raises(ValidationError) as info:
         validate_inputs(US_CONFIG, tmp_path)
     assert "123456789" not in str(info.value) and "ValueError" in str(info.value)
@@ -292,17 +295,42 @@ def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, t
     assert ("persons.csv", "persons.CENRACE.domain", 3) in _summary(csv_report)
 
 
-def test_batches_and_distinct_rows_do_not_change_the_report(
+def test_batches_and_distinct_combinations_do_not_change_the_report(
     small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = _write(_broken(small), tmp_path / "data")
     whole = validate_inputs(data / "config.json", data)
-    # Many small batches, each checked on its distinct rows.
-    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)
+    # Many small batches, whose distinct combinations are added up; combinations counted by
+    # sorting their keys rather than in dense bins.
+    monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(_combos, "DENSE_MAX_BINS", 1)
+    monkeypatch.setattr(_inputs, "SLICE_ROWS", 97)  # derived frames built a few rows at a time
+    monkeypatch.setattr(_inputs, "MAFID_JOB_ROWS", 500)
     batched = validate_inputs(data / "config.json", data)
     assert _summary(batched) == _summary(whole)
+    assert [r["statistics"] for r in batched.results] == [r["statistics"] for r in whole.results]
     assert not whole.ok
+
+
+def test_weighted_counts_are_the_counts_of_every_row() -> None:
+    """A rule judged once per distinct combination counts each failing combination's rows --
+    element, missing and unexpected counts alike -- as an evaluation of every row would."""
+    frame = pd.DataFrame({"QAGE": [10.0, 40.0, np.nan, 131.0, 16.0],
+                          "RELSHIP": pd.Series(["20", "20", "20", "34", "21"], dtype="str")})
+    weights = np.array([3, 1000, 7, 5, 2**33 + 1], dtype=np.int64)
+    every_row = frame.loc[frame.index.repeat(np.minimum(weights, 2000))].reset_index(drop=True)
+    rule_ids = ("persons.QAGE.range", "persons.age.householder", "persons.RELSHIP.domain")
+    weighted = _gx.evaluate(_gx.Job("persons", "persons", rule_ids, frame, weights))
+    plain = _gx.evaluate(_gx.Job("persons", "persons", rule_ids, every_row, None))
+    by_rule = {r.rule_id: r for r in weighted}
+    assert by_rule["persons.QAGE.range"].counts == {"element_count": int(weights.sum()), "unexpected_count": 5,
+                                                    "missing_count": 7}
+    assert by_rule["persons.age.householder"].counts["unexpected_count"] == 3  # the 10-year-old
+    assert by_rule["persons.age.householder"].counts["missing_count"] == 7
+    assert by_rule["persons.RELSHIP.domain"].success
+    capped = {r.rule_id: r for r in plain}
+    assert capped["persons.QAGE.range"].counts["unexpected_count"] == 5
+    assert capped["persons.age.householder"].counts["unexpected_count"] == 3
 
 
 def test_geo_values_checked_column_by_column_give_exact_counts(
@@ -313,12 +341,10 @@ def test_geo_values_checked_column_by_column_give_exact_counts(
     geo.loc[geo.index[10:12], "REGIONCE"] = "7"  # not a region
     geo.loc[geo.index[20], "PLACEFP"] = None  # empty
     data = _write(synthetic.SyntheticData(small.persons, small.units, geo), tmp_path / "data")
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 10**9)  # every row
-    every_row = validate_inputs(data / "config.json", data)
-    monkeypatch.setattr(_inputs, "DISTINCT_MIN_ROWS", 1)  # each column's distinct values
-    monkeypatch.setattr(_read, "CSV_BLOCK_BYTES", 16 << 10)
-    by_column = validate_inputs(data / "config.json", data)
-    assert _summary(by_column) == _summary(every_row) == {
+    one_batch = validate_inputs(data / "config.json", data)
+    monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
+    many_batches = validate_inputs(data / "config.json", data)
+    assert _summary(many_batches) == _summary(one_batch) == {
         ("geo.csv", "geo.TABBLK.format", 3), ("geo.csv", "geo.REGIONCE.domain", 2),
         ("geo.csv", "geo.PLACEFP.present", 1)}
 
@@ -329,18 +355,27 @@ def test_second_process_gives_the_same_report(
 ) -> None:
     data = _write(_broken(small), tmp_path / "data")
     here = validate_inputs(data / "config.json", data)
-    monkeypatch.setattr(_inputs, "PARALLEL_MIN_ROWS", 0)
     started = []
-    real = _inputs._Worker.__init__
 
-    def spy(self, request):  # type: ignore[no-untyped-def]
-        started.append(request["source"].stem)
-        real(self, request)
+    def second_process(rows: int) -> _worker.Evaluator:
+        started.append(rows)
+        return _worker.SecondProcess()
 
-    monkeypatch.setattr(_inputs._Worker, "__init__", spy)
-    there = validate_inputs(data / "config.json", data)
-    assert started == ["persons"]
+    monkeypatch.setattr(_inputs, "evaluator", second_process)
+    there = validate_inputs(data / "config.json", data, report_dir=tmp_path / "report")
+    assert started
     assert _summary(there) == _summary(here)
+    assert there.to_text() == here.to_text()
+    # The report's files are written by the second process (its Data Docs pages by GX there).
+    folder = tmp_path / "report" / "inputs"
+    assert (folder / "report.txt").read_text().strip() == there.to_text()
+    assert "DHC edit constraint" in (folder / "data_docs" / "persons.html").read_text()
+
+
+def test_a_large_input_is_evaluated_in_a_second_process_only_before_gx_is_imported() -> None:
+    assert isinstance(_worker.evaluator(10), _worker.InProcess)
+    _gx._gx()  # imported here (as in this test session): a second process would import it again
+    assert isinstance(_worker.evaluator(10**9), _worker.InProcess)
 
 
 def test_report_files(small: synthetic.SyntheticData, tmp_path: Path) -> None:
@@ -472,3 +507,58 @@ def test_missing_and_unexpected_tables_are_reported(tmp_path: Path) -> None:
     texts = {f.to_text() for f in report.failures}
     assert "PH3/PH3.csv: the table is present (it has a measured level)" in texts
     assert "PH6/PH6.csv: is not produced: every level of PH6 has budget 0" in texts
+
+
+def test_distinct_combinations_and_their_rows_are_exact() -> None:
+    """Dense bins or sorted keys, small or irregular classes, with or without weights: the
+    combinations and their rows are those a plain count finds."""
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        n = int(rng.integers(1, 400))
+        columns = []
+        for _ in range(int(rng.integers(1, 5))):
+            kind = int(rng.integers(0, 4))
+            if kind == 0:
+                columns.append(rng.integers(0, 5, n).astype(np.uint8))
+            elif kind == 1:
+                columns.append(rng.integers(-1, 40, n).astype(np.int16))
+            elif kind == 2:
+                columns.append(rng.integers(100_000_000, 900_000_000, n).astype(np.int64))
+            else:
+                columns.append(rng.integers(0, 2**53, n).astype(np.int64))
+        weights = None if trial % 2 else rng.integers(1, 1 << 40, n)
+        expected: dict[tuple[int, ...], int] = {}
+        for i in range(n):
+            row = tuple(int(c[i]) for c in columns)
+            expected[row] = expected.get(row, 0) + (1 if weights is None else int(weights[i]))
+        for dense in (_combos.DENSE_MAX_BINS, 1):
+            _combos.DENSE_MAX_BINS = dense
+            try:
+                combos, counts = _combos.distinct(columns, weights)
+            finally:
+                _combos.DENSE_MAX_BINS = 1 << 22
+            assert {tuple(int(c[i]) for c in combos): int(counts[i]) for i in range(len(counts))} == expected
+
+
+def test_great_expectations_batch_fingerprints_are_off() -> None:
+    from great_expectations.execution_engine import pandas_execution_engine
+
+    _gx._gx()
+    assert pandas_execution_engine.HASH_THRESHOLD == 0  # no MD5 of confidential data in results
+
+
+def test_crlf_quoted_and_blank_line_files_are_validated_like_plain_ones(small: synthetic.SyntheticData,
+                                                                        tmp_path: Path) -> None:
+    """Validation reads the files the counting reads -- quoted header and fields, CRLF line
+    endings, a trailing blank line -- and reports the same."""
+    plain = _write(_broken(small), tmp_path / "plain")
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for path in plain.iterdir():
+        text = path.read_text()
+        if path.suffix == ".csv":
+            lines = text.splitlines()
+            text = "\r\n".join(",".join(f'"{f}"' for f in line.split(",")) for line in lines) + "\r\n\r\n"
+        (edited / path.name).write_text(text, newline="")
+    assert _summary(validate_inputs(edited / "config.json", edited)) == _summary(
+        validate_inputs(plain / "config.json", plain))

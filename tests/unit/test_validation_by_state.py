@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from phsafe import synthetic
+from phsafe import reader, synthetic
 from phsafe.config import load_config
 from phsafe.counting import exact_counts
 from phsafe.errors import InputError
 from phsafe.tables import TABLES
 from phsafe.validation import ValidationReport, validate_inputs
-from phsafe.validation import _inputs
+from phsafe.validation import _inputs, _worker
 from tests.conftest import US_CONFIG
 
 STATES = ["01", "06", "11"]
@@ -91,8 +91,8 @@ def test_stored_by_state_gives_the_report_of_one_csv(small: synthetic.SyntheticD
     synthetic.write(data, csv_dir)
     whole = validate_inputs(_config(csv_dir), csv_dir)
     by_state = _write_by_state(data, tmp_path / "by_state")
-    together = validate_inputs(by_state / "config.json", by_state)  # one group of three states
-    monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", 1)  # each state on its own
+    together = validate_inputs(by_state / "config.json", by_state)  # each state's folders in one batch
+    monkeypatch.setattr(reader, "PARQUET_BATCH_ROWS", 97)  # and in many
     apart = validate_inputs(by_state / "config.json", by_state)
 
     assert not whole.ok
@@ -129,8 +129,8 @@ def test_records_join_only_within_their_states_folders(small: synthetic.Syntheti
     # Alabama's household: persons under 01, its unit under 06, its geo row under 01.
     folders, _, n_persons = _move_household(small, units_to="06")
     by_state = _write_by_state(small, tmp_path / "by_state", folders)
-    for group_min_rows in (_inputs.GROUP_MIN_ROWS, 1):  # 01 and 06 validated together, then apart
-        monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", group_min_rows)
+    for batch_rows in (reader.PARQUET_BATCH_ROWS, 97):  # whole files, then small batches
+        monkeypatch.setattr(reader, "PARQUET_BATCH_ROWS", batch_rows)
         report = validate_inputs(by_state / "config.json", by_state)
         assert _failure(report, "persons_in_units.unit_exists") == n_persons
         assert _failure(report, "units_geo.unit_in_geo") == 1  # the unit, under 06
@@ -186,18 +186,86 @@ def test_a_state_missing_from_a_file_holds_no_rows_of_it(small: synthetic.Synthe
 def test_states_on_a_second_process_give_the_same_report(small: synthetic.SyntheticData, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     by_state = _write_by_state(_broken(small), tmp_path / "by_state")
-    monkeypatch.setattr(_inputs, "GROUP_MIN_ROWS", 1)
     here = validate_inputs(by_state / "config.json", by_state)
-    monkeypatch.setattr(_inputs, "PARALLEL_MIN_ROWS", 0)
-    started: list[dict] = []
-    real = _inputs._Worker.__init__
+    started: list[int] = []
 
-    def spy(self, request):  # type: ignore[no-untyped-def]
-        started.append(request)
-        real(self, request)
+    def second_process(rows: int) -> _worker.Evaluator:
+        started.append(rows)
+        return _worker.SecondProcess()
 
-    monkeypatch.setattr(_inputs._Worker, "__init__", spy)
+    monkeypatch.setattr(_inputs, "evaluator", second_process)
     there = validate_inputs(by_state / "config.json", by_state)
-    assert [r["task"] for r in started] == ["states"] and started[0]["groups"]
+    assert started
     assert _summary(there) == _summary(here)
     assert there.to_text() == here.to_text()
+
+
+# ------------------------------------------------------------------------------ one read
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count the data reads of each input file: CSV parsers opened, Parquet batches iterated."""
+    import collections
+
+    import pyarrow.csv as pacsv
+
+    reads: dict[str, int] = collections.Counter()
+    open_csv, parquet_file = pacsv.open_csv, pq.ParquetFile
+
+    def counted_open_csv(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[str(path)] += 1
+        return open_csv(path, *args, **kwargs)
+
+    class CountedParquetFile(parquet_file):  # type: ignore[misc,valid-type]
+        def __init__(self, source, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(source, *args, **kwargs)
+            self._counted_path = str(source)
+
+        def iter_batches(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            reads[self._counted_path] += 1
+            return super().iter_batches(*args, **kwargs)
+
+    monkeypatch.setattr(reader.pacsv, "open_csv", counted_open_csv)
+    monkeypatch.setattr(reader.pq, "ParquetFile", CountedParquetFile)
+    return reads
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "by_state"])
+def test_validation_and_counting_read_each_file_once(small: synthetic.SyntheticData, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
+    from phsafe.counting import validated_counts
+
+    if fmt == "by_state":
+        data = _write_by_state(small, tmp_path / "data")
+    else:
+        synthetic.write(small, tmp_path / "data", fmt=fmt)
+        data = tmp_path / "data"
+        _config(data)
+    files = sorted(str(p) for p in data.rglob(f"*.{'csv' if fmt == 'csv' else 'parquet'}"))
+    reads = _count_reads(monkeypatch)
+    counts, report = validated_counts(data / "config.json", data, list(TABLES.values()), key=bytes(16))
+    assert report is not None and report.ok, report.to_text()
+    assert counts is not None and counts.content.persons > 0
+    assert dict(reads) == {f: 1 for f in files}
+    # The counts are those of the counting alone.
+    alone = exact_counts(load_config(data / "config.json"), data, list(TABLES.values()), key=bytes(16))
+    assert counts.content == alone.content
+    for name, table in alone.items():
+        for level, cube in table.by_level.items():
+            assert (counts[name].by_level[level] == cube).all(), (name, level)
+
+
+def test_folders_outside_the_state_filter_are_set_aside_persons_unread(
+        small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    by_state = _write_by_state(small, tmp_path / "by_state")
+    raw = json.loads((by_state / "config.json").read_text())
+    raw["state_filter"] = ["06"]
+    (by_state / "config.json").write_text(json.dumps(raw))
+    reads = _count_reads(monkeypatch)
+    report = validate_inputs(by_state / "config.json", by_state)
+    assert report.ok, report.to_text()
+    states = _state_of_mafid(small)
+    outside = {stem: int((getattr(small, stem)["MAFID"].map(states) != "06").sum())
+               for stem in ("persons", "units", "geo")}
+    assert report.set_aside == outside
+    # Their units and geo MAFIDs are read for the layout check (once); their persons never.
+    assert not any("/persons/TABBLKST=01/" in f or "/persons/TABBLKST=11/" in f for f in reads)
+    assert max(reads.values()) == 1
