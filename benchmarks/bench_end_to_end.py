@@ -9,11 +9,11 @@ memory of the process and all its children, sampled; see ``_measure.py``):
 1. ``generate`` -- ``phsafe synth`` (only when the dataset is not cached in ``benchmarks/_work``);
 2. ``pyarrow read`` -- a bare pyarrow read of the same input files (``pyarrow_read.py``), before
    and again after the private run (the machine is shared: the ratio uses their mean);
-3. ``private`` -- ``phsafe private CONFIG DATA OUT --validate`` with a fresh ledger, validation
-   and counting in one pass over the inputs (``private_validated.py``; its stage timings come
-   from its JSON log);
+3. ``private`` -- ``phsafe private CONFIG DATA OUT`` (validation is on by default: validation and
+   counting in one pass over the inputs) on a fresh ledger made by ``phsafe ledger init``; its
+   stage timings come from its JSON log;
 4. with ``--phases``: ``validate`` -- ``phsafe validate CONFIG DATA`` alone, and ``private
-   without validation`` -- ``phsafe private`` as the engine runs it without ``--validate``.
+   without validation`` -- ``phsafe private --no-validate``.
 
 The end-to-end time is the private run with validation, reported as a multiple of the bare
 read. Results are printed as JSON and appended to ``benchmarks/_work/results.jsonl``. The config
@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -82,6 +83,16 @@ def machine_probe() -> float:
     return time.perf_counter() - start
 
 
+_FIRST_RUN = ("--dataset", "benchmark", "--new-version", "synthetic benchmark records")
+
+
+def _new_ledger(path: Path) -> Path:
+    """A fresh confidential ledger for one benchmark run (made as production makes it)."""
+    subprocess.run([PHSAFE, "ledger", "init", str(path), "--lifetime-cap", "10", "--reason", "benchmark"],
+                   check=True, capture_output=True)
+    return path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--persons", type=_count, default=1_000_000, help="e.g. 1000000, 10M, 331M")
@@ -106,11 +117,11 @@ def main() -> int:
             suffix = "" if args.repeat == 1 else f" #{attempt + 1}"
             if not args.skip_read:
                 phases.append(run_phase("pyarrow read" + suffix, read))
+            ledger = _new_ledger(work / f"ledger{attempt}.jsonl")
             phases.append(run_phase(
                 "private" + suffix,
-                [sys.executable, str(HERE / "private_validated.py"), str(args.config), str(data),
-                 str(work / f"out{attempt}"), "--ledger", str(work / f"ledger{attempt}.jsonl"), "--log",
-                 str(work / f"run{attempt}.log")],
+                [PHSAFE, "private", str(args.config), str(data), str(work / f"out{attempt}"), "--ledger", str(ledger),
+                 *_FIRST_RUN, "--log", str(work / f"run{attempt}.log")],
                 log=work / "private.out"))
         stages = _stages(work / f"run{args.repeat - 1}.log")
         if not args.skip_read:
@@ -121,7 +132,8 @@ def main() -> int:
             phases.append(run_phase(
                 "private without validation",
                 [PHSAFE, "private", str(args.config), str(data), str(work / "out-nv"), "--ledger",
-                 str(work / "ledger-nv.jsonl")], log=work / "private-nv.out"))
+                 str(_new_ledger(work / "ledger-nv.jsonl")), *_FIRST_RUN, "--no-validate"],
+                log=work / "private-nv.out"))
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

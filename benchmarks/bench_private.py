@@ -33,8 +33,12 @@ def main() -> int:
     data = dataset(args.persons, args.format, states)
     work = Path(tempfile.mkdtemp(prefix="phsafe-bench-"))
     try:
-        cmd = [str(Path(sys.executable).parent / "phsafe"), "private", str(args.config), str(data),
-               str(work / "out"), "--ledger", str(work / "ledger.jsonl"), "--log", str(work / "run.log")]
+        phsafe = str(Path(sys.executable).parent / "phsafe")
+        subprocess.run([phsafe, "ledger", "init", str(work / "ledger.jsonl"), "--lifetime-cap", "10",
+                        "--reason", "benchmark"], check=True, capture_output=True)
+        cmd = [phsafe, "private", str(args.config), str(data), str(work / "out"), "--ledger",
+               str(work / "ledger.jsonl"), "--dataset", "benchmark", "--new-version", "synthetic benchmark records",
+               "--log", str(work / "run.log")]
         start = time.perf_counter()
         subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - start

@@ -2,7 +2,7 @@
 
 Each dataset flow chains, as Prefect tasks over :mod:`phsafe.engine`::
 
-    plan ─► preflight ─► validate inputs ─► fingerprint ─► preprocess + count ─► open ledger run
+    plan ─► preflight ─► validate + count (one read) ─► fingerprint ─► open ledger run
         ─► nine measurements, submitted concurrently ─► derive PH5_num/PH8_num, variances,
         write ─► validate outputs ─► publish (signed checkpoint, manifest, atomic rename, then
         the ledger records the release)
@@ -165,17 +165,21 @@ def run_dataset(
             _check_dataset(label, cfg, run.config_path)
             plan = t.plan_budget(cfg)
             run = t.preflight(run, cfg, plan)  # nothing is spent if anything is wrong
-            if validate_inputs:
-                report = t.validate_inputs(run)
+            if counting == "dask":
+                # Per-partition counting on the cluster, sums back here; validation reads the
+                # inputs on this process first (the one-read pass is the local path's).
+                report = t.validate_inputs(run) if validate_inputs else None
+                counts = None
+            else:
+                counts, report = t.validate_and_count(run)
+            if report is not None:
                 artifacts.validation_summary(shown, run_id, "input", report)
                 if not report.ok:  # before the ledger run: nothing spent
                     raise engine.ValidationFailed("input", _public_text(report, run))
-            digests = t.fingerprint_inputs(run.data_dir)
-            if counting == "dask":  # per-partition counting on the cluster; sums come back here
+            if counts is None:
                 counts = count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
                                        max_persons=partition_persons)
-            else:
-                counts = t.preprocess_and_count(run, cfg)
+            digests = t.fingerprint_inputs(run.data_dir)
             attempt = t.open_ledger_run(run, plan, digests, counts)
             try:
                 futures = [t.measure_table.submit(run, plan, table, counts, attempt) for table in TABLES]

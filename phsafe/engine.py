@@ -48,7 +48,7 @@ import structlog
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
-from phsafe.counting import Counts, StageTimer, exact_counts
+from phsafe.counting import Counts, StageTimer, exact_counts, validated_counts
 from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
@@ -624,7 +624,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
 
 
 def check_inputs(run: PrivateRun):
-    """Validate the config and inputs (Great Expectations); the report, failures included."""
+    """Validate the config and inputs on their own (``phsafe validate``'s check); the report.
+    A run validates and counts in one read instead: :func:`validate_and_count`."""
     from phsafe.validation import validate_inputs
 
     return validate_inputs(run.config_path, run.data_dir, report_dir=run.report_dir)
@@ -633,6 +634,24 @@ def check_inputs(run: PrivateRun):
 def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
     """SHA-256 of every input file: confidential lineage, recorded only in the ledger."""
     return input_digests(locate_inputs(data_dir))
+
+
+def validate_and_count(run: PrivateRun, stage: StageTimer | None = None):  # noqa: ANN201
+    """Validate the inputs (unless the run skips it) and count every measured table exactly,
+    truncated with the run's key -- one read of each input file
+    (:func:`phsafe.counting.validated_counts`).
+
+    Returns:
+        ``(counts, report)``: the :class:`ExactCounts` (None if validation failed: the run must
+        stop, nothing spent) and the validation report (None without validation).
+
+    Raises:
+        InputError: Without validation, an input breaks a rule the counting needs.
+    """
+    counts, report = validated_counts(run.config_path, run.data_dir, list(TABLES.values()),
+                                      key=run.truncation_key, validate=run.options.validate_inputs,
+                                      report_dir=run.report_dir, stage=stage or _Stages(None))
+    return (ExactCounts(counts) if counts is not None else None), report
 
 
 def count_exact(run: PrivateRun, config: PHSafeConfig, stage: StageTimer | None = None) -> ExactCounts:
@@ -964,14 +983,12 @@ def run_private(
     with structlog.contextvars.bound_contextvars(run_id=run.run_id):
         with stage("preflight"):
             run = preflight(run, config, plan).run
-        if options.validate_inputs:
-            with stage("validate inputs"):
-                report = check_inputs(run)
-                if not report.ok:
-                    raise ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
+        with stage("validate and count" if options.validate_inputs else "count"):
+            counts, report = validate_and_count(run, stage)
+        if counts is None:
+            raise ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
         with stage("digest inputs"):
             digests = fingerprint_inputs(run.data_dir)
-        counts = count_exact(run, config, stage)
         fingerprint = content_fingerprint(run, counts)
         attempt = open_run_in_ledger(run, plan, digests, fingerprint)
         try:
@@ -1048,16 +1065,13 @@ def run_nonprivate(
         raise OutputExistsError(f"output directory {output_dir} already exists; choose a new one")
     log.info("non-private run", run_id=run_id, config=str(config_path), data=str(data_dir),
              output=str(output_dir))
-    if validate:
-        with stage("validate inputs"):
-            from phsafe.validation import validate_inputs
-
-            report = validate_inputs(Path(config_path), Path(data_dir),
-                                     report_dir=output_dir.parent / f"{output_dir.name}-validation")
-            if not report.ok:
-                raise ValidationFailed("input", report.to_text())
     specs = list(TABLES.values()) + [d.nonprivate for d in DERIVED_TABLES.values()]
-    counts = exact_counts(config, Path(data_dir), specs, key=None, stage=stage)
+    with stage("validate and count" if validate else "count"):
+        counts, report = validated_counts(Path(config_path), Path(data_dir), specs, key=None, validate=validate,
+                                          report_dir=output_dir.parent / f"{output_dir.name}-validation",
+                                          stage=stage)
+    if counts is None:
+        raise ValidationFailed("input", report.to_text())
     with stage("write outputs"):
         staging = Publication.begin(output_dir, run_id).staging
         try:

@@ -57,6 +57,14 @@ def validate_inputs(run: PrivateRun):
     return engine.check_inputs(run)
 
 
+@task(name="validate-and-count", **_NOTHING_KEPT, **_NO_RETRIES)
+def validate_and_count(run: PrivateRun):
+    """One read of each input: validate (Great Expectations, unless the run skips it), state
+    filter, geography and group quarters, truncate and join, count exactly. Returns the exact
+    counts (None if validation failed) and the value-free report (None without validation)."""
+    return engine.validate_and_count(run)
+
+
 @task(name="preprocess-and-count", **_NOTHING_KEPT, **_NO_RETRIES)
 def preprocess_and_count(run: PrivateRun, config: PHSafeConfig) -> ExactCounts:
     """Read, state-filter, geography and group quarters, truncate and join, count exactly."""

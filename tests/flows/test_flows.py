@@ -129,7 +129,7 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     flow_run_id = _flow_run_id(state)
     names = _task_run_names(flow_run_id)
     assert sorted(n for n in names if n.startswith("measure-")) == sorted(f"measure-{t}" for t in TABLES)
-    for stage in ("validate-inputs", "fingerprint-inputs", "preprocess-and-count", "plan-budget",
+    for stage in ("preflight", "validate-and-count", "fingerprint-inputs", "plan-budget",
                   "open-ledger-run", "derive-and-write-tables", "validate-outputs", "publish"):
         assert any(n.startswith(stage) for n in names), stage
 
@@ -167,7 +167,7 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     assert not [m for m in messages if m.lstrip().startswith("{")]
     assert sum(bool(re.fullmatch(r"measurement: table=PH\w+ level=(usa|state)_\S+ status=drawn cells=\d+", m))
                for m in messages) == len(rows)
-    assert any(re.fullmatch(r"stage finished: stage='truncate, join and count' seconds=[\d.]+ .*", m)
+    assert any(re.fullmatch(r"stage finished: stage='read, check, join and count' seconds=[\d.]+ .*", m)
                for m in messages), messages
 
 

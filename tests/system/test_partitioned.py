@@ -180,8 +180,13 @@ def test_private_run_with_infinity_budget_is_identical(
         a = pd.read_csv(outs["csv"] / table / f"{table}.csv", sep="|", dtype=str)
         b = pd.read_csv(outs["parquet-partitioned"] / table / f"{table}.csv", sep="|", dtype=str)
         pd.testing.assert_frame_equal(a, b, obj=table)
+    # The folder inputs' digests are confidential lineage: in the ledger, not in the manifest.
     manifest = json.loads((outs["parquet-partitioned"] / "manifest.json").read_text())
-    assert set(manifest["inputs"]) == {"persons", "units", "geo"}
+    assert "inputs" not in manifest
+    from phsafe.ledger import read_ledger
+
+    (run,) = read_ledger(tmp_path / "ledger-parquet-partitioned.jsonl").runs.values()
+    assert set(run.input_digests) == {"persons", "units", "geo"}
 
 
 # --------------------------------------------------------------------------------------------
