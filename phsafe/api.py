@@ -47,8 +47,15 @@ def _exact(value: Amount | None, what: str) -> Fraction | None:
     return amount
 
 
-def validate(config: str | Path, data: str | Path, *, report_dir: str | Path | None = None) -> "ValidationReport":
+def validate(config: str | Path, data: str | Path, *, report_dir: str | Path | None = None,
+             progress: "Progress | None" = None) -> "ValidationReport":
     """Validate ``config`` and the persons, units and geo files in ``data``; spends nothing.
+
+    Args:
+        config: The run's ``config.json``.
+        data: Folder with the persons, units and geo inputs (CSV, Parquet, or Parquet stored by state).
+        report_dir: A new folder for the HTML and JSON reports.
+        progress: Where to show progress (:mod:`phsafe.progress`): a bar of the input files read.
 
     Returns:
         The report: ``.ok``, ``.failures`` (file, columns, rule, failing rows -- never a value),
@@ -56,7 +63,8 @@ def validate(config: str | Path, data: str | Path, *, report_dir: str | Path | N
     """
     from phsafe.validation import validate_inputs
 
-    return validate_inputs(Path(config), Path(data), report_dir=Path(report_dir) if report_dir else None)
+    return validate_inputs(Path(config), Path(data), report_dir=Path(report_dir) if report_dir else None,
+                           progress=progress)
 
 
 def init_ledger(

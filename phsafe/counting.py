@@ -99,6 +99,7 @@ from phsafe.tables import TableSpec
 from phsafe.tabulate import TableCounts, tabulate
 
 if TYPE_CHECKING:
+    from phsafe.progress import Progress, Task
     from phsafe.validation import ValidationReport
 
 log = get_logger("phsafe.counting")
@@ -385,6 +386,7 @@ def exact_counts(
     *,
     key: bytes | None,
     stage: StageTimer = _no_timer,
+    progress: "Progress | None" = None,
 ) -> Counts:
     """Exact count cubes of ``specs`` over the states of ``config``, and their content digest.
 
@@ -398,12 +400,14 @@ def exact_counts(
         specs: Tables to count.
         key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
         stage: Stage timer for progress and logs.
+        progress: Shows a bar of the input files read (see :class:`InputPass`).
 
     Raises:
         InputError: An input is unreadable or has inconsistent codes (nothing is spent).
     """
     files = locate_inputs(data_dir)
-    result = InputPass(files, config.states, counting=Counting.of(config, specs, key), stage=stage).run()
+    result = InputPass(files, config.states, counting=Counting.of(config, specs, key), stage=stage,
+                       progress=progress).run()
     assert result.counts is not None
     return result.counts
 
@@ -417,6 +421,7 @@ def validated_counts(
     validate: bool = True,
     report_dir: Path | None = None,
     stage: StageTimer = _no_timer,
+    progress: "Progress | None" = None,
 ) -> tuple[Counts | None, "ValidationReport | None"]:
     """Validate the config and the inputs and count the tables, reading each input file once.
 
@@ -436,6 +441,7 @@ def validated_counts(
         validate: Validate the inputs (the default of a private run).
         report_dir: Where the validation report is written (``report_dir/inputs/``), if given.
         stage: Stage timer for progress and logs.
+        progress: Shows a bar of the input files read (see :class:`InputPass`).
 
     Returns:
         ``(counts, report)``: the exact counts (None when validation failed) and the validation
@@ -450,7 +456,7 @@ def validated_counts(
     """
     if not validate:
         config = load_config(config_path)
-        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage), None
+        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress), None
     from phsafe.validation import _run_validation
 
     counting = None
@@ -460,7 +466,7 @@ def validated_counts(
     except ConfigError:
         pass  # the report says what is wrong with the config; nothing is counted
     report, counts = _run_validation(Path(config_path), Path(data_dir), counting=counting,
-                                     report_dir=report_dir, stage=stage)
+                                     report_dir=report_dir, stage=stage, progress=progress)
     return (counts if report.ok else None), report
 
 
@@ -650,18 +656,21 @@ class InputPass:
             else one).
         stage: Stage timer.
         reads: Called with each file's path when its data is read (tests count reads).
+        progress: Shows a bar ``input files`` that advances as each file of each partition has
+            been read (a count of files, never of records: record counts are confidential).
     """
 
     def __init__(self, files: Mapping[str, InputFile], states: tuple[str, ...] | None, *,
                  observer: PassObserver | None = None, counting: Counting | None = None,
                  parts: list[PassPart] | None = None, stage: StageTimer = _no_timer,
-                 reads: Callable[[Path], None] | None = None) -> None:
+                 reads: Callable[[Path], None] | None = None, progress: "Progress | None" = None) -> None:
         self.files = dict(files)
         self.states = states
         self.observer = observer
         self.counting = counting
         self.stage = stage
         self.reads = reads
+        self.progress = progress
         self.result = PassResult()
         self.problems = {stem: Problems(strict=observer is None) for stem in STEMS}
         self.result.problems = self.problems
@@ -693,9 +702,13 @@ class InputPass:
     # ------------------------------------------------------------------------------------- run
     def run(self) -> PassResult:
         """Read, check, join, validate and count every partition (see the class docstring)."""
+        from phsafe.progress import NULL
+
         totals = _StageTotals()
-        with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"):
-            for number, (part, files) in enumerate(self._partitions(), start=1):
+        with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
+                (self.progress or NULL).task("input files", total=len(self.parts) * len(STEMS),
+                                             unit="files") as files_read:
+            for number, (part, files) in enumerate(self._partitions(files_read), start=1):
                 started = time.perf_counter()
                 self._finish_partition(part, files, number == len(self.parts), totals)
                 log.debug("partition done", partition=part.label, number=number, of=len(self.parts),
@@ -722,8 +735,9 @@ class InputPass:
                                                 for lv in s.iteration_levels}) for s in self.counting.specs},
                       ContentDigest())
 
-    def _partitions(self) -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
-        """Each partition with its kept rows, read ahead on a background thread."""
+    def _partitions(self, files_read: "Task") -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
+        """Each partition with its kept rows, read ahead on a background thread; ``files_read``
+        advances as each file (of each partition) has been read."""
         state: dict[str, object] = {}
         for event in prefetched(self._events(), depth=4):
             kind, part, stem, payload = event
@@ -740,6 +754,7 @@ class InputPass:
                 with timer("read and check"):
                     self._batch(part, stem, payload, rows, state)
             else:  # the file's end
+                files_read.advance(item=self.files[stem].name if part.state is None else f"{stem}, state {part.label}")
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
                 rows.finish()

@@ -48,7 +48,7 @@ import structlog
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
-from phsafe.counting import Counts, StageTimer, exact_counts, validated_counts
+from phsafe.counting import Counts, exact_counts, validated_counts
 from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
@@ -636,7 +636,7 @@ def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
     return input_digests(locate_inputs(data_dir))
 
 
-def validate_and_count(run: PrivateRun, stage: StageTimer | None = None):  # noqa: ANN201
+def validate_and_count(run: PrivateRun, stage: "_Stages | None" = None):  # noqa: ANN201
     """Validate the inputs (unless the run skips it) and count every measured table exactly,
     truncated with the run's key -- one read of each input file
     (:func:`phsafe.counting.validated_counts`).
@@ -648,16 +648,18 @@ def validate_and_count(run: PrivateRun, stage: StageTimer | None = None):  # noq
     Raises:
         InputError: Without validation, an input breaks a rule the counting needs.
     """
+    stage = stage or _Stages(None)
     counts, report = validated_counts(run.config_path, run.data_dir, list(TABLES.values()),
                                       key=run.truncation_key, validate=run.options.validate_inputs,
-                                      report_dir=run.report_dir, stage=stage or _Stages(None))
+                                      report_dir=run.report_dir, stage=stage, progress=stage.progress)
     return (ExactCounts(counts) if counts is not None else None), report
 
 
-def count_exact(run: PrivateRun, config: PHSafeConfig, stage: StageTimer | None = None) -> ExactCounts:
+def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "_Stages | None" = None) -> ExactCounts:
     """Read, preprocess, truncate (with the run's key), join and count every measured table."""
+    stage = stage or _Stages(None)
     return ExactCounts(exact_counts(config, run.data_dir, list(TABLES.values()), key=run.truncation_key,
-                                    stage=stage or _Stages(None)))
+                                    stage=stage, progress=stage.progress))
 
 
 def plan_private_run(config: PHSafeConfig) -> RunPlan:
@@ -1069,7 +1071,7 @@ def run_nonprivate(
     with stage("validate and count" if validate else "count"):
         counts, report = validated_counts(Path(config_path), Path(data_dir), specs, key=None, validate=validate,
                                           report_dir=output_dir.parent / f"{output_dir.name}-validation",
-                                          stage=stage)
+                                          stage=stage, progress=stage.progress)
     if counts is None:
         raise ValidationFailed("input", report.to_text())
     with stage("write outputs"):

@@ -32,7 +32,7 @@ def validate(config: Path, data: Path, report_dir: Path | None, overwrite: bool,
             if report_dir is not None:
                 report_folder(report_dir, overwrite=overwrite, what="report folder")
             with progress.stage("validate the config and the inputs"):
-                report = validate_inputs(config, data, report_dir=report_dir)
+                report = validate_inputs(config, data, report_dir=report_dir, progress=progress)
     except click.ClickException:
         raise
     except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from phsafe.config import PHSafeConfig
+    from phsafe.progress import Progress
 
 __all__ = ["Failure", "ValidationError", "ValidationReport", "validate", "validate_inputs", "validate_outputs"]
 
@@ -44,25 +45,27 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
         raise ValidationError(f"{stage} could not complete ({type(exc).__name__})") from None
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
+def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+                    progress: "Progress | None" = None) -> ValidationReport:
     """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
 
     See :func:`phsafe.validation._inputs.validate_inputs`.
     """
     from phsafe.validation._inputs import validate_inputs as run
 
-    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir))
+    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress))
 
 
 def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                    stage: Any = None) -> tuple[ValidationReport, Any]:
+                    stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
     """Validate and count in one pass (see :func:`phsafe.counting.validated_counts`)."""
     from phsafe.validation._inputs import run_validation
 
     out: list[Any] = []
 
     def call() -> ValidationReport:
-        report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage)
+        report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage,
+                                        progress=progress)
         out.append(counts)
         return report
 

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +49,9 @@ from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._suites import Suite, load_suite
 from phsafe.validation._worker import Evaluator, ReportJob, evaluator
+
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
 
 log = get_logger("phsafe.validation")
 
@@ -73,7 +76,8 @@ _REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder 
 _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
+def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+                    progress: "Progress | None" = None) -> ValidationReport:
     """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
 
     Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
@@ -84,12 +88,14 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
         data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
         report_dir: If given, the report, the value-free Great Expectations results and their
             Data Docs are written to ``report_dir/inputs/``.
+        progress: Shows a bar of the input files read.
     """
-    return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir)[0]
+    return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir,
+                          progress=progress)[0]
 
 
 def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                   stage: Any = None) -> tuple[ValidationReport, Any]:
+                   stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
     """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
 
     Returns:
@@ -113,7 +119,7 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
         config_run = observer.config(raw)
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
-                           stage=stage or _no_timer).run()
+                           stage=stage or _no_timer, progress=progress).run()
         report = observer.report(result, config_run, load_failure, missing, states)
         if report_dir is not None:
             observer.write_report(report, Path(report_dir))

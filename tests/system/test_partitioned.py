@@ -326,3 +326,20 @@ def test_validation_reports_a_malformed_folder(datasets: dict[str, Path], all_st
     report = validate_inputs(all_states_config, root)
     assert not report.ok
     assert any("2-digit" in f.rule for f in report.failures), report.to_text()
+
+
+def test_validation_shows_each_file_of_each_released_state_read(datasets: dict[str, Path], config_path: Path) -> None:
+    from phsafe.progress import PlainProgress
+
+    lines: list[str] = []
+    progress = PlainProgress(lines.append)
+    with progress.stage("validate"):
+        report = validate_inputs(config_path, datasets["parquet-partitioned"], progress=progress)
+    assert report.ok, report.to_text()
+    released = len(STATES) - 1  # Alaska's folders are set aside, not read
+    assert lines[-1].startswith(f"phsafe: validate: {3 * released} files -- done in "), lines
+
+    lines.clear()
+    with progress.stage("validate"):
+        assert validate_inputs(config_path, datasets["csv"], progress=progress).ok
+    assert lines[-1].startswith("phsafe: validate: 3 files -- done in "), lines
