@@ -88,10 +88,11 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
         data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
         report_dir: If given, the report, the value-free Great Expectations results and their
             Data Docs are written to ``report_dir/inputs/``.
-        progress: Shows a bar of the input files read.
+        progress: Shows the stages (read, evaluate the rules, write the report) and a bar of the
+            input files read.
     """
     return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir,
-                          progress=progress)[0]
+                          stage=None if progress is None else progress.stage, progress=progress)[0]
 
 
 def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
@@ -118,11 +119,17 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
     try:
         config_run = observer.config(raw)
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
+        timer = stage or _no_timer
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
-                           stage=stage or _no_timer, progress=progress).run()
-        report = observer.report(result, config_run, load_failure, missing, states)
+                           stage=timer, progress=progress).run()
+        # Great Expectations evaluates the rule groups as the pass submits them (on the second core
+        # for a large input); what is still running when the pass ends is waited for here.
+        # (A stage without a bar: how many evaluation jobs a large input makes depends on its data.)
+        with timer("evaluate the rules (Great Expectations)"):
+            report = observer.report(result, config_run, load_failure, missing, states)
         if report_dir is not None:
-            observer.write_report(report, Path(report_dir))
+            with timer("write the validation report"):
+                observer.write_report(report, Path(report_dir))
     finally:
         observer.close()
     counts = None

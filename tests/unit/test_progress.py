@@ -132,11 +132,14 @@ def test_quiet_and_verbose_mean_the_same_on_the_group_and_the_command(tmp_path: 
 def test_validate_and_private_show_the_input_files_read(tmp_path: Path) -> None:
     validated = _invoke("validate", DEMO_US / "config.json", DEMO_US)
     assert validated.exit_code == 0, validated.stderr
-    assert "phsafe: validate the config and the inputs: 3 files -- done in " in validated.stderr
+    assert "phsafe: read, check and join: 3 files -- done in " in validated.stderr
+    assert "phsafe: evaluate the rules (Great Expectations) -- done in " in validated.stderr
+    assert "phsafe: validate the config and the inputs -- done in " in validated.stderr
     private = _invoke("private", DEMO_US / "config.json", DEMO_US, tmp_path / "out",
                       "--ledger", tmp_path / "ledger.jsonl", "--non-confidential")
     assert private.exit_code == 0, private.stderr
     assert "phsafe: read, check, join and count: 3 files -- done in " in private.stderr
+    assert "phsafe: evaluate the rules (Great Expectations) -- done in " in private.stderr
     assert "measurements -- done in " in private.stderr
 
 
