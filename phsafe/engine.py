@@ -543,8 +543,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     assert state.policy is not None
     check_ledger_kind(state.policy, options.non_confidential)
     if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
-        raise PHSafeError(f"the ledger's file system has less than 1 MiB free: free space before running "
-                          f"(the ledger must be able to record every spend)")
+        raise PHSafeError("the ledger's file system has less than 1 MiB free: free space before running "
+                          "(the ledger must be able to record every spend)")
     if options.signing_key is not None:
         load_signing_key(options.signing_key, options.public_key)
     elif options.public_key is not None:

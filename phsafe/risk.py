@@ -627,7 +627,7 @@ def _explanation(cr: ConfigRisk):  # type: ignore[no-untyped-def]
 
 
 def _analysis_blocks(nr: NoiseRisk, known: int):  # type: ignore[no-untyped-def]
-    from phsafe._plots import Para, Table
+    from phsafe._plots import Table
 
     pri = [_prior_text(p) for p in nr.priors]
     rows = []

@@ -12,7 +12,7 @@ PH5_num and PH8_num are derived from PH4 and PH7 by post-processing (no further 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from phsafe.iterations import ALL_LEVELS, TOTAL_ONLY_LEVELS, IterationLevel, PopulationGroupLevel
 

@@ -18,13 +18,10 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from phsafe.accounting import plan_run
-from phsafe.config import load_config
 from phsafe.engine import PrivateRunOptions, run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import lock_path, read_ledger
