@@ -76,7 +76,6 @@ Vectorization
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import os
@@ -99,6 +98,7 @@ from phsafe.accounting import NoiseDistribution
 from phsafe.errors import PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, MANIFEST, Publication, cell_column, private_columns
+from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES
 
 if TYPE_CHECKING:
@@ -633,14 +633,6 @@ def average_table(
 # --------------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _inside(path: Path, root: Path) -> Path:
     resolved = path.resolve()
     if not resolved.is_relative_to(root):
@@ -682,7 +674,7 @@ def read_private_outputs(output_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
         if not path.is_file():
             continue
         path = _inside(path, root)
-        digest = _sha256(path)
+        digest = file_digest(path)
         if rel in listed and listed[rel] != digest:
             raise PostprocessError(f"{rel}: SHA-256 differs from {MANIFEST}; the outputs were modified")
         digests[rel] = digest
@@ -842,10 +834,10 @@ def _publish(frames: Mapping[str, pd.DataFrame], destination: Path, replace: boo
         files = _write(frames, publication.staging)
         readme = publication.staging / README
         readme.write_text(columns_doc(), encoding="utf-8")
-        files[README] = _sha256(readme)
+        files[README] = file_digest(readme)
         report = build_report(frames, source=source, run_id=facts.get("run_id"), seed=seed, draws=draws)  # type: ignore[arg-type]
         for path in report.write(publication.staging / REPORT_MD, publication.staging / REPORT_HTML):
-            files[path.name] = _sha256(path)
+            files[path.name] = file_digest(path)
         metadata = {
             "source": {"output_dir": str(source), **facts},
             "seed": seed,
@@ -881,7 +873,7 @@ def _write(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str
         pq_path = directory / f"{name}.parquet"
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), pq_path)
         for p in (csv_path, pq_path):
-            files[p.name] = _sha256(p)
+            files[p.name] = file_digest(p)
     return files
 
 

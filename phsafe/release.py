@@ -28,7 +28,6 @@ is checked against it first (``verify=False`` skips this).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, Mapping
@@ -44,6 +43,7 @@ from phsafe.datapackage import (
     resource_name,
 )
 from phsafe.errors import PHSafeError
+from phsafe.reader import file_digest
 from phsafe.tables import OUTPUT_TABLES
 
 MANIFEST = "manifest.json"
@@ -53,14 +53,6 @@ _UNLABELLED = ("NOISE_DISTRIBUTION",)
 
 class ReleaseError(PHSafeError):
     """An output folder cannot be read as asked (missing, modified, or of the other kind)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _manifest_files(root: Path) -> dict[str, str] | None:
@@ -77,7 +69,7 @@ def _manifest_files(root: Path) -> dict[str, str] | None:
 
 def _check(root: Path, rel: str, listed: Mapping[str, str] | None) -> Path:
     path = root / rel
-    if listed is not None and rel in listed and listed[rel] != _sha256(path):
+    if listed is not None and rel in listed and listed[rel] != file_digest(path):
         raise ReleaseError(f"{root}: {rel} differs from its SHA-256 in {MANIFEST}; the release was modified")
     return path
 
