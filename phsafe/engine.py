@@ -31,6 +31,7 @@ import os
 import resource
 import secrets
 import shutil
+import stat
 import subprocess
 import threading
 import time
@@ -135,8 +136,27 @@ class RunResult:
     run_dir: Path | None = None
 
 
-_ledgers: dict[Path, tuple[tuple[int, int], "Ledger"]] = {}
+_ledgers: dict[Path, tuple[tuple[int, int, bytes], "Ledger"]] = {}
 _ledgers_lock = threading.Lock()
+_GENESIS_BYTES = 1 << 16
+"""At most this much of the first line identifies a ledger (its LEDGER_INIT names a unique id)."""
+
+
+def _ledger_identity(path: Path) -> tuple[int, int, bytes] | None:
+    """The file at ``path`` (device, inode) and its first line, or None when there is none.
+
+    The inode alone is not an identity: a ledger deleted and made anew at the same path (a
+    throwaway ledger of ``accuracy --overwrite``) often gets the inode just freed. The first line
+    -- LEDGER_INIT, with the ledger's own random id -- tells two ledgers apart.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return st.st_dev, st.st_ino, b""  # not a ledger: Ledger.open says what it is
+    with open(path, "rb") as f:
+        return st.st_dev, st.st_ino, f.readline(_GENESIS_BYTES)
 
 
 def open_ledger(path: Path) -> "Ledger":
@@ -146,7 +166,7 @@ def open_ledger(path: Path) -> "Ledger":
     would re-read and re-verify the whole file (a cost growing with the ledger's history). One
     :class:`~phsafe.ledger.Ledger` per file instead catches up with what other processes
     appended, under the file lock, before every read and append. A file replaced on disk (other
-    inode) is opened anew.
+    inode, or another ledger's first entry) is opened anew.
 
     Raises:
         LedgerError: The ledger does not exist (it is never created here) or is broken.
@@ -157,17 +177,15 @@ def open_ledger(path: Path) -> "Ledger":
     with _ledgers_lock:
         cached = _ledgers.get(key)
         try:
-            st = key.stat()
-            identity = (st.st_dev, st.st_ino)
-        except FileNotFoundError:
-            identity = None
+            identity = _ledger_identity(key)
         except OSError as exc:
             raise LedgerError(f"cannot open the ledger {key}: {exc.strerror}") from None
-        if cached is not None and identity == cached[0]:
+        if cached is not None and identity is not None and identity == cached[0]:
             return cached[1]
         ledger = Ledger.open(key)
-        st = key.stat()
-        _ledgers[key] = ((st.st_dev, st.st_ino), ledger)
+        opened = _ledger_identity(key)
+        if opened is not None:
+            _ledgers[key] = (opened, ledger)
         return ledger
 
 
