@@ -147,7 +147,13 @@ def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
     assert 0.89 <= overall["CI90_COVERAGE"] <= 0.95
     assert 0.87 <= averages["CI90_COVERAGE"] <= 0.95
     per_table = result.metrics[result.metrics["TABLE"] != "ALL"]
-    # no table x level is far off: within 4 binomial standard errors of 0.9 (some have 8 cells)
-    n = per_table["CELLS"] * per_table["TRIALS"]
-    assert (per_table["MOE_COVERAGE"] >= 0.9 - 4 * np.sqrt(0.09 / n)).all()
+    # No table x level is off: each within its exact binomial tolerance (the rehearsal's test:
+    # Binomial(cells x trials, the cells' exact coverage under their noise law), Bonferroni over
+    # the rows). The noise is unseeded, as in production, so the family-wise false alarm is
+    # bounded instead: 1e-4 per run. (The normal approximation this replaced -- 4 standard errors
+    # below 0.9 -- failed a correct run on a row of 16 cells x trials: 9 of 16 covered.)
+    from phsafe.rehearsal import verdict_from_report
+
+    verdict = verdict_from_report(tmp_path / "acc", alpha=1e-4)
+    assert verdict.ok, verdict.outside.to_string()
     assert np.isfinite(per_table["EXPECTED_NOISE_MAE"]).all()
