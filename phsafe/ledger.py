@@ -1007,11 +1007,7 @@ class LedgerState:
 
     def _check_dataset_version(self, e: Mapping[str, Any]):
         policy = self._needs_policy()
-        name, fp = e["dataset"], e["fingerprint"]
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise _Invalid("dataset is not a valid dataset name")
-        if not _is_hex64(fp):
-            raise _Invalid("fingerprint is not a SHA-256 hex digest")
+        name, fp = _dataset_and_fingerprint(e)
         owner = self.fingerprints.get(fp)
         if owner is not None:
             raise _Invalid(f"this content version is already declared under dataset {owner!r}"
@@ -1097,11 +1093,7 @@ class LedgerState:
     def _check_run_started(self, e: Mapping[str, Any]):
         policy = self._needs_policy()
         defn, planned, total = self._started_fields(e)
-        name, fp = e["dataset"], e["fingerprint"]
-        if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise _Invalid("dataset is not a valid dataset name")
-        if not _is_hex64(fp):
-            raise _Invalid("fingerprint is not a SHA-256 hex digest")
+        name, fp = _dataset_and_fingerprint(e)
         owner = self.fingerprints.get(fp)
         if owner is None:
             raise _Invalid(f"this content version was never declared under dataset {name!r} (DATASET_VERSION)")
@@ -1480,6 +1472,16 @@ def _is_int(v: Any) -> bool:
 
 def _is_hex64(v: Any) -> bool:
     return isinstance(v, str) and _HEX64.fullmatch(v) is not None
+
+
+def _dataset_and_fingerprint(e: Mapping[str, Any]) -> tuple[str, str]:
+    """An entry's dataset name and content fingerprint, checked for form."""
+    name, fp = e["dataset"], e["fingerprint"]
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise _Invalid("dataset is not a valid dataset name")
+    if not _is_hex64(fp):
+        raise _Invalid("fingerprint is not a SHA-256 hex digest")
+    return name, fp
 
 
 def _is_text(v: Any) -> bool:
