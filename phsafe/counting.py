@@ -66,9 +66,11 @@ from phsafe.config import PHSafeConfig, load_config
 from phsafe.errors import ConfigError, InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
+from phsafe.memory import BYTES_PER_ROW, MemoryPlan, check_memory, default_memory_limit, needed_limit, plan_part
 from phsafe.preprocess import (
     MAX_PERSONS_PER_PARTITION,
     NOT_TABULATED,
+    AsideMafids,
     GeoSide,
     Join,
     Joiner,
@@ -95,6 +97,7 @@ from phsafe.reader import (
     raise_value_problems,
 )
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, Column
+from phsafe.spill import BucketPlan, SpillArea, SpillWriter, plan_buckets, read_bucket, remove_partition
 from phsafe.tables import TableSpec
 from phsafe.tabulate import TableCounts, tabulate
 
@@ -387,6 +390,8 @@ def exact_counts(
     key: bytes | None,
     stage: StageTimer = _no_timer,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    spill_dir: Path | None = None,
 ) -> Counts:
     """Exact count cubes of ``specs`` over the states of ``config``, and their content digest.
 
@@ -401,13 +406,16 @@ def exact_counts(
         key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
         stage: Stage timer for progress and logs.
         progress: Shows a bar of the input files read (see :class:`InputPass`).
+        memory_limit, spill_dir: The pass's memory budget and where it spills (see :class:`InputPass`).
 
     Raises:
         InputError: An input is unreadable or has inconsistent codes (nothing is spent).
+        PHSafeError: The inputs cannot be processed within ``memory_limit``, or spill files
+            cannot be written.
     """
     files = locate_inputs(data_dir)
     result = InputPass(files, config.states, counting=Counting.of(config, specs, key), stage=stage,
-                       progress=progress).run()
+                       progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
     assert result.counts is not None
     return result.counts
 
@@ -422,6 +430,8 @@ def validated_counts(
     report_dir: Path | None = None,
     stage: StageTimer = _no_timer,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    spill_dir: Path | None = None,
 ) -> tuple[Counts | None, "ValidationReport | None"]:
     """Validate the config and the inputs and count the tables, reading each input file once.
 
@@ -442,6 +452,11 @@ def validated_counts(
         report_dir: Where the validation report is written (``report_dir/inputs/``), if given.
         stage: Stage timer for progress and logs.
         progress: Shows a bar of the input files read (see :class:`InputPass`).
+        memory_limit: The memory the pass may use (bytes; default: half of this machine's).
+            Inputs too large for it are spilled in MAFID ranges to ``spill_dir``.
+        spill_dir: The folder of the spill files: a run's ``<work folder>/spill`` (emptied
+            first -- a killed earlier attempt's --, removed at the end, whatever happens); None:
+            a private folder in the system's temporary folder.
 
     Returns:
         ``(counts, report)``: the exact counts (None when validation failed) and the validation
@@ -456,7 +471,8 @@ def validated_counts(
     """
     if not validate:
         config = load_config(config_path)
-        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress), None
+        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress,
+                            memory_limit=memory_limit, spill_dir=spill_dir), None
     from phsafe.validation import _run_validation
 
     counting = None
@@ -466,7 +482,8 @@ def validated_counts(
     except ConfigError:
         pass  # the report says what is wrong with the config; nothing is counted
     report, counts = _run_validation(Path(config_path), Path(data_dir), counting=counting,
-                                     report_dir=report_dir, stage=stage, progress=progress)
+                                     report_dir=report_dir, stage=stage, progress=progress,
+                                     memory_limit=memory_limit, spill_dir=spill_dir)
     return (counts if report.ok else None), report
 
 
@@ -658,12 +675,27 @@ class InputPass:
         reads: Called with each file's path when its data is read (tests count reads).
         progress: Shows a bar ``input files`` that advances as each file of each partition has
             been read (a count of files, never of records: record counts are confidential).
+        memory_limit: The memory the pass may use (bytes; default
+            :func:`phsafe.memory.default_memory_limit`): a partition too large for it is spilled
+            (see below).
+        spill_dir: Where spill files go (a run's ``<work folder>/spill``; emptied first, removed
+            at the end); None: a private folder in the system's temporary folder.
+
+    A partition whose records do not fit in ``memory_limit`` (:func:`phsafe.memory.plan_part`)
+    is *spilled*: its files are streamed once -- each batch checked, validated and filtered as
+    above -- and its compact rows routed by MAFID range to bucket files (:mod:`phsafe.spill`);
+    the buckets are then joined, validated and counted one at a time, exactly as partitions of
+    their own (every rule is decided per MAFID). The units and persons of MAFIDs whose every geo
+    row the state filter sets aside are set aside as they stream
+    (:class:`~phsafe.preprocess.AsideMafids`), so that validation sees exactly the rows it sees
+    when the partition is held in memory.
     """
 
     def __init__(self, files: Mapping[str, InputFile], states: tuple[str, ...] | None, *,
                  observer: PassObserver | None = None, counting: Counting | None = None,
                  parts: list[PassPart] | None = None, stage: StageTimer = _no_timer,
-                 reads: Callable[[Path], None] | None = None, progress: "Progress | None" = None) -> None:
+                 reads: Callable[[Path], None] | None = None, progress: "Progress | None" = None,
+                 memory_limit: int | None = None, spill_dir: Path | None = None) -> None:
         self.files = dict(files)
         self.states = states
         self.observer = observer
@@ -679,6 +711,11 @@ class InputPass:
         self._layout: _Layout | None = None
         self._aside_folders: list[PassPart] = []
         self.parts = parts if parts is not None else self._plan()
+        self.memory_limit = memory_limit if memory_limit is not None else default_memory_limit()
+        self.spill_dir = spill_dir
+        self.memory = plan_pass(self.parts, self.memory_limit, validate=observer is not None,
+                                by_state=self.result.by_state)
+        self._spill: SpillArea | None = None
 
     # ------------------------------------------------------------------------------------ plan
     def _plan(self) -> list[PassPart]:
@@ -704,18 +741,27 @@ class InputPass:
         """Read, check, join, validate and count every partition (see the class docstring)."""
         from phsafe.progress import NULL
 
+        if self.memory is None:
+            rows = {stem: max(p.files[stem].estimated_rows() for p in self.parts) for stem in STEMS}
+            check_memory(None, needed_limit(rows, validate=self.observer is not None, by_state=self.result.by_state),
+                         None)
         totals = _StageTotals()
-        with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
-                (self.progress or NULL).task("input files", total=len(self.parts) * len(STEMS),
-                                             unit="files") as files_read:
-            for number, (part, files) in enumerate(self._partitions(files_read), start=1):
-                started = time.perf_counter()
-                self._finish_partition(part, files, number == len(self.parts), totals)
-                log.debug("partition done", partition=part.label, number=number, of=len(self.parts),
-                          seconds=round(time.perf_counter() - started, 3))
-            for part in self._aside_folders:
-                with totals("layout of folders outside the state filter"):
-                    self._aside_folder(part)
+        self._spill = SpillArea(self.spill_dir) if self.spill_dir is not None or self.memory.spills else None
+        try:
+            with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
+                    (self.progress or NULL).task("input files", total=len(self.parts) * len(STEMS),
+                                                 unit="files") as files_read:
+                for number, (part, files, last) in enumerate(self._partitions(files_read, totals), start=1):
+                    started = time.perf_counter()
+                    self._finish_partition(part, files, last, totals)
+                    log.debug("partition done", partition=part.label, number=number,
+                              seconds=round(time.perf_counter() - started, 3))
+                for part in self._aside_folders:
+                    with totals("layout of folders outside the state filter"):
+                        self._aside_folder(part)
+        finally:
+            if self._spill is not None:
+                self._spill.close()
         log.info("partition stages", **{k.replace(", ", "_").replace(" ", "_"): round(v, 3)
                                         for k, v in totals.seconds.items()})
         if self._layout is not None:
@@ -735,28 +781,66 @@ class InputPass:
                                                 for lv in s.iteration_levels}) for s in self.counting.specs},
                       ContentDigest())
 
-    def _partitions(self, files_read: "Task") -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
-        """Each partition with its kept rows, read ahead on a background thread; ``files_read``
-        advances as each file (of each partition) has been read."""
+    def _partitions(self, files_read: "Task", totals: _StageTotals
+                    ) -> Iterator[tuple[PassPart, dict[str, object], bool]]:
+        """Each partition (or bucket of a spilled partition) with its kept rows, and whether it
+        is the last; read ahead on a background thread. ``files_read`` advances as each file (of
+        each partition) has been read."""
         state: dict[str, object] = {}
-        for event in prefetched(self._events(), depth=4):
-            kind, part, stem, payload = event
-            if kind == "start":
-                if stem == "geo":
-                    state = {"geo": FileRows("geo"), "units": FileRows("units"), "persons": FileRows("persons"),
-                             "person_keys": [], "timer": _Timer()}
-                continue
-            rows = state[stem]
-            assert isinstance(rows, FileRows)
-            timer = state["timer"]
-            assert isinstance(timer, _Timer)
-            if kind == "batch":
-                with timer("read and check"):
-                    self._batch(part, stem, payload, rows, state)
-            else:  # the file's end
+        writers: dict[str, SpillWriter] = {}
+        try:
+            for event in prefetched(self._events(), depth=4):
+                kind, part, stem, payload = event
+                plan = self.memory.parts[part.label]
+                if kind == "start":
+                    if stem == "geo":
+                        state = {"geo": FileRows("geo"), "units": FileRows("units"), "persons": FileRows("persons"),
+                                 "person_keys": [], "timer": _Timer()}
+                        if plan.spilled:
+                            state["spilled"] = self._start_spill(part, plan.buckets)
+                    spilled = state.get("spilled")
+                    if isinstance(spilled, _Spilled):
+                        writers[stem] = SpillWriter(spilled.folder, stem, spilled.plan)
+                    continue
+                timer = state["timer"]
+                assert isinstance(timer, _Timer)
+                spilled = state.get("spilled")
+                sink = writers[stem] if isinstance(spilled, _Spilled) else state[stem]
+                if kind == "batch":
+                    with timer("read and check"):
+                        self._batch(part, stem, payload, sink, state)  # type: ignore[arg-type]
+                    continue
+                # the file's end
                 files_read.advance(item=self.files[stem].name if part.state is None else f"{stem}, state {part.label}")
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
+                last_part = part is self.parts[-1]
+                if isinstance(spilled, _Spilled):
+                    with timer("spill"):
+                        writer = writers.pop(stem)
+                        writer.close()
+                        spilled.rows[stem] = writer.rows
+                    if stem == "geo":
+                        with timer("state filter of the spilled rows"):
+                            state["joiner"] = self._spilled_aside(spilled, state.get("aside"))
+                    elif stem == "persons":
+                        aside = state["joiner"]
+                        assert isinstance(aside, AsideMafids)
+                        for s in ("units", "persons"):
+                            self.result.set_aside[s] += aside.set_aside[s]
+                        for totals_name, seconds in timer.seconds.items():
+                            totals.seconds[totals_name] = totals.seconds.get(totals_name, 0.0) + seconds
+                        for b in range(spilled.plan.buckets):
+                            bucket_timer = _Timer()
+                            with bucket_timer("read the spill and join"):
+                                bucket_part, bucket_state = self._load_bucket(part, spilled, b)
+                            bucket_state["timer"] = bucket_timer
+                            yield bucket_part, bucket_state, last_part and b == spilled.plan.buckets - 1
+                        remove_partition(spilled.folder)
+                        state = {}
+                    continue
+                rows = state[stem]
+                assert isinstance(rows, FileRows)
                 rows.finish()
                 if stem == "geo":
                     with timer("join"):
@@ -768,8 +852,70 @@ class InputPass:
                         state["join"] = joiner.finish(state["person_keys"])  # type: ignore[arg-type]
                         for s in ("units", "persons"):
                             self.result.set_aside[s] += joiner.set_aside[s]
-                    yield part, state  # type: ignore[misc]
+                    yield part, state, last_part
                     state = {}
+        finally:
+            for writer in writers.values():
+                writer.abort()
+
+    # --------------------------------------------------------------------------- spilled parts
+    def _start_spill(self, part: PassPart, buckets: int) -> "_Spilled":
+        assert self._spill is not None
+        plan = plan_buckets(part.files, buckets, BYTES_PER_ROW)
+        log.info("spilling a partition", partition=part.label, buckets=plan.buckets)
+        return _Spilled(self._spill.part_folder(), plan)
+
+    def _spilled_aside(self, spilled: "_Spilled", aside: object) -> AsideMafids:
+        """The set-aside MAFIDs of a spilled partition, once its geo is read: MAFIDs of set-aside
+        geo rows that also have a kept geo row are taken out (one read of the geo spill's MAFID
+        and TABBLKST, only when a row was set aside)."""
+        out = aside if isinstance(aside, AsideMafids) else AsideMafids()
+        if not out.any:
+            return out
+        for b in range(spilled.plan.buckets):
+            for encoded, _ in read_bucket(spilled.folder, "geo", b, ("MAFID", "TABBLKST")):
+                m, st = encoded["MAFID"], encoded["TABBLKST"]
+                kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
+                if st.kind is not None:
+                    kept |= st.kind != OK
+                if m.kind is not None:
+                    kept &= m.kind == OK
+                out.add_kept(m.values[kept])
+        return out
+
+    def _load_bucket(self, part: PassPart, spilled: "_Spilled", bucket: int) -> tuple[PassPart, dict[str, object]]:
+        """One bucket of a spilled partition, read back and joined (what :meth:`_partitions`
+        gives for a partition held in memory)."""
+        n = spilled.plan.buckets
+        bucket_part = PassPart(f"{part.label} [{bucket + 1}/{n}]", part.state, part.files)
+        state: dict[str, object] = {s: FileRows(s) for s in STEMS}
+        geo = state["geo"]
+        assert isinstance(geo, FileRows)
+        for encoded, rows in read_bucket(spilled.folder, "geo", bucket):
+            geo.add(encoded, rows)
+        geo.finish()
+        joiner = self._joiner(bucket_part, geo, lookups=int(spilled.rows["units"][bucket] + spilled.rows["persons"][bucket]))
+        person_keys: list[np.ndarray] = []
+        for stem in ("units", "persons"):
+            rows_of = state[stem]
+            assert isinstance(rows_of, FileRows)
+            for encoded, rows in read_bucket(spilled.folder, stem, bucket):
+                m = encoded["MAFID"]
+                ok = None if m.kind is None else m.kind == OK
+                if stem == "units":
+                    keep = joiner.units(m.values, ok)
+                else:
+                    keep, key = joiner.persons(m.values, ok)
+                    person_keys.append(key)
+                if keep is not None:  # never: set-aside rows were not spilled
+                    encoded = {k: e.take(keep) for k, e in encoded.items()}
+                    rows = int(np.count_nonzero(keep))
+                rows_of.add(encoded, rows)
+            rows_of.finish()
+        state["join"] = joiner.finish(person_keys)
+        for s in ("units", "persons"):
+            self.result.set_aside[s] += joiner.set_aside[s]
+        return bucket_part, state
 
     def _events(self) -> Iterator[tuple[str, PassPart, str, object]]:
         for part in self.parts:
@@ -798,7 +944,10 @@ class InputPass:
             return tuple(c.name for c in FILES[stem])
         return tuple(c.name for c in _ENGINE_COLUMNS[stem])
 
-    def _batch(self, part: PassPart, stem: str, item: FileBatch, rows: FileRows, state: dict[str, object]) -> None:
+    def _batch(self, part: PassPart, stem: str, item: FileBatch, rows: "FileRows | SpillWriter",
+               state: dict[str, object]) -> None:
+        """Check one batch, filter it and hand its kept rows to ``rows`` (the partition's rows,
+        or its spill writer)."""
         batch = item.batch
         strict = self.observer is None
         mafid = self._encode(stem, batch, ["MAFID"]).get("MAFID")
@@ -818,12 +967,18 @@ class InputPass:
             if strict:
                 for e in encoded.values():
                     raise_value_problems(item.name, e, kept)
+            if kept is not None and mafid is not None and "spilled" in state:
+                aside = ~kept if mafid.kind is None else ~kept & (mafid.kind == OK)
+                if aside.any():
+                    if "aside" not in state:
+                        state["aside"] = AsideMafids()
+                    state["aside"].add_aside(mafid.values[aside])  # type: ignore[union-attr]
             if self.observer is not None:
                 self.observer.batch(stem, item.name, encoded, kept)
             rows.add(encoded, batch.num_rows)
             return
         joiner = state["joiner"]
-        assert isinstance(joiner, Joiner)
+        assert isinstance(joiner, (Joiner, AsideMafids))
         n = batch.num_rows
         if mafid is None:  # no MAFID column (reported): nothing joins
             values, ok = np.zeros(n, np.int32), np.zeros(n, bool)
@@ -836,7 +991,8 @@ class InputPass:
             aside = joiner.units(values, ok)
         else:
             aside, person_key = joiner.persons(values, ok)
-            state["person_keys"].append(person_key)  # type: ignore[union-attr]
+            if person_key is not None:
+                state["person_keys"].append(person_key)  # type: ignore[union-attr]
         if aside is not None:
             batch, mafid = _take_rows(batch, mafid, aside)
         encoded = self._encode(stem, batch, [n for n in self._wanted(stem) if n != "MAFID"])
@@ -875,8 +1031,9 @@ class InputPass:
             kept |= ~valid  # a TABBLKST that is not a valid code cannot be placed outside the filter
         return None if kept.all() else kept
 
-    def _joiner(self, part: PassPart, geo: FileRows) -> Joiner:
-        lookups = sum(part.files[s].estimated_rows() for s in ("units", "persons"))
+    def _joiner(self, part: PassPart, geo: FileRows, lookups: int | None = None) -> Joiner:
+        if lookups is None:
+            lookups = sum(part.files[s].estimated_rows() for s in ("units", "persons"))
         cols = geo.columns
         side = geo_side(cols["MAFID"], geo.ok("MAFID"), cols["RTYPE"], geo.ok("RTYPE"), cols["TABBLKST"],
                         geo.ok("TABBLKST"), self.states, expected_lookups=lookups)
@@ -976,3 +1133,25 @@ def _take_rows(batch: pa.RecordBatch, mafid: Encoded | None, rows: np.ndarray) -
 
 class _Timer(_StageTotals):
     """Stage seconds of one partition."""
+
+
+@dataclass
+class _Spilled:
+    """A partition being spilled: its folder and buckets, and the rows written to each."""
+
+    folder: Path
+    plan: BucketPlan
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def plan_pass(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool) -> MemoryPlan | None:
+    """The memory plan of a pass over ``parts``: each partition in memory or spilled into
+    buckets (:func:`phsafe.memory.plan_part`); None if some partition cannot fit in ``limit``."""
+    plans = {}
+    for part in parts:
+        rows = {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state)
+        if plan is None:
+            return None
+        plans[part.label] = plan
+    return MemoryPlan(limit, plans)

@@ -88,6 +88,7 @@ OPTIONS: dict[str, str] = {
     "resume_reason": "--resume-reason",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
+    "memory_limit": "--memory-limit",
     "output": "OUT",
 }
 """Option -> how the command line spells it. Flows spell it as the parameter of that name."""

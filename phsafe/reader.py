@@ -116,10 +116,16 @@ class InputFile:
 
     def estimated_rows(self) -> int:
         """Rows of the input: exact for Parquet (its files' metadata; an unreadable file counts
-        none, and is reported when it is read), estimated from the size for CSV (a persons row
-        is about 23 bytes)."""
+        none, and is reported when it is read), estimated for CSV from its size and the length
+        of its lines at a few evenly spaced places (:func:`csv_line_bytes`)."""
         if self.format == "csv":
-            return self.path.stat().st_size // _CSV_BYTES_PER_PERSON
+            if not self.files:
+                return 0
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                return 0
+            return size // csv_line_bytes(self.path)
         total = 0
         for path in self.files:
             try:
@@ -132,6 +138,39 @@ class InputFile:
         """The same input restricted to ``files`` (a partition of a folder)."""
         assert self.directory, "only a folder input has parts"
         return InputFile(self.stem, self.path, self.format, True, tuple(files))
+
+
+_LINE_SAMPLES = 8
+_LINE_SAMPLE_BYTES = 1 << 16
+
+
+@functools.lru_cache(maxsize=64)
+def _line_bytes(path: str, size: int, mtime_ns: int) -> int:
+    if size == 0:
+        return _CSV_BYTES_PER_PERSON
+    lines = 0
+    read = 0
+    with open(path, "rb") as fh:
+        for i in range(_LINE_SAMPLES):
+            fh.seek(size * i // _LINE_SAMPLES)
+            data = fh.read(_LINE_SAMPLE_BYTES)
+            first = data.find(b"\n")
+            last = data.rfind(b"\n")
+            if first < 0 or last <= first:
+                continue
+            lines += data.count(b"\n", first + 1, last + 1)
+            read += last - first
+    return max(1, read // lines) if lines else max(1, min(size, _CSV_BYTES_PER_PERSON))
+
+
+def csv_line_bytes(path: Path) -> int:
+    """The average length of a CSV file's lines (bytes), from a few evenly spaced samples: the
+    file's rows are about its size over this. Unreadable: a persons row's (23 bytes)."""
+    try:
+        st = os.stat(path)
+        return _line_bytes(str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _CSV_BYTES_PER_PERSON
 
 
 def _partition_key(name: str, folders: tuple[str, ...]) -> str | None:

@@ -46,18 +46,21 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
 
 
 def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None) -> ValidationReport:
+                    progress: "Progress | None" = None, memory_limit: int | None = None,
+                    spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
 
     See :func:`phsafe.validation._inputs.validate_inputs`.
     """
     from phsafe.validation._inputs import validate_inputs as run
 
-    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress))
+    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress,
+                                                     memory_limit=memory_limit, spill_dir=spill_dir))
 
 
 def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                    stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
+                    stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
+                    spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
     """Validate and count in one pass (see :func:`phsafe.counting.validated_counts`)."""
     from phsafe.validation._inputs import run_validation
 
@@ -65,7 +68,7 @@ def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_
 
     def call() -> ValidationReport:
         report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage,
-                                        progress=progress)
+                                        progress=progress, memory_limit=memory_limit, spill_dir=spill_dir)
         out.append(counts)
         return report
 

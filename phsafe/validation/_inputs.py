@@ -77,7 +77,8 @@ _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own
 
 
 def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None) -> ValidationReport:
+                    progress: "Progress | None" = None, memory_limit: int | None = None,
+                    spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
 
     Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
@@ -90,13 +91,17 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
             Data Docs are written to ``report_dir/inputs/``.
         progress: Shows the stages (read, evaluate the rules, write the report) and a bar of the
             input files read.
+        memory_limit, spill_dir: The pass's memory budget and where it spills inputs too large
+            for it (see :class:`phsafe.counting.InputPass`).
     """
     return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir,
-                          stage=None if progress is None else progress.stage, progress=progress)[0]
+                          stage=None if progress is None else progress.stage, progress=progress,
+                          memory_limit=memory_limit, spill_dir=spill_dir)[0]
 
 
 def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                   stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
+                   stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
+                   spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
     """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
 
     Returns:
@@ -121,7 +126,7 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
         timer = stage or _no_timer
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
-                           stage=timer, progress=progress).run()
+                           stage=timer, progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
         # Great Expectations evaluates the rule groups as the pass submits them (on the second core
         # for a large input); what is still running when the pass ends is waited for here.
         # (A stage without a bar: how many evaluation jobs a large input makes depends on its data.)
