@@ -68,6 +68,10 @@ SLICE_ROWS = 4_000_000
 """Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
 MAFID_JOB_ROWS = 4_000_000
 """Distinct MAFIDs of several state partitions are judged together, about this many a job."""
+PENDING_ROWS = 12_000_000
+"""At most this many rows of frames wait for Great Expectations (about 100 MB): beyond, the pass
+waits for its answers (it is far faster than the pass: a 4M-row frame takes a tenth of a
+second)."""
 _SMALL_MAX = 254
 """Row counts in the derived frames are capped here: every rule on a count compares it with 0 or
 1, so a count of 300 and one of 254 get the same verdict."""
@@ -231,6 +235,7 @@ class InputValidation:
         self.cross_groups: dict[str, list[RuleGroup]] = {}
         self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
+        self._pending_rows = 0
         self._skipped_cross: list[str] = []
 
     # ----------------------------------------------------------------------------- GX jobs
@@ -249,7 +254,38 @@ class InputValidation:
             return
         job = _gx.Job(group.suite, group.frame, tuple(rules), frame, None if weights is None else _narrow(weights),
                       params)
+        self._add_job(job, tally)
+
+    def _add_job(self, job: _gx.Job, tally: Tally) -> None:
+        """Submit a job; keep it until it is answered (to evaluate it here should the second
+        process fail), then only its value-free results. Memory stays bounded whatever the
+        input's size: answered jobs are let go as the pass goes on, and the pass waits when more
+        than :data:`PENDING_ROWS` rows of frames are unanswered."""
         self._jobs.append((job, self.evaluator.submit(job), tally))
+        self._pending_rows += _job_rows(job)
+        self._settle(wait=False)
+        while self._pending_rows > PENDING_ROWS and self._jobs:
+            self._settle(wait=True)
+
+    def _settle(self, *, wait: bool) -> None:
+        """Tally the answered jobs and let their frames go (``wait``: for the oldest at least)."""
+        keep = []
+        for i, (job, future, tally) in enumerate(self._jobs):
+            if not future.done() and not (wait and i == 0):
+                keep.append((job, future, tally))
+                continue
+            self._tally(job, future, tally)
+            self._pending_rows -= _job_rows(job)
+        self._jobs = keep
+
+    def _tally(self, job: _gx.Job, future: "Future[Any]", tally: Tally) -> None:
+        try:
+            results = future.result()
+        except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: evaluate here
+            log.warning("validation worker failed; evaluating in this process", error_type=type(exc).__name__)
+            results = _gx.evaluate(job)
+        for r in results:
+            tally.add(r.rule_id, r.success, r.counts, r.raised)
 
     def config(self, raw: Any) -> Tally:
         """Submit the config suite on the flattened config; return its tally."""
@@ -544,19 +580,14 @@ class InputValidation:
         if runnable:
             job = _gx.Job(group.suite, group.frame, tuple(runnable), frame, None, params,
                           column_weights={c: _narrow(single[c][2]) for c in columns})
-            self._jobs.append((job, self.evaluator.submit(job), check.tally))
+            self._add_job(job, check.tally)
 
     # --------------------------------------------------------------------------------- report
     def _collect(self) -> None:
         for job, future, tally in self._jobs:
-            try:
-                results = future.result()
-            except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: evaluate here
-                log.warning("validation worker failed; evaluating in this process", error_type=type(exc).__name__)
-                results = _gx.evaluate(job)
-            for r in results:
-                tally.add(r.rule_id, r.success, r.counts, r.raised)
+            self._tally(job, future, tally)
         self._jobs.clear()
+        self._pending_rows = 0
 
     def close(self) -> None:
         self.evaluator.close()
@@ -685,3 +716,11 @@ def _explain_header(failure: Failure, stem: str, header: list[str] | None) -> Fa
     missing = tuple(n for n in expected if n not in header)
     return replace(failure, rule=f"{failure.rule}: {detail}" if detail else failure.rule,
                    columns=missing or failure.columns)
+
+
+def _job_rows(job: _gx.Job) -> int:
+    """Rows of a job's frame (what it holds in memory until it is answered)."""
+    data = job.data
+    if isinstance(data, list):
+        return len(data[0].classes) if data else 0
+    return len(data) if hasattr(data, "__len__") else 0
