@@ -51,6 +51,7 @@ partition, and parallel on a cluster, for more reading).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -67,6 +68,7 @@ from phsafe.errors import ConfigError, InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
 from phsafe.memory import BYTES_PER_ROW, MemoryPlan, check_memory, default_memory_limit, needed_limit, plan_part
+from phsafe.progress import BYTES
 from phsafe.preprocess import (
     MAX_PERSONS_PER_PARTITION,
     NOT_TABULATED,
@@ -487,6 +489,34 @@ def validated_counts(
     return (counts if report.ok else None), report
 
 
+def check_pass_memory(data_dir: Path, states: tuple[str, ...] | None, *, memory_limit: int | None = None,
+                      validate: bool = True, spill_dir: Path | None = None) -> MemoryPlan | None:
+    """Check, before anything is read, that the input pass can run within ``memory_limit`` and,
+    if it must spill, that the spill fits on ``spill_dir``'s file system (a run's preflight).
+
+    Cheap: file listings, Parquet metadata, a few line lengths of each CSV file.
+
+    Returns:
+        The pass's memory plan (None when the inputs cannot even be located: the pass itself
+        reports that, as it reports every input problem).
+
+    Raises:
+        PHSafeError: One line that says what to do: the limit it needs, or the space the spill
+            needs. Nothing is read, nothing spent.
+    """
+    try:
+        files = locate_inputs(data_dir)
+    except InputError:
+        return None
+    pass_ = InputPass(files, states, observer=_NoObserver() if validate else None, memory_limit=memory_limit)
+    check_memory(pass_.memory, pass_.needed_limit(), spill_dir)
+    return pass_.memory
+
+
+class _NoObserver:
+    """Stands for the validation when a pass is only planned (never run)."""
+
+
 @dataclass(frozen=True)
 class Counting:
     """What to count in a pass: the tables, the truncation thresholds (None: no truncation) and
@@ -716,6 +746,8 @@ class InputPass:
         self.memory = plan_pass(self.parts, self.memory_limit, validate=observer is not None,
                                 by_state=self.result.by_state)
         self._spill: SpillArea | None = None
+        self._bytes_read: dict[str, Task] = {}
+        self._buckets_done: Task | None = None
 
     # ------------------------------------------------------------------------------------ plan
     def _plan(self) -> list[PassPart]:
@@ -736,21 +768,33 @@ class InputPass:
         parts = [part(s) for s in found if s in released]
         return parts or [PassPart("empty", None, {f.stem: f.subset(()) for f in inputs})]
 
+    def needed_limit(self) -> int:
+        """The smallest memory limit the pass can run within."""
+        return max(needed_limit({stem: p.files[stem].estimated_rows() for stem in STEMS if stem in p.files},
+                                validate=self.observer is not None, by_state=self.result.by_state)
+                   for p in self.parts)
+
     # ------------------------------------------------------------------------------------- run
     def run(self) -> PassResult:
         """Read, check, join, validate and count every partition (see the class docstring)."""
         from phsafe.progress import NULL
 
         if self.memory is None:
-            rows = {stem: max(p.files[stem].estimated_rows() for p in self.parts) for stem in STEMS}
-            check_memory(None, needed_limit(rows, validate=self.observer is not None, by_state=self.result.by_state),
-                         None)
+            check_memory(None, self.needed_limit(), None)
         totals = _StageTotals()
         self._spill = SpillArea(self.spill_dir) if self.spill_dir is not None or self.memory.spills else None
+        progress = self.progress or NULL
         try:
             with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
-                    (self.progress or NULL).task("input files", total=len(self.parts) * len(STEMS),
-                                                 unit="files") as files_read:
+                    progress.task("input files", total=len(self.parts) * len(STEMS), unit="files") as files_read, \
+                    contextlib.ExitStack() as bars:
+                self._bytes_read = {stem: bars.enter_context(progress.task(
+                    self.files[stem].name, total=sum(_size(p.files[stem]) for p in self.parts), unit=BYTES))
+                    for stem in ("geo", "units", "persons") if stem in self.files}
+                if self.memory.spills:
+                    self._buckets_done = bars.enter_context(progress.task(
+                        "MAFID ranges", total=sum(p.buckets for p in self.memory.parts.values() if p.spilled),
+                        unit="ranges"))
                 for number, (part, files, last) in enumerate(self._partitions(files_read, totals), start=1):
                     started = time.perf_counter()
                     self._finish_partition(part, files, last, totals)
@@ -806,11 +850,17 @@ class InputPass:
                 assert isinstance(timer, _Timer)
                 spilled = state.get("spilled")
                 sink = writers[stem] if isinstance(spilled, _Spilled) else state[stem]
+                bar = self._bytes_read.get(stem)
                 if kind == "batch":
                     with timer("read and check"):
                         self._batch(part, stem, payload, sink, state)  # type: ignore[arg-type]
+                    state[f"{stem} bytes"] = state.get(f"{stem} bytes", 0) + payload.nbytes  # type: ignore
+                    if bar is not None:
+                        bar.advance(payload.nbytes, item=part.label if part.state is not None else "")  # type: ignore
                     continue
                 # the file's end
+                if bar is not None:  # what the batches did not account for (e.g. an unreadable file)
+                    bar.advance(max(0, _size(part.files[stem]) - state.get(f"{stem} bytes", 0)))  # type: ignore
                 files_read.advance(item=self.files[stem].name if part.state is None else f"{stem}, state {part.label}")
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
@@ -830,12 +880,18 @@ class InputPass:
                             self.result.set_aside[s] += aside.set_aside[s]
                         for totals_name, seconds in timer.seconds.items():
                             totals.seconds[totals_name] = totals.seconds.get(totals_name, 0.0) + seconds
+                        planned = self.memory.parts[part.label].buckets
+                        if spilled.plan.buckets < planned and self._buckets_done is not None:
+                            self._buckets_done.update(self._buckets_done.completed,  # type: ignore[attr-defined]
+                                                      total=self._buckets_done.total - planned + spilled.plan.buckets)  # type: ignore
                         for b in range(spilled.plan.buckets):
                             bucket_timer = _Timer()
                             with bucket_timer("read the spill and join"):
                                 bucket_part, bucket_state = self._load_bucket(part, spilled, b)
                             bucket_state["timer"] = bucket_timer
                             yield bucket_part, bucket_state, last_part and b == spilled.plan.buckets - 1
+                            if self._buckets_done is not None:
+                                self._buckets_done.advance(item=bucket_part.label)
                         remove_partition(spilled.folder)
                         state = {}
                     continue
@@ -1142,6 +1198,17 @@ class _Spilled:
     folder: Path
     plan: BucketPlan
     rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _size(f: InputFile) -> int:
+    """Bytes of an input's files (progress)."""
+    total = 0
+    for path in f.files:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
 def plan_pass(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool) -> MemoryPlan | None:

@@ -49,7 +49,7 @@ import structlog
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
-from phsafe.counting import Counts, exact_counts, validated_counts
+from phsafe.counting import Counts, check_pass_memory, exact_counts, validated_counts
 from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
@@ -58,6 +58,7 @@ from phsafe.noise import check_privacy_map, measure
 from phsafe.outputs import MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, write_tables
 from phsafe.progress import budget_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
+from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 from phsafe.truncation import TRUNCATION_KEY_BYTES
@@ -107,6 +108,9 @@ class PrivateRunOptions:
         truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
             only: a chosen key must not depend on the data.
         resume_reason: Why a failed run is resumed (recorded in the ledger).
+        memory_limit: Bytes the input pass may use (default: half of this machine's memory);
+            inputs too large for it are spilled in MAFID ranges to the run's work folder, and
+            inputs that cannot fit are refused in preflight (:func:`phsafe.counting.check_pass_memory`).
     """
 
     ledger: Path | None = None
@@ -123,6 +127,7 @@ class PrivateRunOptions:
     report_dir: Path | None = None
     truncation_key: str | None = None
     resume_reason: str | None = None
+    memory_limit: int | None = None
 
 
 @dataclass
@@ -612,6 +617,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if _free_bytes(run.run_dir) < 2 * needed:
         raise PHSafeError(f"the work folder's file system has {_free_bytes(run.run_dir) >> 20} MiB free; the run "
                           f"needs about {2 * needed >> 20} MiB for its measurements and release")
+    # The inputs can be read within the memory limit (spilled to the work folder if need be).
+    check_pass_memory(run.data_dir, config.states, memory_limit=options.memory_limit,
+                      validate=options.validate_inputs, spill_dir=run.run_dir / SPILL_FOLDER)
 
     # The dataset's cap, before hours of reading: the authoritative check is repeated under the
     # ledger's lock when the run starts (or resumes).
@@ -669,7 +677,8 @@ def validate_and_count(run: PrivateRun, stage: "_Stages | None" = None):  # noqa
     stage = stage or _Stages(None)
     counts, report = validated_counts(run.config_path, run.data_dir, list(TABLES.values()),
                                       key=run.truncation_key, validate=run.options.validate_inputs,
-                                      report_dir=run.report_dir, stage=stage, progress=stage.progress)
+                                      report_dir=run.report_dir, stage=stage, progress=stage.progress,
+                                      memory_limit=run.options.memory_limit, spill_dir=run.run_dir / SPILL_FOLDER)
     return (ExactCounts(counts) if counts is not None else None), report
 
 
@@ -677,7 +686,8 @@ def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "_Stages | None" =
     """Read, preprocess, truncate (with the run's key), join and count every measured table."""
     stage = stage or _Stages(None)
     return ExactCounts(exact_counts(config, run.data_dir, list(TABLES.values()), key=run.truncation_key,
-                                    stage=stage, progress=stage.progress))
+                                    stage=stage, progress=stage.progress, memory_limit=run.options.memory_limit,
+                                    spill_dir=run.run_dir / SPILL_FOLDER))
 
 
 def plan_private_run(config: PHSafeConfig) -> RunPlan:
@@ -1061,12 +1071,17 @@ def run_nonprivate(
     non_confidential: bool = False,
     validate: bool = False,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    work_dir: Path | None = None,
 ) -> RunResult:
     """Ground-truth tabulation for testing on synthetic data: no truncation, no noise.
 
     Args:
         non_confidential: Must be True: the data is declared synthetic or public. Exact counts
             of confidential data are never written.
+        memory_limit: Bytes the input pass may use (see :class:`PrivateRunOptions`).
+        work_dir: Where inputs too large for the limit are spilled (a private folder in it,
+            removed at the end; default: the system's temporary folder).
 
     Raises:
         PHSafeError: The data is not declared non-confidential, or a bad config or input.
@@ -1086,10 +1101,14 @@ def run_nonprivate(
     log.info("non-private run", run_id=run_id, config=str(config_path), data=str(data_dir),
              output=str(output_dir))
     specs = list(TABLES.values()) + [d.nonprivate for d in DERIVED_TABLES.values()]
+    spill_dir = Path(work_dir).absolute() / f"spill-{run_id}" if work_dir is not None else None
+    check_pass_memory(Path(data_dir), config.states, memory_limit=memory_limit, validate=validate,
+                      spill_dir=spill_dir)
     with stage("validate and count" if validate else "count"):
         counts, report = validated_counts(Path(config_path), Path(data_dir), specs, key=None, validate=validate,
                                           report_dir=output_dir.parent / f"{output_dir.name}-validation",
-                                          stage=stage, progress=stage.progress)
+                                          stage=stage, progress=stage.progress, memory_limit=memory_limit,
+                                          spill_dir=spill_dir)
     if counts is None:
         raise ValidationFailed("input", report.to_text())
     with stage("write outputs"):

@@ -34,6 +34,7 @@ import math
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,15 +225,19 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
             f"the inputs cannot be processed within the memory limit: they need at least "
             f"{format_size(needed)} (give {option('memory_limit')} {math.ceil(needed / GIB * 10) / 10:g}G "
             "or more, on a machine that has it)")
-    if not plan.spills or spill_dir is None:
+    if not plan.spills:
         return
-    existing = Path(spill_dir)
+    existing = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     try:
         free = shutil.disk_usage(existing).free
     except OSError:
         return  # the work folder's own checks say what is wrong with it
+    if _in_memory_file_system(existing):
+        raise PHSafeError(
+            f"the inputs do not fit in the memory limit and must be spilled to disk, but {existing} is in memory "
+            f"(tmpfs): choose a work folder on disk ({option('work_dir')}), or raise {option('memory_limit')}")
     need = plan.spill_bytes + (1 << 30)
     if free < need:
         raise PHSafeError(
@@ -240,3 +245,21 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
             f"work folder, whose file system has {format_size(free)} free of the {format_size(need)} the "
             f"spill needs: free space, choose another work folder ({option('work_dir')}), or raise "
             f"{option('memory_limit')}")
+
+
+def _in_memory_file_system(path: Path) -> bool:
+    """Whether ``path`` is on a tmpfs or ramfs (its mount, from ``/proc/mounts``)."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    resolved = str(Path(path).resolve())
+    best, kind = "", ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        if (resolved == point or resolved.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind in ("tmpfs", "ramfs")

@@ -448,6 +448,8 @@ class FileBatch:
     name: str
     path: Path
     batch: pa.RecordBatch
+    nbytes: int = 0
+    """Bytes of the file this batch accounts for (read since the previous batch): progress only."""
 
 
 class SourceReader:
@@ -482,8 +484,8 @@ class SourceReader:
                 self._reads(path)
             name = self.source.file_name(path)
             parts = self._parquet(path, name) if self.source.format == "parquet" else self._csv(path, name)
-            for batch in parts:
-                yield FileBatch(name, path, batch)
+            for batch, nbytes in parts:
+                yield FileBatch(name, path, batch, nbytes)
 
     def _fail(self, name: str, rule: str, error: str, columns: Sequence[str] = (), rows: int | None = None,
               *, incomplete: bool = True) -> None:
@@ -526,7 +528,7 @@ class SourceReader:
                     return None
         return names
 
-    def _csv(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+    def _csv(self, path: Path, name: str) -> Iterator[tuple[pa.RecordBatch, int]]:
         names = self._csv_header(path, name)
         if names is None:
             return
@@ -550,8 +552,15 @@ class SourceReader:
             return "skip"
 
         try:
+            # Opened here so that its position tells how far the reading is (progress).
+            source = pa.OSFile(str(path))
+        except (pa.ArrowException, OSError):
+            self._fail(name, "the file can be read", "could not be read")
+            return
+        position = 0
+        try:
             reader = pacsv.open_csv(
-                path,
+                source,
                 read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=1, block_size=CSV_BLOCK_BYTES,
                                                use_threads=True),
                 parse_options=pacsv.ParseOptions(delimiter=",", invalid_row_handler=on_invalid),
@@ -564,19 +573,24 @@ class SourceReader:
                 ),
             )
             for batch in reader:
-                yield pa.RecordBatch.from_arrays(batch.columns, names=[wanted[n] for n in batch.schema.names])
+                now = source.tell()
+                yield pa.RecordBatch.from_arrays(batch.columns, names=[wanted[n] for n in batch.schema.names]), \
+                    now - position
+                position = now
         except (pa.ArrowException, OSError):
             # pyarrow's message quotes the offending row: the rule is stated without it.
             self._fail(name, "the file is well-formed CSV (reading stopped at a row that could not be parsed)",
                        "is not a well-formed comma-separated file (reading stopped at a row that could not "
                        "be parsed)")
             return
+        finally:
+            source.close()
         if bad_rows[0]:
             self._fail(name, f"every row has the header's {len(names)} comma-separated fields",
                        f"every row must have the header's {len(names)} comma-separated fields", rows=bad_rows[0])
 
     # ---------------------------------------------------------------------------- Parquet
-    def _parquet(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+    def _parquet(self, path: Path, name: str) -> Iterator[tuple[pa.RecordBatch, int]]:
         where = "" if not self.source.directory else f" ({name} is not)"
         try:
             schema = pq.read_schema(path)
@@ -617,8 +631,12 @@ class SourceReader:
                 text_codes.append(c.name)
         try:
             pf = pq.ParquetFile(path, read_dictionary=text_codes)
+            size, rows, done = path.stat().st_size, max(1, pf.metadata.num_rows), 0
             for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present]):
-                yield batch
+                # Bytes in proportion to the rows (progress): the file's share read so far.
+                now = size * min(rows, done + batch.num_rows) // rows
+                yield batch, now - size * done // rows
+                done += batch.num_rows
         except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
             self._fail(self.source.name, "the file is a readable Parquet file (reading stopped at a corrupt page)",
                        "is not a readable Parquet file (reading stopped at a corrupt page)")

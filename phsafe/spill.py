@@ -152,10 +152,11 @@ def _sample_csv(path: Path, windows: int) -> list[pa.Array]:
             return []
         column = f"c{header.index('MAFID')}"
         out = []
-        starts = sorted({int(size * (i + 0.5) / windows) for i in range(windows)})
+        width = max(1 << 12, min(SAMPLE_WINDOW_BYTES, size // windows))  # windows never overlap
+        starts = sorted({int(size * i / windows) for i in range(windows)})
         for start in starts:
             fh.seek(start)
-            data = fh.read(SAMPLE_WINDOW_BYTES)
+            data = fh.read(width)
             first, last = data.find(b"\n"), data.rfind(b"\n")
             if first < 0 or last <= first:
                 continue

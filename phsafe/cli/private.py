@@ -8,6 +8,27 @@ import click
 
 from phsafe.cli._common import EXISTING, EXISTING_FILE, PATH, fail, log_option, parse_amount, start
 from phsafe.cli._output import command_progress, result_line, verbosity_options
+from phsafe.memory import memory_limit_help, parse_size
+
+
+class MemorySize(click.ParamType):
+    """A size in bytes: ``8G``, ``512M``, ``12.5GiB`` (binary units)."""
+
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def memory_limit_option(f):  # noqa: ANN001, ANN201 -- a click decorator
+    """``--memory-limit SIZE`` (shared by private, non-private and validate)."""
+    return click.option("--memory-limit", "memory_limit", type=MemorySize(), default=None,
+                        help=memory_limit_help())(f)
 
 
 @click.command()
@@ -44,12 +65,13 @@ from phsafe.cli._output import command_progress, result_line, verbosity_options
               help="Complete the failed run RUN_ID: its committed measurements are reused (no new noise), "
                    "the rest are new spends; OUT may be a new folder.")
 @click.option("--resume-reason", default=None, metavar="TEXT", help="Why the run is resumed (recorded in the ledger).")
+@memory_limit_option
 @verbosity_options
 def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset: str | None,
             new_version: str | None, no_validate: bool, validate_flag: bool, validate_outputs: bool,
             log_file: Path | None, lifetime_cap: str | None, cap_reason: str | None, signing_key: Path | None,
             public_key: Path | None, work_dir: Path | None, non_confidential: bool, truncation_key: str | None,
-            resume_run_id: str | None, resume_reason: str | None) -> None:
+            resume_run_id: str | None, resume_reason: str | None, memory_limit: int | None) -> None:
     """Run PHSafe on DATA with CONFIG and publish the eleven tables to OUT.
 
     Checks everything first (config, ledger, keys, paths, space, inputs) and spends nothing
@@ -68,7 +90,7 @@ def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset
             lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), cap_reason=cap_reason,
             signing_key=signing_key, public_key=public_key, non_confidential=non_confidential,
             validate_inputs=not no_validate, validate_outputs=validate_outputs, work_dir=work_dir,
-            truncation_key=truncation_key, resume_reason=resume_reason,
+            truncation_key=truncation_key, resume_reason=resume_reason, memory_limit=memory_limit,
         )
         with command_progress(log_file) as progress:
             result = run_private(config, data, output, options, progress=progress, run_id=resume_run_id,
