@@ -38,7 +38,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows._logging import configure_once
-from flows.counting import count_on_dask
+from flows.counting import validate_and_count_on_dask
 from phsafe import engine
 from phsafe.config import PHSafeConfig
 from phsafe.errors import ConfigError, PHSafeError, front_end, option
@@ -166,19 +166,16 @@ def run_dataset(
             plan = t.plan_budget(cfg)
             run = t.preflight(run, cfg, plan)  # nothing is spent if anything is wrong
             if counting == "dask":
-                # Per-partition counting on the cluster, sums back here; validation reads the
-                # inputs on this process first (the one-read pass is the local path's).
-                report = t.validate_inputs(run) if validate_inputs else None
-                counts = None
+                # On the cluster: national files read once in blocks (validation and counting),
+                # data stored by state validated here and counted per state there.
+                counts, report = validate_and_count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
+                                                            max_persons=partition_persons)
             else:
                 counts, report = t.validate_and_count(run)
             if report is not None:
                 artifacts.validation_summary(shown, run_id, "input", report)
                 if not report.ok:  # before the ledger run: nothing spent
                     raise engine.ValidationFailed("input", _public_text(report, run))
-            if counts is None:
-                counts = count_on_dask(run, cfg, address=dask_address, n_workers=dask_workers,
-                                       max_persons=partition_persons)
             digests = t.fingerprint_inputs(run.data_dir)
             attempt = t.open_ledger_run(run, plan, digests, counts)
             try:

@@ -843,13 +843,13 @@ class InputPass:
                         if plan.spilled:
                             state["spilled"] = self._start_spill(part, plan.buckets)
                     spilled = state.get("spilled")
-                    if isinstance(spilled, _Spilled):
+                    if isinstance(spilled, Spilled):
                         writers[stem] = SpillWriter(spilled.folder, stem, spilled.plan)
                     continue
                 timer = state["timer"]
                 assert isinstance(timer, _Timer)
                 spilled = state.get("spilled")
-                sink = writers[stem] if isinstance(spilled, _Spilled) else state[stem]
+                sink = writers[stem] if isinstance(spilled, Spilled) else state[stem]
                 bar = self._bytes_read.get(stem)
                 if kind == "batch":
                     with timer("read and check"):
@@ -865,7 +865,7 @@ class InputPass:
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
                 last_part = part is self.parts[-1]
-                if isinstance(spilled, _Spilled):
+                if isinstance(spilled, Spilled):
                     with timer("spill"):
                         writer = writers.pop(stem)
                         writer.close()
@@ -915,13 +915,13 @@ class InputPass:
                 writer.abort()
 
     # --------------------------------------------------------------------------- spilled parts
-    def _start_spill(self, part: PassPart, buckets: int) -> "_Spilled":
+    def _start_spill(self, part: PassPart, buckets: int) -> "Spilled":
         assert self._spill is not None
         plan = plan_buckets(part.files, buckets, BYTES_PER_ROW)
         log.info("spilling a partition", partition=part.label, buckets=plan.buckets)
-        return _Spilled(self._spill.part_folder(), plan)
+        return Spilled(self._spill.part_folder(), plan)
 
-    def _spilled_aside(self, spilled: "_Spilled", aside: object) -> AsideMafids:
+    def _spilled_aside(self, spilled: "Spilled", aside: object) -> AsideMafids:
         """The set-aside MAFIDs of a spilled partition, once its geo is read: MAFIDs of set-aside
         geo rows that also have a kept geo row are taken out (one read of the geo spill's MAFID
         and TABBLKST, only when a row was set aside)."""
@@ -939,7 +939,7 @@ class InputPass:
                 out.add_kept(m.values[kept])
         return out
 
-    def _load_bucket(self, part: PassPart, spilled: "_Spilled", bucket: int) -> tuple[PassPart, dict[str, object]]:
+    def _load_bucket(self, part: PassPart, spilled: "Spilled", bucket: int) -> tuple[PassPart, dict[str, object]]:
         """One bucket of a spilled partition, read back and joined (what :meth:`_partitions`
         gives for a partition held in memory)."""
         n = spilled.plan.buckets
@@ -1145,6 +1145,68 @@ class InputPass:
         if len(self._counts) > 1:
             self._counts = [combine_counts(self._counts)]
 
+    # ------------------------------------------------------------ pieces of a pass (cluster)
+    # The Dask path (``phsafe.distributed``) runs a spilled partition's two halves as tasks:
+    # each block of a file streamed into the buckets, then each bucket joined, validated and
+    # counted -- with the same code as the pass on one machine.
+    def spill_block(self, stem: str, reader: SourceReader, spilled: "Spilled", *, block: int,
+                    aside: "AsideMafids | AsideCollector | None" = None) -> np.ndarray:
+        """Stream one block of one file (``reader``) into ``spilled``'s buckets; the rows
+        written to each bucket. For geo, ``aside`` collects the MAFIDs of set-aside rows; for
+        units and persons it holds the partition's set-aside MAFIDs."""
+        part = self.parts[0]
+        state: dict[str, object] = {"spilled": spilled, "timer": _Timer()}
+        if stem == "geo":
+            if aside is not None:
+                state["aside"] = aside
+        else:
+            state["joiner"] = aside if isinstance(aside, AsideMafids) else AsideMafids()
+        writer = SpillWriter(spilled.folder, stem, spilled.plan, block=block)
+        try:
+            for item in reader.batches():
+                self._batch(part, stem, item, writer, state)
+            writer.close()
+        finally:
+            writer.abort()
+        joiner = state.get("joiner")
+        if isinstance(joiner, AsideMafids):
+            for s in ("units", "persons"):
+                self.result.set_aside[s] += joiner.set_aside[s]
+        if self.observer is not None:
+            self.observer.file_read(stem, part, reader, False)
+            self.observer.finish_block(stem)  # type: ignore[attr-defined]
+        return writer.rows
+
+    def settle_aside(self, spilled: "Spilled", bucket: int, aside: np.ndarray) -> np.ndarray:
+        """The set-aside MAFIDs of one bucket (``aside``: MAFIDs of its set-aside geo rows, sorted
+        and distinct) less those that also have a kept geo row."""
+        if not len(aside):
+            return aside
+        kept_too: list[np.ndarray] = []
+        for encoded, _ in read_bucket(spilled.folder, "geo", bucket, ("MAFID", "TABBLKST")):
+            m, st = encoded["MAFID"], encoded["TABBLKST"]
+            kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
+            if st.kind is not None:
+                kept |= st.kind != OK
+            if m.kind is not None:
+                kept &= m.kind == OK
+            values = m.values[kept]
+            pos = np.minimum(np.searchsorted(aside, values), len(aside) - 1)
+            kept_too.append(values[aside[pos] == values])
+        if not kept_too:
+            return aside
+        return np.setdiff1d(aside, np.concatenate(kept_too), assume_unique=False)
+
+    def count_bucket(self, spilled: "Spilled", bucket: int) -> PassResult:
+        """Join, validate and count one bucket of a spilled partition (the last piece for its
+        observer: the cross-file frames are submitted)."""
+        part, state = self._load_bucket(self.parts[0], spilled, bucket)
+        state["timer"] = _Timer()
+        self._finish_partition(part, state, True, _StageTotals())
+        if self.counting is not None and self.result.count_error is None:
+            self.result.counts = combine_counts(self._counts) if self._counts else self._zero_counts()
+        return self.result
+
     def _layout_add(self, stem: str, part: PassPart, mafids: np.ndarray) -> None:
         assert self._layout is not None
         again = self._layout.add(stem, mafids)
@@ -1191,8 +1253,21 @@ class _Timer(_StageTotals):
     """Stage seconds of one partition."""
 
 
+class AsideCollector:
+    """Collects the valid MAFIDs of set-aside geo rows (a geo block read on a cluster)."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+
+    def add_aside(self, mafids: np.ndarray) -> None:
+        self.parts.append(np.asarray(mafids, dtype=np.int32))
+
+    def distinct(self) -> np.ndarray:
+        return sorted_distinct(np.concatenate(self.parts)) if self.parts else np.empty(0, np.int32)
+
+
 @dataclass
-class _Spilled:
+class Spilled:
     """A partition being spilled: its folder and buckets, and the rows written to each."""
 
     folder: Path

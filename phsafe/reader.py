@@ -469,7 +469,7 @@ class SourceReader:
     """
 
     def __init__(self, source: InputFile, problems: Problems, *, columns: Sequence[str] | None = None,
-                 reads: Callable[[Path], None] | None = None) -> None:
+                 reads: Callable[[Path], None] | None = None, block: tuple[int, int] | None = None) -> None:
         self.source = source
         self.problems = problems
         self.schema = FILES[source.stem]
@@ -477,6 +477,10 @@ class SourceReader:
         self.header: list[str] | None = None
         self.complete = True
         self._reads = reads
+        self.block = block
+        """Read only a block of a single file: ``(start, stop)`` bytes of a CSV file -- the rows
+        that *begin* in that range, so that consecutive blocks read every row once -- or row
+        groups of a Parquet file (see :func:`csv_blocks`)."""
 
     def batches(self) -> Iterator[FileBatch]:
         for path in self.source.files:
@@ -553,7 +557,10 @@ class SourceReader:
 
         try:
             # Opened here so that its position tells how far the reading is (progress).
-            source = pa.OSFile(str(path))
+            if self.block is None:
+                source, skip = pa.OSFile(str(path)), 1
+            else:
+                source, skip = _csv_block(path, *self.block), 0
         except (pa.ArrowException, OSError):
             self._fail(name, "the file can be read", "could not be read")
             return
@@ -561,7 +568,7 @@ class SourceReader:
         try:
             reader = pacsv.open_csv(
                 source,
-                read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=1, block_size=CSV_BLOCK_BYTES,
+                read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=skip, block_size=CSV_BLOCK_BYTES,
                                                use_threads=True),
                 parse_options=pacsv.ParseOptions(delimiter=",", invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(
@@ -632,7 +639,12 @@ class SourceReader:
         try:
             pf = pq.ParquetFile(path, read_dictionary=text_codes)
             size, rows, done = path.stat().st_size, max(1, pf.metadata.num_rows), 0
-            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present]):
+            groups = None if self.block is None else list(range(*self.block))
+            if groups is not None:
+                rows = max(1, sum(pf.metadata.row_group(g).num_rows for g in groups))
+                size = sum(pf.metadata.row_group(g).total_byte_size for g in groups)
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present],
+                                         row_groups=groups):
                 # Bytes in proportion to the rows (progress): the file's share read so far.
                 now = size * min(rows, done + batch.num_rows) // rows
                 yield batch, now - size * done // rows
@@ -640,6 +652,50 @@ class SourceReader:
         except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
             self._fail(self.source.name, "the file is a readable Parquet file (reading stopped at a corrupt page)",
                        "is not a readable Parquet file (reading stopped at a corrupt page)")
+
+
+def _csv_block(path: Path, start: int, stop: int) -> pa.BufferReader:
+    """The bytes of the rows of a CSV file that begin in ``[start, stop)`` (the header row is
+    never one of them), memory-mapped: a row begins at the byte after a line break."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        header_end = len(fh.readline())
+
+        def row_start(at: int) -> int:  # the first row beginning at or after ``at``
+            if at <= header_end:
+                return header_end
+            if at >= size:
+                return size
+            fh.seek(at - 1)
+            return at - 1 + len(fh.readline())
+
+        begin, end = row_start(start), row_start(stop)
+    if end <= begin:
+        return pa.BufferReader(b"")
+    return pa.BufferReader(pa.memory_map(str(path)).read_at(end - begin, begin))
+
+
+def csv_blocks(path: Path, block_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive byte ranges of about ``block_bytes`` covering a CSV file: read as
+    :class:`SourceReader` blocks, they read each row exactly once."""
+    size = path.stat().st_size
+    n = max(1, -(-size // max(1, block_bytes)))
+    bounds = [size * i // n for i in range(n + 1)]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def parquet_blocks(path: Path, block_rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of a Parquet file's row groups of about ``block_rows`` rows each."""
+    meta = pq.ParquetFile(path).metadata
+    out, first, rows = [], 0, 0
+    for g in range(meta.num_row_groups):
+        rows += meta.row_group(g).num_rows
+        if rows >= block_rows:
+            out.append((first, g + 1))
+            first, rows = g + 1, 0
+    if first < meta.num_row_groups or not out:
+        out.append((first, meta.num_row_groups))
+    return out
 
 
 def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:

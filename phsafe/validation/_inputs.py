@@ -582,6 +582,61 @@ class InputValidation:
                           column_weights={c: _narrow(single[c][2]) for c in columns})
             self._add_job(job, check.tally)
 
+    # ------------------------------------------------------- pieces of a pass (on a cluster)
+    # A pass cut into tasks (``phsafe.distributed``): each block of a file and each MAFID range
+    # is validated where it is read, by an observer of its own, and what that observer found
+    # -- value-free tallies -- is merged where the report is made. Every rule's verdict is the
+    # conjunction of its verdicts on the pieces and its counts are their sums, as when one
+    # observer submits several frames of a rule (the suites have no ``mostly`` rule).
+    def finish_block(self, stem: str) -> None:
+        """A block of a file is read: submit its per-file frames (and its irregular MAFIDs)."""
+        check = self.files[stem]
+        if check.irregular_mafids and check.mafid_group is not None:
+            extra, counts = distinct([np.concatenate(check.irregular_mafids)])
+            check.irregular_mafids.clear()
+            check.mafids.append((extra[0], counts))
+            self._submit_mafids(check)
+        self._submit_file(stem)
+
+    def assume_files(self, seen: "Mapping[str, FileSeen]") -> None:
+        """What the blocks saw of each file (a MAFID range's observer never reads a file whole):
+        its header and columns, and whether every row could be read."""
+        for stem, file_seen in seen.items():
+            check = self.files[stem]
+            check.header = list(file_seen.header) if file_seen.header is not None else None
+            check.complete = file_seen.complete
+            if check.groups is None:
+                self._setup(check, list(file_seen.columns))
+
+    def piece(self) -> "ValidationPiece":
+        """Wait for this observer's evaluations; what it found, value-free (picklable)."""
+        self._collect()
+        return ValidationPiece(
+            files={stem: c.tally for stem, c in self.files.items()},
+            cross=dict(self.cross),
+            seen={stem: FileSeen(tuple(c.header) if c.header is not None else None, frozenset(c.columns), c.complete)
+                  for stem, c in self.files.items()},
+            utf8_rows={stem: dict(c.utf8_rows) for stem, c in self.files.items()},
+            skipped_cross=list(self._skipped_cross),
+        )
+
+    def absorb(self, piece: "ValidationPiece") -> None:
+        """Add what another observer found (see :meth:`piece`)."""
+        for stem, tally in piece.files.items():
+            check = self.files[stem]
+            check.tally.merge(tally)
+            for column, n in piece.utf8_rows.get(stem, {}).items():
+                check.utf8_rows[column] = check.utf8_rows.get(column, 0) + n
+        for name, tally in piece.cross.items():
+            self.cross[name].merge(tally)
+        for note in piece.skipped_cross:
+            if note not in self._skipped_cross:
+                self._skipped_cross.append(note)
+
+    def seen(self) -> "dict[str, FileSeen]":
+        return {stem: FileSeen(tuple(c.header) if c.header is not None else None, frozenset(c.columns), c.complete)
+                for stem, c in self.files.items()}
+
     # --------------------------------------------------------------------------------- report
     def _collect(self) -> None:
         for job, future, tally in self._jobs:
@@ -644,6 +699,66 @@ class InputValidation:
                 f"the input is stored by state ({result.states_found} TABBLKST=<state> folders): records join "
                 "only within a state's folders, as the counting reads them")
         return report
+
+
+@dataclass(frozen=True)
+class FileSeen:
+    """What the blocks of a file saw: its header, the schema columns it has, whether every row
+    could be read (and was UTF-8) -- the cross-file rules need the whole file."""
+
+    header: tuple[str, ...] | None
+    columns: frozenset[str]
+    complete: bool
+
+    @staticmethod
+    def merge(pieces: "Sequence[FileSeen]") -> "FileSeen":
+        header = next((p.header for p in pieces if p.header is not None), None)
+        columns = frozenset().union(*(p.columns for p in pieces)) if pieces else frozenset()
+        return FileSeen(header, columns, all(p.complete for p in pieces))
+
+
+@dataclass
+class ValidationPiece:
+    """What validating one piece of a pass found (value-free: rule tallies and row counts)."""
+
+    files: dict[str, Tally]
+    cross: dict[str, Tally]
+    seen: dict[str, FileSeen]
+    utf8_rows: dict[str, dict[str, int]]
+    skipped_cross: list[str]
+
+
+def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
+                     report_dir: Path | None = None) -> ValidationReport:
+    """The validation report of a pass validated in pieces (on a cluster): the config's rules
+    evaluated here, every piece's tallies merged, the report written to ``report_dir/inputs``.
+
+    Args:
+        result: The pass's merged :class:`phsafe.counting.PassResult` (reading problems, rows
+            set aside).
+    """
+    config, load_failure = _config.load(config_path)
+    raw = _config.read_raw(config_path)
+    state_list = _config.state_filter(config, raw)
+    states = _usable_states(state_list)
+    sources, missing = locate(data_dir)
+    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
+    file_names["config"] = config_path.name
+    observer = InputValidation(file_names, evaluator(0), state_list, missing=set(FILES) - set(sources))
+    try:
+        config_run = observer.config(raw)
+        for stem in STEMS:
+            seen = FileSeen.merge([p.seen[stem] for p in pieces if stem in p.seen])
+            observer.files[stem].header = list(seen.header) if seen.header is not None else None
+            observer.files[stem].complete = seen.complete
+        for piece in pieces:
+            observer.absorb(piece)
+        report = observer.report(result, config_run, load_failure, missing, states)
+        if report_dir is not None:
+            observer.write_report(report, Path(report_dir))
+    finally:
+        observer.close()
+    return report
 
 
 def _plain(suite: Suite, group: RuleGroup) -> bool:
