@@ -104,6 +104,18 @@ def _check_dataset(label: str, config: PHSafeConfig, config_path: Path) -> None:
                           file=str(config_path))
 
 
+def _memory_limit(text: str | None) -> int | None:
+    """The ``memory_limit`` flow parameter (``8G``, ``512M``) in bytes."""
+    if not text:
+        return None
+    from phsafe.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise PHSafeError(f"the flow parameter memory_limit: {exc}") from None
+
+
 def run_dataset(
     label: str,
     *,
@@ -128,6 +140,7 @@ def run_dataset(
     dask_address: str | None = None,
     dask_workers: int | None = None,
     partition_persons: int | None = None,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
     """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``).
 
@@ -150,6 +163,7 @@ def run_dataset(
             validate_inputs=validate_inputs, validate_outputs=validate_outputs,
             work_dir=Path(work_dir) if work_dir else None,
             resume_reason=resume_reason or (f"Prefect flow run {flow_run.id} retried" if not resume_run_id else None),
+            memory_limit=_memory_limit(memory_limit),
         )
         earlier = engine.open_ledger(ledger_path).run(run_id) if ledger_path.is_file() else None
         if resume_run_id and earlier is None:
@@ -245,6 +259,9 @@ _COMMON_DOC = """
         dask_address: Scheduler address of an existing Dask cluster (default: a LocalCluster).
         dask_workers: Workers of the LocalCluster (default 2).
         partition_persons: Cut partitions larger than this many persons into MAFID ranges.
+        memory_limit: Memory the input pass may use, e.g. ``8G`` (default: half of the machine's);
+            inputs too large for it are spilled in MAFID ranges to the work folder, inputs that
+            cannot fit are refused before anything is spent.
 """
 
 
@@ -271,6 +288,7 @@ def us_flow(
     dask_address: str | None = None,
     dask_workers: PositiveCount | None = None,
     partition_persons: PositiveCount | None = None,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
     """S-DHC for the 50 states and DC: Nation and State levels."""
     return run_dataset("us", **locals())
@@ -299,6 +317,7 @@ def pr_flow(
     dask_address: str | None = None,
     dask_workers: PositiveCount | None = None,
     partition_persons: PositiveCount | None = None,
+    memory_limit: str | None = None,
 ) -> dict[str, Any]:
     """S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level."""
     return run_dataset("pr", **locals())
