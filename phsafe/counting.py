@@ -67,7 +67,15 @@ from phsafe.config import PHSafeConfig, load_config
 from phsafe.errors import ConfigError, InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
-from phsafe.memory import BYTES_PER_ROW, MemoryPlan, check_memory, default_memory_limit, needed_limit, plan_part
+from phsafe.memory import (
+    BYTES_PER_ROW,
+    MemoryPlan,
+    check_memory,
+    default_memory_limit,
+    needed_limit,
+    plan_part,
+    worker_processes,
+)
 from phsafe.progress import BYTES
 from phsafe.preprocess import (
     MAX_PERSONS_PER_PARTITION,
@@ -748,6 +756,7 @@ class InputPass:
         self._spill: SpillArea | None = None
         self._bytes_read: dict[str, Task] = {}
         self._buckets_done: Task | None = None
+        self._workers = None
 
     # ------------------------------------------------------------------------------------ plan
     def _plan(self) -> list[PassPart]:
@@ -784,6 +793,11 @@ class InputPass:
         totals = _StageTotals()
         self._spill = SpillArea(self.spill_dir) if self.spill_dir is not None or self.memory.spills else None
         progress = self.progress or NULL
+        if self.memory.workers > 1 and any(self.memory.parts[part.label].spilled and part.state is None
+                                           for part in self.parts):
+            from phsafe.distributed import WorkerProcesses
+
+            self._workers = WorkerProcesses(self.memory.workers)
         try:
             with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
                     progress.task("input files", total=len(self.parts) * len(STEMS), unit="files") as files_read, \
@@ -804,6 +818,8 @@ class InputPass:
                     with totals("layout of folders outside the state filter"):
                         self._aside_folder(part)
         finally:
+            if self._workers is not None:
+                self._workers.close()
             if self._spill is not None:
                 self._spill.close()
         log.info("partition stages", **{k.replace(", ", "_").replace(" ", "_"): round(v, 3)
@@ -881,6 +897,11 @@ class InputPass:
                         for totals_name, seconds in timer.seconds.items():
                             totals.seconds[totals_name] = totals.seconds.get(totals_name, 0.0) + seconds
                         planned = self.memory.parts[part.label].buckets
+                        if self._workers is not None and part.state is None:
+                            self._count_in_workers(part, spilled, last_part, totals)
+                            remove_partition(spilled.folder)
+                            state = {}
+                            continue
                         if spilled.plan.buckets < planned and self._buckets_done is not None:
                             self._buckets_done.update(self._buckets_done.completed,  # type: ignore[attr-defined]
                                                       total=self._buckets_done.total - planned + spilled.plan.buckets)  # type: ignore
@@ -920,6 +941,41 @@ class InputPass:
         plan = plan_buckets(part.files, buckets, BYTES_PER_ROW)
         log.info("spilling a partition", partition=part.label, buckets=plan.buckets)
         return Spilled(self._spill.part_folder(), plan)
+
+    def _count_in_workers(self, part: PassPart, spilled: "Spilled", last_part: bool, totals: _StageTotals) -> None:
+        """Join, validate and count a national partition's buckets in worker processes, as many
+        at once as there are processes (:class:`phsafe.distributed.WorkerProcesses`): each runs
+        the code of :meth:`count_bucket` with a validation observer of its own, and what they
+        found is merged here -- the counts added, the validation tallies absorbed."""
+        from phsafe.distributed import ClusterPlan
+
+        observer = self.observer
+        plan = ClusterPlan(Path(), Path(), dict(part.files), self.states, spilled.plan, spilled.folder, (),
+                           observer is not None, self.counting,
+                           dict(getattr(observer, "file_names", {})), getattr(observer, "state_filter", None))
+        seen = observer.seen() if observer is not None else {}  # type: ignore[attr-defined]
+        calls = [(plan, b, seen, spilled.rows) for b in range(spilled.plan.buckets)]
+        assert self._workers is not None
+        with totals("join, validate and count MAFID ranges (worker processes)"):
+            for result in self._workers.map("count_bucket", calls):
+                if result.error is not None:  # type: ignore[attr-defined]
+                    raise InputError(*result.error)  # type: ignore[attr-defined]
+                for stem, n in result.set_aside.items():  # type: ignore[attr-defined]
+                    self.result.set_aside[stem] += n
+                if observer is not None and result.piece is not None:  # type: ignore[attr-defined]
+                    observer.absorb(result.piece)  # type: ignore[attr-defined]
+                if result.count_error is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self.result.count_error = InputError(*result.count_error)  # type: ignore[attr-defined]
+                    if observer is None:
+                        raise self.result.count_error
+                if result.counts is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self._counts.append(result.counts)  # type: ignore[attr-defined]
+                    if len(self._counts) > 1:
+                        self._counts = [combine_counts(self._counts)]
+                if self._buckets_done is not None:
+                    self._buckets_done.advance(item=f"{part.label} [{result.bucket + 1}/{spilled.plan.buckets}]")  # type: ignore[attr-defined]
+        if last_part and observer is not None:
+            observer.partition_end()  # type: ignore[attr-defined]
 
     def _spilled_aside(self, spilled: "Spilled", aside: object) -> AsideMafids:
         """The set-aside MAFIDs of a spilled partition, once its geo is read: MAFIDs of set-aside
@@ -1292,7 +1348,9 @@ def plan_pass(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state
     plans = {}
     for part in parts:
         rows = {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
-        plan = plan_part(rows, limit, validate=validate, by_state=by_state)
+        # National partitions count their MAFID ranges in worker processes, one per core.
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state,
+                         parallel=worker_processes() if part.state is None else 1)
         if plan is None:
             return None
         plans[part.label] = plan

@@ -34,7 +34,7 @@ line break): such a file is reported as malformed, never silently misread.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +93,8 @@ class ClusterPlan:
     validate: bool
     counting: Counting | None
     file_names: Mapping[str, str] = field(default_factory=dict)
+    state_filter: list | None = None
+    """The config's state filter as validation reads it (a parameter of geo's rules)."""
 
     def blocks_of(self, stem: str) -> list[Block]:
         return [b for b in self.blocks if b.stem == stem]
@@ -142,8 +144,15 @@ def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs
         path = f.files[0]
         spans = csv_blocks(path, block_bytes) if f.format == "csv" else parquet_blocks(path, BLOCK_ROWS)
         blocks.extend(Block(stem, i, span) for i, span in enumerate(spans))
+    names = {stem: f.name for stem, f in files.items()}
+    names["config"] = Path(config_path).name
+    state_list = None
+    if validate:
+        from phsafe.validation._config import load as load_checked, read_raw, state_filter
+
+        state_list = state_filter(load_checked(Path(config_path))[0], read_raw(Path(config_path)))
     return ClusterPlan(Path(config_path), Path(data_dir), files, states, buckets, Path(spill_folder), tuple(blocks),
-                       validate, counting, {stem: f.name for stem, f in files.items()})
+                       validate, counting, names, state_list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,14 +192,10 @@ def _error(exc: InputError) -> tuple[str, str, str, int | None]:
 def _observer(plan: ClusterPlan):  # noqa: ANN202 -- phsafe.validation._inputs.InputValidation
     if not plan.validate:
         return None
-    from phsafe.validation._config import load as load_checked, read_raw, state_filter
     from phsafe.validation._inputs import InputValidation
     from phsafe.validation._worker import InProcess
 
-    config, _ = load_checked(plan.config_path)
-    names = dict(plan.file_names)
-    names["config"] = plan.config_path.name
-    return InputValidation(names, InProcess(), state_filter(config, read_raw(plan.config_path)), missing=set())
+    return InputValidation(dict(plan.file_names), InProcess(), plan.state_filter, missing=set())
 
 
 def _pass(plan: ClusterPlan, observer: object | None) -> InputPass:
@@ -347,3 +352,145 @@ def rows_of(blocks: Sequence[BlockResult], buckets: int) -> dict[str, np.ndarray
     for b in blocks:
         out[b.block.stem] += b.rows
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Worker processes on this machine
+# --------------------------------------------------------------------------------------------
+_JOBS = {"count_bucket": count_bucket, "read_block": read_block, "settle_aside": settle_aside}
+
+
+class WorkerProcesses:
+    """A few Python processes of this machine that run this module's tasks, so that a pass's MAFID
+    ranges are counted on every core (the pass on one machine; the Dask path has its cluster).
+
+    The processes are started with :mod:`subprocess` (``python -m phsafe.distributed``), not
+    :mod:`multiprocessing`, for the reason of :mod:`phsafe.validation._worker`: a spawned child
+    re-imports the caller's ``__main__``. Jobs go as pickles on their standard input and results
+    come back on their standard output; an exception comes back as its class name only (its
+    message may quote data). Nothing else is printed.
+
+    Args:
+        processes: How many.
+    """
+
+    def __init__(self, processes: int) -> None:
+        import os
+        import queue
+        import subprocess
+        import sys
+        import threading
+
+        self._jobs: "queue.Queue[tuple[int, str, tuple] | None]" = queue.Queue()
+        self._results: dict[int, object] = {}
+        self._done = threading.Condition()
+        self._failed: str | None = None
+        env = {**os.environ, "GX_ANALYTICS_ENABLED": "False"}
+        self._procs = [subprocess.Popen([sys.executable, "-m", "phsafe.distributed"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                       for _ in range(processes)]
+        self._threads = [threading.Thread(target=self._serve, args=(p,), name="phsafe-worker", daemon=True)
+                         for p in self._procs]
+        for t in self._threads:
+            t.start()
+        self._number = 0
+
+    def _serve(self, proc) -> None:  # noqa: ANN001 -- a subprocess.Popen
+        import pickle
+
+        while (job := self._jobs.get()) is not None:
+            number = job[0]
+            try:
+                pickle.dump(job, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                proc.stdin.flush()
+                answer, error = pickle.load(proc.stdout)
+            except (OSError, EOFError, ValueError, pickle.PickleError):
+                answer, error = None, "the worker process stopped"
+            with self._done:
+                self._results[number] = (answer, error)
+                self._done.notify_all()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    def map(self, name: str, calls: Sequence[tuple]) -> "Iterator[object]":
+        """Run ``name(*args)`` for each ``args`` of ``calls`` on the processes; the results in
+        order, each as soon as it (and those before it) is done.
+
+        Raises:
+            PHSafeError: A job failed in its process (its exception's class is named).
+        """
+        from phsafe.errors import PHSafeError
+
+        numbers = []
+        for args in calls:
+            self._number += 1
+            numbers.append(self._number)
+            self._jobs.put((self._number, name, tuple(args)))
+        for number in numbers:
+            with self._done:
+                self._done.wait_for(lambda: number in self._results)
+                answer, error = self._results.pop(number)  # type: ignore[misc]
+            if error is not None:
+                raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
+            yield answer
+
+    def close(self) -> None:
+        """Stop the processes (jobs not started yet are dropped)."""
+        import queue
+
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+        for p in self._procs:
+            try:
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001 -- a stuck process is killed
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> "WorkerProcesses":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main() -> int:
+    """A worker process: run jobs until standard input ends."""
+    import os
+    import pickle
+    import sys
+
+    channel = os.fdopen(os.dup(1), "wb")  # results only; anything else printed goes nowhere
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    # This file runs as __main__; the jobs' classes are those of the package's module.
+    from phsafe.distributed import _JOBS as jobs_by_name
+
+    jobs = sys.stdin.buffer
+    while True:
+        try:
+            _, name, args = pickle.load(jobs)
+        except EOFError:
+            return 0
+        try:
+            answer = (jobs_by_name[name](*args), None)
+        except Exception as exc:  # noqa: BLE001 -- its class only: the message may quote data
+            answer = (None, type(exc).__name__)
+        pickle.dump(answer, channel, protocol=pickle.HIGHEST_PROTOCOL)
+        channel.flush()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -63,6 +63,16 @@ memory and are no faster."""
 MIN_BUCKET_PERSONS = 1_000_000
 """Buckets are no smaller than this: the fixed cost of each would dominate."""
 MAX_BUCKETS = 4096
+WORKER_BYTES = 450 * MIB
+"""A worker process that counts MAFID ranges (:class:`phsafe.distributed.WorkerProcesses`), before its
+range: interpreter, libraries and, with validation, Great Expectations."""
+
+
+def worker_processes() -> int:
+    """How many MAFID ranges of a national partition are counted at once (one per core, at most two:
+    beyond, the reading is the bottleneck)."""
+    return max(1, min(2, os.cpu_count() or 1))
+
 SPILL_BYTES_PER_ROW: Mapping[str, int] = {"persons": 12, "units": 20, "geo": 9}
 """Disk a spilled row takes (its compact columns, Arrow IPC), with a margin."""
 
@@ -142,6 +152,8 @@ class PartPlan:
     buckets: int
     peak_bytes: int
     spill_bytes: int
+    parallel: int = 1
+    """Buckets counted at once (in worker processes when more than one)."""
 
     @property
     def spilled(self) -> bool:
@@ -158,29 +170,33 @@ def fixed_bytes(*, validate: bool, by_state: bool) -> int:
     return BASE_BYTES + (VALIDATION_BYTES if validate else 0) + (LAYOUT_BYTES if by_state else 0)
 
 
-def plan_part(rows: Mapping[str, int], limit: int, *, validate: bool, by_state: bool) -> PartPlan | None:
-    """In memory if it fits, else the fewest buckets that fit (and no more than
-    :data:`MAX_BUCKET_PERSONS` persons each); None when not even buckets of
+def plan_part(rows: Mapping[str, int], limit: int, *, validate: bool, by_state: bool,
+              parallel: int = 1) -> PartPlan | None:
+    """In memory if it fits, else the fewest buckets that fit -- ``parallel`` of them counted at
+    once, each in a worker process of :data:`WORKER_BYTES` -- and no more than
+    :data:`MAX_BUCKET_PERSONS` persons each; None when not even buckets of
     :data:`MIN_BUCKET_PERSONS` persons fit in ``limit``."""
     fixed = fixed_bytes(validate=validate, by_state=by_state)
     whole = part_bytes(rows)
     persons = max(1, rows.get("persons", 0))
     if fixed + whole <= limit:
         return PartPlan(1, fixed + whole, 0)
-    room = limit - fixed - STREAM_BYTES
+    workers = WORKER_BYTES * parallel if parallel > 1 else 0
+    room = (limit - fixed - STREAM_BYTES - workers) // max(1, parallel)
     need = max(math.ceil(persons / MAX_BUCKET_PERSONS), 2)
     if room > 0:
         need = max(need, math.ceil(whole / room))
     most = max(2, min(MAX_BUCKETS, math.ceil(persons / MIN_BUCKET_PERSONS)))
     if room <= 0 or need > most:
-        return None
+        return None if parallel == 1 else plan_part(rows, limit, validate=validate, by_state=by_state)
     per_bucket = math.ceil(whole / need)
     disk = sum(rows.get(stem, 0) * cost for stem, cost in SPILL_BYTES_PER_ROW.items())
-    return PartPlan(need, fixed + max(STREAM_BYTES, per_bucket), disk)
+    return PartPlan(need, fixed + STREAM_BYTES + workers + parallel * per_bucket, disk, parallel)
 
 
 def needed_limit(rows: Mapping[str, int], *, validate: bool, by_state: bool) -> int:
-    """The smallest limit :func:`plan_part` accepts for a partition of ``rows``."""
+    """The smallest limit :func:`plan_part` accepts for a partition of ``rows`` (its buckets
+    counted one at a time)."""
     persons = max(1, rows.get("persons", 0))
     most = max(2, min(MAX_BUCKETS, math.ceil(persons / MIN_BUCKET_PERSONS)))
     bucket = math.ceil(part_bytes(rows) / most)
@@ -206,6 +222,11 @@ class MemoryPlan:
     @property
     def spills(self) -> bool:
         return any(p.spilled for p in self.parts.values())
+
+    @property
+    def workers(self) -> int:
+        """Worker processes the pass needs (1: none)."""
+        return max((p.parallel for p in self.parts.values() if p.spilled), default=1)
 
 
 def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -> None:

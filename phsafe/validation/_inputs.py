@@ -598,6 +598,18 @@ class InputValidation:
             self._submit_mafids(check)
         self._submit_file(stem)
 
+    def partition_end(self) -> None:
+        """The pass's last partition was joined and counted by other observers (worker processes,
+        whose pieces were absorbed): submit what this one still holds -- the irregular MAFIDs its
+        batches found."""
+        for check in self.files.values():
+            if check.irregular_mafids and check.mafid_group is not None:
+                extra, counts = distinct([np.concatenate(check.irregular_mafids)])
+                check.irregular_mafids.clear()
+                check.mafids.append((extra[0], counts))
+            self._submit_mafids(check)
+        self._submit_accumulated()
+
     def assume_files(self, seen: "Mapping[str, FileSeen]") -> None:
         """What the blocks saw of each file (a MAFID range's observer never reads a file whole):
         its header and columns, and whether every row could be read."""

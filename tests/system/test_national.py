@@ -26,7 +26,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from phsafe import memory, spill
+from phsafe import distributed, memory, spill
 from phsafe.cli import main
 from phsafe.config import load_config
 from phsafe.counting import InputPass, exact_counts, validated_counts
@@ -44,7 +44,10 @@ PERSONS = 12_000
 KEY = bytes(range(16))
 SPECS = list(TABLES.values())
 LIMIT = int(2.6 * (1 << 30))
-"""With rows of 200 kB, a limit that cuts these inputs into about five MAFID ranges."""
+"""With rows of 200 kB, a limit that cuts these inputs into about five MAFID ranges, counted one at
+a time in the pass's process."""
+LIMIT_PARALLEL = 4 << 30
+"""A limit with room for two ranges at once: counted in two worker processes."""
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +85,13 @@ def forced_spill(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return load(self, part, spilled, bucket)
 
     monkeypatch.setattr(InputPass, "_load_bucket", spy)
+    in_workers = distributed.WorkerProcesses.map
+
+    def spy_workers(self, name, calls):  # type: ignore[no-untyped-def]
+        buckets.extend(f"worker:{call[1]}" for call in calls)
+        return in_workers(self, name, calls)
+
+    monkeypatch.setattr(distributed.WorkerProcesses, "map", spy_workers)
     return buckets
 
 
@@ -104,14 +114,16 @@ def test_spilled_counts_are_those_in_memory_and_by_state(datasets: dict[str, Pat
     _same_counts(reference, exact_counts(config, datasets["parquet-partitioned"], SPECS, key=key, memory_limit=big),
                  "stored by state, in memory")
     assert not forced_spill
-    for fmt in ("csv", "parquet", "parquet-partitioned"):
+    one_at_a_time = int(1.6 * (1 << 30))  # without validation: no room for two ranges at once
+    for fmt, limit, workers in (("csv", one_at_a_time, False), ("csv", LIMIT_PARALLEL, True),
+                                ("parquet", one_at_a_time, False), ("parquet-partitioned", one_at_a_time, False)):
         forced_spill.clear()
-        limit = LIMIT if fmt != "parquet-partitioned" else int(1.6 * (1 << 30))  # the big states spill
         spilled = exact_counts(config, datasets[fmt], SPECS, key=key, memory_limit=limit,
                                spill_dir=tmp_path / fmt / "spill")
         assert len(forced_spill) >= 3, forced_spill  # cut in MAFID ranges
+        assert all(b.startswith("worker") == workers for b in forced_spill), forced_spill
         assert not (tmp_path / fmt / "spill").exists()
-        _same_counts(reference, spilled, f"{fmt}, spilled")
+        _same_counts(reference, spilled, f"{fmt}, spilled" + (" (worker processes)" if workers else ""))
 
 
 def _break_mid_file(source: Path, target: Path) -> None:
@@ -134,15 +146,17 @@ def test_spilled_validation_reports_what_the_pass_in_memory_reports(datasets: di
     bad = tmp_path / "bad"
     _break_mid_file(datasets["csv"], bad)
     reports = {}
-    for label, limit in (("in memory", 1 << 50), ("spilled", LIMIT)):
+    for label, limit in (("in memory", 1 << 50), ("spilled", LIMIT), ("worker processes", LIMIT_PARALLEL)):
         forced_spill.clear()
         counts, reports[label] = validated_counts(config_path, bad, SPECS, key=KEY, memory_limit=limit,
                                                   spill_dir=tmp_path / "spill")
         assert counts is None and reports[label] is not None and not reports[label].ok
-        assert bool(forced_spill) == (label == "spilled")
-    assert reports["spilled"].to_text() == reports["in memory"].to_text()
-    assert reports["spilled"].failures == reports["in memory"].failures
-    assert reports["spilled"].set_aside == reports["in memory"].set_aside and reports["spilled"].set_aside["persons"]
+        assert bool(forced_spill) == (label != "in memory")
+        assert any(b.startswith("worker") for b in forced_spill) == (label == "worker processes")
+    for label in ("spilled", "worker processes"):
+        assert reports[label].to_text() == reports["in memory"].to_text(), label
+        assert reports[label].failures == reports["in memory"].failures
+        assert reports[label].set_aside == reports["in memory"].set_aside and reports[label].set_aside["persons"]
     text = reports["spilled"].to_text()
     for value in ("117", "9Z", "12345"):
         assert value not in text
