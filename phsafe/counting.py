@@ -130,11 +130,15 @@ class Counts(Mapping[str, TableCounts]):
     tabulated records (see :mod:`phsafe.fingerprint`). Both are confidential.
     """
 
-    __slots__ = ("_tables", "content")
+    __slots__ = ("_tables", "content", "input_digests")
 
     def __init__(self, tables: Mapping[str, TableCounts], content: ContentDigest) -> None:
         self._tables = dict(tables)
         self.content = content
+        self.input_digests: dict[str, str] | None = None
+        """The SHA-256 of each input (:func:`phsafe.reader.input_digests`' form), computed on the
+        very bytes the counts were read from -- when the pass read every input whole (CSV files);
+        None otherwise (the caller hashes the files)."""
 
     def __getitem__(self, table: str) -> TableCounts:
         return self._tables[table]
@@ -660,6 +664,8 @@ class PassResult:
     repeated: dict[str, int] = field(default_factory=dict)
     by_state: bool = False
     states_found: int = 0
+    digests: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of each file read whole as it was read (path -> hex; CSV files)."""
 
 
 class _Layout:
@@ -797,7 +803,7 @@ class InputPass:
                                            for part in self.parts):
             from phsafe.distributed import WorkerProcesses
 
-            self._workers = WorkerProcesses(self.memory.workers)
+            self._workers = WorkerProcesses(self.memory.workers, validation=self.observer is not None)
         try:
             with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
                     progress.task("input files", total=len(self.parts) * len(STEMS), unit="files") as files_read, \
@@ -832,6 +838,9 @@ class InputPass:
                                      f"a MAFID has {stem} rows in more than one state partition", rows=n)
         if self.counting is not None and self.result.count_error is None and self.result.counts is None:
             self.result.counts = self._zero_counts() if not self._counts else combine_counts(self._counts)
+        if self.result.counts is not None and self.parts and self.parts[0].state is None and all(
+                not f.directory and str(f.path) in self.result.digests for f in self.files.values()):
+            self.result.counts.input_digests = {f.name: self.result.digests[str(f.path)] for f in self.files.values()}
         return self.result
 
     def _zero_counts(self) -> Counts:
@@ -878,6 +887,7 @@ class InputPass:
                 if bar is not None:  # what the batches did not account for (e.g. an unreadable file)
                     bar.advance(max(0, _size(part.files[stem]) - state.get(f"{stem} bytes", 0)))  # type: ignore
                 files_read.advance(item=self.files[stem].name if part.state is None else f"{stem}, state {part.label}")
+                self.result.digests.update(payload.digests)  # type: ignore[attr-defined]
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
                 last_part = part is self.parts[-1]

@@ -357,7 +357,15 @@ def rows_of(blocks: Sequence[BlockResult], buckets: int) -> dict[str, np.ndarray
 # --------------------------------------------------------------------------------------------
 # Worker processes on this machine
 # --------------------------------------------------------------------------------------------
-_JOBS = {"count_bucket": count_bucket, "read_block": read_block, "settle_aside": settle_aside}
+def prewarm() -> None:
+    """Import what counting with validation needs (Great Expectations: seconds), before the first
+    range arrives."""
+    from phsafe.validation import _gx
+
+    _gx._gx()
+
+
+_JOBS = {"count_bucket": count_bucket, "read_block": read_block, "settle_aside": settle_aside, "prewarm": prewarm}
 
 
 class WorkerProcesses:
@@ -372,9 +380,11 @@ class WorkerProcesses:
 
     Args:
         processes: How many.
+        validation: The jobs validate: each process imports Great Expectations at once, while
+            the pass still streams its files.
     """
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, *, validation: bool = False) -> None:
         import os
         import queue
         import subprocess
@@ -394,6 +404,10 @@ class WorkerProcesses:
         for t in self._threads:
             t.start()
         self._number = 0
+        if validation:
+            for _ in self._procs:  # one each (a process takes one job at a time; results unread)
+                self._number += 1
+                self._jobs.put((self._number, "prewarm", ()))
 
     def _serve(self, proc) -> None:  # noqa: ANN001 -- a subprocess.Popen
         import pickle

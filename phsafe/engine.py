@@ -357,6 +357,12 @@ class ExactCounts:
         """The content digest of the tabulated records (see :mod:`phsafe.fingerprint`)."""
         return self._counts.content
 
+    @property
+    def input_digests(self) -> dict[str, str] | None:
+        """The inputs' SHA-256, computed on the bytes the counts were read from (CSV inputs), or
+        None (see :attr:`phsafe.counting.Counts.input_digests`)."""
+        return getattr(self._counts, "input_digests", None)
+
     def __repr__(self) -> str:
         return f"ExactCounts(tables={sorted(self._counts)})"
 
@@ -1017,8 +1023,8 @@ def run_private(
             counts, report = validate_and_count(run, stage)
         if counts is None:
             raise ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
-        with stage("digest inputs"):
-            digests = fingerprint_inputs(run.data_dir)
+        with stage("digest inputs"):  # CSV inputs: hashed as they were read (one read of their bytes)
+            digests = counts.input_digests or fingerprint_inputs(run.data_dir)
         fingerprint = content_fingerprint(run, counts)
         attempt = open_run_in_ledger(run, plan, digests, fingerprint)
         try:

@@ -481,6 +481,9 @@ class SourceReader:
         """Read only a block of a single file: ``(start, stop)`` bytes of a CSV file -- the rows
         that *begin* in that range, so that consecutive blocks read every row once -- or row
         groups of a Parquet file (see :func:`csv_blocks`)."""
+        self.digests: dict[str, str] = {}
+        """SHA-256 (hex) of each CSV file read whole, of the very bytes that were read (path ->
+        digest; see :func:`file_digest`)."""
 
     def batches(self) -> Iterator[FileBatch]:
         for path in self.source.files:
@@ -555,10 +558,13 @@ class SourceReader:
             bad_rows[0] += 1
             return "skip"
 
+        hashing: _HashingReader | None = None
         try:
-            # Opened here so that its position tells how far the reading is (progress).
+            # Opened here so that its position tells how far the reading is (progress), and -- a
+            # whole file -- so that the SHA-256 of its bytes is computed as they are read.
             if self.block is None:
-                source, skip = pa.OSFile(str(path)), 1
+                hashing = _HashingReader(path)
+                source, skip = pa.PythonFile(hashing, mode="r"), 1
             else:
                 source, skip = _csv_block(path, *self.block), 0
         except (pa.ArrowException, OSError):
@@ -592,6 +598,10 @@ class SourceReader:
             return
         finally:
             source.close()
+            if hashing is not None:
+                hashing.close()
+        if hashing is not None and hashing.digest is not None:
+            self.digests[str(path)] = hashing.digest
         if bad_rows[0]:
             self._fail(name, f"every row has the header's {len(names)} comma-separated fields",
                        f"every row must have the header's {len(names)} comma-separated fields", rows=bad_rows[0])
@@ -652,6 +662,53 @@ class SourceReader:
         except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
             self._fail(self.source.name, "the file is a readable Parquet file (reading stopped at a corrupt page)",
                        "is not a readable Parquet file (reading stopped at a corrupt page)")
+
+
+class _HashingReader(io.RawIOBase):
+    """A file read from start to end, its SHA-256 computed on the bytes as they are read (hashing
+    releases the GIL): ``digest`` once every byte is read, else None."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = open(path, "rb")  # noqa: SIM115 -- closed by close()
+        self._size = os.fstat(self._file.fileno()).st_size
+        self._hash = hashlib.sha256()
+        self._position = 0
+        self.digest: str | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 -- a writable buffer
+        n = self._file.readinto(buffer)
+        if n:
+            self._hash.update(memoryview(buffer)[:n])
+            self._position += n
+        elif self.digest is None and self._position == self._size:
+            self.digest = self._hash.hexdigest()
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(size)
+        if data:
+            self._hash.update(data)
+            self._position += len(data)
+        elif self.digest is None and self._position == self._size:
+            self.digest = self._hash.hexdigest()
+        return data
+
+    def close(self) -> None:
+        if self.digest is None and self._position == self._size and not self._file.closed:
+            if not self._file.read(1):  # every byte was read: the file ends here
+                self.digest = self._hash.hexdigest()
+        self._file.close()
+        super().close()
 
 
 def _csv_block(path: Path, start: int, stop: int) -> pa.BufferReader:

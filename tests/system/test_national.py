@@ -196,12 +196,24 @@ def test_a_spilled_private_run_publishes_the_same_tables_and_fingerprint(
     config = _infinity_config(config_path, tmp_path)
     ledger = new_ledger(tmp_path, cap="inf", non_confidential=True).path
     made = _spill_watch(monkeypatch)
+    import phsafe.engine as engine
+
+    hashed_again: list[Path] = []
+    digest_files = engine.fingerprint_inputs
+    monkeypatch.setattr(engine, "fingerprint_inputs", lambda data: hashed_again.append(data) or digest_files(data))
     runs = {}
     for fmt, limit in (("parquet-partitioned", 1 << 50), ("csv", LIMIT)):
         forced_spill.clear()
         runs[fmt] = run_private(config, datasets[fmt], tmp_path / f"out-{fmt}", PrivateRunOptions(
             ledger=ledger, non_confidential=True, truncation_key=KEY.hex(), memory_limit=limit))
         assert bool(forced_spill) == (fmt == "csv")
+    # The CSV files were hashed as they were read: one read of their bytes, whose digests the
+    # ledger records; the Parquet folders (read column by column) are hashed on their own.
+    assert hashed_again == [datasets["parquet-partitioned"]]
+    from phsafe.reader import file_digest
+
+    recorded_digests = read_ledger(ledger).runs[runs["csv"].run_id].input_digests
+    assert recorded_digests == {f"{s}.csv": file_digest(datasets["csv"] / f"{s}.csv") for s in ("persons", "units", "geo")}
     # Spill files only in the run's confidential work folder, gone once it published.
     assert made and all(f.is_relative_to(runs["csv"].run_dir / "spill") for f in made), made
     assert not (runs["csv"].run_dir / "spill").exists()
