@@ -57,7 +57,7 @@ LAYOUT_BYTES = 250 * MIB
 BYTES_PER_ROW: Mapping[str, int] = {"persons": 72, "units": 88, "geo": 56}
 """What a row of each file costs in a partition held in memory (compact columns, join, validation
 frames, counting temporaries); measured on synthetic national data with a margin."""
-MAX_BUCKET_PERSONS = 24_000_000
+MAX_BUCKET_PERSONS = 16_000_000
 """Buckets are no larger than this (about the largest state's records): larger ones use more
 memory and are no faster."""
 MIN_BUCKET_PERSONS = 1_000_000
