@@ -219,11 +219,21 @@ class SpillWriter:
         self._queue: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=depth)
         self._failed: BaseException | None = None
         self._closed = False
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._write, args=(block,), name="phsafe-spill", daemon=True)
         self._thread.start()
 
     def _batches(self) -> Iterator[pa.RecordBatch]:
-        while (batch := self._queue.get()) is not None:
+        # Runs on a thread of pyarrow's: it must end once the writer has failed or is closed,
+        # even if no batch comes (a thread of the writer left waiting here would keep the
+        # process from exiting).
+        while not self._stop.is_set():
+            try:
+                batch = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            if batch is None:
+                return
             yield batch
 
     def _write(self, block: int) -> None:
@@ -237,6 +247,7 @@ class SpillWriter:
             )
         except BaseException as exc:  # noqa: BLE001 -- reported by add() or close()
             self._failed = exc
+            self._stop.set()
             while True:  # let a producer waiting on a full queue go on (and find the failure)
                 try:
                     if self._queue.get(timeout=0.5) is None:
@@ -295,6 +306,7 @@ class SpillWriter:
             except queue.Full:
                 continue
         self._thread.join()
+        self._stop.set()
 
     def _raise_failure(self) -> None:
         if self._failed is not None:
