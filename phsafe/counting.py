@@ -67,12 +67,15 @@ from phsafe.config import PHSafeConfig, load_config
 from phsafe.errors import ConfigError, InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
+from phsafe import memory
 from phsafe.memory import (
     BYTES_PER_ROW,
     MemoryPlan,
     check_memory,
     default_memory_limit,
     needed_limit,
+    parallel_budget,
+    part_bytes,
     plan_part,
     worker_processes,
 )
@@ -799,11 +802,17 @@ class InputPass:
         totals = _StageTotals()
         self._spill = SpillArea(self.spill_dir) if self.spill_dir is not None or self.memory.spills else None
         progress = self.progress or NULL
-        if self.memory.workers > 1 and any(self.memory.parts[part.label].spilled and part.state is None
-                                           for part in self.parts):
+        state_budget = None
+        if self.result.by_state and not self.memory.spills and self._layout is not None:
+            # Data stored by state: states counted two at a time in worker processes, as many as
+            # the memory limit holds at once.
+            state_budget = parallel_budget([self._rows(p) for p in self.parts], self.memory_limit,
+                                           validate=self.observer is not None)
+        if state_budget is not None or (self.memory.workers > 1 and any(
+                self.memory.parts[part.label].spilled and part.state is None for part in self.parts)):
             from phsafe.distributed import WorkerProcesses
 
-            self._workers = WorkerProcesses(self.memory.workers, validation=self.observer is not None)
+            self._workers = WorkerProcesses(worker_processes(), validation=self.observer is not None)
         try:
             with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
                     progress.task("input files", total=len(self.parts) * len(STEMS), unit="files") as files_read, \
@@ -815,7 +824,10 @@ class InputPass:
                     self._buckets_done = bars.enter_context(progress.task(
                         "MAFID ranges", total=sum(p.buckets for p in self.memory.parts.values() if p.spilled),
                         unit="ranges"))
-                for number, (part, files, last) in enumerate(self._partitions(files_read, totals), start=1):
+                if state_budget is not None:
+                    self._states_in_workers(files_read, totals, state_budget)
+                for number, (part, files, last) in enumerate(
+                        self._partitions(files_read, totals) if state_budget is None else (), start=1):
                     started = time.perf_counter()
                     self._finish_partition(part, files, last, totals)
                     log.debug("partition done", partition=part.label, number=number,
@@ -951,6 +963,53 @@ class InputPass:
         plan = plan_buckets(part.files, buckets, BYTES_PER_ROW)
         log.info("spilling a partition", partition=part.label, buckets=plan.buckets)
         return Spilled(self._spill.part_folder(), plan)
+
+    @staticmethod
+    def _rows(part: PassPart) -> dict[str, int]:
+        return {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
+
+    def _states_in_workers(self, files_read: "Task", totals: _StageTotals, budget: int) -> None:
+        """Data stored by state: each released state's folders read, validated and counted in a
+        worker process, as many at once as ``budget`` bytes hold
+        (:func:`phsafe.distributed.count_state`: the code of this pass, with a validation observer
+        of its own); what they found merged here -- counts added, tallies and reading problems
+        absorbed, and the layout across the folders checked on the MAFIDs they return."""
+        from phsafe.distributed import ClusterPlan
+
+        observer = self.observer
+        plan = ClusterPlan(Path(), Path(), dict(self.files), self.states, BucketPlan(()), Path(), (),
+                           observer is not None, self.counting,
+                           dict(getattr(observer, "file_names", {})), getattr(observer, "state_filter", None))
+        costs = [part_bytes(self._rows(p)) for p in self.parts]
+        assert self._workers is not None
+        with totals("read, check, join, validate and count states (worker processes)"):
+            results = self._workers.map("count_state", [(plan, p) for p in self.parts], costs=costs, budget=budget)
+            for part, r in zip(self.parts, results):
+                if r.error is not None:  # type: ignore[attr-defined]
+                    raise InputError(*r.error)  # type: ignore[attr-defined]
+                for stem, found in r.problems.items():  # type: ignore[attr-defined]
+                    self.problems[stem].found.extend(found)
+                self.result.misplaced += r.misplaced  # type: ignore[attr-defined]
+                for stem, n in r.set_aside.items():  # type: ignore[attr-defined]
+                    self.result.set_aside[stem] += n
+                for stem in ("units", "geo"):
+                    for mafids in r.layout[stem]:  # type: ignore[attr-defined]
+                        self._layout_add(stem, part, mafids)
+                if observer is not None and r.piece is not None:  # type: ignore[attr-defined]
+                    observer.absorb(r.piece, files_read=True)  # type: ignore[attr-defined]
+                if r.count_error is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self.result.count_error = InputError(*r.count_error)  # type: ignore[attr-defined]
+                if r.counts is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self._counts.append(r.counts)  # type: ignore[attr-defined]
+                    if len(self._counts) > 1:
+                        self._counts = [combine_counts(self._counts)]
+                for stem in STEMS:
+                    bar = self._bytes_read.get(stem)
+                    if bar is not None:
+                        bar.advance(_size(part.files[stem]), item=part.label)
+                    files_read.advance(item=f"{stem}, state {part.label}")
+        if observer is not None:
+            observer.partition_end()  # type: ignore[attr-defined]
 
     def _count_in_workers(self, part: PassPart, spilled: "Spilled", last_part: bool, totals: _StageTotals) -> None:
         """Join, validate and count a national partition's buckets in worker processes, as many
@@ -1359,8 +1418,9 @@ def plan_pass(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state
     for part in parts:
         rows = {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
         # National partitions count their MAFID ranges in worker processes, one per core.
-        plan = plan_part(rows, limit, validate=validate, by_state=by_state,
-                         parallel=worker_processes() if part.state is None else 1)
+        parallel = worker_processes() if part.state is None and rows.get("persons", 0) >= memory.WORKERS_MIN_PERSONS \
+            else 1
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel)
         if plan is None:
             return None
         plans[part.label] = plan

@@ -195,7 +195,8 @@ def _observer(plan: ClusterPlan):  # noqa: ANN202 -- phsafe.validation._inputs.I
     from phsafe.validation._inputs import InputValidation
     from phsafe.validation._worker import InProcess
 
-    return InputValidation(dict(plan.file_names), InProcess(), plan.state_filter, missing=set())
+    return InputValidation(dict(plan.file_names), InProcess(), plan.state_filter, missing=set(),
+                           defer_combinations=True)
 
 
 def _pass(plan: ClusterPlan, observer: object | None) -> InputPass:
@@ -357,6 +358,57 @@ def rows_of(blocks: Sequence[BlockResult], buckets: int) -> dict[str, np.ndarray
 # --------------------------------------------------------------------------------------------
 # Worker processes on this machine
 # --------------------------------------------------------------------------------------------
+@dataclass
+class StateResult:
+    """What counting one state's folders in a worker process found (see :func:`count_state`)."""
+
+    counts: Counts | None
+    piece: object | None
+    set_aside: dict[str, int]
+    misplaced: int
+    problems: dict[str, list[ReadProblem]]
+    layout: dict[str, list[np.ndarray]]
+    count_error: tuple[str, str, str, int | None] | None = None
+    error: tuple[str, str, str, int | None] | None = None
+
+
+class _LayoutCollector:
+    """Stands for the pass's layout check in a worker: keeps each file's MAFIDs for the process
+    that checks the layout across the state folders."""
+
+    def __init__(self) -> None:
+        self.mafids: dict[str, list[np.ndarray]] = {"units": [], "geo": []}
+        self.repeated: dict[str, int] = {}
+
+    def add(self, stem: str, mafids: np.ndarray) -> int:
+        self.mafids[stem].append(np.asarray(mafids, dtype=np.int32))
+        return 0
+
+
+def count_state(plan: ClusterPlan, part: PassPart) -> StateResult:
+    """Read, check, validate, join and count one state's folders (data stored by state), as the
+    pass on one machine does, and return what the pass's process needs: counts, value-free
+    validation tallies and reading problems, and the MAFIDs of its units and geo for the layout
+    check across the folders."""
+    observer = _observer(plan)
+    try:
+        inputs = InputPass(part.files, plan.states, observer=observer, counting=plan.counting,  # type: ignore[arg-type]
+                           parts=[part], memory_limit=1 << 62)
+        layout = _LayoutCollector()
+        inputs._layout = layout  # type: ignore[assignment]  # noqa: SLF001
+        try:
+            result = inputs.run()
+        except InputError as exc:
+            return StateResult(None, None, {}, 0, {}, {}, error=_error(exc))
+        piece = observer.piece() if observer is not None else None
+        return StateResult(result.counts, piece, dict(result.set_aside), result.misplaced,
+                           {stem: list(p.found) for stem, p in result.problems.items()}, layout.mafids,
+                           _error(result.count_error) if result.count_error is not None else None)
+    finally:
+        if observer is not None:
+            observer.close()
+
+
 def prewarm() -> None:
     """Import what counting with validation needs (Great Expectations: seconds), before the first
     range arrives."""
@@ -365,7 +417,8 @@ def prewarm() -> None:
     _gx._gx()
 
 
-_JOBS = {"count_bucket": count_bucket, "read_block": read_block, "settle_aside": settle_aside, "prewarm": prewarm}
+_JOBS = {"count_bucket": count_bucket, "count_state": count_state, "read_block": read_block,
+         "settle_aside": settle_aside, "prewarm": prewarm}
 
 
 class WorkerProcesses:
@@ -428,24 +481,39 @@ class WorkerProcesses:
         except OSError:
             pass
 
-    def map(self, name: str, calls: Sequence[tuple]) -> "Iterator[object]":
+    def map(self, name: str, calls: Sequence[tuple], *, costs: Sequence[int] | None = None,
+            budget: int | None = None) -> "Iterator[object]":
         """Run ``name(*args)`` for each ``args`` of ``calls`` on the processes; the results in
         order, each as soon as it (and those before it) is done.
+
+        Args:
+            costs, budget: A job starts only while the costs (bytes of memory) of the jobs
+                started and not yet answered, with its own, stay within ``budget`` -- one job
+                always may.
 
         Raises:
             PHSafeError: A job failed in its process (its exception's class is named).
         """
+        from collections import deque
+
         from phsafe.errors import PHSafeError
 
-        numbers = []
-        for args in calls:
-            self._number += 1
-            numbers.append(self._number)
-            self._jobs.put((self._number, name, tuple(args)))
-        for number in numbers:
+        costs = list(costs) if costs is not None else [0] * len(calls)
+        waiting = deque(zip(calls, costs))
+        started: deque[tuple[int, int]] = deque()
+        in_flight = 0
+        while waiting or started:
+            while waiting and (not started or budget is None or in_flight + waiting[0][1] <= budget):
+                args, cost = waiting.popleft()
+                self._number += 1
+                started.append((self._number, cost))
+                in_flight += cost
+                self._jobs.put((self._number, name, tuple(args)))
+            number, cost = started.popleft()
             with self._done:
                 self._done.wait_for(lambda: number in self._results)
                 answer, error = self._results.pop(number)  # type: ignore[misc]
+            in_flight -= cost
             if error is not None:
                 raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
             yield answer

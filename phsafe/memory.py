@@ -68,6 +68,11 @@ WORKER_BYTES = 450 * MIB
 range: interpreter, libraries and, with validation, Great Expectations."""
 
 
+WORKERS_MIN_PERSONS = 4_000_000
+"""Passes over fewer persons use no worker processes: starting them and importing Great
+Expectations in each would cost more than they save."""
+
+
 def worker_processes() -> int:
     """How many MAFID ranges of a national partition are counted at once (one per core, at most two:
     beyond, the reading is the bottleneck)."""
@@ -192,6 +197,18 @@ def plan_part(rows: Mapping[str, int], limit: int, *, validate: bool, by_state: 
     per_bucket = math.ceil(whole / need)
     disk = sum(rows.get(stem, 0) * cost for stem, cost in SPILL_BYTES_PER_ROW.items())
     return PartPlan(need, fixed + STREAM_BYTES + workers + parallel * per_bucket, disk, parallel)
+
+
+def parallel_budget(parts: list[Mapping[str, int]], limit: int, *, validate: bool) -> int | None:
+    """For data stored by state held in memory: the bytes of states that may be counted at once
+    in :func:`worker_processes` worker processes (each state's cost by :func:`part_bytes`), or
+    None when that would not fit ``limit`` with the largest state (then states are counted one at
+    a time in the pass's process)."""
+    if worker_processes() < 2 or len(parts) < 2 or sum(p.get("persons", 0) for p in parts) < WORKERS_MIN_PERSONS:
+        return None
+    budget = limit - fixed_bytes(validate=validate, by_state=True) - worker_processes() * WORKER_BYTES
+    largest = max(part_bytes(rows) for rows in parts)
+    return budget if budget >= largest else None
 
 
 def needed_limit(rows: Mapping[str, int], *, validate: bool, by_state: bool) -> int:

@@ -223,7 +223,11 @@ class InputValidation:
     """
 
     def __init__(self, file_names: Mapping[str, str], evaluator: Evaluator, state_filter: list[str] | None,
-                 missing: set[str]) -> None:
+                 missing: set[str], *, defer_combinations: bool = False) -> None:
+        self.defer_combinations = defer_combinations
+        """A piece of a pass (:meth:`piece`): its per-file and cross-file combinations are handed
+        on, to be evaluated once with every other piece's where the report is made; only the
+        MAFID frames (large) and the headers are evaluated here."""
         self.file_names = dict(file_names)
         self.evaluator = evaluator
         self.state_filter = state_filter
@@ -233,6 +237,7 @@ class InputValidation:
         self.cross = {name: Tally(load_suite(name), _ROW_NOUNS) for name in CROSS_FILE_SUITES}
         self.cross_counters: dict[str, list[ComboCounter]] = {}
         self.cross_groups: dict[str, list[RuleGroup]] = {}
+        self._cross_columns: dict[str, list[str]] = {}
         self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
         self._pending_rows = 0
@@ -449,13 +454,17 @@ class InputValidation:
 
     def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
         """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
-        if suite not in self.cross_counters:
-            groups = rule_groups(self.cross[suite].suite, suite, list(columns))
-            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
-            self.cross_groups[suite] = groups
-            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, list(columns))]
+        self._cross_setup(suite, list(columns))
         for counter in self.cross_counters[suite]:
             counter.add([(columns[c], 1) for c in counter.columns])
+
+    def _cross_setup(self, suite: str, columns: list[str]) -> None:
+        if suite not in self.cross_counters:
+            groups = rule_groups(self.cross[suite].suite, suite, columns)
+            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
+            self.cross_groups[suite] = groups
+            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, columns)]
+            self._cross_columns[suite] = columns
 
     def _units_geo(self, join: Any, units: Any, geo_rows: Any) -> None:
         """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
@@ -532,7 +541,7 @@ class InputValidation:
     def _submit_file(self, stem: str) -> None:
         """Submit a file's per-file rule groups (once its every partition is read)."""
         check = self.files[stem]
-        if check.submitted:
+        if check.submitted or self.defer_combinations:
             return
         check.submitted = True
         single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
@@ -552,6 +561,8 @@ class InputValidation:
     def _submit_accumulated(self) -> None:
         for stem in self.files:
             self._submit_file(stem)
+        if self.defer_combinations:
+            return
         for suite, groups in self.cross_groups.items():
             for group in groups:
                 counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
@@ -621,26 +632,91 @@ class InputValidation:
                 self._setup(check, list(file_seen.columns))
 
     def piece(self) -> "ValidationPiece":
-        """Wait for this observer's evaluations; what it found, value-free (picklable)."""
+        """Wait for this observer's evaluations; what it found (picklable): tallies, and -- when
+        it defers them -- the distinct combinations it counted, with the values of the irregular
+        classes they hold (confidential, like the data: they go only where the report is made)."""
         self._collect()
+        combos = None
+        if self.defer_combinations:
+            combos = CombinationPiece(
+                files={stem: [(counter.columns, *counter.result()) for counter in c.counters]
+                       for stem, c in self.files.items() if c.counters},
+                columns={stem: tuple(c.columns) for stem, c in self.files.items()},
+                extras={stem: {name: list(book._values) for name, book in c.books.items() if book._values}  # noqa: SLF001
+                        for stem, c in self.files.items()},
+                cross={suite: (tuple(self._cross_columns[suite]),
+                               [(counter.columns, *counter.result()) for counter in counters])
+                       for suite, counters in self.cross_counters.items()},
+            )
         return ValidationPiece(
             files={stem: c.tally for stem, c in self.files.items()},
             cross=dict(self.cross),
-            seen={stem: FileSeen(tuple(c.header) if c.header is not None else None, frozenset(c.columns), c.complete)
-                  for stem, c in self.files.items()},
+            seen=self.seen(),
             utf8_rows={stem: dict(c.utf8_rows) for stem, c in self.files.items()},
             skipped_cross=list(self._skipped_cross),
+            combinations=combos,
         )
 
-    def absorb(self, piece: "ValidationPiece") -> None:
-        """Add what another observer found (see :meth:`piece`)."""
+    def _absorb_combinations(self, combos: "CombinationPiece") -> None:
+        """Add another observer's distinct combinations to this one's counters (its irregular
+        values renumbered in this observer's class books)."""
+        for stem, counters in combos.files.items():
+            check = self.files[stem]
+            if check.groups is None:
+                present = set(combos.columns.get(stem, ()))
+                self._setup(check, [c.name for c in FILES[stem] if c.name in present])
+            for columns, values, counts in counters:
+                if not len(counts):
+                    continue
+                values = [self._renumber(check.books[name], v, combos.extras.get(stem, {}).get(name))
+                          for name, v in zip(columns, values)]
+                mine = next((c for c in check.counters if c.columns == columns), None)
+                if mine is not None:
+                    mine.add([(v, 0) for v in values], counts)
+                    continue
+                # Another file layout (a folder whose header differs): its groups judged on their own.
+                for group in check.groups or ():
+                    if set(group.columns) <= set(columns):
+                        sub, weights = distinct([values[columns.index(c)] for c in group.columns], counts)
+                        self._submit(check.tally, group, _file_frame(check.books, group.columns, sub), weights,
+                                     self._parameters(stem))
+        for suite, (frame_columns, counters) in combos.cross.items():
+            self._cross_setup(suite, list(frame_columns))
+            for columns, values, counts in counters:
+                if len(counts):
+                    mine = next(c for c in self.cross_counters[suite] if c.columns == columns)
+                    mine.add([(v, 0) for v in values], counts)
+
+    @staticmethod
+    def _renumber(book: ClassBook, classes: npt.NDArray[np.int64], extras: list[Any] | None) -> npt.NDArray[np.int64]:
+        if not extras:
+            return classes
+        irregular = classes >= book.first_extra
+        if not irregular.any():
+            return classes
+        table = book.extra(extras)
+        out = classes.copy()
+        out[irregular] = table[classes[irregular] - book.first_extra]
+        return out
+
+    def absorb(self, piece: "ValidationPiece", *, files_read: bool = False) -> None:
+        """Add what another observer found (see :meth:`piece`); ``files_read``: it read files
+        (a state's folders), so what it saw of them counts too (header, columns, complete)."""
         for stem, tally in piece.files.items():
             check = self.files[stem]
             check.tally.merge(tally)
             for column, n in piece.utf8_rows.get(stem, {}).items():
                 check.utf8_rows[column] = check.utf8_rows.get(column, 0) + n
+            seen = piece.seen.get(stem)
+            if files_read and seen is not None:
+                if check.header is None and seen.header is not None:
+                    check.header = list(seen.header)
+                check.columns |= set(seen.columns)
+                check.complete = check.complete and seen.complete
         for name, tally in piece.cross.items():
             self.cross[name].merge(tally)
+        if piece.combinations is not None:
+            self._absorb_combinations(piece.combinations)
         for note in piece.skipped_cross:
             if note not in self._skipped_cross:
                 self._skipped_cross.append(note)
@@ -730,14 +806,35 @@ class FileSeen:
 
 
 @dataclass
+class CombinationPiece:
+    """The distinct combinations one piece of a pass counted, to be evaluated with the others'.
+
+    Attributes:
+        files: Per file, each counter's columns, distinct combinations (classes) and row counts.
+        columns: Per file, the schema columns it has.
+        extras: Per file and column, the values of the irregular classes (their class is
+            ``book.first_extra`` + their index).
+        cross: Per cross-file suite, the frame's columns and each counter's combinations.
+    """
+
+    files: dict[str, list[tuple[tuple[str, ...], list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]]]
+    columns: dict[str, tuple[str, ...]]
+    extras: dict[str, dict[str, list[Any]]]
+    cross: dict[str, tuple[tuple[str, ...], list[tuple[tuple[str, ...], list[npt.NDArray[np.int64]],
+                                                        npt.NDArray[np.int64]]]]]
+
+
+@dataclass
 class ValidationPiece:
-    """What validating one piece of a pass found (value-free: rule tallies and row counts)."""
+    """What validating one piece of a pass found: rule tallies and row counts, and the
+    combinations it defers (:class:`CombinationPiece`)."""
 
     files: dict[str, Tally]
     cross: dict[str, Tally]
     seen: dict[str, FileSeen]
     utf8_rows: dict[str, dict[str, int]]
     skipped_cross: list[str]
+    combinations: CombinationPiece | None = None
 
 
 def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
@@ -765,6 +862,7 @@ def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Seq
             observer.files[stem].complete = seen.complete
         for piece in pieces:
             observer.absorb(piece)
+        observer._submit_accumulated()  # noqa: SLF001 -- the combinations of every piece, once
         report = observer.report(result, config_run, load_failure, missing, states)
         if report_dir is not None:
             observer.write_report(report, Path(report_dir))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -87,9 +88,9 @@ def forced_spill(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(InputPass, "_load_bucket", spy)
     in_workers = distributed.WorkerProcesses.map
 
-    def spy_workers(self, name, calls):  # type: ignore[no-untyped-def]
-        buckets.extend(f"worker:{call[1]}" for call in calls)
-        return in_workers(self, name, calls)
+    def spy_workers(self, name, calls, **kwargs):  # type: ignore[no-untyped-def]
+        buckets.extend(f"worker:{name}:{getattr(call[1], 'label', call[1])}" for call in calls)
+        return in_workers(self, name, calls, **kwargs)
 
     monkeypatch.setattr(distributed.WorkerProcesses, "map", spy_workers)
     return buckets
@@ -106,7 +107,7 @@ def _same_counts(a, b, what: str) -> None:  # noqa: ANN001
 @pytest.mark.parametrize("key", [KEY, None], ids=["truncated", "untruncated"])
 def test_spilled_counts_are_those_in_memory_and_by_state(datasets: dict[str, Path], config_path: Path,
                                                          key: bytes | None, forced_spill: list[str],
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = load_config(config_path)
     big = 1 << 50  # a limit nothing exceeds: in memory
     reference = exact_counts(config, datasets["csv"], SPECS, key=key, memory_limit=big)
@@ -118,12 +119,46 @@ def test_spilled_counts_are_those_in_memory_and_by_state(datasets: dict[str, Pat
     for fmt, limit, workers in (("csv", one_at_a_time, False), ("csv", LIMIT_PARALLEL, True),
                                 ("parquet", one_at_a_time, False), ("parquet-partitioned", one_at_a_time, False)):
         forced_spill.clear()
+        monkeypatch.setattr(memory, "WORKERS_MIN_PERSONS", 1000 if workers else 1 << 40)
         spilled = exact_counts(config, datasets[fmt], SPECS, key=key, memory_limit=limit,
                                spill_dir=tmp_path / fmt / "spill")
         assert len(forced_spill) >= 3, forced_spill  # cut in MAFID ranges
         assert all(b.startswith("worker") == workers for b in forced_spill), forced_spill
         assert not (tmp_path / fmt / "spill").exists()
         _same_counts(reference, spilled, f"{fmt}, spilled" + (" (worker processes)" if workers else ""))
+
+
+def test_states_counted_in_worker_processes_are_those_counted_in_one(
+        datasets: dict[str, Path], config_path: Path, forced_spill: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Data stored by state: the states read, validated and counted two at a time in worker
+    processes give the counts, fingerprint and validation report of the pass in one process."""
+    import pyarrow.parquet as pq
+
+    bad = tmp_path / "bad"
+    shutil.copytree(datasets["parquet-partitioned"], bad)
+    for state, value in (("48", "9Z"), ("06", "X1")):  # irregular values, counted apart in two processes
+        persons = bad / "persons" / f"TABBLKST={state}" / "part-0.parquet"
+        table = pq.read_table(persons)
+        relship = table.column("RELSHIP").to_pylist()
+        relship[len(relship) // 2] = value
+        pq.write_table(table.set_column(table.schema.get_field_index("RELSHIP"), "RELSHIP",
+                                        pa.array(relship, pa.string())), persons)
+    config = load_config(config_path)
+    found = {}
+    for label, threshold in (("one process", 1 << 40), ("worker processes", 1000)):
+        monkeypatch.setattr(memory, "WORKERS_MIN_PERSONS", threshold)
+        forced_spill.clear()
+        counts = exact_counts(config, datasets["parquet-partitioned"], SPECS, key=KEY, memory_limit=1 << 50)
+        _, report = validated_counts(config_path, bad, SPECS, key=KEY, memory_limit=1 << 50)
+        assert any("count_state" in b for b in forced_spill) == (label == "worker processes"), forced_spill
+        found[label] = counts, report
+    (counts, report), (counts_w, report_w) = found["one process"], found["worker processes"]
+    _same_counts(counts, counts_w, "states in worker processes")
+    assert report is not None and report_w is not None and not report.ok
+    assert report_w.to_text() == report.to_text() and report_w.failures == report.failures
+    assert "persons [RELSHIP]" in report.to_text() and "TABBLKST=<state> folders" in report.to_text()
+    assert "(2 failing rows)" in report.to_text() and "9Z" not in report.to_text()
 
 
 def _break_mid_file(source: Path, target: Path) -> None:
@@ -142,12 +177,14 @@ def _break_mid_file(source: Path, target: Path) -> None:
 
 
 def test_spilled_validation_reports_what_the_pass_in_memory_reports(datasets: dict[str, Path], config_path: Path,
-                                                                    forced_spill: list[str], tmp_path: Path) -> None:
+                                                                    forced_spill: list[str], tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "bad"
     _break_mid_file(datasets["csv"], bad)
     reports = {}
     for label, limit in (("in memory", 1 << 50), ("spilled", LIMIT), ("worker processes", LIMIT_PARALLEL)):
         forced_spill.clear()
+        monkeypatch.setattr(memory, "WORKERS_MIN_PERSONS", 1000 if label == "worker processes" else 1 << 40)
         counts, reports[label] = validated_counts(config_path, bad, SPECS, key=KEY, memory_limit=limit,
                                                   spill_dir=tmp_path / "spill")
         assert counts is None and reports[label] is not None and not reports[label].ok
