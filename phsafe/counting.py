@@ -22,6 +22,13 @@ The pass (:class:`InputPass`) works one *partition* at a time:
   the whole input, read into compact columns (about 23 bytes a person) and tabulated in MAFID
   ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
 
+Memory is planned against a limit (:mod:`phsafe.memory`): a partition too large for it -- a
+national file of the whole US -- is *spilled*: streamed once, checked and validated batch by
+batch, its compact records written to MAFID ranges in the run's confidential work folder
+(:mod:`phsafe.spill`), then the ranges joined, validated and counted, two at a time in worker
+processes (:mod:`phsafe.distributed`). States of data stored by state are counted in the same
+two worker processes, a state started only while the states in flight fit the limit.
+
 Within a partition, geo, then units, then persons are read batch by batch while a background
 thread reads ahead; each batch is checked column by column on its raw bytes
 (:func:`phsafe.reader.encode`), filtered -- geo rows outside ``state_filter`` and the units and

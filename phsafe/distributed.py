@@ -19,16 +19,25 @@ serves both the validation and the counting, exactly as the pass on one machine 
 4. :func:`merge` (the flow's process): the count cubes added up, the value-free tallies of every
    piece merged into one report.
 
-What goes back to the flow's process is small and value-free but for the count cubes: rule
-tallies (rule id, verdict, row counts), value-free reading problems, rows set aside, and the
-exact count cubes with their content digest -- confidential, as on one machine, so the cluster
-must stay inside the data's trust boundary. Every rule's verdict on the whole is the conjunction
+What goes back to the flow's process is small: rule tallies (rule id, verdict, row counts),
+value-free reading problems, rows set aside, the distinct combinations the rules are evaluated on
+(with the values of irregular fields, so that they are judged as on one machine), and the exact
+count cubes with their content digest -- confidential, as on one machine, so the cluster must stay
+inside the data's trust boundary. Every rule's verdict on the whole is the conjunction
 of its verdicts on the pieces and its counts are their sums (the suites have no ``mostly``
 rule), and every count is decided per MAFID, so the cluster's report and counts are those of the
 pass on one machine. The spill folder is removed by the caller when the pass ends.
 
 A CSV row that holds a quoted line break cannot be cut between blocks (a block starts after a
 line break): such a file is reported as malformed, never silently misread.
+
+The same tasks serve the pass on one machine (:class:`WorkerProcesses`): the MAFID ranges of a
+spilled national partition (:func:`count_bucket`) and the states of data stored by state
+(:func:`count_state`) are counted two at a time in worker processes while the pass's process
+merges. Pieces validate with an observer of their own that evaluates only the MAFID frames (large)
+where they are counted; the distinct combinations of the per-file and cross-file rules go back with
+the piece and are evaluated once, with every other piece's, where the report is made -- so a pass
+in pieces makes as many Great Expectations evaluations as a pass in one process.
 """
 
 from __future__ import annotations

@@ -722,6 +722,7 @@ class InputValidation:
                 self._skipped_cross.append(note)
 
     def seen(self) -> "dict[str, FileSeen]":
+        """What this observer saw of each file (header, columns, every row read)."""
         return {stem: FileSeen(tuple(c.header) if c.header is not None else None, frozenset(c.columns), c.complete)
                 for stem, c in self.files.items()}
 
