@@ -2,7 +2,7 @@
 
 :func:`run_accuracy` runs the private algorithm ``trials`` times on the same data and compares
 every released cell with the truth, using only the public engine API
-(:func:`phsafe.engine.run_private`, :func:`phsafe.engine.run_nonprivate`):
+(:func:`phsafe.sequence.run_private`, :func:`phsafe.engine.run_nonprivate`):
 
 * truth: one non-private run (no truncation, no noise) -- ``OUT/truth/``;
 * trial t: one private run with the config as given -- ``OUT/trials/NNN/`` -- and one with the
@@ -258,7 +258,8 @@ def run_accuracy(
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
     from phsafe._plots import report_folder
-    from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+    from phsafe.engine import PrivateRunOptions, run_nonprivate
+    from phsafe.sequence import run_private
     from phsafe.progress import NULL
     from phsafe.truncation import TRUNCATION_KEY_BYTES
 

@@ -26,6 +26,7 @@ confidential and lives beside the ledger: ``<ledger folder>/runs/<run id>/`` (or
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import resource
@@ -63,7 +64,7 @@ from phsafe.tabulate import TableCounts
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
 if TYPE_CHECKING:
-    from phsafe.ledger import Ledger
+    from phsafe.ledger import Ledger, Orchestration
     from phsafe.progress import Progress
 
 log = get_logger("phsafe.engine")
@@ -76,9 +77,17 @@ _MIN_LEDGER_FREE = 1 << 20  # bytes the ledger's file system must have free befo
 
 
 class ValidationFailed(PHSafeError):
-    """Input or output validation found problems; the report says which."""
+    """Input or output validation found problems; the report says which.
 
-    def __init__(self, what: str, report_text: str) -> None:
+    Attributes:
+        subject: ``input`` or ``output``.
+        report: The validation report (value-free; its failing-row counts are confidential).
+        report_text: The text of the message after its first line.
+    """
+
+    def __init__(self, what: str, report_text: str, report: object | None = None) -> None:
+        self.subject = what
+        self.report = report
         self.report_text = report_text
         super().__init__(f"{what} validation failed:\n{report_text}")
 
@@ -107,6 +116,8 @@ class PrivateRunOptions:
         truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
             only: a chosen key must not depend on the data.
         resume_reason: Why a failed run is resumed (recorded in the ledger).
+        re_release: Why records that another run released (or is releasing) are released again
+            (recorded in the ledger). Without it such a run is refused before any spend.
     """
 
     ledger: Path | None = None
@@ -123,10 +134,29 @@ class PrivateRunOptions:
     report_dir: Path | None = None
     truncation_key: str | None = None
     resume_reason: str | None = None
+    re_release: str | None = None
 
 
 @dataclass
 class RunResult:
+    """What a run did.
+
+    Attributes:
+        run_id: The ledger's run id.
+        output_dir: Where the release is.
+        files: Relative path -> SHA-256 of every published file.
+        plan: The run's plan (None for a non-private tabulation).
+        timings: Stage -> seconds (stages run in this process).
+        ledger: The audit ledger.
+        run_dir: The run's confidential work folder.
+        outcomes: What happened to each measurement in this attempt (drawn, reused, noiseless).
+        checkpoint: The ledger checkpoint published in the manifest.
+        attempt: 1 for a new run, higher for a resumed one.
+        already_published: The run had published before this call (an orchestrator's retry of a
+            finished run): nothing was done.
+        budget: The dataset's privacy-loss account after the run (see :func:`dataset_budget`).
+    """
+
     run_id: str
     output_dir: Path
     files: dict[str, str]
@@ -134,6 +164,11 @@ class RunResult:
     timings: dict[str, float] = field(default_factory=dict)
     ledger: Path | None = None
     run_dir: Path | None = None
+    outcomes: list["MeasurementOutcome"] = field(default_factory=list)
+    checkpoint: dict | None = None
+    attempt: int = 1
+    already_published: bool = False
+    budget: "DatasetBudget | None" = None
 
 
 _ledgers: dict[Path, tuple[tuple[int, int, bytes], "Ledger"]] = {}
@@ -220,7 +255,7 @@ def _peak_rss_mib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-class _Stages:
+class StageTimer:
     """Times the stages of a run, logs them, and shows them on the run's progress display."""
 
     def __init__(self, progress: "Progress | None") -> None:
@@ -273,6 +308,8 @@ class PrivateRun:
         resume: This continues an earlier, failed or interrupted attempt of ``run_id``.
         truncation_key: The key of the truncation hash: fresh for a new run, the recorded one
             for a resumed run (so the exact counts are the same); set by :func:`preflight`.
+        orchestration: The orchestrator's flow run running this attempt (recorded in the
+            ledger, so that a retry of that flow run finds this run and resumes it).
     """
 
     run_id: str
@@ -286,6 +323,7 @@ class PrivateRun:
     code_version: str
     resume: bool = False
     truncation_key: bytes = field(default=b"", repr=False)
+    orchestration: "Orchestration | None" = None
 
     @property
     def run_dir(self) -> Path:
@@ -382,6 +420,7 @@ def begin_private_run(
     *,
     run_id: str | None = None,
     resume: bool = False,
+    orchestration: "Orchestration | None" = None,
 ) -> tuple[PrivateRun, PHSafeConfig]:
     """Read the config and fix the run's identity; touches no file but the config.
 
@@ -389,6 +428,7 @@ def begin_private_run(
         run_id: The run id (default: a fresh one). To resume, the id of the run to continue.
         resume: Continue the failed or interrupted run ``run_id``: its committed measurements are
             reused and its truncation key replayed; its config must be unchanged.
+        orchestration: The orchestrator's flow run that runs this attempt (recorded).
 
     Raises:
         PHSafeError: A bad config or budget, no ledger or dataset named, a truncation key where
@@ -428,11 +468,8 @@ def begin_private_run(
     run = PrivateRun(
         run_id=run_id or new_run_id(), config_path=config_path, data_dir=data_dir,
         output_dir=output_dir, options=options, ledger=ledger, dataset=dataset,
-        config_sha256=config_sha256, code_version=code_version(), resume=resume,
+        config_sha256=config_sha256, code_version=code_version(), resume=resume, orchestration=orchestration,
     )
-    log.info("private run", run_id=run.run_id, config=str(config_path), data=str(data_dir),
-             output=str(output_dir), privacy_defn=config.privacy_defn.value, resume=resume,
-             dataset=dataset)
     return run, config
 
 
@@ -613,6 +650,18 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         raise PHSafeError(f"the work folder's file system has {_free_bytes(run.run_dir) >> 20} MiB free; the run "
                           f"needs about {2 * needed >> 20} MiB for its measurements and release")
 
+    # A dataset's first release needs its records declared as its first content version: say so
+    # now, not after hours of reading (whether later records match a declared version is known
+    # only once they are read; the ledger checks it when the run starts).
+    if not options.non_confidential and not run.resume and not (options.new_version or "").strip():
+        known = state.dataset_states.get(run.dataset)
+        if known is None or not known.versions:
+            raise BudgetError(
+                f"dataset {run.dataset!r} has no declared content version in the ledger {run.ledger} yet: "
+                f"its first run says why these records are its first version with {option('new_version')} "
+                "(recorded in the ledger)"
+            )
+
     # The dataset's cap, before hours of reading: the authoritative check is repeated under the
     # ledger's lock when the run starts (or resumes).
     if not options.non_confidential and not run.resume:
@@ -654,7 +703,7 @@ def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
     return input_digests(locate_inputs(data_dir))
 
 
-def validate_and_count(run: PrivateRun, stage: "_Stages | None" = None):  # noqa: ANN201
+def validate_and_count(run: PrivateRun, stage: "StageTimer | None" = None):  # noqa: ANN201
     """Validate the inputs (unless the run skips it) and count every measured table exactly,
     truncated with the run's key -- one read of each input file
     (:func:`phsafe.counting.validated_counts`).
@@ -666,16 +715,16 @@ def validate_and_count(run: PrivateRun, stage: "_Stages | None" = None):  # noqa
     Raises:
         InputError: Without validation, an input breaks a rule the counting needs.
     """
-    stage = stage or _Stages(None)
+    stage = stage or StageTimer(None)
     counts, report = validated_counts(run.config_path, run.data_dir, list(TABLES.values()),
                                       key=run.truncation_key, validate=run.options.validate_inputs,
                                       report_dir=run.report_dir, stage=stage, progress=stage.progress)
     return (ExactCounts(counts) if counts is not None else None), report
 
 
-def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "_Stages | None" = None) -> ExactCounts:
+def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "StageTimer | None" = None) -> ExactCounts:
     """Read, preprocess, truncate (with the run's key), join and count every measured table."""
-    stage = stage or _Stages(None)
+    stage = stage or StageTimer(None)
     return ExactCounts(exact_counts(config, run.data_dir, list(TABLES.values()), key=run.truncation_key,
                                     stage=stage, progress=stage.progress))
 
@@ -736,6 +785,7 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             config_digest=run.config_sha256, input_digests=input_digests_, code_version=run.code_version,
             truncation_key_hex=run.truncation_key.hex(), non_confidential=options.non_confidential,
             validated=options.validate_inputs, new_version=new_version, cap_raise=cap_raise,
+            re_release=options.re_release, orchestration=run.orchestration,
         )
         return LedgerAttempt(1, {})
     recorder = ledger.resume_run(
@@ -743,6 +793,7 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
         code_version=run.code_version, reason=options.resume_reason or "resumed by the operator",
         cap_raise=cap_raise,
         plan=plan,  # the ledger refuses a resume whose plan differs from the recorded one
+        re_release=options.re_release, orchestration=run.orchestration,
     )
     state = ledger.run(run.run_id)
     assert state is not None
@@ -945,7 +996,41 @@ def failure_reason(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> bool:
+@dataclass(frozen=True)
+class SpendStatus:
+    """What a failed attempt leaves in the ledger, for the operator's message.
+
+    Attributes:
+        run_id: The run.
+        intents: INTENT entries the run has recorded over all its attempts (spends).
+        committed: Measurements whose noisy vector is committed (reused by a resume).
+        known: False when the ledger could not be read: the run may have spent.
+    """
+
+    run_id: str
+    intents: int = 0
+    committed: int = 0
+    known: bool = True
+
+    @property
+    def spent(self) -> bool:
+        return self.intents > 0 or not self.known
+
+
+def spend_status(run: PrivateRun) -> SpendStatus:
+    """How many spends the ledger records for ``run`` now (nothing if it never started)."""
+    from phsafe.ledger import LedgerError
+
+    try:
+        state = open_ledger(run.ledger).run(run.run_id) if run.ledger.is_file() else None
+    except LedgerError:
+        return SpendStatus(run.run_id, known=False)
+    if state is None:
+        return SpendStatus(run.run_id)
+    return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable))
+
+
+def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> SpendStatus:
     """Mark the run failed in the ledger (unless it finished), if the ledger can still be written.
 
     The run's work folder is kept: it holds the validation reports, and the committed noisy
@@ -953,7 +1038,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     release beside the output folder is removed.
 
     Returns:
-        True if the run spent and can be resumed.
+        What the run has spent (``.spent``: it can be resumed from its committed measurements).
     """
     from phsafe.ledger import LedgerError, RunStatus
 
@@ -963,86 +1048,29 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
         state = open_ledger(run.ledger).run(run.run_id)
     except LedgerError as exc:  # e.g. a full disk: the run stays "running" (resumable) in the ledger
         log.debug("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
-        return True
-    if state is None:  # never started: nothing spent
-        return False
-    if state.status is RunStatus.FINISHED:
-        return False
+        return SpendStatus(run.run_id, known=False)
+    if state is None or state.status is RunStatus.FINISHED:  # never started: nothing spent
+        return SpendStatus(run.run_id)
     if state.status is RunStatus.RUNNING and attempt is not None and state.attempt == attempt.attempt:
         try:
             recorder_for(run, plan, attempt).fail(reason)
         except LedgerError as exc:  # the failure being handled says why; the run stays resumable
             log.debug("could not record the failure in the ledger; the run stays open and can be resumed",
                       error=str(exc).splitlines()[0])
-    return bool(state.intents)
-
-
-def run_private(
-    config_path: Path,
-    data_dir: Path,
-    output_dir: Path,
-    options: PrivateRunOptions,
-    *,
-    progress: "Progress | None" = None,
-    run_id: str | None = None,
-    resume: bool = False,
-) -> RunResult:
-    """Run PHSafe privately and publish the eleven tables to ``output_dir``.
-
-    Args:
-        progress: Where the run shows its stages and measurements (see :mod:`phsafe.progress`).
-        run_id, resume: See :func:`begin_private_run`.
-
-    Raises:
-        PHSafeError: Bad config, setting or input (nothing spent), budget refused, validation
-            failed, or a failure after spending (the message says how to resume).
-    """
-    stage = _Stages(progress)
-    run, config = begin_private_run(config_path, data_dir, output_dir, options, run_id=run_id, resume=resume)
-    plan = plan_private_run(config)
-    with structlog.contextvars.bound_contextvars(run_id=run.run_id):
-        with stage("preflight"):
-            run = preflight(run, config, plan).run
-        with stage("validate and count" if options.validate_inputs else "count"):
-            counts, report = validate_and_count(run, stage)
-        if counts is None:
-            raise ValidationFailed("input", report.to_text() + f"\nreport: {run.report_dir}")
-        with stage("digest inputs"):
-            digests = fingerprint_inputs(run.data_dir)
-        fingerprint = content_fingerprint(run, counts)
-        attempt = open_run_in_ledger(run, plan, digests, fingerprint)
-        try:
-            with stage("measure (noise)"), stage.progress.task(
-                    "measurements", total=len(plan.measurements), unit="measurements") as task:
-                for table in TABLES:
-                    measure_table(run, plan, table, counts, attempt, done=lambda key: task.advance(item=key))
-            del counts
-            with stage("write outputs"):
-                file_digests = write_private_outputs(run, config, plan)
-            if options.validate_outputs:
-                with stage("validate outputs"):
-                    report = check_outputs(run, config)
-                    if not report.ok:
-                        raise ValidationFailed("output", report.to_text() + f"\nreport: {run.report_dir}")
-            with stage("publish"):
-                publish_private_run(run, config, plan, file_digests, attempt)
-        except BaseException as exc:
-            if record_failure(run, plan, attempt, failure_reason(exc)):
-                log.debug("run failed after spending; its committed measurements are kept for a resume",
-                          run_id=run.run_id, run_dir=str(run.run_dir))
-                hinted = with_resume_hint(exc, run)
-                if hinted is not exc:
-                    raise hinted from exc
-            raise
-    return RunResult(run.run_id, run.output_dir, file_digests, plan, stage.timings, run.ledger, run.run_dir)
+    return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable))
 
 
 def with_resume_hint(exc: BaseException, run: PrivateRun) -> BaseException:
-    """``exc`` (one of ours) with how to complete the run that spent, or ``exc`` itself."""
+    """``exc`` (one of ours) with how to complete the run that spent, or ``exc`` itself.
+
+    The copy keeps the exception's type and attributes (a :class:`ValidationFailed` keeps its
+    report); only its message grows."""
     if not isinstance(exc, PHSafeError):
         return exc
-    return type(exc)(f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise again: "
-                     f"{resume_hint(run)}")
+    hinted = copy.copy(exc)
+    hinted.args = (f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise again: "
+                   f"{resume_hint(run)}",)
+    return hinted
 
 
 def resume_hint(run: PrivateRun) -> str:
@@ -1050,7 +1078,8 @@ def resume_hint(run: PrivateRun) -> str:
     if option("resume").startswith("--"):
         return (f"phsafe private CONFIG DATA OUT --ledger {run.ledger} --resume {run.run_id} "
                 "--resume-reason TEXT, with a new OUT if the old one is unusable")
-    return f"run the flow again with {option('resume')}={run.run_id}"
+    return (f"Retry this flow run (it resumes run {run.run_id}: committed measurements are reused, not drawn "
+            f"again), or start the deployment with {option('resume')}={run.run_id}")
 
 
 def run_nonprivate(
@@ -1076,7 +1105,7 @@ def run_nonprivate(
             "non-private tables are the exact counts, with no noise: they are for synthetic or public "
             f"data only. Declare that the data is not confidential with {option('non_confidential')}"
         )
-    stage = _Stages(progress)
+    stage = StageTimer(progress)
     run_id = new_run_id()
     config = load_config(config_path)
     check_budget_policy(config, non_confidential=True)
@@ -1103,6 +1132,57 @@ def run_nonprivate(
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return RunResult(run_id, output_dir, file_digests, None, stage.timings)
+
+
+@dataclass(frozen=True)
+class DatasetBudget:
+    """A dataset's privacy-loss account in its ledger (public facts: budgets and caps).
+
+    Attributes:
+        dataset: The dataset name.
+        unit: ``rho`` (zCDP ledger) or ``epsilon`` (pure-DP ledger).
+        spent: Every run's charge against the dataset (the odometer), exact.
+        cap: The dataset's lifetime cap.
+        run_charge: What this run charges (its plan, plus any re-spends).
+        enforced: False in a non-confidential ledger (caps recorded, not enforced).
+    """
+
+    dataset: str
+    unit: str
+    spent: object
+    cap: object
+    run_charge: object
+    enforced: bool
+
+    @property
+    def left(self):  # noqa: ANN201 -- an exact amount, or Infinity
+        from phsafe.ledger import amount_exceeds
+
+        if not amount_exceeds(self.cap, self.spent):
+            return Fraction(0)
+        if isinstance(self.cap, Fraction):
+            return self.cap - Fraction(self.spent)  # type: ignore[arg-type]
+        return self.cap
+
+
+def dataset_budget(run: PrivateRun) -> DatasetBudget | None:
+    """The dataset's spent, cap and left as the ledger says now (None if the ledger is unreadable)."""
+    from phsafe.ledger import LedgerError
+
+    try:
+        state = open_ledger(run.ledger).state
+        recorded = open_ledger(run.ledger).run(run.run_id)
+    except LedgerError:
+        return None
+    if state.policy is None:
+        return None
+    unit = state.policy.privacy_defn
+    return DatasetBudget(
+        dataset=run.dataset, unit="rho" if unit.value == "zcdp" else "epsilon",
+        spent=state.dataset_spent(run.dataset, unit), cap=state.dataset_cap(run.dataset),
+        run_charge=recorded.charge(unit) if recorded is not None else Fraction(0),
+        enforced=not state.policy.non_confidential,
+    )
 
 
 def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:

@@ -60,6 +60,11 @@ class BudgetError(PHSafeError):
     """A run would spend more privacy-loss budget than it is allowed to."""
 
 
+class AlreadyReleasedError(BudgetError):
+    """The records are a content version that another run released (or is releasing): a
+    content version is released once unless a re-release is declared with a reason."""
+
+
 class PrivacyMapMismatchError(PHSafeError):
     """OpenDP's privacy map disagrees with the planned budget of a measurement."""
 
@@ -86,6 +91,7 @@ OPTIONS: dict[str, str] = {
     "truncation_key": "--truncation-key",
     "resume": "--resume",
     "resume_reason": "--resume-reason",
+    "re_release": "--re-release",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
     "output": "OUT",
@@ -93,7 +99,8 @@ OPTIONS: dict[str, str] = {
 """Option -> how the command line spells it. Flows spell it as the parameter of that name."""
 
 FLOW_PARAMETERS: dict[str, str] = {"resume": "resume_run_id", "no_validate": "validate_inputs=false",
-                                   "new_version": "new_version_reason", "output": "output_root"}
+                                   "new_version": "new_version_reason", "output": "output_root",
+                                   "re_release": "re_release_reason"}
 """Options whose flow parameter is not named like the option."""
 
 

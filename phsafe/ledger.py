@@ -59,7 +59,11 @@ Runs, attempts and publication
     ``RUN_STARTED`` records the dataset, its fingerprint, the plan (every table x level: budget,
     Delta, tau, variance, cells), the config and input file digests (confidential lineage), the
     truncation key, whether the inputs were validated, and the dataset's odometer and cap at
-    start. A run publishes by staging its release, renaming it into place, and only then
+    start. Two optional fields (absent when null; never written as null): ``orchestration``,
+    the orchestrator's identity of the attempt (``{"system": "prefect", "flow_run_id": UUID,
+    "parent_flow_run_id": UUID}``, the parent only for a subflow), by which a retried flow run
+    finds the runs it started; and ``re_release`` (see "One release per content version").
+    ``RUN_RESUMED`` may carry both too, for the attempt it opens. A run publishes by staging its release, renaming it into place, and only then
     recording ``OUTPUTS_PUBLISHED`` (the released files' digests and where they went) and
     ``RUN_FINISHED``: the ledger never says a release exists that does not.
 
@@ -83,6 +87,17 @@ Runs, attempts and publication
     A resumed attempt must tabulate with the run's recorded truncation key
     (:attr:`RunState.truncation_key`). A :class:`RunRecorder` belongs to one attempt: once the
     run is resumed, recorders of earlier attempts (a worker thought dead) are refused.
+
+One release per content version
+    A content version (dataset name and fingerprint) is released once. A run on it *claims* the
+    version while it is running (or crashed without a terminal entry) and once it has published;
+    a failed run claims nothing. A ``RUN_STARTED`` -- and a ``RUN_RESUMED`` -- of a run whose
+    version another run claims must carry ``re_release``, the operator's reason for releasing the
+    same records again; a ``re_release`` where no other run claims the version is refused (the
+    ledger never records a re-release that is not one). A re-release is charged and capped like
+    any run. So at any time at most one run of a content version is released or on its way
+    without a recorded reason, whatever room the cap leaves. In a non-confidential (throwaway)
+    ledger a second release needs no declaration, as its caps are not enforced either.
 
 Lifetime rule (the odometer)
     Write ``b_k`` for the budget of planned key ``k`` and ``n_k`` for its number of ``INTENT``
@@ -147,7 +162,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import INFINITE, PrivacyDefinition
-from phsafe.errors import BudgetError, PHSafeError, option
+from phsafe.errors import AlreadyReleasedError, BudgetError, PHSafeError, option
 from phsafe.iterations import PopulationGroupLevel
 from phsafe.noise import SpendReceipt
 from phsafe.tables import TABLE_LEVELS, TABLES, TableKind
@@ -411,6 +426,13 @@ _BODY_V1: dict[EntryKind, frozenset[str]] = {
     ),
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
+_OPTIONAL: dict[EntryKind, frozenset[str]] = {
+    EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
+    EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
+}
+"""Fields a format-2 entry may leave out (absent means null; a present one is never null)."""
+_ORCHESTRATION_KEYS = frozenset({"system", "flow_run_id", "parent_flow_run_id"})
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _PLANNED_KEYS = frozenset(
     {"key", "table", "level", "budget", "sensitivity", "tau", "n_cells", "distribution",
      "noise_parameter", "variance"}
@@ -460,6 +482,10 @@ class RunAttempt:
         end_seq: The terminal entry, when there is one.
         end_time: Its time.
         end_reason: The RUN_FAILED reason, when it failed.
+        orchestration: The orchestrator's identity of the attempt (its Prefect flow run and the
+            parent flow run), when an orchestrator ran it.
+        re_release: The operator's reason for releasing a content version again, when the entry
+            that opened the attempt declared one.
     """
 
     number: int
@@ -469,6 +495,8 @@ class RunAttempt:
     lifetime_cap: Amount
     cap_reason: str | None
     resume_reason: str | None = None
+    orchestration: "Orchestration | None" = None
+    re_release: str | None = None
     end: RunStatus = RunStatus.RUNNING
     end_seq: int | None = None
     end_time: str | None = None
@@ -522,6 +550,17 @@ class RunState:
     terminal_time: str | None = None
     failure_reason: str | None = None
     attempts: list[RunAttempt] = field(default_factory=list)
+
+    @property
+    def re_release(self) -> str | None:
+        """The reason recorded for releasing the run's content version again (at start or at a
+        resume), or None: the run is its version's one release."""
+        return next((a.re_release for a in reversed(self.attempts) if a.re_release), None)
+
+    @property
+    def claims_release(self) -> bool:
+        """Whether the run claims its content version: published, or running (or crashed)."""
+        return self.published or self.status is RunStatus.RUNNING
 
     @property
     def legacy(self) -> bool:
@@ -649,6 +688,39 @@ def _convert(budget: Amount, source: PrivacyDefinition, unit: PrivacyDefinition)
     if source is PrivacyDefinition.PUREDP and unit is PrivacyDefinition.ZCDP:
         return Fraction(budget) ** 2 / 2
     return INFINITE if budget > 0 else Fraction(0)
+
+
+@dataclass(frozen=True)
+class Orchestration:
+    """Who ran an attempt: an orchestrator's flow run (and its parent, for a subflow).
+
+    Public identifiers of the orchestrator's own database, recorded so that a retried flow run
+    finds the ledger runs it started and resumes them instead of starting new ones.
+    """
+
+    flow_run_id: str
+    parent_flow_run_id: str | None = None
+    system: str = "prefect"
+
+    def record(self) -> dict[str, str]:
+        body = {"system": self.system, "flow_run_id": self.flow_run_id.lower()}
+        if self.parent_flow_run_id:
+            body["parent_flow_run_id"] = self.parent_flow_run_id.lower()
+        return body
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "Orchestration":
+        return cls(record["flow_run_id"], record.get("parent_flow_run_id"), record["system"])
+
+    def started(self, attempt: RunAttempt) -> bool:
+        """Whether ``attempt`` was run by this flow run, or by a sibling under the same parent
+        (a retried parent flow run starts its subflows anew, with new flow run ids)."""
+        other = attempt.orchestration
+        if other is None or other.system != self.system:
+            return False
+        if other.flow_run_id == self.flow_run_id:
+            return True
+        return self.parent_flow_run_id is not None and other.parent_flow_run_id == self.parent_flow_run_id
 
 
 @dataclass(frozen=True)
@@ -814,6 +886,20 @@ class LedgerState:
             out.setdefault(run.account, []).append(run)
         return out
 
+    def release_claims(self, dataset: str, fingerprint: str, *, besides: str | None = None) -> list[RunState]:
+        """The runs (other than ``besides``) that claim the content version ``(dataset,
+        fingerprint)``: published, or running or crashed -- see "One release per content version"."""
+        return [r for r in self.runs.values()
+                if r.run_id != besides and r.dataset == dataset and r.fingerprint == fingerprint
+                and r.fingerprint is not None and r.claims_release]
+
+    def runs_of(self, orchestration: "Orchestration", dataset: str) -> list[RunState]:
+        """The runs of ``dataset`` that ``orchestration`` (or the flow run it retries) started or
+        resumed, most recent first."""
+        found = [r for r in self.runs.values()
+                 if r.dataset == dataset and any(orchestration.started(a) for a in r.attempts)]
+        return sorted(found, key=lambda r: r.attempt_seq, reverse=True)
+
     def unpublished(self) -> list[RunState]:
         """Runs that charge their dataset and published nothing: to be resumed.
 
@@ -852,9 +938,13 @@ class LedgerState:
             except ValueError:
                 raise _Invalid(f"unknown kind {kind_text!r}") from None
             expected = _COMMON | self._body(kind_enum)
-            if set(entry) != expected:
+            optional = _OPTIONAL.get(kind_enum, frozenset()) if self.policy is not None else frozenset()
+            for name in optional & set(entry):
+                if entry[name] is None:
+                    raise _Invalid(f"{name} is null: an optional field is left out, never written as null")
+            if set(entry) - optional != expected:
                 missing = sorted(expected - set(entry))
-                extra = sorted(set(entry) - expected)
+                extra = sorted(set(entry) - expected - optional)
                 raise _Invalid(f"wrong fields (missing {missing}, unexpected {extra})")
             if entry["seq"] != seq or not _is_int(entry["seq"]):
                 raise _Invalid(f"sequence number is {entry['seq']!r}, expected {seq}")
@@ -1087,7 +1177,8 @@ class LedgerState:
             lifetime_cap=cap, cap_reason=cap_reason, non_confidential=e["non_confidential"],
             spent_before=spent_before, validated=validated, legacy_dataset_id=legacy_id,
             attempts=[RunAttempt(number=1, seq=e["seq"], time=e["time"], code_version=e["code_version"],
-                                 lifetime_cap=cap, cap_reason=cap_reason)],
+                                 lifetime_cap=cap, cap_reason=cap_reason,
+                                 orchestration=_orchestration(e), re_release=e.get("re_release"))],
         )
 
     def _check_run_started(self, e: Mapping[str, Any]):
@@ -1111,6 +1202,7 @@ class LedgerState:
         if _amount(e, "spent_before") != odometer:
             raise _Invalid(f"spent_before {e['spent_before']} differs from the ledger's spends on dataset "
                            f"{name} ({format_exact(odometer)})")
+        self._check_release_claims(e, name, fp, run_id=e["run_id"], declared=e.get("re_release"))
         raised = self.dataset_states.get(name)
         run = self._new_run(e, defn, planned, total, dataset=name, fingerprint=fp, legacy_id=None, cap=cap,
                             cap_reason=raised.cap_reason if raised else None, spent_before=odometer,
@@ -1124,6 +1216,21 @@ class LedgerState:
             self.runs[run.run_id] = run
 
         return commit
+
+    def _check_release_claims(self, e: Mapping[str, Any], dataset: str, fingerprint: str, *, run_id: str,
+                              declared: str | None) -> None:
+        """One release per content version: ``re_release`` exactly when another run claims it."""
+        if "re_release" in e and (not _is_text(e["re_release"]) or not e["re_release"].strip()):
+            raise _Invalid("re_release must be a non-empty short string")
+        _orchestration(e)  # checks the field's form
+        claims = self.release_claims(dataset, fingerprint, besides=run_id)
+        if claims and not declared and not self._needs_policy().non_confidential:
+            other = claims[0]
+            what = "published" if other.published else "open (running, or crashed)"
+            raise _Invalid(f"run {other.run_id!r} (entry {other.started_seq}) already claims this content version "
+                           f"({what}): a further release of the same records must declare re_release")
+        if "re_release" in e and not claims:
+            raise _Invalid("re_release is declared, but no other run released or is releasing this content version")
 
     def _check_run_started_v1(self, e: Mapping[str, Any]):
         """RUN_STARTED of the first format: dataset id from file digests, a cap per run."""
@@ -1328,6 +1435,8 @@ class LedgerState:
                     lifetime_cap=cap,
                     cap_reason=cap_reason,
                     resume_reason=e["reason"],
+                    orchestration=_orchestration(e),
+                    re_release=e.get("re_release"),
                 )
             )
 
@@ -1342,6 +1451,8 @@ class LedgerState:
             raise _Invalid(f"dataset differs from the run's RUN_STARTED (entry {run.started_seq})")
         if e["fingerprint"] != run.fingerprint:
             raise _Invalid(f"fingerprint differs from the run's RUN_STARTED (entry {run.started_seq}): other records")
+        self._check_release_claims(e, run.dataset or "", run.fingerprint or "", run_id=run.run_id,
+                                   declared=e.get("re_release") or run.re_release)
         cap = self.cap_of(run)
         after = self.resume_odometer(run)
         if not run.non_confidential and amount_exceeds(after, cap):
@@ -1429,6 +1540,21 @@ def _parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpen
             raise _Invalid(f"planned[{i}] ({m.key}): {', '.join(bad)} inconsistent with its budget and sensitivity")
         out[m.key] = PlannedSpend(measurement=m, budget=budget, record=item)
     return out
+
+
+def _orchestration(e: Mapping[str, Any]) -> Orchestration | None:
+    """The entry's ``orchestration`` field, checked, or None when it has none."""
+    record = e.get("orchestration")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or not {"system", "flow_run_id"} <= set(record) <= _ORCHESTRATION_KEYS:
+        raise _Invalid("orchestration must hold system, flow_run_id and optionally parent_flow_run_id")
+    if record["system"] != "prefect":
+        raise _Invalid("orchestration.system must be \"prefect\"")
+    for name in ("flow_run_id", "parent_flow_run_id"):
+        if name in record and not (isinstance(record[name], str) and _UUID.fullmatch(record[name])):
+            raise _Invalid(f"orchestration.{name} must be a lowercase UUID")
+    return Orchestration.from_record(record)
 
 
 def _privacy_defn_and_kind(e: Mapping[str, Any]) -> PrivacyDefinition:
@@ -2132,6 +2258,8 @@ class Ledger:
         validated: bool = True,
         new_version: str | None = None,
         cap_raise: tuple[Amount, str | None] | None = None,
+        re_release: str | None = None,
+        orchestration: Orchestration | None = None,
     ) -> "RunRecorder":
         """Check the dataset, its version and its lifetime cap, and record RUN_STARTED, atomically.
 
@@ -2152,8 +2280,14 @@ class Ledger:
             validated: The full input suites ran and passed before this run (recorded).
             new_version: The operator's reason, if these records are a new version of ``dataset``.
             cap_raise: ``(cap, reason)``: raise the dataset's cap first (recorded).
+            re_release: The operator's reason for releasing records that another run released
+                or is releasing (recorded). Ignored, and not recorded, when no other run claims
+                them.
+            orchestration: The flow run that runs this attempt (recorded).
 
         Raises:
+            AlreadyReleasedError: Another run released these records, or is releasing them, and
+                no ``re_release`` reason was given -- whatever room the cap leaves.
             BudgetError: The run would exceed the dataset's cap, the records are a version never
                 declared (without ``new_version``) or declared under another name, Infinity
                 budgets on confidential data, or a bad cap raise.
@@ -2206,6 +2340,11 @@ class Ledger:
                     )
                 items.append((EntryKind.DATASET_VERSION, None, {
                     "dataset": dataset, "fingerprint": fingerprint, "reason": _clean_text(new_version)}))
+            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
+            if declared:
+                body["re_release"] = declared
+            if orchestration is not None:
+                body["orchestration"] = orchestration.record()
             spent = state.dataset_spent(dataset, policy.privacy_defn)
             probe = plan_charge(plan, policy.privacy_defn)
             need = add_amounts(spent, probe)
@@ -2222,6 +2361,29 @@ class Ledger:
             items.append((EntryKind.RUN_STARTED, run_id, body))
             self._append_entries(items)
         return RunRecorder(self, run_id, plan)
+
+    @staticmethod
+    def _re_release_field(state: LedgerState, policy: Policy, dataset: str, fingerprint: str,
+                          reason: str | None, *, besides: str, resuming: RunState | None = None) -> str | None:
+        """The ``re_release`` to record, or None; refuses a second release that declares none."""
+        claims = state.release_claims(dataset, fingerprint, besides=besides)
+        if not claims:
+            return None  # the one release of these records: nothing to declare
+        reason = _clean_text(reason or "")
+        if reason or policy.non_confidential or (resuming is not None and resuming.re_release):
+            return reason or None
+        other = claims[0]
+        again = f"resuming run {besides} would release them a second time" if resuming else "a content version is released once"
+        if other.published:
+            told = (f"these records were already released: run {other.run_id} published them to "
+                    f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
+        else:
+            told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
+                    f"running, or crashed without ending): resume it ({option('resume')}) instead")
+        raise AlreadyReleasedError(
+            f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, "
+            f"declare it and say why with {option('re_release')} (recorded in the ledger; the cap still applies)"
+        )
 
     def run(self, run_id: str) -> RunState | None:
         """A snapshot of what the ledger says about ``run_id`` now, or None if it was never started.
@@ -2244,6 +2406,8 @@ class Ledger:
         reason: str,
         cap_raise: tuple[Amount, str | None] | None = None,
         plan: RunPlan | None = None,
+        re_release: str | None = None,
+        orchestration: Orchestration | None = None,
     ) -> "RunRecorder":
         """Record RUN_RESUMED for a failed or crashed run and return its recorder, atomically.
 
@@ -2265,8 +2429,13 @@ class Ledger:
                 sensitivities, cells and variances, same order), so that code that would now plan
                 differently cannot reuse the old measurements. The recorder always uses the
                 recorded plan.
+            re_release: Why the run releases records that another run released or is releasing
+                (recorded; see :meth:`start_run`).
+            orchestration: The flow run that runs this attempt (recorded).
 
         Raises:
+            AlreadyReleasedError: Another run released these records, or is releasing them, and
+                neither this resume nor the run's start declared a re-release.
             LedgerError: The run is unknown, finished or of the first format, the config, the
                 dataset, the records or ``plan`` differ from the run's, ``reason`` is empty, or
                 the ledger is broken. Nothing is appended.
@@ -2304,6 +2473,9 @@ class Ledger:
                 )
             if plan is not None:
                 self._check_same_plan(run, plan)
+            # One release per content version comes first: refused whatever room the cap has.
+            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id,
+                                              resuming=run)
             items: list[tuple[EntryKind, str | None, Mapping[str, Any]]] = []
             cap = state.cap_of(run)
             if cap_raise is not None:
@@ -2320,10 +2492,15 @@ class Ledger:
                     f"again) with {option('lifetime_cap')} and say why with {option('cap_reason')} (both "
                     "are recorded)."
                 )
-            items.append((EntryKind.RUN_RESUMED, run_id, {
+            resumed_body: dict[str, Any] = {
                 "config_digest": config_digest, "dataset": dataset, "fingerprint": fingerprint,
                 "code_version": code_version, "reason": reason,
-            }))
+            }
+            if declared and declared != run.re_release:
+                resumed_body["re_release"] = declared
+            if orchestration is not None:
+                resumed_body["orchestration"] = orchestration.record()
+            items.append((EntryKind.RUN_RESUMED, run_id, resumed_body))
             self._append_entries(items)
             resumed = state.runs[run_id]
             attempt = resumed.attempt

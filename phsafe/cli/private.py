@@ -44,12 +44,15 @@ from phsafe.cli._output import command_progress, result_line, verbosity_options
               help="Complete the failed run RUN_ID: its committed measurements are reused (no new noise), "
                    "the rest are new spends; OUT may be a new folder.")
 @click.option("--resume-reason", default=None, metavar="TEXT", help="Why the run is resumed (recorded in the ledger).")
+@click.option("--re-release", "re_release", default=None, metavar="REASON",
+              help="Release records that the dataset already released (or is releasing) once more, and why "
+                   "(recorded; the lifetime cap still applies). Without it such a run is refused before any spend.")
 @verbosity_options
 def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset: str | None,
             new_version: str | None, no_validate: bool, validate_flag: bool, validate_outputs: bool,
             log_file: Path | None, lifetime_cap: str | None, cap_reason: str | None, signing_key: Path | None,
             public_key: Path | None, work_dir: Path | None, non_confidential: bool, truncation_key: str | None,
-            resume_run_id: str | None, resume_reason: str | None) -> None:
+            resume_run_id: str | None, resume_reason: str | None, re_release: str | None) -> None:
     """Run PHSafe on DATA with CONFIG and publish the eleven tables to OUT.
 
     Checks everything first (config, ledger, keys, paths, space, inputs) and spends nothing
@@ -61,14 +64,15 @@ def private(config: Path, data: Path, output: Path, ledger: Path | None, dataset
         raise click.UsageError("give either --validate or --no-validate")
     start(log_file)
     try:
-        from phsafe.engine import PrivateRunOptions, run_private
+        from phsafe.engine import PrivateRunOptions
+        from phsafe.sequence import run_private
 
         options = PrivateRunOptions(
             ledger=ledger, dataset=dataset, new_version=new_version,
             lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), cap_reason=cap_reason,
             signing_key=signing_key, public_key=public_key, non_confidential=non_confidential,
             validate_inputs=not no_validate, validate_outputs=validate_outputs, work_dir=work_dir,
-            truncation_key=truncation_key, resume_reason=resume_reason,
+            truncation_key=truncation_key, resume_reason=resume_reason, re_release=re_release,
         )
         with command_progress(log_file) as progress:
             result = run_private(config, data, output, options, progress=progress, run_id=resume_run_id,

@@ -824,7 +824,7 @@ def test_a_spend_above_the_policy_cap_is_rejected_by_replay(tmp_path: Path) -> N
     publish(rec, tmp_path / "out")
     first = of_kind(ledger.path, "RUN_STARTED")[0]
     data = ledger.path.read_bytes()
-    second = body_of(first, spent_before=format_exact(PLAN.total))
+    second = body_of(first, spent_before=format_exact(PLAN.total), re_release="a second release, crafted")
     entry = craft(ledger.path, "RUN_STARTED", "run-2", second)
     error = rejected(ledger.path, entry["seq"], "RUN_STARTED",
                      f"run exceeds dataset test-data's lifetime cap: spent {format_exact(PLAN.total)} \\+ planned")
