@@ -96,19 +96,26 @@ class TransparencyLog:
         """The number of entries (StoreError if the store was cut in the middle of an append)."""
         return tree_size_for_stored_count(self.store.stored_count())
 
+    def hashes_for(self, entries: Iterable[bytes]) -> list[bytes]:
+        """The stored hashes appending ``entries`` would add, computed without writing them.
+
+        For owners that write something else first (the entries themselves) and the hashes
+        after; :meth:`append` is this plus the store write.
+        """
+        first = self.size
+        pending: list[bytes] = []
+        reader = _PendingHashes(self.store, stored_hash_count(first), pending)
+        for index, entry in enumerate(entries, start=first):
+            pending.extend(hashes_to_store(index, leaf_hash(bytes(entry)), reader))
+        return pending
+
     def append(self, entries: Iterable[bytes]) -> range:
         """Append ``entries`` in order with one store write; returns their indexes."""
         first = self.size
-        base = stored_hash_count(first)
-        pending: list[bytes] = []
-        reader = _PendingHashes(self.store, base, pending)
-        index = first
-        for entry in entries:
-            pending.extend(hashes_to_store(index, leaf_hash(bytes(entry)), reader))
-            index += 1
+        pending = self.hashes_for(entries)
         if pending:
             self.store.append_hashes(pending)
-        return range(first, index)
+        return range(first, self.size)
 
     def _check_size(self, size: int | None) -> int:
         current = self.size

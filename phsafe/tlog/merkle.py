@@ -91,11 +91,8 @@ def stored_hash_index(level: int, index: int) -> int:
     return stored_hash_count(last) + level
 
 
-def tree_size_for_stored_count(count: int) -> int:
-    """The tree size whose stored-hash count is ``count``; StoreError if there is none.
-
-    A store holding a count no tree has was cut in the middle of an append (a torn write).
-    """
+def largest_tree_in_stored_count(count: int) -> int:
+    """The largest tree size whose stored hashes fit in ``count`` hashes."""
     if count < 0:
         raise ValueError("a count is non-negative")
     # stored_hash_count is strictly increasing (it grows by 1 + trailing ones of the old size).
@@ -106,10 +103,19 @@ def tree_size_for_stored_count(count: int) -> int:
             low = mid
         else:
             high = mid - 1
-    if stored_hash_count(low) != count:
-        raise StoreError(f"a hash store of {count} hashes holds no whole tree (a torn append?): "
-                         f"{stored_hash_count(low)} hashes make a tree of {low} entries")
     return low
+
+
+def tree_size_for_stored_count(count: int) -> int:
+    """The tree size whose stored-hash count is ``count``; StoreError if there is none.
+
+    A store holding a count no tree has was cut in the middle of an append (a torn write).
+    """
+    size = largest_tree_in_stored_count(count)
+    if stored_hash_count(size) != count:
+        raise StoreError(f"a hash store of {count} hashes holds no whole tree (a torn append?): "
+                         f"{stored_hash_count(size)} hashes make a tree of {size} entries")
+    return size
 
 
 def hashes_to_store(index: int, entry_hash: bytes, reader: HashReader) -> list[bytes]:
