@@ -231,10 +231,10 @@ def open_note(message: bytes, verifiers: Iterable[Verifier]) -> Note:
     verified: list[NoteSignature] = []
     unverified: list[NoteSignature] = []
     for signature in signatures:
-        verifier = known.get((signature.name, signature.key_id))
-        if verifier is None:
+        key = known.get((signature.name, signature.key_id))
+        if key is None:
             unverified.append(signature)
-        elif verifier.verify(body, signature.signature):
+        elif key.verify(body, signature.signature):
             verified.append(signature)
         else:
             raise SignatureError(f"the signature by {signature.name} (key {signature.key_id:08x}) "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def _witness(store: MemoryCheckpointStore | None = None, number: int = 1) -> Wit
     return Witness(witness_signer(number), [log_verifier()], store or MemoryCheckpointStore())
 
 
-def _request(log: TransparencyLog, old: int, new: int | None = None, **kw: object) -> AddCheckpointRequest:
+def _request(log: TransparencyLog, old: int, new: int | None = None, **kw: Any) -> AddCheckpointRequest:
     new = log.size if new is None else new
     return AddCheckpointRequest(old, tuple(log.consistency_proof(old, new)), signed_checkpoint(log, new, **kw))
 
