@@ -25,7 +25,8 @@ Modules and formats (each module's docstring states its format precisely):
 - :mod:`.checkpoint` -- C2SP tlog-checkpoint; verification with a k-of-n witness quorum.
 - :mod:`.cosignature` -- C2SP tlog-cosignature, Ed25519 ``cosignature/v1`` (type 0x04).
 - :mod:`.state` -- the compare-and-swap :class:`CheckpointStore` of witnesses and clients.
-- :mod:`.witness` -- :class:`Witness` (C2SP tlog-witness ``add-checkpoint`` rules, no HTTP).
+- :mod:`.witness` -- :class:`Witness` (C2SP tlog-witness ``add-checkpoint`` rules, no HTTP) and
+  the log's side of it, :func:`request_cosignature`.
 - :mod:`.client` -- :class:`SeenCheckpoints`: fork detection against the last checkpoint seen.
 - :mod:`.proof` -- C2SP tlog-proof files (``c2sp.org/tlog-proof@v1``).
 - :mod:`.layout` -- the published log's static files, and their verification (pure).
@@ -105,9 +106,11 @@ from phsafe.tlog.publication import LogDirectory, read_published_log
 from phsafe.tlog.state import CheckpointStore, MemoryCheckpointStore
 from phsafe.tlog.witness import (
     AddCheckpointRequest,
+    CosigningWitness,
     Witness,
     format_add_checkpoint_request,
     parse_add_checkpoint_request,
+    request_cosignature,
     with_cosignatures,
 )
 
@@ -123,8 +126,8 @@ __all__ = [
     "Checkpoint", "VerifiedCheckpoint", "format_checkpoint", "parse_checkpoint", "sign_checkpoint",
     "verify_checkpoint", "CosignatureSigner", "CosignatureVerifier", "cosignature_timestamp", "cosigned_message",
     # witnesses and clients
-    "CheckpointStore", "MemoryCheckpointStore", "AddCheckpointRequest", "Witness",
-    "format_add_checkpoint_request", "parse_add_checkpoint_request", "with_cosignatures",
+    "CheckpointStore", "MemoryCheckpointStore", "AddCheckpointRequest", "CosigningWitness", "Witness",
+    "format_add_checkpoint_request", "parse_add_checkpoint_request", "request_cosignature", "with_cosignatures",
     "ConsistencyProver", "SeenCheckpoints",
     # proof files
     "TlogProof", "format_tlog_proof", "make_tlog_proof", "parse_tlog_proof", "verify_tlog_proof",

@@ -106,13 +106,14 @@ class VerifiedCheckpoint:
 
 
 def _check_witnesses(log_verifier: Verifier, witnesses: Sequence[Verifier], quorum: int) -> None:
+    """Refuse a witness policy that cannot be met or would count one cosignature twice."""
     if not 0 <= quorum <= len(witnesses):
-        raise ValueError(f"a quorum of {quorum} out of {len(witnesses)} witness keys cannot be met")
+        raise MalformedError("witness policy", f"a quorum of {quorum} out of {len(witnesses)} witness keys cannot be met")
     keys = [w.public_key for w in witnesses]
     if len(set(keys)) != len(keys):
-        raise ValueError("two witness keys share a public key: one cosignature would count twice")
+        raise MalformedError("witness policy", "two witness keys share a public key: one cosignature would count twice")
     if log_verifier.public_key in keys:
-        raise ValueError("the log's key is not a witness of its own checkpoints")
+        raise MalformedError("witness policy", "the log's key is not a witness of its own checkpoints")
 
 
 def verify_checkpoint(message: bytes, log_verifier: Verifier, *, witnesses: Sequence[Verifier] = (),
@@ -120,7 +121,8 @@ def verify_checkpoint(message: bytes, log_verifier: Verifier, *, witnesses: Sequ
     """Open a signed checkpoint (see the module docstring for every check).
 
     Raises:
-        MalformedError: Not a signed note, or its text not a checkpoint.
+        MalformedError: Not a signed note, or its text not a checkpoint; a witness policy that
+            cannot be met (quorum above the number of keys) or counts a key twice.
         SignatureError: No valid log signature; a trusted key's signature fails; another log's
             origin; fewer than ``quorum`` witness cosignatures.
         ProofError: A tree of size 0 with another root hash than the empty tree's.

@@ -224,7 +224,7 @@ def open_note(message: bytes, verifiers: Iterable[Verifier]) -> Note:
     for verifier in verifiers:
         slot = (verifier.name, verifier.key_id)
         if slot in known and known[slot].public_key != verifier.public_key:
-            raise ValueError(f"two keys named {verifier.name} share the key ID {verifier.key_id:08x}")
+            raise MalformedError("verifier keys", f"two keys named {verifier.name} share the key ID {verifier.key_id:08x}")
         known[slot] = verifier
     text, signatures = parse_note(message)
     body = text.encode("utf-8")

@@ -64,6 +64,7 @@ class LogDirectory:
         self._hashes = hashes
         self.log = TransparencyLog(hashes)
         self._size = size
+        self._interrupted = False  # an append failed part-way: the files need recover()
 
     # ---- making, opening, recovering ---------------------------------------------------------
 
@@ -154,12 +155,19 @@ class LogDirectory:
         return self._size
 
     def append(self, entries: Sequence[bytes]) -> range:
-        """Append ``entries`` durably (entries file, then hashes); returns their indexes."""
+        """Append ``entries`` durably (entries file, then hashes); returns their indexes.
+
+        If writing fails part-way, this object refuses every later append: the folder then
+        needs :meth:`recover` (another process may run it) and a fresh :meth:`open`.
+        """
+        if self._interrupted:
+            raise StoreError(f"an earlier append to the log in {self.path} failed part-way; recover it first")
         lines = encode_entries(entries)  # refuses an entry the file cannot hold, before writing
         if not entries:
             return range(self._size, self._size)
         first = self._size
         hashes = self.log.hashes_for(entries)
+        self._interrupted = True
         fd = os.open(self.path / ENTRIES_FILE, os.O_WRONLY | os.O_APPEND)
         try:
             view = memoryview(lines)
@@ -169,6 +177,7 @@ class LogDirectory:
         finally:
             os.close(fd)
         self._hashes.append_hashes(hashes)
+        self._interrupted = False
         self._size = first + len(entries)
         return range(first, self._size)
 

@@ -19,6 +19,11 @@ is the protocol's ``add-checkpoint`` call without HTTP; refusals are
       size 0 with a root other than the empty tree's
 ====  =======================================================================================
 
+The log's side of the exchange is :func:`request_cosignature`: it sends the consistency proof
+from the size it believes the witness last cosigned and, on a 409, once more from the size the
+witness names. That is what makes a copied or rolled-back log unable to get a cosignature: the
+witness has cosigned the original's larger tree, and the copy can prove no consistency with it.
+
 On success the witness stores the checkpoint (with the log's verified signatures and its own
 cosignature) by compare-and-swap -- check and update are one atomic step, so two concurrent
 requests cannot roll it back -- and returns its cosignature line.
@@ -37,8 +42,10 @@ import base64
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
+from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
 from phsafe.tlog.cosignature import CosignatureSigner
@@ -189,3 +196,38 @@ class Witness:
         """:meth:`add_checkpoint`, returning the checkpoint with the cosignature appended."""
         lines = self.add_checkpoint(AddCheckpointRequest(old_size, tuple(consistency_proof), checkpoint))
         return with_cosignatures(checkpoint, lines)
+
+
+class CosigningWitness(Protocol):
+    """Anything that answers ``add-checkpoint``: a :class:`Witness` here, or a network client."""
+
+    def add_checkpoint(self, request: AddCheckpointRequest) -> bytes: ...
+
+
+def request_cosignature(witness: CosigningWitness, log: TransparencyLog, checkpoint: bytes, *,
+                        old_size: int = 0) -> bytes:
+    """The log's side of ``add-checkpoint``: ``checkpoint`` (a tree head of ``log``) with the
+    witness's cosignature appended.
+
+    ``old_size`` is the size the log believes the witness last cosigned (0 if unknown); on a
+    409 the request is sent once more with a proof from the size the witness names.
+
+    Raises:
+        WitnessRefusal: The witness refuses -- in particular 409 when it has cosigned a larger
+            tree than ``log`` has (the log is a stale copy or was rolled back) and 422 when
+            ``log`` does not extend the tree it cosigned (a fork).
+    """
+    size = parse_checkpoint(parse_note(checkpoint)[0]).size
+    for attempt in range(2):
+        if old_size > size:
+            raise WitnessRefusal(409, f"the witness has cosigned a tree of {old_size} entries and this log "
+                                      f"has {size}: the log is a stale copy or was rolled back",
+                                 latest_size=old_size)
+        proof = tuple(log.consistency_proof(old_size, size))
+        try:
+            return with_cosignatures(checkpoint, witness.add_checkpoint(AddCheckpointRequest(old_size, proof, checkpoint)))
+        except WitnessRefusal as refusal:
+            if refusal.status != 409 or refusal.latest_size is None or attempt:
+                raise
+            old_size = refusal.latest_size
+    raise AssertionError("unreachable")

@@ -289,3 +289,21 @@ def test_verify_published_log_on_bytes() -> None:
     published = verify_published_log(signed_checkpoint(log), data, log_verifier())
     assert published.unsigned_tail == 1 and len(published.entries) == 4
     assert published.consistency_proof(2, 4) == log.consistency_proof(2, 4)
+
+
+def test_a_failed_append_stops_the_writer_until_recovered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = _published(tmp_path, 5)
+
+    def disk_full(self: FileHashStore, hashes: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(FileHashStore, "append_hashes", disk_full)
+        with pytest.raises(OSError):
+            folder.append(entries(7)[5:])
+    with pytest.raises(StoreError, match="recover it first"):
+        folder.append(entries(7)[5:])  # would write the two entries twice
+    folder.close()
+    assert LogDirectory.recover(tmp_path / "log") == ["hashed entries 5 to 6, written before their hashes"]
+    with LogDirectory.open(tmp_path / "log") as recovered:
+        assert recovered.size == 7 and recovered.log.root() == TransparencyLog.of_entries(entries(7)).root()

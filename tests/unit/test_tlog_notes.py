@@ -275,11 +275,11 @@ def test_k_of_n_witness_cosignatures() -> None:
         verify_checkpoint(twice, log_verifier(), witnesses=witnesses, quorum=2)
     # One key listed under two names would count twice: refused as a policy.
     alias = CosignatureVerifier("alias.example", witness_signer(1).public_key)
-    with pytest.raises(ValueError, match="share a public key"):
+    with pytest.raises(MalformedError, match="share a public key"):
         verify_checkpoint(two, log_verifier(), witnesses=[witnesses[0], alias], quorum=2)
-    with pytest.raises(ValueError, match="cannot be met"):
+    with pytest.raises(MalformedError, match="cannot be met"):
         verify_checkpoint(two, log_verifier(), witnesses=witnesses, quorum=4)
-    with pytest.raises(ValueError, match="its own"):
+    with pytest.raises(MalformedError, match="its own"):
         verify_checkpoint(two, log_verifier(), witnesses=[log_verifier()], quorum=1)
     # A bad cosignature by a trusted witness refuses the note (evidence of tampering).
     forged = NoteSignature("witness2.example", witnesses[1].key_id, witness_signer(1).sign(text.encode()))

@@ -19,6 +19,7 @@ from phsafe.tlog.witness import (
     Witness,
     format_add_checkpoint_request,
     parse_add_checkpoint_request,
+    request_cosignature,
     with_cosignatures,
 )
 from tests._tlog import NOW, ORIGIN, entries, log_signer, log_verifier, signed_checkpoint, witness_signer, witness_verifier
@@ -132,6 +133,28 @@ def test_add_checkpoint_request_round_trip_and_junk() -> None:
                  b"old 5\n" + h[:-2] + b"\n\n" + request.checkpoint, b"old 5\n" + (h + b"\n") * 64 + b"\n" + request.checkpoint):
         with pytest.raises(MalformedError):
             parse_add_checkpoint_request(junk)
+
+
+def test_a_copied_or_rolled_back_log_cannot_get_a_cosignature() -> None:
+    """The fork the witness exists for: a copy of the log taken at size 6, while the original
+    goes on and is cosigned at 10, can be cosigned neither behind nor past the original."""
+    original = TransparencyLog.of_entries(entries(6))
+    witness = _witness()
+    assert request_cosignature(witness, original, signed_checkpoint(original)).count(b"\xe2\x80\x94") == 2
+    copy = TransparencyLog.of_entries(entries(6))
+    original.append(entries(10)[6:])
+    request_cosignature(witness, original, signed_checkpoint(original), old_size=6)
+    copy.append([b'{"run":"on the copy"}'])  # the copy starts a run: size 7
+    with pytest.raises(WitnessRefusal, match="stale copy or was rolled back") as behind:
+        request_cosignature(witness, copy, signed_checkpoint(copy), old_size=6)
+    assert behind.value.status == 409 and behind.value.latest_size == 10
+    copy.append(entries(12, "copy")[7:])  # ... and grows past the original: size 12
+    with pytest.raises(WitnessRefusal, match="does not extend") as forked:
+        request_cosignature(witness, copy, signed_checkpoint(copy))
+    assert forked.value.status == 422
+    original.append(entries(12, "original")[10:])  # the original goes on, from a stale hint too
+    cosigned = request_cosignature(witness, original, signed_checkpoint(original), old_size=0)
+    assert verify_checkpoint(cosigned, log_verifier(), witnesses=[witness_verifier(1)], quorum=1).checkpoint.size == 12
 
 
 # ---- the client's seen checkpoints ----------------------------------------------------------
