@@ -7,7 +7,7 @@ Note text of a checkpoint (every line ends in a newline)::
     <root hash>               standard base64 of the 32-byte RFC 6962 root (44 characters)
     [<extension line> ...]    optional, opaque, non-empty; none are written by phsafe
 
-e.g.::
+for example (illustrative values, the signature shortened)::
 
     census.example/phsafe/privacy-loss/cef2020-us
     17

@@ -11,7 +11,7 @@ A log is published as one folder of static files (any web server or file share s
     <log>/hashes       the writer's stored hashes (:mod:`.files`); derivable from ``entries``,
                        never read by a verifier
 
-Why not C2SP tlog-tiles: tiles let a client fetch the O(log n) hashes of one proof from a log of
+Why not C2SP tlog-tiles: tiles let a client download the O(log n) hashes of one proof from a log of
 millions or billions of entries without the entries. Here a log has at most thousands of entries
 of a few kilobytes, so the whole ``entries`` file is a few megabytes; every reader of the full
 log needs every entry anyway (the public privacy-loss statement sums every spend of every

@@ -107,7 +107,10 @@ def parse_add_checkpoint_request(body: bytes) -> AddCheckpointRequest:
 
 def with_cosignatures(checkpoint: bytes, lines: bytes) -> bytes:
     """The signed checkpoint with a witness's answer (signature lines) appended."""
-    parse_signature_lines(bytes(lines).decode("utf-8"))
+    try:
+        parse_signature_lines(bytes(lines).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MalformedError("witness answer", "it is not UTF-8") from None
     merged = bytes(checkpoint) + bytes(lines)
     parse_note(merged)
     return merged
