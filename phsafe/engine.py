@@ -610,7 +610,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if run.resume:
         earlier = ledger.run(run.run_id)
         if earlier is None:
-            raise PHSafeError(f"run {run.run_id} is not in the ledger {run.ledger}; nothing to resume")
+            raise PHSafeError(f"{option('resume')} names run {run.run_id}, which is not in the ledger {run.ledger}; "
+                              "nothing to resume")
         if earlier.status is RunStatus.FINISHED:
             raise PHSafeError(f"run {run.run_id} finished and published to {earlier.output_path}; a finished "
                               "run is never resumed")
@@ -1060,7 +1061,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable))
 
 
-def with_resume_hint(exc: BaseException, run: PrivateRun) -> BaseException:
+def with_resume_hint(exc: BaseException, run: PrivateRun, status: "SpendStatus | None" = None) -> BaseException:
     """``exc`` (one of ours) with how to complete the run that spent, or ``exc`` itself.
 
     The copy keeps the exception's type and attributes (a :class:`ValidationFailed` keeps its
@@ -1068,18 +1069,26 @@ def with_resume_hint(exc: BaseException, run: PrivateRun) -> BaseException:
     if not isinstance(exc, PHSafeError):
         return exc
     hinted = copy.copy(exc)
-    hinted.args = (f"{exc} -- run {run.run_id} spent budget; complete it without drawing noise again: "
-                   f"{resume_hint(run)}",)
+    hinted.args = (f"{exc} -- {resume_hint(run, status)}",)
     return hinted
 
 
-def resume_hint(run: PrivateRun) -> str:
-    """How the operator resumes ``run`` from where they ran it."""
+def resume_hint(run: PrivateRun, status: "SpendStatus | None" = None) -> str:
+    """What the run left in the ledger, and how the operator completes it from where they ran it."""
+    from phsafe.errors import flow_parameters
+
+    if status is not None and status.known:
+        recorded = f"{status.intents} spend(s) of run {run.run_id} are recorded in the ledger"
+    else:
+        recorded = f"run {run.run_id} spent budget"
     if option("resume").startswith("--"):
-        return (f"phsafe private CONFIG DATA OUT --ledger {run.ledger} --resume {run.run_id} "
-                "--resume-reason TEXT, with a new OUT if the old one is unusable")
-    return (f"Retry this flow run (it resumes run {run.run_id}: committed measurements are reused, not drawn "
-            f"again), or start the deployment with {option('resume')}={run.run_id}")
+        return (f"{recorded}; complete it without drawing noise again: phsafe private CONFIG DATA OUT --ledger "
+                f"{run.ledger} --resume {run.run_id} --resume-reason TEXT, with a new OUT if the old one is unusable")
+    known = flow_parameters()
+    also = (f", or run the deployment with resume_run_id={run.run_id}"
+            if known is None or "resume_run_id" in known else "")
+    return (f"{recorded}; Retry this flow run to resume it (committed measurements are reused, not drawn "
+            f"again){also}")
 
 
 def run_nonprivate(

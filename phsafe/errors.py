@@ -104,20 +104,54 @@ FLOW_PARAMETERS: dict[str, str] = {"resume": "resume_run_id", "no_validate": "va
 """Options whose flow parameter is not named like the option."""
 
 
+FLOW_ELSEWHERE: dict[str, str] = {
+    "lifetime_cap": "`phsafe ledger raise-cap LEDGER --dataset NAME --to CAP --reason TEXT` (in the enclave; "
+                    "then Retry this flow run)",
+    "cap_reason": "raise-cap's --reason",
+    "resume": "a Retry of this flow run",
+    "resume_reason": "the Retry (its reason is recorded for you)",
+    "dataset": "the config's \"dataset\" key",
+    "no_validate": "the us or pr deployment's parameter validate_inputs=false",
+    "work_dir": "the us or pr deployment's parameter work_dir",
+}
+"""How to do what an option does from a deployment that has no parameter for it (the release
+deployment has no ``lifetime_cap``: a cap is raised with ``phsafe ledger raise-cap``)."""
+
+_PARAMETERS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("phsafe_flow_parameters",
+                                                                                      default=None)
+
+
 def option(name: str) -> str:
-    """How the operator sets ``name`` here: ``--lifetime-cap`` (CLI) or ``lifetime_cap`` (flow)."""
+    """How the operator sets ``name`` here: ``--lifetime-cap`` (CLI), ``the flow parameter
+    lifetime_cap`` (a flow that has it), or how else (a flow that has not)."""
     if _FRONT_END.get() == "flow":
-        return f"the flow parameter {FLOW_PARAMETERS.get(name, name)}"
+        parameter = FLOW_PARAMETERS.get(name, name)
+        known = _PARAMETERS.get()
+        if known is not None and parameter.split("=")[0] not in known:
+            return FLOW_ELSEWHERE.get(name, f"{parameter} (not a parameter of this deployment)")
+        return f"the flow parameter {parameter}"
     return OPTIONS[name]
 
 
+def flow_parameters() -> frozenset[str] | None:
+    """The parameters of the deployment whose run this is (None: unknown, or the command line)."""
+    return _PARAMETERS.get() if _FRONT_END.get() == "flow" else None
+
+
 @contextlib.contextmanager
-def front_end(kind: str) -> Iterator[None]:
-    """Name options as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block."""
+def front_end(kind: str, parameters: frozenset[str] | None = None) -> Iterator[None]:
+    """Name options as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block.
+
+    Args:
+        parameters: For a flow, the parameters its operator can set: an option without one is
+            named by what to do instead (:data:`FLOW_ELSEWHERE`).
+    """
     if kind not in ("cli", "flow"):
         raise ValueError(kind)
     token = _FRONT_END.set(kind)
+    known = _PARAMETERS.set(parameters if kind == "flow" else None)
     try:
         yield
     finally:
+        _PARAMETERS.reset(known)
         _FRONT_END.reset(token)

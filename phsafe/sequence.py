@@ -171,6 +171,8 @@ class ReleaseHooks:
     """What a front end shows of a run, beside the run itself (the flows' artifacts).
 
     Attributes:
+        accepted: Called with ``(run, config)`` once the config is read, before anything else: a
+            front end's own refusals (the US flow refuses Puerto Rico's config).
         validated: Called with ``(run, subject, report)`` after input (``subject="input"``) or
             output validation, whether it passed or not.
         validation_text: The text of a failed validation in the run's error message: the
@@ -179,6 +181,7 @@ class ReleaseHooks:
         ended: Called with ``(run, plan, result, error)`` once the run ends, either way.
     """
 
+    accepted: Callable[[PrivateRun, "PHSafeConfig"], None] | None = None
     validated: Callable[[PrivateRun, str, Any], None] | None = None
     validation_text: Callable[[Any, PrivateRun], str] | None = None
     ended: Callable[[PrivateRun, "RunPlan | None", RunResult | None, BaseException | None], None] | None = None
@@ -277,9 +280,10 @@ def _measure(table: str, run: PrivateRun, plan: "RunPlan", counts: ExactCounts, 
 
 def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseException:
     """``exc`` with how to complete the run if it spent; ``spend_status`` attached either way."""
-    failed = engine.with_resume_hint(exc, run) if status.spent else exc
+    failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
     try:
         failed.spend_status = status  # type: ignore[attr-defined]
+        failed.resume_hint = engine.resume_hint(run, status) if status.spent else None  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         pass
     return failed
@@ -299,6 +303,8 @@ def run_release(job: ReleaseJob, runner: StageRunner | None = None, hooks: Relea
     new_id = job.new_run_id or engine.new_run_id()
     run, config = engine.begin_private_run(job.config_path, job.data_dir, job.output_for(new_id), job.options,
                                            run_id=new_id, orchestration=job.orchestration)
+    if hooks.accepted is not None:
+        hooks.accepted(run, config)
     run_id, resume, finished = _continuation(job, run.dataset, run.ledger)
     if resume:
         options = run.options

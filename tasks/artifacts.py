@@ -1,8 +1,10 @@
-"""What a run shows in the Prefect UI: five artifacts per dataset run.
+"""What a run shows in the Prefect UI: five artifacts per dataset run, one summary per release.
 
-``<dataset>-budget-spends`` (table), ``<dataset>-input-validation`` and
-``<dataset>-output-validation`` (table of broken rules, or a note that every rule holds),
-``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint`` (Markdown).
+``<dataset>-budget-spends`` (table; the dataset's spent / cap / left beside the plan),
+``<dataset>-input-validation`` and ``<dataset>-output-validation`` (table of broken rules, or a
+note that every rule holds), ``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint``
+(Markdown); the release run's ``release-summary`` (per dataset: where published, this run's
+spend, the dataset's lifetime spend, cap and what is left, the ledger checkpoint).
 
 Artifacts live in the Prefect database, outside the data's trust boundary: each holds public
 facts only -- budgets (as decimals), sensitivities, variances, MOEs, cell counts of public
@@ -31,16 +33,53 @@ def _key(label: str, what: str) -> str:
     return f"{label}-{what}".lower().replace("_", "-")
 
 
-def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any) -> None:
-    """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger)."""
+def account_text(budget: Any) -> str:
+    """``dataset demo-us: spent 1.257281 of its lifetime cap 2.6 (rho); 1.342719 left``."""
+    if budget is None:
+        return "the dataset's account could not be read from the ledger"
+    cap = f"lifetime cap {decimal_text(budget.cap)} ({budget.unit})"
+    if not budget.enforced:
+        cap += ", recorded but not enforced: a throwaway ledger of non-confidential data"
+    return f"dataset `{budget.dataset}`: spent {decimal_text(budget.spent)} of its {cap}; {decimal_text(budget.left)} left"
+
+
+def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any, budget: Any = None) -> None:
+    """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger); the
+    dataset's spent, cap and left in the description, beside the plan's total."""
     table = [{k: decimal_text(v) if k in _BUDGET_COLUMNS else (round(v, 2) if k == "moe90" else v)
               for k, v in row.items()} for row in rows]
+    charge = f", charged {decimal_text(budget.run_charge)}" if budget is not None else ""
     create_table_artifact(
         key=_key(label, "budget-spends"),
         table=table,
-        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger; "
-                    f"planned total {decimal_text(total)}.",
+        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger: planned total "
+                    f"{decimal_text(total)}{charge}. The {account_text(budget)}.",
     )
+
+
+def release_summary(run_name: str, outcomes: dict[str, dict[str, Any]]) -> None:
+    """The release run's summary: one row per dataset (published where, this run's spend, the
+    dataset's lifetime spend, cap and what is left, the ledger checkpoint), or why it failed."""
+    lines = [f"# Release `{run_name}`", "",
+             "| dataset | outcome | release | this run's spend | lifetime spent | cap | left | ledger checkpoint |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, o in outcomes.items():
+        if o.get("failed"):
+            lines.append(f"| {label} | **failed**: {o['failed']} | - | - | - | - | - | - |")
+            continue
+        outcome = "already published (nothing done)" if o.get("already_published") else (
+            "published" + (f", attempt {o['attempt']}" if o.get("attempt", 1) > 1 else ""))
+        checkpoint = (f"size {o['checkpoint_size']}, head `{o['checkpoint_head']}`"
+                      + ("" if o.get("checkpoint_signed") else " (unsigned)")) if o.get("checkpoint_size") else "-"
+        lines.append(f"| {label} (`{o['dataset']}`) | {outcome}: run `{o['run_id']}` | `{o['outputs']}` "
+                     f"| {decimal_text(o.get('run_charge', '-'))} | {decimal_text(o.get('dataset_spent', '-'))} "
+                     f"| {decimal_text(o.get('lifetime_cap', '-'))} ({o.get('unit', '')}) "
+                     f"| {decimal_text(o.get('left', '-'))} | {checkpoint} |")
+    lines += ["", "Each dataset's spends, validation, manifest and checkpoint are in its subflow run's artifacts "
+              "(`us-…`, `pr-…`). Auditors check a release offline with `phsafe audit verify LEDGER --outputs "
+              "RELEASE --public-key KEY`."]
+    create_markdown_artifact(key="release-summary", markdown="\n".join(lines) + "\n",
+                             description=f"Release {run_name}: where each dataset was published and its privacy-loss account")
 
 
 def broken_rules(report: Any) -> list[dict[str, str]]:

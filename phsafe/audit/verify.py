@@ -143,6 +143,11 @@ def verify(
                 f"{len(respent)} measurement(s) spent more than once, charged "
                 f"{format_exact(run.charge())} with every re-spend; each resume and re-spend was within its cap"
             )
+        if run.re_release:
+            earlier = [r.run_id for r in state.runs.values() if r.started_seq < run.started_seq
+                       and r.dataset == run.dataset and r.fingerprint == run.fingerprint]
+            result.notes.append(f"run {run.run_id}: a declared re-release of run(s) {', '.join(earlier)}'s records "
+                                f"(reason recorded: {run.re_release})")
         if run.validated is False:
             result.notes.append(f"run {run.run_id}: its inputs were not validated by the full suites (--no-validate)")
     for run in state.unpublished():

@@ -152,7 +152,11 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     # Budgets as decimals (US: 1.257281, never 1257281/1000000): the config's rho, summed exactly.
     budgets = json.loads((DEMO / dataset / "config.json").read_text(), parse_float=Decimal)["privacy_budget"]
     total = str(sum(v for levels in budgets.values() for v in levels.values()).normalize())
-    assert f"planned total {total}." in spends.description and summary["total_budget"] == total
+    assert f"planned total {total}, charged {total}." in spends.description and summary["total_budget"] == total
+    # Beside the plan, the dataset's account: spent, cap and what is left (exact, as decimals).
+    left = str((Decimal(10) - Decimal(total)).normalize())
+    assert f"`demo-{dataset}`: spent {total} of its lifetime cap 10 (rho); {left} left" in spends.description
+    assert (summary["dataset_spent"], summary["lifetime_cap"], summary["left"]) == (total, "10", left)
     assert all(re.fullmatch(r"\d+\.\d+", r["rho"]) for r in rows)
     assert {Decimal(r["rho"]) for r in rows} <= {v for levels in budgets.values() for v in levels.values()}
 
@@ -272,6 +276,19 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
     assert injector.calls >= 7
 
 
+def retry(flow_fn, state):  # noqa: ANN001, ANN201
+    """What Retry in the UI does: the flow run is set AwaitingRetry and run again (same flow run
+    id, same parameters), as a worker runs it."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import AwaitingRetry
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(_flow_run_id(state), AwaitingRetry(), force=True)
+        flow_run = client.read_flow_run(_flow_run_id(state))
+    return run_flow(flow_fn, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+
+
 def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypatch):
     from flows.sdhc import us_flow
     from phsafe import engine
@@ -287,7 +304,10 @@ def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypa
         return original(run, config)
 
     monkeypatch.setattr(engine, "check_outputs", flaky_check)
-    state = us_flow.with_options(retries=1)(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    failed = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert failed.is_failed()
+    assert "spend(s) of run us-" in failed.message and "Retry this flow run to resume it" in failed.message
+    state = retry(us_flow, failed)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["measurements"]["drawn"] == 0 and summary["measurements"]["reused"] > 0
