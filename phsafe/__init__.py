@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "ConfigError": ("phsafe.errors", "ConfigError"),
     "InputError": ("phsafe.errors", "InputError"),
     "BudgetError": ("phsafe.errors", "BudgetError"),
+    "AlreadyReleasedError": ("phsafe.errors", "AlreadyReleasedError"),
     "LedgerError": ("phsafe.ledger", "LedgerError"),
     "ValidationFailed": ("phsafe.engine", "ValidationFailed"),
 }
