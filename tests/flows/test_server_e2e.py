@@ -1,7 +1,11 @@
-"""The production setup for real: a Prefect server on PostgreSQL, the deployments of
-deployments/prefect.yaml (deployed with ``--no-prompt``), a process worker, the US deployment
-run through the API to Completed -- then what an operator sees of it: the deployments and their
-schedules, the artifacts and logs through the API, and the flow run page in a real Chromium.
+"""The production setup for real: a Prefect server on PostgreSQL, the host's ledgers and signing
+key, the deploy step as the README gives it (``deployments/deploy.py --set ...``: settings as
+Prefect variables, work pool, deployments with their concurrency limits, alert block and
+automations), a process worker -- then what an operator does and sees with it: two releases
+triggered at the same moment (one runs, the other is refused), the deploy step re-run in the
+middle of it (it changes nothing), the release's US run read back through the API and its page
+in a real Chromium, a failing run and the alert a loopback webhook receives, nothing persisted
+under $PREFECT_HOME/storage.
 
 Everything started is stopped at the end. If the PostgreSQL server binaries are missing, the test
 fails saying how to install them; if chromium is missing, likewise.
@@ -9,16 +13,30 @@ fails saying how to install them; if chromium is missing, likewise.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.server
 import json
 import re
 import subprocess
-import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pandas as pd
 import pytest
+import yaml
 
-from tests.flows.conftest import DeploymentRun, Stack, production_stack, run_deployment
+from tests.flows.conftest import (
+    DeploymentRun,
+    Stack,
+    _tree_state,
+    production_stack,
+    read_flow_run,
+    run_deployment,
+    stop_worker,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_US = REPO / "demo" / "data" / "us"
@@ -26,6 +44,9 @@ MEASURE_TASKS = {f"measure-{t}" for t in
                  ("PH1_num", "PH1_denom", "PH2", "PH3", "PH4", "PH5_denom", "PH6", "PH7", "PH8_denom")}
 ARTIFACT_KEYS = {"us-budget-spends", "us-input-validation", "us-output-validation", "us-output-manifest",
                  "us-ledger-checkpoint"}
+SPENDING = ("sdhc-release/release", "sdhc-us/us", "sdhc-pr/pr")
+DEPLOYMENTS = (*SPENDING, "sdhc-rehearsal/rehearsal")
+AUTOMATIONS = [a["name"] for a in yaml.safe_load((REPO / "deployments" / "automations.yaml").read_text())["automations"]]
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +54,307 @@ pytestmark = pytest.mark.slow
 def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
     """One stack, and what an operator does and sees with it, in order. One test rather than
     several sharing a fixture: pytest-xdist would start a stack for each worker that gets one."""
-    with production_stack(tmp_path_factory.mktemp("stack")) as stack:
-        check_deployments_schedules_and_parameter_types(stack)
-        out = stack.folder / "releases"
-        # The operator makes the dataset's ledger once (`phsafe ledger init`), then triggers the
-        # first run saying why its records are a new version of the dataset.
-        ledger = stack.folder / "enclave" / "us.jsonl"
-        made = subprocess.run([str(Path(sys.executable).parent / "phsafe"), "ledger", "init", str(ledger),
-                               "--lifetime-cap", "2", "--reason", "test release policy"], capture_output=True, text=True)
-        assert made.returncode == 0, made.stderr
-        run = run_deployment(stack, "sdhc-us/us", {"output_root": str(out), "ledger": str(ledger),
-                                                    "new_version_reason": "the demo's synthetic records"})
-        state = run.flow_run.state
-        assert state.is_completed(), (state.message, (stack.folder / "worker.log").read_text()[-4000:])
-        check_us_run_on_postgresql(stack, run)
-        check_flow_run_page_in_chromium(stack, run, tmp_path)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+    try:
+        # The alert limit for a run still Running is Prefect's minimum here, so that the release trips it.
+        with alert_receiver() as alerts, production_stack(tmp_path_factory.mktemp("stack"), alert_url=alerts.url,
+                                                          running_limit="10s", timings=timings) as stack:
+            step = time.perf_counter()
+            before = check_the_deploy_step(stack)
+            check_deployments_schedules_and_parameter_types(stack)
+            timings["checks of the deployed state"] = time.perf_counter() - step
+
+            release, refused, redeploy = two_releases_at_once_while_redeploying(stack)
+            check_one_release_ran_and_the_other_was_refused(stack, release, refused)
+            check_the_deploy_step_changed_nothing(stack, redeploy, before)
+            check_the_release_records_the_checkout(stack, release)
+            step = time.perf_counter()
+            # Task runs reach the API through the server's event pipeline: wait until the nine are there.
+            us = read_flow_run(stack, subflow_run(stack, release, "sdhc-us").id,
+                               until=lambda run: MEASURE_TASKS <= {t.name for t in run.task_runs
+                                                                   if t.state is not None and t.state.is_completed()})
+            timings["the release's US run read back"] = time.perf_counter() - step
+            step = time.perf_counter()
+            check_us_run_on_postgresql(stack, us)
+            timings["the US run in PostgreSQL (pg_dump)"] = time.perf_counter() - step
+            check_flow_run_page_in_chromium(stack, us, tmp_path)
+            step = time.perf_counter()
+            check_still_running_alert(alerts, release)
+            timings["the still-running alert"] = time.perf_counter() - step
+
+            # A US run on a ledger that does not exist fails before spending; the operators hear of it.
+            step = time.perf_counter()
+            failed = run_deployment(stack, "sdhc-us/us", {"ledger": str(stack.folder / "nowhere" / "ledger.jsonl")})
+            assert failed.flow_run.state.is_failed(), failed.flow_run.state
+            check_failure_alert(alerts, failed)
+            timings["a failing us run, trigger to its alert"] = time.perf_counter() - step
+
+            # Results are never persisted: after a failed and a successful run, nothing under
+            # PREFECT_HOME/storage (a failed flow would leave its pickled exception there).
+            storage = Path(stack.env["PREFECT_HOME"]) / "storage"
+            persisted = sorted(p.relative_to(storage).as_posix() for p in storage.rglob("*")) if storage.exists() else []
+            # TEMPORARY GUARD (issue 19): persist_result=False on the flows and tasks is the lead's
+            # part, not merged here yet; remove this guard once flows/sdhc.py sets it.
+            from flows.sdhc import release_flow, us_flow
+
+            if persisted and not (us_flow.persist_result is False and release_flow.persist_result is False):
+                pytest.xfail(f"results persisted under {storage} ({len(persisted)} file(s)): the flows do not set "
+                             "persist_result=False yet (the lead's part of issue 19)")
+            assert persisted == [], f"results persisted under {storage}: {persisted[:5]}"
+    finally:
+        timings["whole test"] = time.perf_counter() - clock
+        print("timings: " + "; ".join(f"{step} {seconds:.1f} s" for step, seconds in timings.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# The alert webhook: a loopback HTTP receiver
+# --------------------------------------------------------------------------------------------
+
+
+class _Receiver(http.server.ThreadingHTTPServer):
+    messages: list[dict[str, Any]]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/phsafe-alerts"
+
+    def wait_for(self, predicate, what: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for m in list(self.messages) if predicate(m)]
+            if found:
+                return found[0]
+            time.sleep(0.5)
+        raise AssertionError(f"no alert {what} within {timeout} s; received: {self.messages}")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.server.messages.append(dict(json.loads(body), path=self.path))  # type: ignore[attr-defined]
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def alert_receiver() -> Iterator[_Receiver]:
+    """A webhook on 127.0.0.1 collecting the JSON the alert block POSTs."""
+    server = _Receiver(("127.0.0.1", 0), _Handler)
+    server.messages = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --------------------------------------------------------------------------------------------
+# The deploy step
+# --------------------------------------------------------------------------------------------
+
+
+def _api(stack: Stack, read):
+    from prefect.client.orchestration import PrefectClient
+
+    async def go():
+        async with PrefectClient(api=stack.api) as client:
+            return await read(client)
+
+    return asyncio.run(go())
+
+
+async def _deployed_state(client) -> dict[str, Any]:
+    """What the deploy step makes: deployments, automations, alert blocks, settings."""
+    deployments = {name: await client.read_deployment_by_name(name) for name in DEPLOYMENTS}
+    automations = [a for a in await client.read_automations() if a.name.startswith("phsafe: ")]
+    blocks = [b for b in await client.read_block_documents(include_secrets=False) if b.name == "phsafe-alerts"]
+    variables = {v.name: v.value for v in await client.read_variables() if v.name.startswith("phsafe_")}
+    return {"deployments": deployments, "automations": automations, "blocks": blocks, "variables": variables}
+
+
+def check_the_deploy_step(stack: Stack) -> dict[str, Any]:
+    """Settings became Prefect variables and the deployments' parameters; release, us and pr have a
+    concurrency limit of 1 that cancels a colliding run; the alerts exist, through one webhook
+    block; the checkout is untouched (the fixture checks) and runs will record its commit."""
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    from phsafe.engine import code_version
+
+    out = stack.deploy_output
+    assert "deployed sdhc-release/release, sdhc-us/us, sdhc-pr/pr, sdhc-rehearsal/rehearsal" in out, out
+    assert "automations: 3 created, 0 updated, 0 unchanged, 0 deleted" in out and "running past 10s" in out, out
+    assert f"runs will record code version {code_version()}" in out, out
+
+    state = _api(stack, _deployed_state)
+    assert state["variables"] == {f"phsafe_{name}": value for name, value in stack.settings.items()}
+    deployments = state["deployments"]
+    release, us = deployments["sdhc-release/release"].parameters, deployments["sdhc-us/us"].parameters
+    assert release["us_ledger"] == us["ledger"] == stack.settings["us_ledger"]
+    assert release["signing_key"] == us["signing_key"] == stack.settings["signing_key"]
+    assert release["public_key"] == stack.settings["public_key"]
+    assert deployments["sdhc-rehearsal/rehearsal"].parameters["work_root"] == stack.settings["rehearsal_root"]
+    for name in SPENDING:
+        d = deployments[name]
+        assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == 1, name
+        assert d.concurrency_options.collision_strategy is ConcurrencyLimitStrategy.CANCEL_NEW, name
+    assert deployments["sdhc-rehearsal/rehearsal"].global_concurrency_limit is None
+
+    (block,) = state["blocks"]
+    assert sorted(a.name for a in state["automations"]) == sorted(AUTOMATIONS)
+    for automation in state["automations"]:
+        assert automation.enabled
+        notify = [a for a in automation.actions if a.type == "send-notification"]
+        assert all(a.block_document_id == block.id for a in notify), automation.name
+    return state
+
+
+def two_releases_at_once_while_redeploying(stack: Stack) -> tuple[Any, Any, subprocess.CompletedProcess]:
+    """Two triggers of the release at the same moment, a second worker polling the pool too (an
+    operator's "first look" worker left running), and the deploy step re-run meanwhile."""
+    second = stack.start_worker(stack.folder / "second-worker.log")
+    try:
+        from prefect.client.orchestration import PrefectClient
+
+        async def both() -> list[Any]:
+            async with PrefectClient(api=stack.api) as client:
+                deployment = await client.read_deployment_by_name("sdhc-release/release")
+                parameters = {"new_version_reason": "the demo's synthetic records"}
+                runs = await asyncio.gather(*(client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+                                              for _ in range(2)))
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    runs = [await client.read_flow_run(r.id) for r in runs]
+                    if all(r.state is not None and r.state.is_final() for r in runs):
+                        break
+                    await asyncio.sleep(1)
+                return runs
+
+        def redeploy() -> subprocess.CompletedProcess:
+            tree_before = _tree_state()
+            done = stack.deploy()  # no --set: the settings are kept in the server
+            done.tree_before, done.tree_after = tree_before, _tree_state()  # type: ignore[attr-defined]
+            return done
+
+        clock = time.perf_counter()
+        with _in_thread(redeploy) as redeployed:
+            runs = asyncio.run(both())
+        stack.timings["two releases triggered at once, until both are final"] = time.perf_counter() - clock
+    finally:
+        stop_worker(second)
+    completed = [r for r in runs if r.state.is_completed()]
+    assert len(completed) == 1, [(r.name, r.state.name, r.state.message) for r in runs]
+    (other,) = [r for r in runs if r is not completed[0]]
+    return completed[0], other, redeployed.result
+
+
+class _Result:
+    result: Any = None
+
+
+@contextlib.contextmanager
+def _in_thread(function) -> Iterator[_Result]:
+    box = _Result()
+    thread = threading.Thread(target=lambda: setattr(box, "result", function()))
+    thread.start()
+    try:
+        yield box
+    finally:
+        thread.join(timeout=600)
+
+
+def check_one_release_ran_and_the_other_was_refused(stack: Stack, release: Any, other: Any) -> None:
+    """Never two releases at once, by the states the server recorded: the second trigger was
+    cancelled by the deployment's concurrency limit (CANCEL_NEW) without ever running -- or, had
+    no worker tried it while the first ran, it ran only after the first ended."""
+    async def history(client):
+        return {r.id: await client.read_flow_run_states(r.id) for r in (release, other)}
+
+    states = _api(stack, history)
+    ran = [s.timestamp for s in states[release.id] if s.type.value == "RUNNING"]
+    ended = [s.timestamp for s in states[release.id] if s.type.value == "COMPLETED"]
+    assert len(ran) == 1 and len(ended) == 1
+    other_ran = [s.timestamp for s in states[other.id] if s.type.value == "RUNNING"]
+    if other.state.is_cancelled():
+        assert other.state.message == "Deployment concurrency limit reached.", other.state.message
+        assert other_ran == []  # it never ran
+        assert [s.type.value for s in states[other.id]][-2:] == ["SCHEDULED", "CANCELLED"]  # refused at submission
+    else:
+        assert min(other_ran) >= ended[0], (states[release.id], states[other.id])
+
+
+def check_the_deploy_step_changed_nothing(stack: Stack, redeploy: Any, before: dict[str, Any]) -> None:
+    """Re-running the deploy step (mid-release) updates in place: same deployments, automations and
+    block, nothing duplicated; the checkout is untouched."""
+    assert redeploy.returncode == 0, redeploy.stdout + redeploy.stderr
+    assert "automations: 0 created, 0 updated, 3 unchanged, 0 deleted" in redeploy.stdout, redeploy.stdout
+    after = _api(stack, _deployed_state)
+    assert {n: d.id for n, d in after["deployments"].items()} == {n: d.id for n, d in before["deployments"].items()}
+    assert sorted(a.id for a in after["automations"]) == sorted(a.id for a in before["automations"])
+    assert [b.id for b in after["blocks"]] == [b.id for b in before["blocks"]]
+    assert after["variables"] == before["variables"]
+    assert redeploy.tree_after == redeploy.tree_before, "the deploy step changed the checkout"
+
+
+def check_the_release_records_the_checkout(stack: Stack, release: Any) -> None:
+    """The deployed release ran the checkout as it is: its manifests say the checkout's code
+    version, without ``.dirty`` when the checkout is clean (CI: a fresh clone)."""
+    from phsafe.engine import code_version
+
+    root = Path(stack.settings["output_root"])
+    manifests = sorted(root.glob("*/manifest.json"))
+    assert sorted(p.parent.name.split("-")[0] for p in manifests) == ["pr", "us"], manifests
+    recorded = {json.loads(p.read_text())["code_version"] for p in manifests}
+    assert recorded == {code_version()}
+    clean = not subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    if clean:
+        assert ".dirty" not in code_version()
+
+
+def subflow_run(stack: Stack, parent: Any, flow_name: str) -> Any:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    async def read(client):
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])),
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+
+    (run,) = _api(stack, read)
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Alerts
+# --------------------------------------------------------------------------------------------
+
+
+def check_failure_alert(alerts: _Receiver, failed: DeploymentRun) -> None:
+    """The webhook got the alert of the failed run: deployment, flow run, state and reason."""
+    run = failed.flow_run
+    message = alerts.wait_for(lambda m: str(run.id) in m["body"] and "is Failed" in m["subject"], "of the failed run")
+    assert message["path"] == "/phsafe-alerts"
+    assert message["subject"] == f"phsafe: sdhc-us/us run {run.name} is Failed"
+    body = message["body"].splitlines()
+    assert body[:3] == ["Deployment: sdhc-us/us", f"Flow run: {run.name} ({run.id})", "State: Failed"]
+    reason = run.state.message.splitlines()[0]
+    assert "nowhere" in reason and "ledger" in reason, reason  # why: the ledger is not there
+    assert message["body"].split("Reason: ", 1)[1].startswith(reason)
+    assert f"/runs/flow-run/{run.id}" in message["body"]
+    assert message["text"].startswith(message["subject"] + "\n")  # what chat webhooks show
+
+
+def check_still_running_alert(alerts: _Receiver, release: Any) -> None:
+    """The release ran longer than the (test's) running limit of 10 s: the proactive alert."""
+    message = alerts.wait_for(lambda m: str(release.id) in m["body"] and "is still" in m["subject"],
+                              "of the release still running")
+    assert message["subject"].startswith(f"phsafe: sdhc-release/release run {release.name} is still ")
+    assert "past the time limit of 10s" in message["body"]
 
 
 def _rows(artifact) -> list[dict]:
@@ -105,7 +412,7 @@ def check_us_run_on_postgresql(stack: Stack, run: DeploymentRun) -> None:
                for m in messages), "\n".join(messages)
     assert any(m.startswith("plan: ") and "total=1.257281" in m for m in messages)
 
-    published = list((stack.folder / "releases").glob("us-*/manifest.json"))
+    published = list(Path(stack.settings["output_root"]).glob("us-*/manifest.json"))
     assert len(published) == 1
 
 
@@ -158,6 +465,7 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
 
     from tests._browser import browser_page
 
+    clock = time.perf_counter()
     with browser_page(allow=(stack.ui,)) as page:
         page.goto(f"{stack.ui}/runs/flow-run/{us_run.flow_run.id}")
         expect(page.get_by_text(us_run.flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
@@ -175,6 +483,7 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         expect(panel.get_by_text(re.compile(r"^17 Task runs$"))).to_be_visible()
         panel.get_by_placeholder("Search by run name").fill("measure-")
         expect(panel.get_by_text(re.compile(r"^publish-"))).to_have_count(0, timeout=30_000)
+        expect(panel.get_by_text(re.compile(r"^measure-PH\w+$"))).to_have_count(len(MEASURE_TASKS), timeout=30_000)
         shown = {name for name in panel.get_by_text(re.compile(r"^measure-PH\w+$")).all_inner_texts()}
         assert shown == MEASURE_TASKS, shown
         page.screenshot(path=tmp_path / "task-runs.png")  # the timeline and the filtered list
@@ -197,4 +506,5 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         assert page.failed_requests == []  # nothing tried to leave the machine
     for shot in ("flow-run.png", "task-runs.png", "measure-task-runs.png", "budget-spends.png"):
         assert (tmp_path / shot).stat().st_size > 10_000, shot
+    stack.timings["chromium: the US run's pages"] = time.perf_counter() - clock
     print(f"screenshots: {tmp_path}")
