@@ -49,7 +49,7 @@ from pydantic import Field
 from flows._logging import configure_once
 from phsafe import engine, logs
 from phsafe.config import PHSafeConfig
-from phsafe.errors import ConfigError, PHSafeError, front_end
+from phsafe.errors import ConfigError, PHSafeError, front_end, os_reason
 from phsafe.ledger import Orchestration
 from phsafe.sequence import LocalCounter, ReleaseHooks, ReleaseJob, run_release
 from tasks import artifacts
@@ -127,10 +127,8 @@ def failure_message(exc: BaseException) -> str:
     if isinstance(exc, PHSafeError):
         text = str(exc)
     elif isinstance(exc, OSError):
-        from phsafe.ledger import _os_reason
-
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
-        text = (f"operating-system error: {_os_reason(exc)}{where}" if exc.errno is not None
+        text = (f"operating-system error: {os_reason(exc)}{where}" if exc.errno is not None
                 else f"operating-system error ({type(exc).__name__}){where}")
     else:  # a bug: its type, never its message (which may quote a value); frames are in the log file
         text = f"internal error: {type(exc).__name__} (its frames are in the run's log file)"

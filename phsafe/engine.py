@@ -51,7 +51,7 @@ import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
 from phsafe.counting import Counts, exact_counts, validated_counts
-from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option
+from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, ValidationFailed, option, os_reason
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
@@ -74,22 +74,6 @@ LEDGER_ENV = "PHSAFE_LEDGER"
 RUNS_DIR = "runs"
 NON_CONFIDENTIAL_DATASET = "non-confidential"
 _MIN_LEDGER_FREE = 1 << 20  # bytes the ledger's file system must have free before a run starts
-
-
-class ValidationFailed(PHSafeError):
-    """Input or output validation found problems; the report says which.
-
-    Attributes:
-        subject: ``input`` or ``output``.
-        report: The validation report (value-free; its failing-row counts are confidential).
-        report_text: The text of the message after its first line.
-    """
-
-    def __init__(self, what: str, report_text: str, report: object | None = None) -> None:
-        self.subject = what
-        self.report = report
-        self.report_text = report_text
-        super().__init__(f"{what} validation failed:\n{report_text}")
 
 
 @dataclass(frozen=True)
@@ -500,13 +484,7 @@ def _probe_folder(folder: Path, what: str) -> None:
         finally:
             shutil.rmtree(probe, ignore_errors=True)
     except OSError as exc:
-        raise PHSafeError(f"{what} {folder} cannot be written: {_reason(exc)}") from None
-
-
-def _reason(exc: OSError) -> str:
-    from phsafe.ledger import _os_reason
-
-    return _os_reason(exc)
+        raise PHSafeError(f"{what} {folder} cannot be written: {os_reason(exc)}") from None
 
 
 def _free_bytes(folder: Path) -> int:
@@ -644,7 +622,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     try:
         run.run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PHSafeError(f"cannot create the run's work folder {run.run_dir}: {_reason(exc)} "
+        raise PHSafeError(f"cannot create the run's work folder {run.run_dir}: {os_reason(exc)} "
                           f"(choose another with {option('work_dir')})") from None
     _probe_folder(run.run_dir, "the run's work folder")
     if _free_bytes(run.run_dir) < 2 * needed:

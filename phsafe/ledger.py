@@ -142,7 +142,6 @@ import base64
 import contextlib
 import copy
 import enum
-import errno
 import fcntl
 import hashlib
 import hmac
@@ -162,7 +161,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import INFINITE, PrivacyDefinition
-from phsafe.errors import AlreadyReleasedError, BudgetError, PHSafeError, option
+from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, PHSafeError, TornTailError, option, os_reason
 from phsafe.iterations import PopulationGroupLevel
 from phsafe.noise import SpendReceipt
 from phsafe.tables import TABLE_LEVELS, TABLES, TableKind
@@ -207,31 +206,6 @@ class RunStatus(str, enum.Enum):
     RUNNING = "running"  # no terminal entry: still running, or crashed
     FINISHED = "finished"
     FAILED = "failed"
-
-
-class LedgerError(PHSafeError):
-    """The ledger is malformed, broken, or was asked to record something inconsistent.
-
-    Args:
-        message: What failed, in plain words.
-        seq: Index of the first failing entry (line), when the failure is about one.
-        kind: That entry's kind, when known.
-    """
-
-    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.reason = message
-        where = ""
-        if seq is not None:
-            where = f"entry {seq}" + (f" ({kind})" if kind else "") + ": "
-        super().__init__(where + message)
-
-
-class TornTailError(LedgerError):
-    """The ledger ends in an incomplete line: an interrupted write. ``phsafe ledger repair``."""
-
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -1662,7 +1636,7 @@ def read_ledger(path: Path) -> LedgerState:
             if fd is not None:
                 os.close(fd)
     except OSError as exc:
-        raise LedgerError(f"cannot read the ledger {path}: {_os_reason(exc)}") from None
+        raise LedgerError(f"cannot read the ledger {path}: {os_reason(exc)}") from None
     state = LedgerState()
     _apply_all(state, data)
     return state
@@ -1683,13 +1657,6 @@ def key_path(path: Path) -> Path:
     return Path(path).with_name(Path(path).name + KEY_SUFFIX)
 
 
-def _os_reason(exc: OSError) -> str:
-    """An OSError in plain words, with its errno name (e.g. ``no space left on device (ENOSPC)``)."""
-    name = errno.errorcode.get(exc.errno or 0)
-    text = (exc.strerror or type(exc).__name__).lower()
-    return f"{text} ({name})" if name else text
-
-
 def _regular(path: Path, what: str) -> os.stat_result | None:
     """``path``'s stat if it exists; a LedgerError if it is not a regular file."""
     try:
@@ -1697,7 +1664,7 @@ def _regular(path: Path, what: str) -> os.stat_result | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise LedgerError(f"{what} {path}: {_os_reason(exc)}") from None
+        raise LedgerError(f"{what} {path}: {os_reason(exc)}") from None
     if not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise LedgerError(f"{what} {path} is {kind}; a ledger and its lock and key files are regular files")
@@ -1736,7 +1703,7 @@ def check_ledger_file(path: Path, *, write: bool = True) -> None:
         else:
             os.close(os.open(path, os.O_RDONLY))
     except OSError as exc:
-        raise LedgerError(f"cannot {'append to' if write else 'read'} the ledger {path}: {_os_reason(exc)}") from None
+        raise LedgerError(f"cannot {'append to' if write else 'read'} the ledger {path}: {os_reason(exc)}") from None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -1778,7 +1745,7 @@ def read_lineage_key(path: Path, policy: Policy) -> bytes:
     try:
         key = bytes.fromhex(kp.read_text(encoding="ascii").strip())
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        reason = _os_reason(exc) if isinstance(exc, OSError) else "not hex text"
+        reason = os_reason(exc) if isinstance(exc, OSError) else "not hex text"
         raise LedgerError(f"cannot read the ledger's lineage key {kp}: {reason}") from None
     if len(key) != LINEAGE_KEY_BYTES or not hmac.compare_digest(key_id(key), policy.key_id):
         raise LedgerError(f"{kp} is not this ledger's lineage key (its id differs from LEDGER_INIT's)")
@@ -1820,7 +1787,7 @@ def load_signing_key(path: Path, public_key: Path | None = None) -> Any:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise PHSafeError(f"cannot read the signing key {path} ({flag}): {_os_reason(exc)}") from None
+        raise PHSafeError(f"cannot read the signing key {path} ({flag}): {os_reason(exc)}") from None
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except TypeError:
@@ -1921,7 +1888,7 @@ def init_ledger(
             key_path(path).unlink(missing_ok=True)
             raise
     except OSError as exc:
-        raise LedgerError(f"cannot create the ledger {path}: {_os_reason(exc)}") from None
+        raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
     return Ledger.open(path)
 
 
@@ -1970,7 +1937,7 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
         finally:
             os.close(fd)
     except OSError as exc:
-        raise LedgerError(f"cannot repair the ledger {path}: {_os_reason(exc)}") from None
+        raise LedgerError(f"cannot repair the ledger {path}: {os_reason(exc)}") from None
     finally:
         os.close(lock_fd)
     digest = hashlib.sha256(dropped).hexdigest()
@@ -2034,7 +2001,7 @@ def migrate_ledger(
         try:
             _write_new_file(key_path(path), key.hex().encode("ascii") + b"\n", 0o600)
         except OSError as exc:
-            raise LedgerError(f"cannot create the lineage key {key_path(path)}: {_os_reason(exc)}") from None
+            raise LedgerError(f"cannot create the lineage key {key_path(path)}: {os_reason(exc)}") from None
         try:
             ledger._append_entries([(EntryKind.LEDGER_MIGRATED, None, {**body, "datasets": mapping})])
         except BaseException:
@@ -2105,7 +2072,7 @@ class Ledger:
             try:
                 fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
             except OSError as exc:
-                raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {_os_reason(exc)}") from None
+                raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 self._catch_up()
@@ -2132,7 +2099,7 @@ class Ledger:
                 f.seek(self._offset)
                 data = f.read(size - self._offset)
         except OSError as exc:
-            raise LedgerError(f"cannot read the ledger {self.path}: {_os_reason(exc)}") from None
+            raise LedgerError(f"cannot read the ledger {self.path}: {os_reason(exc)}") from None
         def advance(line: bytes) -> None:
             self._offset += len(line) + 1
 
@@ -2171,14 +2138,14 @@ class Ledger:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             self._reload()
-            raise LedgerError(f"cannot append to the ledger {self.path}: {_os_reason(exc)}") from None
+            raise LedgerError(f"cannot append to the ledger {self.path}: {os_reason(exc)}") from None
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
         except OSError as exc:
-            cause = _os_reason(exc)
+            cause = os_reason(exc)
             try:
                 os.ftruncate(fd, self._offset)
                 os.fsync(fd)

@@ -30,7 +30,7 @@ from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
 from phsafe.datapackage import DATAPACKAGE, write_datapackage
 from phsafe.domain import measurement_domain
-from phsafe.errors import OutputExistsError, PHSafeError
+from phsafe.errors import OutputExistsError, PHSafeError, os_reason
 from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, TableSpec, output_spec
 from phsafe.tabulate import TableCounts
@@ -276,7 +276,5 @@ def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *,
     except OSError as exc:
         if publication is not None and not move:
             publication.abandon()
-        from phsafe.ledger import _os_reason
-
-        raise PHSafeError(f"cannot publish the release to {target}: {_os_reason(exc)}; nothing was published") from None
+        raise PHSafeError(f"cannot publish the release to {target}: {os_reason(exc)}; nothing was published") from None
     return digest

@@ -32,7 +32,7 @@ def crash_frames(exc: BaseException) -> list[str]:
 
 def fail(exc: BaseException, log_file: Path | None) -> None:
     """End the command on ``exc``: one line on stderr, exit 1 (our errors) or 2 (a bug)."""
-    from phsafe.errors import PHSafeError
+    from phsafe.errors import PHSafeError, os_reason
 
     log = logs.get_logger("phsafe.cli")
     if isinstance(exc, PHSafeError):
@@ -41,11 +41,9 @@ def fail(exc: BaseException, log_file: Path | None) -> None:
         raise SystemExit(1)
     if isinstance(exc, OSError):
         # An operating-system refusal the code did not foresee: its kind and the file, no data.
-        from phsafe.ledger import _os_reason
-
         log.error("operating-system error", error_type=type(exc).__name__, frames=crash_frames(exc))
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
-        click.echo(f"phsafe: error: {_os_reason(exc)}{where}", err=True)
+        click.echo(f"phsafe: error: {os_reason(exc)}{where}", err=True)
         raise SystemExit(1)
     log.error("internal error", error_type=type(exc).__name__, frames=crash_frames(exc))
     where = f" (frames in {log_file})" if log_file else " (re-run with --log FILE for where it happened)"

@@ -12,7 +12,8 @@ Public surface:
   validates and counts in the same pass).
 * :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
 * :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
-* :class:`ValidationReport`, :class:`Failure`.
+* :class:`ValidationReport`, :class:`Failure`; :class:`~phsafe.errors.ValidationMachineryError` when
+  validation itself could not complete (a defect, never a verdict on the data).
 
 Importing this package is cheap: Great Expectations is imported on first use only.
 """
@@ -23,8 +24,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from phsafe.errors import PHSafeError
-from phsafe.validation._report import Failure, ValidationError, ValidationReport
+from phsafe.errors import PHSafeError, ValidationMachineryError
+from phsafe.validation._report import Failure, ValidationReport
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,17 +33,22 @@ if TYPE_CHECKING:
     from phsafe.config import PHSafeConfig
     from phsafe.progress import Progress
 
-__all__ = ["Failure", "ValidationError", "ValidationReport", "validate", "validate_inputs", "validate_outputs"]
+__all__ = ["Failure", "ValidationMachineryError", "ValidationReport", "validate", "validate_inputs", "validate_outputs"]
+
+ValidationError = ValidationMachineryError
+"""The former name of :class:`~phsafe.errors.ValidationMachineryError`, still importable for callers that
+know it; new code names the defect by its new name (inputs that fail their rules raise
+:class:`~phsafe.errors.ValidationFailed`, a verdict, not a defect)."""
 
 
 def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationReport:
-    """Run ``call``; turn an unexpected exception into a ValidationError that quotes no data."""
+    """Run ``call``; turn an unexpected exception into a ValidationMachineryError that quotes no data."""
     try:
         return call()
     except PHSafeError:
         raise
     except Exception as exc:  # noqa: BLE001 -- its message may hold a value: not chained
-        raise ValidationError(f"{stage} could not complete ({type(exc).__name__})") from None
+        raise ValidationMachineryError(f"{stage} could not complete ({type(exc).__name__})") from None
 
 
 def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,

@@ -27,7 +27,7 @@ from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
 from phsafe import reader
 from phsafe.validation import (
     Failure,
-    ValidationError,
+    ValidationMachineryError,
     ValidationReport,
     _combos,
     _config,
@@ -242,7 +242,7 @@ def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pyt
         raise ValueError("invalid literal for int(): '123456789'")
 
     monkeypatch.setattr(_inputs, "run_validation", broken)
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationMachineryError) as info:
         validate_inputs(US_CONFIG, tmp_path)
     assert "123456789" not in str(info.value) and "ValueError" in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
