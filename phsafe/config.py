@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from phsafe.amounts import INFINITE
 from phsafe.errors import BudgetError, ConfigError, option
 from phsafe.logs import get_logger
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
@@ -50,7 +51,6 @@ class PrivacyDefinition(enum.Enum):
     PUREDP = "puredp"
 
 
-INFINITE = Decimal("Infinity")
 _DATASET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

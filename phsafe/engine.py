@@ -51,7 +51,7 @@ import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
 from phsafe.counting import Counts, exact_counts, validated_counts
-from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, ValidationFailed, option, os_reason
+from phsafe.errors import BudgetError, LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option, os_reason
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
@@ -190,7 +190,7 @@ def open_ledger(path: Path) -> "Ledger":
     Raises:
         LedgerError: The ledger does not exist (it is never created here) or is broken.
     """
-    from phsafe.ledger import Ledger, LedgerError
+    from phsafe.ledger import Ledger
 
     key = Path(path).absolute()
     with _ledgers_lock:
@@ -557,9 +557,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     Raises:
         PHSafeError: One clear line saying what is wrong and what to do. Nothing is spent.
     """
+    from phsafe.amounts import add_amounts, amount_exceeds, format_exact
     from phsafe.ledger import (
-        RunStatus, add_amounts, amount_exceeds, check_ledger_file, check_ledger_kind, format_exact, init_ledger,
-        load_signing_key, plan_charge,
+        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, load_signing_key, plan_charge,
     )
 
     options = run.options
@@ -998,8 +998,6 @@ class SpendStatus:
 
 def spend_status(run: PrivateRun) -> SpendStatus:
     """How many spends the ledger records for ``run`` now (nothing if it never started)."""
-    from phsafe.ledger import LedgerError
-
     try:
         state = open_ledger(run.ledger).run(run.run_id) if run.ledger.is_file() else None
     except LedgerError:
@@ -1019,7 +1017,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     Returns:
         What the run has spent (``.spent``: it can be resumed from its committed measurements).
     """
-    from phsafe.ledger import LedgerError, RunStatus
+    from phsafe.ledger import RunStatus
 
     for partial in run.output_dir.parent.glob(f".{run.output_dir.name}.partial-{run.run_id}"):
         shutil.rmtree(partial, ignore_errors=True)
@@ -1143,7 +1141,7 @@ class DatasetBudget:
 
     @property
     def left(self):  # noqa: ANN201 -- an exact amount, or Infinity
-        from phsafe.ledger import amount_exceeds
+        from phsafe.amounts import amount_exceeds
 
         if not amount_exceeds(self.cap, self.spent):
             return Fraction(0)
@@ -1154,8 +1152,6 @@ class DatasetBudget:
 
 def dataset_budget(run: PrivateRun) -> DatasetBudget | None:
     """The dataset's spent, cap and left as the ledger says now (None if the ledger is unreadable)."""
-    from phsafe.ledger import LedgerError
-
     try:
         state = open_ledger(run.ledger).state
         recorded = open_ledger(run.ledger).run(run.run_id)

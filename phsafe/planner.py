@@ -792,7 +792,7 @@ def amount_text(x: Fraction | Decimal | None, significant: int = 10) -> str:
         return "n/a"
     if isinstance(x, Decimal):
         return "Infinity" if x == INFINITE else _decimal_text(x)
-    from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
 
     exact = format_exact(x)
     return exact if "/" not in exact else "≈ " + fraction_text(x, significant)
@@ -800,7 +800,7 @@ def amount_text(x: Fraction | Decimal | None, significant: int = 10) -> str:
 
 def _exact_text(x: Fraction) -> str:
     """Exact text of a rational: terminating decimal, or ``numerator/denominator``."""
-    from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
 
     return format_exact(x)
 

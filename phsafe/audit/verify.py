@@ -33,15 +33,14 @@ import numpy as np
 
 from phsafe.config import PrivacyDefinition
 from phsafe.domain import USA_REGION_ID, Domain
-from phsafe.errors import VerificationFailure
+from phsafe.amounts import format_exact
+from phsafe.errors import LedgerError, VerificationFailure
 from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
 from phsafe.ledger import (
-    LedgerError,
     LedgerState,
     RunState,
     RunStatus,
     checkpoint_message,
-    format_exact,
     key_id,
     key_path,
     lineage_commitment,

@@ -16,7 +16,7 @@ import click
 from phsafe.audit.report import write_report
 from phsafe.cli._output import overwrite_option
 from phsafe.audit.verify import VerificationFailure, verify
-from phsafe.ledger import LedgerError
+from phsafe.errors import LedgerError
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)

@@ -38,7 +38,8 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     start(None)
     try:
         from phsafe.engine import code_version
-        from phsafe.ledger import format_exact, init_ledger, key_path
+        from phsafe.amounts import format_exact
+        from phsafe.ledger import init_ledger, key_path
 
         made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
                            privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
@@ -65,7 +66,7 @@ def raise_cap_command(path: Path, dataset: str, cap: str, reason: str) -> None:
     start(None)
     try:
         from phsafe.engine import open_ledger
-        from phsafe.ledger import format_exact
+        from phsafe.amounts import format_exact
 
         amount = parse_amount(cap, "--to")
         entry = open_ledger(path).raise_cap(dataset, amount, reason)
