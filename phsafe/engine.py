@@ -50,8 +50,9 @@ import structlog
 import phsafe
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, check_budget_policy, load_config
-from phsafe.counting import Counts, exact_counts, validated_counts
+from phsafe.counting import Counts, exact_counts
 from phsafe.errors import BudgetError, LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option, os_reason
+from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
@@ -685,7 +686,7 @@ def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
 def validate_and_count(run: PrivateRun, stage: "StageTimer | None" = None):  # noqa: ANN201
     """Validate the inputs (unless the run skips it) and count every measured table exactly,
     truncated with the run's key -- one read of each input file
-    (:func:`phsafe.counting.validated_counts`).
+    (:func:`phsafe.intake.validated_counts`).
 
     Returns:
         ``(counts, report)``: the :class:`ExactCounts` (None if validation failed: the run must
