@@ -187,12 +187,6 @@ class Publication:
         staging.mkdir()
         return cls(target, staging)
 
-    def write_manifest(self, manifest: dict) -> str:
-        path = self.staging / MANIFEST
-        path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        _fsync(path)
-        return file_digest(path)
-
     def publish(self) -> Path:
         """Atomically rename the staging directory to the target."""
         for sub in sorted(self.staging.rglob("*"), reverse=True):
