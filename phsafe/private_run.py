@@ -45,7 +45,11 @@ NON_CONFIDENTIAL_DATASET = "non-confidential"
 
 @dataclass(frozen=True)
 class PrivateRunOptions:
-    """Options of a private run.
+    """Options of a private run, as the engine takes them.
+
+    The front ends make them from :class:`phsafe.parameters.PrivateRunParameters` (its fields of
+    the same names, where each is described and spelled for the command line and the flows);
+    ``report_dir`` is the engine's own.
 
     Attributes:
         ledger: The audit ledger (made by ``phsafe ledger init``). Required for confidential
