@@ -24,6 +24,10 @@ Re-running never re-draws noise silently, and never releases the same records tw
   spend, whatever room the cap leaves, unless ``re_release_reason`` declares a re-release;
 * ``resume_run_id`` resumes a named run by hand.
 
+The flows' parameters are the fields of :class:`phsafe.parameters.PrivateRunParameters` (where
+each is typed, defaulted and described once, for the command line too), made into the flows'
+signatures below: flat and typed, as the UI's form and ``--param name=value`` take them.
+
 A refusal ends the flow run Failed with one message -- what is wrong, and either "No
 privacy-loss budget was spent." or how many spends the ledger records and that a Retry resumes
 the run -- with no traceback (a refusal is not a bug) and nothing persisted: the flows return
@@ -211,15 +215,15 @@ DATASET_PARAMETERS = flow_parameters()
 _DATASET_PARAMETER_NAMES = frozenset(p.name for p in DATASET_PARAMETERS)
 
 
-def run_dataset(label: str, flow_parameters_: dict[str, Any]) -> dict[str, Any] | State:
+def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
     """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``): the release
     sequence with Prefect tasks; its summary, or a Failed state with one message.
 
     Args:
-        flow_parameters_: The flow run's parameters (see :data:`DATASET_PARAMETERS`).
+        values: The flow run's parameters (see :data:`DATASET_PARAMETERS`).
     """
     configure_once(None)
-    given = PrivateRunParameters.from_flow(flow_parameters_)
+    given = PrivateRunParameters.from_flow(values)
     assert given.ledger is not None and given.output_root is not None  # required flow parameters
     ledger_path = given.ledger.absolute()
     given = given.model_copy(update={"ledger": ledger_path})

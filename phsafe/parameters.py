@@ -262,8 +262,8 @@ def flow_parameters(*, only: tuple[str, ...] | None = None, prefix: str = "") ->
 
 def flow_spelling() -> dict[str, str]:
     """Field name -> its flow parameter's name (for ``{name}`` in descriptions)."""
-    return {name: spelling.name or name for name, spelling in on_flows()} | {
-        name: name for name in PrivateRunParameters.model_fields}
+    return {name: name for name in PrivateRunParameters.model_fields} | {
+        name: spelling.name or name for name, spelling in on_flows()}
 
 
 def command_line_spelling() -> dict[str, str]:
