@@ -24,6 +24,10 @@ Re-running never re-draws noise silently, and never releases the same records tw
   spend, whatever room the cap leaves, unless ``re_release_reason`` declares a re-release;
 * ``resume_run_id`` resumes a named run by hand.
 
+The flows' parameters are the fields of :class:`phsafe.parameters.PrivateRunParameters` (where
+each is typed, defaulted and described once, for the command line too), made into the flows'
+signatures below: flat and typed, as the UI's form and ``--param name=value`` take them.
+
 A refusal ends the flow run Failed with one message -- what is wrong, and either "No
 privacy-loss budget was spent." or how many spends the ledger records and that a Retry resumes
 the run -- with no traceback (a refusal is not a bug) and nothing persisted: the flows return
@@ -33,24 +37,24 @@ their final state instead of raising (Prefect writes a raised exception to resul
 from __future__ import annotations
 
 import contextvars
+import inspect
+import textwrap
 from datetime import datetime, timezone
-from decimal import Decimal
-from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Callable
 
 import structlog
-from prefect import flow
+from prefect import Flow, flow
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
-from pydantic import Field
 
 from flows._logging import configure_once
 from phsafe import engine, logs
 from phsafe.config import PHSafeConfig
-from phsafe.errors import ConfigError, PHSafeError, front_end
+from phsafe.errors import ConfigError, PHSafeError, front_end, os_reason
 from phsafe.ledger import Orchestration
+from phsafe.parameters import PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, on_flows
 from phsafe.sequence import LocalCounter, ReleaseHooks, ReleaseJob, run_release
 from tasks import artifacts
 from tasks._format import decimal_text
@@ -60,13 +64,7 @@ log = structlog.get_logger("flows.sdhc")
 
 PUERTO_RICO = "72"
 
-# Flow parameters as operators type them in the UI or with `prefect deployment run --param`:
-# numbers are JSON numbers (``--param lifetime_cap=2.5``), choices are a list to pick from.
-Counting = Literal["local", "dask"]
-"""``local``: count in the flow's process; ``dask``: per-partition tasks on a Dask cluster."""
-LifetimeCap = Annotated[float, Field(ge=0, description="the dataset's new lifetime privacy-loss cap "
-                                                       "(rho under zCDP, epsilon under pure DP)")]
-PositiveCount = Annotated[int, Field(ge=1)]
+__all__ = ["us_flow", "pr_flow", "release_flow", "run_dataset", "failure_message", "PositiveCount"]
 
 _RELEASE_PARAMETERS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar(
     "phsafe_release_parameters", default=None)
@@ -96,14 +94,6 @@ def _orchestration() -> Orchestration:
     return Orchestration(str(flow_run.id), str(parent) if parent else None)
 
 
-def _cap(value: float | None) -> Fraction | None:
-    """The cap exactly as the operator wrote it: ``2.514562`` is 2514562/1000000, not the
-    binary float nearest to it (the shortest decimal that reads back as the float)."""
-    if value is None:
-        return None
-    return Fraction(Decimal(repr(float(value))))
-
-
 def _public_text(report: Any, run: engine.PrivateRun) -> str:
     """A failed validation as the flow run's state message shows it (the Prefect database is
     outside the enclave): the broken rules, without failing-row counts, which are a statistic
@@ -127,10 +117,8 @@ def failure_message(exc: BaseException) -> str:
     if isinstance(exc, PHSafeError):
         text = str(exc)
     elif isinstance(exc, OSError):
-        from phsafe.ledger import _os_reason
-
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
-        text = (f"operating-system error: {_os_reason(exc)}{where}" if exc.errno is not None
+        text = (f"operating-system error: {os_reason(exc)}{where}" if exc.errno is not None
                 else f"operating-system error ({type(exc).__name__}){where}")
     else:  # a bug: its type, never its message (which may quote a value); frames are in the log file
         text = f"internal error: {type(exc).__name__} (its frames are in the run's log file)"
@@ -197,68 +185,66 @@ def _summary(result: engine.RunResult, plan_total: Any = None) -> dict[str, Any]
     return summary
 
 
-_DATASET_PARAMETERS = frozenset({
-    "config", "data", "output_root", "ledger", "dataset", "new_version_reason", "re_release_reason", "signing_key",
-    "public_key", "validate_inputs", "validate_outputs", "lifetime_cap", "cap_reason", "resume_run_id",
-    "resume_reason", "non_confidential", "work_dir", "log_file", "counting", "dask_address", "dask_workers",
-    "partition_persons",
-})
+# --------------------------------------------------------------------------------------------
+# The flows' parameters: the fields of phsafe.parameters.PrivateRunParameters, as flat typed
+# parameters (Prefect builds each flow's parameter form and schema from its signature, so the UI
+# and `prefect deployment run --param name=value` take them as before).
+# --------------------------------------------------------------------------------------------
 
 
-def run_dataset(
-    label: str,
-    *,
-    config: str,
-    data: str,
-    output_root: str,
-    ledger: str,
-    dataset: str | None = None,
-    new_version_reason: str | None = None,
-    re_release_reason: str | None = None,
-    signing_key: str | None = None,
-    public_key: str | None = None,
-    validate_inputs: bool = True,
-    validate_outputs: bool = True,
-    lifetime_cap: float | None = None,
-    cap_reason: str | None = None,
-    resume_run_id: str | None = None,
-    resume_reason: str | None = None,
-    non_confidential: bool = False,
-    work_dir: str | None = None,
-    log_file: str | None = None,
-    counting: Counting = "local",
-    dask_address: str | None = None,
-    dask_workers: int | None = None,
-    partition_persons: int | None = None,
-) -> dict[str, Any] | State:
+def _args_doc(parameters: list[inspect.Parameter], text: Callable[[str], str]) -> str:
+    """A Google-style ``Args:`` section (Prefect shows it as the parameters' descriptions)."""
+    lines = ["Args:"]
+    for parameter in parameters:
+        lines += textwrap.wrap(f"{parameter.name}: {text(parameter.name)}", 100, initial_indent="    ",
+                               subsequent_indent="        ", break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
+
+
+_FIELD_OF = {spelling.name or name: name for name, spelling in on_flows()}
+"""Flow parameter name -> the field of PrivateRunParameters it is."""
+_NOTES = {spelling.name or name: spelling.note for name, spelling in on_flows()}
+
+
+def _description(parameter: str) -> str:
+    return describe(_FIELD_OF[parameter], flow_spelling(), _NOTES[parameter])
+
+
+DATASET_PARAMETERS = flow_parameters()
+"""The parameters of the US and Puerto Rico flows, in order."""
+_DATASET_PARAMETER_NAMES = frozenset(p.name for p in DATASET_PARAMETERS)
+
+
+def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
     """The body of the US and Puerto Rico flows (``label`` is ``us`` or ``pr``): the release
-    sequence with Prefect tasks; its summary, or a Failed state with one message."""
+    sequence with Prefect tasks; its summary, or a Failed state with one message.
+
+    Args:
+        values: The flow run's parameters (see :data:`DATASET_PARAMETERS`).
+    """
     configure_once(None)
-    ledger_path = Path(ledger).absolute()
-    parameters = _RELEASE_PARAMETERS.get() or _DATASET_PARAMETERS
-    with front_end("flow", parameters), logs.log_to(Path(log_file) if log_file else ledger_path.parent / "phsafe-log.jsonl"), \
+    given = PrivateRunParameters.from_flow(values)
+    assert given.ledger is not None and given.output_root is not None  # required flow parameters
+    ledger_path = given.ledger.absolute()
+    given = given.model_copy(update={"ledger": ledger_path})
+    known = _RELEASE_PARAMETERS.get() or _DATASET_PARAMETER_NAMES
+    log_file = given.log_file or ledger_path.parent / "phsafe-log.jsonl"
+    with front_end("flow", known), logs.log_to(log_file), \
             structlog.contextvars.bound_contextvars(flow_run_id=str(flow_run.id), dataset=label):
         # Artifacts of runs on non-confidential (synthetic) data get keys of their own, so the
         # versions of `us-budget-spends` in the UI are those of runs on the real inputs only.
-        shown = f"nonconfidential-{label}" if non_confidential else label
+        shown = f"nonconfidential-{label}" if given.non_confidential else label
         try:
-            root = Path(output_root).absolute()
+            root = given.output_root.absolute()
             root.mkdir(parents=True, exist_ok=True)  # the release area: each run publishes a folder in it
-            options = engine.PrivateRunOptions(
-                ledger=ledger_path, dataset=dataset, new_version=new_version_reason, re_release=re_release_reason,
-                lifetime_cap=_cap(lifetime_cap), cap_reason=cap_reason,
-                signing_key=Path(signing_key) if signing_key else None,
-                public_key=Path(public_key) if public_key else None, non_confidential=non_confidential,
-                validate_inputs=validate_inputs, validate_outputs=validate_outputs,
-                work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason,
-            )
             counter: Any = LocalCounter()
-            if counting == "dask":
+            if given.counting == "dask":
                 from flows.counting import DaskCounter
 
-                counter = DaskCounter(dask_address, dask_workers, partition_persons)
-            job = ReleaseJob(Path(config), Path(data), options, output_root=root, resume_run_id=resume_run_id,
-                             orchestration=_orchestration(), new_run_id=_run_id(label), counter=counter)
+                counter = DaskCounter(given.dask_address, given.dask_workers, given.partition_persons)
+            job = ReleaseJob(given.config, given.data, given.options(), output_root=root,
+                             resume_run_id=given.resume_run_id, orchestration=_orchestration(),
+                             new_run_id=_run_id(label), counter=counter)
             result = run_release(job, PrefectStages(), _Shown(label, shown))
         except Exception as exc:  # noqa: BLE001 -- the state says why; a bug's frames go to the log file
             if not isinstance(exc, PHSafeError):
@@ -276,126 +262,41 @@ def run_dataset(
         return summary
 
 
-_COMMON_DOC = """
-    Args:
-        config: The production ``config.json`` of this dataset (its ``"dataset"`` names the
-            dataset the run spends against, unless ``dataset`` does).
-        data: Folder with persons, units and geo (CSV or Parquet).
-        output_root: Each run publishes its release to ``<output_root>/<run id>/``.
-        ledger: This dataset's audit ledger, made once by ``phsafe ledger init`` (a run never
-            creates one, except a throwaway one for non-confidential data).
-        dataset: The dataset name (default: the config's ``"dataset"``).
-        new_version_reason: Why these records are a new content version of the dataset
-            (recorded); needed the first time the dataset runs on records it has not seen.
-        re_release_reason: Why records the dataset already released are released again
-            (recorded; the lifetime cap still applies). Without it such a run is refused before
-            any spend.
-        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoints.
-        public_key: The operator's Ed25519 public key (PEM): the signing key must match it.
-        validate_inputs: Validate config and inputs first (Great Expectations; recorded).
-        validate_outputs: Validate the tables before publishing them.
-        lifetime_cap: Raise the dataset's lifetime cap to this number (rho or epsilon, e.g. 2.5);
-            needs ``cap_reason``; recorded.
-        cap_reason: Why the cap is raised (recorded in the ledger).
-        resume_run_id: Complete this failed run: its committed measurements are reused, not
-            drawn again. (A Retry of the flow run that started it does the same by itself.)
-        resume_reason: Why it is resumed (recorded in the ledger).
-        non_confidential: The data is synthetic (Infinity budgets, a throwaway ledger).
-        work_dir: Folder of the runs' confidential work folders (default: ``runs/`` beside the ledger).
-        log_file: JSON-lines log file (default: ``phsafe-log.jsonl`` beside the ledger; confidential).
-        counting: ``local`` (in this process) or ``dask`` (per-partition tasks on a Dask cluster;
-            validation, plan, ledger and noise stay here).
-        dask_address: Scheduler address of an existing Dask cluster (default: a LocalCluster).
-        dask_workers: Workers of the LocalCluster (default 2).
-        partition_persons: Cut partitions larger than this many persons into MAFID ranges.
-"""
+def _dataset_flow(label: str, summary: str) -> Flow:
+    """The flow of one dataset: :func:`run_dataset` with the parameters of :data:`DATASET_PARAMETERS`."""
+
+    def dataset_flow(**parameters: Any) -> dict[str, Any] | State:
+        return run_dataset(label, parameters)
+
+    dataset_flow.__name__ = dataset_flow.__qualname__ = f"{label}_flow"
+    dataset_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        DATASET_PARAMETERS, return_annotation=dict[str, Any] | State)
+    dataset_flow.__doc__ = f"{summary}\n\n{_args_doc(DATASET_PARAMETERS, _description)}"
+    return flow(name=f"sdhc-{label}", flow_run_name=_run_name(label), retries=0, validate_parameters=True,
+                persist_result=False)(dataset_flow)
 
 
-@flow(name="sdhc-us", flow_run_name=_run_name("us"), retries=0, validate_parameters=True, persist_result=False)
-def us_flow(
-    config: str,
-    data: str,
-    output_root: str,
-    ledger: str,
-    dataset: str | None = None,
-    new_version_reason: str | None = None,
-    re_release_reason: str | None = None,
-    signing_key: str | None = None,
-    public_key: str | None = None,
-    validate_inputs: bool = True,
-    validate_outputs: bool = True,
-    lifetime_cap: LifetimeCap | None = None,
-    cap_reason: str | None = None,
-    resume_run_id: str | None = None,
-    resume_reason: str | None = None,
-    non_confidential: bool = False,
-    work_dir: str | None = None,
-    log_file: str | None = None,
-    counting: Counting = "local",
-    dask_address: str | None = None,
-    dask_workers: PositiveCount | None = None,
-    partition_persons: PositiveCount | None = None,
-) -> dict[str, Any] | State:
-    """S-DHC for the 50 states and DC: Nation and State levels."""
-    return run_dataset("us", **locals())
+us_flow = _dataset_flow("us", "S-DHC for the 50 states and DC: Nation and State levels.")
+pr_flow = _dataset_flow("pr", "S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level.")
+
+_PER_DATASET = ("config", "data", "ledger")
+_SHARED = ("output_root", "new_version", "re_release", "signing_key", "public_key", "validate_outputs",
+           "non_confidential", "log_file")
+RELEASE_PARAMETERS = [*flow_parameters(only=_PER_DATASET, prefix="us_"),
+                      *flow_parameters(only=_PER_DATASET, prefix="pr_"),
+                      *flow_parameters(only=_SHARED)]
+"""The release flow's parameters: each dataset's config, data and ledger, then what both share."""
+_RELEASE_PARAMETER_NAMES = frozenset(p.name for p in RELEASE_PARAMETERS)
 
 
-@flow(name="sdhc-pr", flow_run_name=_run_name("pr"), retries=0, validate_parameters=True, persist_result=False)
-def pr_flow(
-    config: str,
-    data: str,
-    output_root: str,
-    ledger: str,
-    dataset: str | None = None,
-    new_version_reason: str | None = None,
-    re_release_reason: str | None = None,
-    signing_key: str | None = None,
-    public_key: str | None = None,
-    validate_inputs: bool = True,
-    validate_outputs: bool = True,
-    lifetime_cap: LifetimeCap | None = None,
-    cap_reason: str | None = None,
-    resume_run_id: str | None = None,
-    resume_reason: str | None = None,
-    non_confidential: bool = False,
-    work_dir: str | None = None,
-    log_file: str | None = None,
-    counting: Counting = "local",
-    dask_address: str | None = None,
-    dask_workers: PositiveCount | None = None,
-    partition_persons: PositiveCount | None = None,
-) -> dict[str, Any] | State:
-    """S-DHC for Puerto Rico: its own config, budget and ledger; no Nation level."""
-    return run_dataset("pr", **locals())
+def _release_description(parameter: str) -> str:
+    for prefix, dataset in (("us_", "The US"), ("pr_", "Puerto Rico")):
+        if parameter.startswith(prefix) and parameter.removeprefix(prefix) in _PER_DATASET:
+            return f"{dataset}: {_description(parameter.removeprefix(prefix))}"
+    return _description(parameter)
 
 
-us_flow.__doc__ = (us_flow.__doc__ or "") + _COMMON_DOC
-pr_flow.__doc__ = (pr_flow.__doc__ or "") + _COMMON_DOC
-
-_RELEASE_FLOW_PARAMETERS = frozenset({
-    "us_config", "us_data", "us_ledger", "pr_config", "pr_data", "pr_ledger", "output_root", "new_version_reason",
-    "re_release_reason", "signing_key", "public_key", "validate_outputs", "non_confidential", "log_file",
-})
-
-
-@flow(name="sdhc-release", flow_run_name=_run_name("release"), retries=0, validate_parameters=True,
-      persist_result=False)
-def release_flow(
-    us_config: str,
-    us_data: str,
-    us_ledger: str,
-    pr_config: str,
-    pr_data: str,
-    pr_ledger: str,
-    output_root: str,
-    new_version_reason: str | None = None,
-    re_release_reason: str | None = None,
-    signing_key: str | None = None,
-    public_key: str | None = None,
-    validate_outputs: bool = True,
-    non_confidential: bool = False,
-    log_file: str | None = None,
-) -> dict[str, Any] | State:
+def release_flow(**parameters: Any) -> dict[str, Any] | State:
     """The release: the US and Puerto Rico flows as subflows, each with its own ledger and log.
 
     Both datasets run even if one fails; the release fails if either does. Each config names its
@@ -404,15 +305,14 @@ def release_flow(
     run resumes what its subflows started (and does nothing for a dataset already published).
     """
     logger = get_run_logger()
-    root = str(Path(output_root).absolute())
-    common = dict(output_root=root, new_version_reason=new_version_reason, re_release_reason=re_release_reason,
-                  signing_key=signing_key, public_key=public_key, validate_outputs=validate_outputs,
-                  non_confidential=non_confidential, log_file=log_file)
-    token = _RELEASE_PARAMETERS.set(_RELEASE_FLOW_PARAMETERS)
+    shared = {name: value for name, value in parameters.items() if not name.startswith(("us_", "pr_"))}
+    shared["output_root"] = str(Path(shared["output_root"]).absolute())
+    token = _RELEASE_PARAMETERS.set(_RELEASE_PARAMETER_NAMES)
     try:
         states = {
-            "us": us_flow(config=us_config, data=us_data, ledger=us_ledger, return_state=True, **common),
-            "pr": pr_flow(config=pr_config, data=pr_data, ledger=pr_ledger, return_state=True, **common),
+            label: dataset_flow(**{name: parameters[f"{label}_{name}"] for name in _PER_DATASET},
+                                return_state=True, **shared)
+            for label, dataset_flow in (("us", us_flow), ("pr", pr_flow))
         }
     finally:
         _RELEASE_PARAMETERS.reset(token)
@@ -435,3 +335,10 @@ def release_flow(
         return Failed(message="release incomplete -- " + "\n".join(
             f"{label}: {states[label].message or states[label].type.value.lower()}" for label in failed))
     return outcomes
+
+
+release_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    RELEASE_PARAMETERS, return_annotation=dict[str, Any] | State)
+release_flow.__doc__ = f"{inspect.getdoc(release_flow)}\n\n{_args_doc(RELEASE_PARAMETERS, _release_description)}"
+release_flow = flow(name="sdhc-release", flow_run_name=_run_name("release"), retries=0,  # type: ignore[assignment]
+                    validate_parameters=True, persist_result=False)(release_flow)

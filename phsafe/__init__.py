@@ -56,8 +56,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "InputError": ("phsafe.errors", "InputError"),
     "BudgetError": ("phsafe.errors", "BudgetError"),
     "AlreadyReleasedError": ("phsafe.errors", "AlreadyReleasedError"),
-    "LedgerError": ("phsafe.ledger", "LedgerError"),
-    "ValidationFailed": ("phsafe.engine", "ValidationFailed"),
+    "LedgerError": ("phsafe.errors", "LedgerError"),
+    "ValidationFailed": ("phsafe.errors", "ValidationFailed"),
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from phsafe.errors import PHSafeError
+from phsafe.errors import ConfidentialityNotConfirmed, PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, cell_column
 from phsafe.postprocess import (
@@ -103,11 +103,6 @@ def coverage_interval(covered: int, n: int, level: float = COVERAGE_INTERVAL) ->
 
     ci = binomtest(int(covered), int(n)).proportion_ci(confidence_level=level, method="wilson")
     return float(ci.low), float(ci.high)
-
-
-
-class ConfidentialityNotConfirmed(PHSafeError):
-    """The accuracy experiment needs an explicit statement that the data is not confidential."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from phsafe.amounts import INFINITE
 from phsafe.errors import BudgetError, ConfigError, option
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
@@ -55,7 +56,6 @@ class PrivacyDefinition(enum.Enum):
     PUREDP = "puredp"
 
 
-INFINITE = Decimal("Infinity")
 _DATASET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

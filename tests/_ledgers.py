@@ -88,7 +88,7 @@ def planned_items(plan: RunPlan) -> list[dict[str, Any]]:
 class FirstFormatLedger:
     """Writes a ledger of the first format entry by entry, as the code before policies did.
 
-    Its entries have the fields of ``phsafe.ledger._BODY_V1`` where they differ: RUN_STARTED has
+    Its entries have the fields of ``phsafe.ledger.format.FIRST_FORMAT_BODY_FIELDS`` where they differ: RUN_STARTED has
     ``dataset_id`` (SHA-256 over the input file digests), its own ``lifetime_cap`` and
     ``cap_reason``; OUTPUTS_PUBLISHED has no ``output``; a run may finish without publishing.
     """

@@ -38,15 +38,12 @@ from pathlib import Path
 
 from phsafe._plots import Block, Document, Heading, Para, Table, report_folder
 from phsafe.config import PrivacyDefinition
+from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact
 from phsafe.ledger import (
-    Amount,
-    amount_exceeds,
     LedgerState,
     RunAttempt,
     RunState,
     RunStatus,
-    add_amounts,
-    format_exact,
     read_ledger,
 )
 

@@ -11,7 +11,8 @@ Shaped after Go's ``golang.org/x/mod/sumdb/tlog`` and ``sumdb/note``: the log lo
 small interfaces (:class:`HashStore`, :class:`CheckpointStore`, :class:`Signer`,
 :class:`Verifier`) and does no I/O; formats are encoder/decoder pairs; file I/O lives in
 :mod:`.files` and :mod:`.publication` only. Every refusal is a :class:`TlogError` (a
-:class:`~phsafe.errors.PHSafeError`).
+:class:`~phsafe.errors.PHSafeError`; the log's error classes are defined with the project's others in
+:mod:`phsafe.errors` and exported here).
 
 Modules and formats (each module's docstring states its format precisely):
 
@@ -59,7 +60,7 @@ from phsafe.tlog.checkpoint import (
 )
 from phsafe.tlog.client import ConsistencyProver, SeenCheckpoints
 from phsafe.tlog.cosignature import CosignatureSigner, CosignatureVerifier, cosignature_timestamp, cosigned_message
-from phsafe.tlog.errors import (
+from phsafe.errors import (
     ForkError,
     MalformedError,
     ProofError,

@@ -33,7 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from phsafe.tlog.errors import MalformedError, ProofError, SignatureError
+from phsafe.errors import MalformedError, ProofError, SignatureError
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE
 from phsafe.tlog.note import Note, Signer, Verifier, decode_base64, open_note, sign_note
 

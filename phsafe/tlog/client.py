@@ -9,7 +9,7 @@ their home folder) and checks each newly seen checkpoint against it:
 - smaller: a consistency proof from it to the kept one must verify; the kept one stays;
 - the same size: the root hashes must be equal.
 
-Anything else is a :class:`~phsafe.tlog.errors.ForkError` carrying both signed checkpoints: two
+Anything else is a :class:`~phsafe.errors.ForkError` carrying both signed checkpoints: two
 statements signed by the log's key that no append-only log can have made -- the log showed
 different histories to different people, or rewrote its own.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, verify_checkpoint
-from phsafe.tlog.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError
+from phsafe.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError
 from phsafe.tlog.merkle import verify_consistency
 from phsafe.tlog.note import Verifier
 from phsafe.tlog.state import CheckpointStore

@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from phsafe.tlog.checkpoint import parse_checkpoint
-from phsafe.tlog.errors import MalformedError
+from phsafe.errors import MalformedError
 from phsafe.tlog.note import ALG_COSIGNATURE_V1, NoteSignature, key_id, raw_public_key
 
 COSIGNATURE_V1_HEADER = "cosignature/v1"

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from phsafe.tlog.errors import MalformedError, StaleStateError, StoreError
+from phsafe.errors import MalformedError, StaleStateError, StoreError
 from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
 

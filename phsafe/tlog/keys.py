@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from phsafe.tlog.cosignature import CosignatureSigner, CosignatureVerifier
-from phsafe.tlog.errors import MalformedError
+from phsafe.errors import MalformedError
 from phsafe.tlog.note import (
     ALG_COSIGNATURE_V1,
     ALG_ED25519,

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, verify_checkpoint
-from phsafe.tlog.errors import MalformedError, ProofError
+from phsafe.errors import MalformedError, ProofError
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.note import Verifier
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from phsafe.tlog.errors import StoreError
+from phsafe.errors import StoreError
 from phsafe.tlog.merkle import (
     HashReader,
     consistency_proof,

@@ -31,7 +31,7 @@ Proofs (RFC 9162 §2.1.3 and §2.1.4; the same proofs as RFC 6962 §2.1.1 and §
   old root is the empty tree's (m == 0).
 
 Verification follows RFC 9162 §2.1.3.2 and §2.1.4.2 step by step and raises
-:class:`~phsafe.tlog.errors.ProofError` on any mismatch, including a hash that is not 32 bytes,
+:class:`~phsafe.errors.ProofError` on any mismatch, including a hash that is not 32 bytes,
 a proof with too many or too few hashes, or an index outside the tree.
 """
 
@@ -41,7 +41,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Protocol
 
-from phsafe.tlog.errors import ProofError, StoreError
+from phsafe.errors import ProofError, StoreError
 
 HASH_SIZE = 32
 """Bytes in a SHA-256 hash."""

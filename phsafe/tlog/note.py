@@ -40,7 +40,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from phsafe.tlog.errors import MalformedError, SignatureError
+from phsafe.errors import MalformedError, SignatureError
 
 SIGNATURE_LINE_START = "\u2014 "
 """Every signature line starts with the em dash U+2014 and a space."""

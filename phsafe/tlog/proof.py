@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
-from phsafe.tlog.errors import MalformedError, ProofError
+from phsafe.errors import MalformedError, ProofError
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.merkle import HASH_SIZE, MAX_TREE_SIZE, leaf_hash, verify_inclusion
 from phsafe.tlog.note import Verifier, decode_base64, parse_note

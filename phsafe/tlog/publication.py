@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from phsafe.tlog.checkpoint import Checkpoint, parse_checkpoint, sign_checkpoint
-from phsafe.tlog.errors import StoreError
+from phsafe.errors import StoreError
 from phsafe.tlog.files import FileHashStore, fsync_folder, replace_file, write_new_file, write_verifier_key
 from phsafe.tlog.layout import (
     CHECKPOINT_FILE,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from phsafe.tlog.errors import StaleStateError
+from phsafe.errors import StaleStateError
 
 
 class CheckpointStore(Protocol):

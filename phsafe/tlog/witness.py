@@ -5,7 +5,7 @@ the verifier keys of the logs it witnesses (a log is known by its origin, which 
 name), and a :class:`~phsafe.tlog.state.CheckpointStore` with the last checkpoint it cosigned per
 origin -- kept apart from the log it watches, or it protects nothing. :meth:`Witness.add_checkpoint`
 is the protocol's ``add-checkpoint`` call without HTTP; refusals are
-:class:`~phsafe.tlog.errors.WitnessRefusal` with the protocol's status:
+:class:`~phsafe.errors.WitnessRefusal` with the protocol's status:
 
 ====  =======================================================================================
 404   the checkpoint's origin is not a log this witness knows
@@ -46,7 +46,7 @@ from typing import Protocol
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
 from phsafe.tlog.log import TransparencyLog
-from phsafe.tlog.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
 from phsafe.tlog.cosignature import CosignatureSigner
 from phsafe.tlog.note import NoteSignature, Verifier, decode_base64, format_note, parse_note, parse_signature_lines

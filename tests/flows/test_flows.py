@@ -397,11 +397,13 @@ def test_parameter_schema_has_numbers_and_choices():
 def test_lifetime_cap_is_exactly_the_decimal_typed():
     from fractions import Fraction
 
-    from flows.sdhc import _cap
+    from phsafe.parameters import PrivateRunParameters, exact_decimal
 
-    assert _cap(2.514562) == Fraction(2514562, 1000000)
-    assert _cap(1.4) == Fraction(14, 10)
-    assert _cap(3) == 3 and _cap(None) is None
+    assert exact_decimal(2.514562) == Fraction(2514562, 1000000)
+    assert exact_decimal(1.4) == Fraction(14, 10)
+    assert exact_decimal(3) == 3 and exact_decimal(None) is None
+    given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "lifetime_cap": 2.514562})
+    assert given.options().lifetime_cap == Fraction(2514562, 1000000)
 
 
 def _lost_signing_key(monkeypatch):  # noqa: ANN001 -- fine at preflight, unreadable at publish

@@ -2,7 +2,7 @@
 
 Every rule has a passing and a failing case, checked twice where it matters: through the API
 (:meth:`Ledger.resume_run`, :class:`RunRecorder`), which raises a typed error and appends nothing,
-and through the replay rules (entries forced past the API with ``Ledger._append_entries``, which
+and through the replay rules (entries forced past the API with ``Ledger.append_entries``, which
 checks them exactly as ``read_ledger`` and ``phsafe audit verify`` do). Charges are compared with
 exact Fractions computed by hand from the planned budgets.
 
@@ -131,8 +131,8 @@ def raise_body(cap: Fraction | str, reason: str | None = "approved", dataset: st
 def force(ledger: Ledger, kind: EntryKind, run_id: str | None, body: dict[str, Any],
           *more: tuple[EntryKind, str | None, dict[str, Any]]) -> dict[str, Any]:
     """Append past the API (one write): only the replay rules (as in read_ledger and audit verify) decide."""
-    with ledger._locked():
-        return ledger._append_entries([(kind, run_id, body), *more])[-1]
+    with ledger.locked():
+        return ledger.append_entries([(kind, run_id, body), *more])[-1]
 
 
 def intent_body(m: PlannedMeasurement, plan_record: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from phsafe.tlog.checkpoint import Checkpoint
 from phsafe.tlog.client import SeenCheckpoints
-from phsafe.tlog.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.files import (
     FileCheckpointStore,
     FileHashStore,

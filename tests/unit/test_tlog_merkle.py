@@ -10,7 +10,7 @@ from functools import lru_cache
 import pytest
 
 from phsafe.tlog import merkle
-from phsafe.tlog.errors import ProofError, StoreError
+from phsafe.errors import ProofError, StoreError
 from phsafe.tlog.log import MemoryHashStore, TransparencyLog
 from phsafe.tlog.merkle import (
     EMPTY_ROOT,

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from phsafe.errors import PHSafeError
 from phsafe.tlog.checkpoint import Checkpoint, format_checkpoint, parse_checkpoint, sign_checkpoint, verify_checkpoint
 from phsafe.tlog.cosignature import CosignatureSigner, CosignatureVerifier, cosignature_timestamp, cosigned_message
-from phsafe.tlog.errors import MalformedError, ProofError, SignatureError
+from phsafe.errors import MalformedError, ProofError, SignatureError
 from phsafe.tlog.keys import format_signer_key, format_verifier_key, generate_keys, signer_from_key, verifier_from_key
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.merkle import EMPTY_ROOT

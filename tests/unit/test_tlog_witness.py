@@ -9,7 +9,7 @@ import pytest
 
 from phsafe.tlog.checkpoint import Checkpoint, sign_checkpoint, verify_checkpoint
 from phsafe.tlog.client import SeenCheckpoints
-from phsafe.tlog.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.note import open_note, parse_note
 from phsafe.tlog.proof import TlogProof, format_tlog_proof, make_tlog_proof, parse_tlog_proof, verify_tlog_proof
