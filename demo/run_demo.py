@@ -49,21 +49,6 @@ def _run(*args: str | Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def _demo_keys(directory: Path) -> tuple[Path, Path]:
-    """A fresh Ed25519 key pair for signing this demo run's ledger checkpoint."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    directory.mkdir(parents=True, exist_ok=True)
-    key = Ed25519PrivateKey.generate()
-    private, public = directory / "signing-key.pem", directory / "signing-key.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 def _section(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
@@ -76,7 +61,9 @@ def main() -> int:
     root = HERE / "output" / stamp
     enclave, public = root / "enclave", root / "public"
     public.mkdir(parents=True)
-    signing_key, public_key = _demo_keys(enclave / "keys")
+    _section("0. The operator's signing key pair (phsafe keys generate)")
+    _run("keys", "generate", enclave / "keys")
+    signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     ledgers = {label: enclave / label / "ledger.jsonl" for label in ("us", "pr")}
     _section("1. The audit ledgers, made before any data is seen (phsafe ledger init)")
     for label, ledger in ledgers.items():

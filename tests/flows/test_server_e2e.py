@@ -18,7 +18,9 @@ import contextlib
 import http.server
 import json
 import re
+import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -90,17 +92,23 @@ def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
             check_failure_alert(alerts, failed)
             timings["a failing us run, trigger to its alert"] = time.perf_counter() - step
 
-            # Results are never persisted: after a failed and a successful run, nothing under
-            # PREFECT_HOME/storage (a failed flow would leave its pickled exception there).
+            # The release again, once the first is published: refused before any spend.
+            step = time.perf_counter()
+            check_a_second_trigger_is_refused_before_spending(stack)
+            timings["a second trigger of the release, refused"] = time.perf_counter() - step
+            # Retry on the completed release, clicked in Chromium: nothing spent, Completed again.
+            step = time.perf_counter()
+            check_retry_of_the_completed_release(stack, release, tmp_path)
+            timings["chromium: Retry of the completed release"] = time.perf_counter() - step
+            # A US run that fails after its spends; the operator fixes the cause and clicks Retry.
+            step = time.perf_counter()
+            check_a_run_that_failed_after_spending_is_retried(stack, tmp_path)
+            timings["a US run failed after spending, fixed, Retry in chromium"] = time.perf_counter() - step
+
+            # Results are never persisted: after failed and successful runs, nothing under
+            # PREFECT_HOME/storage (a failed flow that raised would leave its pickled exception there).
             storage = Path(stack.env["PREFECT_HOME"]) / "storage"
             persisted = sorted(p.relative_to(storage).as_posix() for p in storage.rglob("*")) if storage.exists() else []
-            # TEMPORARY GUARD (issue 19): persist_result=False on the flows and tasks is the lead's
-            # part, not merged here yet; remove this guard once flows/sdhc.py sets it.
-            from flows.sdhc import release_flow, us_flow
-
-            if persisted and not (us_flow.persist_result is False and release_flow.persist_result is False):
-                pytest.xfail(f"results persisted under {storage} ({len(persisted)} file(s)): the flows do not set "
-                             "persist_result=False yet (the lead's part of issue 19)")
             assert persisted == [], f"results persisted under {storage}: {persisted[:5]}"
     finally:
         timings["whole test"] = time.perf_counter() - clock
@@ -160,13 +168,18 @@ def alert_receiver() -> Iterator[_Receiver]:
 
 
 def _api(stack: Stack, read):
+    """``await read(client)`` with a client of the stack's API. In a thread of its own: a sync
+    Playwright page runs an event loop in this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from prefect.client.orchestration import PrefectClient
 
     async def go():
         async with PrefectClient(api=stack.api) as client:
             return await read(client)
 
-    return asyncio.run(go())
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
 
 
 async def _deployed_state(client) -> dict[str, Any]:
@@ -387,7 +400,8 @@ def check_us_run_on_postgresql(stack: Stack, run: DeploymentRun) -> None:
     artifacts = {a.key: a for a in run.artifacts}
     assert set(artifacts) == ARTIFACT_KEYS
     spends = artifacts["us-budget-spends"]
-    assert "planned total 1.257281" in spends.description, spends.description
+    assert "planned total 1.257281, charged 1.257281" in spends.description, spends.description
+    assert "`demo-us`: spent 1.257281 of its lifetime cap 2.6 (rho); 1.342719 left" in spends.description
     rows = _rows(spends)
     assert {r["table"] for r in rows} == {t.removeprefix("measure-") for t in MEASURE_TASKS}
     assert all("/" not in str(r["rho"]) for r in rows)
@@ -492,7 +506,8 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
         card = page.get_by_text("us-budget-spends", exact=True)
         expect(card).to_be_visible(timeout=30_000)
-        expect(page.get_by_text(re.compile(r"planned total 1\.257281\.$"))).to_be_visible()
+        expect(page.get_by_text(re.compile(r"planned total 1\.257281, charged 1\.257281\. .*1\.342719 left"))
+               ).to_be_visible()
         card.click()
         table = page.get_by_role("table").first
         expect(table).to_be_visible(timeout=30_000)
@@ -508,3 +523,138 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         assert (tmp_path / shot).stat().st_size > 10_000, shot
     stack.timings["chromium: the US run's pages"] = time.perf_counter() - clock
     print(f"screenshots: {tmp_path}")
+
+
+# --------------------------------------------------------------------------------------------
+# One release per content version, and Retry in the UI (issue 19)
+# --------------------------------------------------------------------------------------------
+
+
+def _intents(ledger: Path) -> int:
+    return sum('"kind":"INTENT"' in line for line in Path(ledger).read_text().splitlines())
+
+
+def _ledgers(stack: Stack) -> dict[str, Path]:
+    return {label: Path(stack.settings[f"{label}_ledger"]) for label in ("us", "pr")}
+
+
+def check_a_second_trigger_is_refused_before_spending(stack: Stack) -> None:
+    """A new trigger of the release on records already released: refused before any spend --
+    the ledgers unchanged -- and the run's message says why, for each dataset, once."""
+    ledgers = _ledgers(stack)
+    before = {label: path.read_bytes() for label, path in ledgers.items()}
+    again = run_deployment(stack, "sdhc-release/release", {})
+    state = again.flow_run.state
+    assert state.is_failed(), state
+    for label, path in ledgers.items():
+        assert path.read_bytes() == before[label], label  # not one entry, let alone an INTENT
+        assert re.search(rf"{label}: these records were already released: run {label}-\S+ published them to ",
+                         state.message), state.message
+    assert state.message.count("No privacy-loss budget was spent.") == 2, state.message
+    assert "re_release_reason" in state.message
+    summary = next(a for a in again.artifacts if a.key == "release-summary")
+    assert summary.data.count("**failed**: these records were already released") == 2
+
+
+def _final(stack: Stack, flow_run_id: Any, runs_before: int, timeout: float = 300) -> Any:
+    """The flow run once it ran again (run count above ``runs_before``) and is final."""
+    async def wait(client):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = await client.read_flow_run(flow_run_id)
+            if run.run_count > runs_before and run.state is not None and run.state.is_final():
+                return run
+            await asyncio.sleep(1)
+        raise AssertionError(f"flow run {flow_run_id} did not run again within {timeout} s: {run.state}")
+
+    return _api(stack, wait)
+
+
+def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "re.Pattern[str]") -> Any:
+    """What the operator does: the flow run's page, Retry, confirm; then the page once the run is
+    final again, showing ``log_line`` of the retry (screenshot). Returns the flow run as the API
+    has it then."""
+    from playwright.sync_api import expect
+
+    from tests._browser import browser_page
+
+    runs_before = _api(stack, lambda client: client.read_flow_run(flow_run.id)).run_count
+    with browser_page(allow=(stack.ui,)) as page:
+        page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
+        expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
+        page.get_by_role("button", name="Retry").first.click()
+        expect(page.get_by_text(f"Retry {flow_run.name}?")).to_be_visible(timeout=30_000)
+        page.get_by_role("button", name="Retry").last.click()  # the dialog's confirmation
+        final = _final(stack, flow_run.id, runs_before)
+        page.reload()
+        expect(page.get_by_text(final.state.name, exact=True).first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text(log_line).first).to_be_visible(timeout=60_000)
+        page.screenshot(path=screenshot, full_page=True)
+        # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
+        assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
+    assert screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+    return final
+
+
+def check_retry_of_the_completed_release(stack: Stack, release: Any, tmp_path: Path) -> None:
+    """Retry on the published release: its subflows find the runs the release started, already
+    published; nothing is spent, nothing new is published, the run ends Completed and says where."""
+    ledgers = _ledgers(stack)
+    before = {label: path.read_bytes() for label, path in ledgers.items()}
+    published = sorted(p.name for p in Path(stack.settings["output_root"]).iterdir())
+    final = retry_in_chromium(stack, release, tmp_path / "retry-completed-release.png",
+                              re.compile(r"^pr: run pr-\S+ was already published at "))
+    assert final.state.is_completed(), final.state
+    assert {label: path.read_bytes() for label, path in ledgers.items()} == before  # nothing recorded
+    assert sorted(p.name for p in Path(stack.settings["output_root"]).iterdir()) == published
+    again = read_flow_run(stack, release.id, until=lambda run: sum(a.key == "release-summary" for a in run.artifacts) >= 2)
+    summaries = sorted((a for a in again.artifacts if a.key == "release-summary"), key=lambda a: a.created)
+    assert summaries[-1].data.count("already published (nothing done)") == 2, summaries[-1].data
+    assert any(m.startswith("us: run us-") and "was already published at" in m for m in (e.message for e in again.logs))
+
+
+def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Path) -> None:
+    """A US run (its own dataset ledger) loses its signing key after its first spends: it ends
+    Failed saying what is recorded and that a Retry resumes it. The key is put back; Retry in the
+    UI completes the run with no new INTENT, and the auditors' check of the release holds."""
+    phsafe = Path(sys.executable).parent / "phsafe"
+    enclave = stack.folder / "enclave" / "us-second"
+    enclave.mkdir(mode=0o700)
+    ledger = enclave / "ledger.jsonl"
+    made = subprocess.run([str(phsafe), "ledger", "init", str(ledger), "--lifetime-cap", "2.6", "--reason", "test"],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    keys = stack.folder / "keys-second"
+    shutil.copytree(Path(stack.settings["signing_key"]).parent, keys)
+    key, away = keys / "signing-key.pem", keys / "signing-key.pem.away"
+    parameters = {"ledger": str(ledger), "new_version_reason": "the demo's records, a dataset of its own",
+                  "signing_key": str(key), "public_key": str(keys / "public-key.pem")}
+
+    async def start(client):
+        deployment = await client.read_deployment_by_name("sdhc-us/us")
+        return await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+
+    run = _api(stack, start)
+    deadline = time.monotonic() + 300
+    while not (ledger.exists() and _intents(ledger)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    key.rename(away)  # the key is lost after the first spend: the publish cannot sign
+    failed = _final(stack, run.id, 0)
+    assert failed.state.is_failed(), failed.state
+    spent = _intents(ledger)
+    assert spent == 46, spent
+    message = failed.state.message
+    assert "signing key" in message and f"{spent} spend(s) of run us-" in message, message
+    assert "Retry this flow run to resume it" in message and "No privacy-loss budget" not in message
+    away.rename(key)  # the operator puts the key back, then clicks Retry
+    final = retry_in_chromium(stack, failed, tmp_path / "retry-failed-us-run.png",
+                              re.compile(r"^run published: already_published=False attempt=2 "))
+    assert final.state.is_completed(), final.state
+    assert _intents(ledger) == spent  # committed measurements reused: nothing drawn again
+    (out,) = [p for p in Path(stack.settings["output_root"]).glob("us-*")
+              if json.loads((p / "manifest.json").read_text())["run_id"] in ledger.read_text()]
+    verified = subprocess.run([str(phsafe), "audit", "verify", str(ledger), "--outputs", str(out),
+                               "--public-key", str(keys / "public-key.pem")], capture_output=True, text=True)
+    assert verified.returncode == 0 and verified.stdout.rstrip().endswith("OK"), verified.stdout + verified.stderr
+    assert "2 attempts (1 failed or crashed)" in verified.stdout
