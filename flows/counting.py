@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
@@ -37,8 +38,9 @@ from prefect.futures import wait
 from phsafe import distributed
 from phsafe.config import PHSafeConfig
 from phsafe.counting import CountingPartition, combine_counts, count_partition, plan_partitions
+from phsafe import engine
 from phsafe.distributed import Block, BlockResult, BucketResult, ClusterPlan
-from phsafe.engine import ExactCounts, PrivateRun
+from phsafe.engine import ExactCounts, PrivateRun, StageTimer
 from phsafe.spill import SPILL_FOLDER, SpillArea
 from phsafe.tables import TABLES
 from phsafe.tabulate import TableCounts
@@ -99,9 +101,7 @@ def validate_and_count_on_dask(
             run.config_path, run.data_dir, spill.path, specs=list(TABLES.values()), key=run.truncation_key,
             validate=validate, block_bytes=block_bytes or distributed.BLOCK_BYTES, bucket_persons=max_persons)
         if plan is None:
-            from tasks import pipeline as t
-
-            report = t.validate_inputs(run) if validate else None
+            report = validate_inputs_task(run) if validate else None
             if report is not None and not report.ok:
                 return None, report
             return count_on_dask(run, config, address=address, n_workers=n_workers, max_persons=max_persons), report
@@ -149,6 +149,32 @@ def count_on_dask(
         ]
         wait(futures)
         return ExactCounts(combine_counts(f.result() for f in futures))
+
+
+@task(name="validate-inputs", cache_policy=NONE, persist_result=False, retries=0)
+def validate_inputs_task(run: PrivateRun):  # noqa: ANN201 -- the validation report
+    """Great Expectations over config, persons, units and geo, on the flow's process (value-free
+    report): data stored by state, before its states are counted on the cluster."""
+    return engine.check_inputs(run)
+
+
+@dataclass(frozen=True)
+class DaskCounter:
+    """The sequence's counting stage on a Dask cluster (:class:`phsafe.sequence.Counter`):
+    :func:`validate_and_count_on_dask` -- national files read once in blocks on the cluster
+    (validation and counting from the same blocks), data stored by state validated here and
+    counted per state there. It runs tasks of its own, so the runner calls it in the flow rather
+    than as a task.
+    """
+
+    address: str | None = None
+    n_workers: int | None = None
+    max_persons: int | None = None
+    orchestrates = True
+
+    def __call__(self, run: PrivateRun, config: PHSafeConfig, timer: StageTimer | None) -> tuple[Any, Any]:
+        return validate_and_count_on_dask(run, config, address=self.address, n_workers=self.n_workers,
+                                          max_persons=self.max_persons)
 
 
 def _api_url() -> str | None:

@@ -112,6 +112,7 @@ def run_private(
     work_dir: str | Path | None = None,
     resume: str | None = None,
     resume_reason: str | None = None,
+    re_release: str | None = None,
     progress: "Progress | None" = None,
 ) -> "RunResult":
     """Run PHSafe privately on ``data`` with ``config`` and publish the eleven tables to ``out``.
@@ -134,19 +135,23 @@ def run_private(
         lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
         work_dir: Folder of the runs' confidential work folders (default: beside the ledger).
         resume, resume_reason: Complete the failed run with this id, reusing what it committed.
+        re_release: Why records that another run of the dataset already released are released
+            again (recorded). Without it such a run is refused before any spend: a content
+            version is released once, whatever room the lifetime cap leaves.
         progress: Where to show progress (:mod:`phsafe.progress`).
 
     Returns:
         The run's id, output folder, released files, plan, stage timings, ledger and work folder.
     """
-    from phsafe.engine import PrivateRunOptions, run_private as run
+    from phsafe.engine import PrivateRunOptions
+    from phsafe.sequence import run_private as run
 
     options = PrivateRunOptions(
         ledger=Path(ledger) if ledger else None, dataset=dataset, new_version=new_version,
         lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason,
         signing_key=Path(signing_key) if signing_key else None, public_key=Path(public_key) if public_key else None,
         non_confidential=non_confidential, validate_inputs=validate, validate_outputs=validate_outputs,
-        work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason,
+        work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason, re_release=re_release,
     )
     return run(Path(config), Path(data), Path(out), options, progress=progress, run_id=resume,
                resume=resume is not None)

@@ -6,6 +6,12 @@ exactly 0.000022) and every sum of budgets is done in exact arithmetic. ``Infini
 
 Every rule violation raises :class:`~phsafe.errors.ConfigError` naming the key and the rule.
 
+Every key is known: an unknown key, at any level, is refused with the key and the file named --
+a misspelt key (``"privacy_budgte"``, ``"PH2": {"usa_all": ...}``) would otherwise be silently
+lost. (The spec's §2 says unknown top-level keys are "ignored with a log line"; the production
+configs have none, and a run must not publish under a config that does not say what its operator
+meant.)
+
 Budgets are checked for sanity as the file is read, before anything else runs: a duplicate key
 is an error (JSON would silently keep the last value); numbers are bounded in size so that exact
 arithmetic on them cannot hang; every positive budget must leave a noise scale that 64-bit counts
@@ -26,8 +32,8 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
+from phsafe.amounts import INFINITE
 from phsafe.errors import BudgetError, ConfigError, option
-from phsafe.logs import get_logger
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
@@ -50,7 +56,6 @@ class PrivacyDefinition(enum.Enum):
     PUREDP = "puredp"
 
 
-INFINITE = Decimal("Infinity")
 _DATASET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -65,7 +70,6 @@ class PHSafeConfig(BaseModel):
         reader: always ``"csv"`` (CSV or Parquet files on disk).
         dataset: the declared dataset name the runs of this config spend against (optional;
             the command line's ``--dataset`` gives it otherwise).
-        ignored_keys: top-level keys that were present but are not part of the contract.
     """
 
     # Infinity budgets ("no noise", test runs only) must survive model validation.
@@ -77,7 +81,6 @@ class PHSafeConfig(BaseModel):
     state_filter: tuple[str, ...]
     reader: str = "csv"
     dataset: str | None = None
-    ignored_keys: tuple[str, ...] = ()
 
     @property
     def is_puerto_rico(self) -> bool:
@@ -202,9 +205,10 @@ def parse_config(raw: Any) -> PHSafeConfig:
     for key in ("privacy_defn", "privacy_budget", "tau", "state_filter", "reader"):
         if key not in raw:
             raise ConfigError(key, "is required")
-    ignored = tuple(sorted(k for k in raw if k not in KNOWN_KEYS))
-    for key in ignored:
-        get_logger("phsafe.config").warning("config key ignored", key=key)
+    for key in raw:
+        if key not in KNOWN_KEYS:
+            raise ConfigError(str(key), "is not a key of the config (the keys are " + ", ".join(sorted(KNOWN_KEYS))
+                              + "); a misspelt key would be silently lost, so none is ignored")
 
     defn_raw = raw["privacy_defn"]
     try:
@@ -247,7 +251,6 @@ def parse_config(raw: Any) -> PHSafeConfig:
         state_filter=states,
         reader=reader,
         dataset=dataset,
-        ignored_keys=ignored,
     )
 
 

@@ -43,8 +43,8 @@ in pieces makes as many Great Expectations evaluations as a pass in one process.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,53 +64,19 @@ from phsafe.counting import (
 from phsafe.errors import ConfigError, InputError
 from phsafe.memory import BYTES_PER_ROW, MAX_BUCKET_PERSONS
 from phsafe.preprocess import AsideMafids, sorted_distinct
-from phsafe.reader import InputFile, Problems, ReadProblem, SourceReader, csv_blocks, locate_inputs, parquet_blocks
-from phsafe.spill import BucketPlan, plan_buckets
+from phsafe.reader import Problems, ReadProblem, SourceReader, csv_blocks, locate_inputs, parquet_blocks
+from phsafe.spill import plan_buckets
 from phsafe.tables import TableSpec
+from phsafe.workers import Block, ClusterPlan, WorkerProcesses
+
+__all__ = ["Block", "ClusterPlan", "WorkerProcesses", "BlockResult", "BucketResult", "StateResult", "plan_cluster",
+           "read_block", "settle_aside", "count_bucket", "count_state", "merge", "seen_of", "rows_of",
+           "BLOCK_BYTES", "BLOCK_ROWS"]
 
 BLOCK_BYTES = 256 << 20
 """CSV bytes a block task reads."""
 BLOCK_ROWS = 8_000_000
 """Parquet rows (whole row groups) a block task reads."""
-
-
-@dataclass(frozen=True)
-class Block:
-    """One task's share of one file: ``span`` bytes of a CSV file or row groups of a Parquet file."""
-
-    stem: str
-    index: int
-    span: tuple[int, int]
-
-    @property
-    def label(self) -> str:
-        return f"{self.stem}-{self.index + 1}"
-
-
-@dataclass(frozen=True)
-class ClusterPlan:
-    """Everything a task needs: where the inputs and the spill folder are, the buckets, what to
-    count (picklable; never data)."""
-
-    config_path: Path
-    data_dir: Path
-    files: Mapping[str, InputFile]
-    states: tuple[str, ...] | None
-    buckets: BucketPlan
-    folder: Path
-    blocks: tuple[Block, ...]
-    validate: bool
-    counting: Counting | None
-    file_names: Mapping[str, str] = field(default_factory=dict)
-    state_filter: list | None = None
-    """The config's state filter as validation reads it (a parameter of geo's rules)."""
-
-    def blocks_of(self, stem: str) -> list[Block]:
-        return [b for b in self.blocks if b.stem == stem]
-
-    @property
-    def aside_folder(self) -> Path:
-        return self.folder / "aside"
 
 
 def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs: Sequence[TableSpec],
@@ -132,10 +98,10 @@ def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs
     states: tuple[str, ...] | None
     if validate:
         from phsafe.validation._config import load as load_checked, read_raw, state_filter
-        from phsafe.validation._inputs import _usable_states
+        from phsafe.validation._inputs import usable_states
 
         config, _ = load_checked(Path(config_path))
-        states = _usable_states(state_filter(config, read_raw(Path(config_path))))
+        states = usable_states(state_filter(config, read_raw(Path(config_path))))
         try:
             counting = Counting.of(load_config(config_path), specs, key)
         except ConfigError:
@@ -421,137 +387,13 @@ def count_state(plan: ClusterPlan, part: PassPart) -> StateResult:
 def prewarm() -> None:
     """Import what counting with validation needs (Great Expectations: seconds), before the first
     range arrives."""
-    from phsafe.validation import _gx
+    from phsafe.validation._gx import import_gx
 
-    _gx._gx()
+    import_gx()
 
 
 _JOBS = {"count_bucket": count_bucket, "count_state": count_state, "read_block": read_block,
          "settle_aside": settle_aside, "prewarm": prewarm}
-
-
-class WorkerProcesses:
-    """A few Python processes of this machine that run this module's tasks, so that a pass's MAFID
-    ranges are counted on every core (the pass on one machine; the Dask path has its cluster).
-
-    The processes are started with :mod:`subprocess` (``python -m phsafe.distributed``), not
-    :mod:`multiprocessing`, for the reason of :mod:`phsafe.validation._worker`: a spawned child
-    re-imports the caller's ``__main__``. Jobs go as pickles on their standard input and results
-    come back on their standard output; an exception comes back as its class name only (its
-    message may quote data). Nothing else is printed.
-
-    Args:
-        processes: How many.
-        validation: The jobs validate: each process imports Great Expectations at once, while
-            the pass still streams its files.
-    """
-
-    def __init__(self, processes: int, *, validation: bool = False) -> None:
-        import os
-        import queue
-        import subprocess
-        import sys
-        import threading
-
-        self._jobs: "queue.Queue[tuple[int, str, tuple] | None]" = queue.Queue()
-        self._results: dict[int, object] = {}
-        self._done = threading.Condition()
-        self._failed: str | None = None
-        env = {**os.environ, "GX_ANALYTICS_ENABLED": "False"}
-        self._procs = [subprocess.Popen([sys.executable, "-m", "phsafe.distributed"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-                       for _ in range(processes)]
-        self._threads = [threading.Thread(target=self._serve, args=(p,), name="phsafe-worker", daemon=True)
-                         for p in self._procs]
-        for t in self._threads:
-            t.start()
-        self._number = 0
-        if validation:
-            for _ in self._procs:  # one each (a process takes one job at a time; results unread)
-                self._number += 1
-                self._jobs.put((self._number, "prewarm", ()))
-
-    def _serve(self, proc) -> None:  # noqa: ANN001 -- a subprocess.Popen
-        import pickle
-
-        while (job := self._jobs.get()) is not None:
-            number = job[0]
-            try:
-                pickle.dump(job, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-                proc.stdin.flush()
-                answer, error = pickle.load(proc.stdout)
-            except (OSError, EOFError, ValueError, pickle.PickleError):
-                answer, error = None, "the worker process stopped"
-            with self._done:
-                self._results[number] = (answer, error)
-                self._done.notify_all()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-
-    def map(self, name: str, calls: Sequence[tuple], *, costs: Sequence[int] | None = None,
-            budget: int | None = None) -> "Iterator[object]":
-        """Run ``name(*args)`` for each ``args`` of ``calls`` on the processes; the results in
-        order, each as soon as it (and those before it) is done.
-
-        Args:
-            costs, budget: A job starts only while the costs (bytes of memory) of the jobs
-                started and not yet answered, with its own, stay within ``budget`` -- one job
-                always may.
-
-        Raises:
-            PHSafeError: A job failed in its process (its exception's class is named).
-        """
-        from collections import deque
-
-        from phsafe.errors import PHSafeError
-
-        costs = list(costs) if costs is not None else [0] * len(calls)
-        waiting = deque(zip(calls, costs))
-        started: deque[tuple[int, int]] = deque()
-        in_flight = 0
-        while waiting or started:
-            while waiting and (not started or budget is None or in_flight + waiting[0][1] <= budget):
-                args, cost = waiting.popleft()
-                self._number += 1
-                started.append((self._number, cost))
-                in_flight += cost
-                self._jobs.put((self._number, name, tuple(args)))
-            number, cost = started.popleft()
-            with self._done:
-                self._done.wait_for(lambda: number in self._results)
-                answer, error = self._results.pop(number)  # type: ignore[misc]
-            in_flight -= cost
-            if error is not None:
-                raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
-            yield answer
-
-    def close(self) -> None:
-        """Stop the processes (jobs not started yet are dropped)."""
-        import queue
-
-        while True:
-            try:
-                self._jobs.get_nowait()
-            except queue.Empty:
-                break
-        for _ in self._threads:
-            self._jobs.put(None)
-        for t in self._threads:
-            t.join(timeout=30)
-        for p in self._procs:
-            try:
-                p.wait(timeout=5)
-            except Exception:  # noqa: BLE001 -- a stuck process is killed
-                p.kill()
-                p.wait()
-
-    def __enter__(self) -> "WorkerProcesses":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def main() -> int:

@@ -95,7 +95,7 @@ import pyarrow.parquet as pq
 
 import phsafe
 from phsafe.accounting import NoiseDistribution
-from phsafe.errors import PHSafeError
+from phsafe.errors import PostprocessError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, MANIFEST, Publication, cell_column, private_columns
 from phsafe.reader import file_digest
@@ -155,10 +155,6 @@ AVERAGES: dict[str, AverageSpec] = {
     # built from the owner and renter parts, which are all the private release has.
     "PH8": AverageSpec("PH8", "PH8_num", "PH8_denom", ((1, (2, 3), (2, 3)), (2, (2,), (2,)), (3, (3,), (3,)))),
 }
-
-
-class PostprocessError(PHSafeError):
-    """The output directory cannot be post-processed (missing, not private, corrupt)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import EXISTING, PATH, fail, log_option, start
+from phsafe.cli._common import EXISTING, PATH, handle_errors, log_option, memory_limit_option, start
 from phsafe.cli._output import command_progress, result_line, verbosity_options
-from phsafe.cli.private import memory_limit_option
 
 
 @click.command("non-private")
@@ -24,20 +23,15 @@ from phsafe.cli.private import memory_limit_option
                    "system's temporary folder).")
 @log_option
 @verbosity_options
+@handle_errors
 def non_private(config: Path, data: Path, output: Path, non_confidential: bool, validate_inputs: bool,
                 memory_limit: int | None, work_dir: Path | None, log_file: Path | None) -> None:
     """Ground-truth tables (no truncation, no noise) -- for synthetic data only."""
     start(log_file)
-    try:
-        from phsafe.engine import run_nonprivate
+    from phsafe.engine import run_nonprivate
 
-        with command_progress(log_file) as progress:
-            result = run_nonprivate(config, data, output, non_confidential=non_confidential,
-                                    validate=validate_inputs, progress=progress, memory_limit=memory_limit,
-                                    work_dir=work_dir)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress:
+        result = run_nonprivate(config, data, output, non_confidential=non_confidential,
+                                validate=validate_inputs, progress=progress, memory_limit=memory_limit,
+                                work_dir=work_dir)
     result_line(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import EXISTING, PATH, fail, log_option
+from phsafe.cli._common import EXISTING, PATH, handle_errors, log_option, memory_limit_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
-from phsafe.cli.private import memory_limit_option
 
 
 @click.command()
@@ -23,6 +22,7 @@ from phsafe.cli.private import memory_limit_option
                    "the end; confidential; default: the system's temporary folder).")
 @log_option
 @verbosity_options
+@handle_errors
 def validate(config: Path, data: Path, report_dir: Path | None, overwrite: bool, memory_limit: int | None,
              work_dir: Path | None, log_file: Path | None) -> None:
     """Validate CONFIG and the input files in DATA; spends no budget.
@@ -30,23 +30,17 @@ def validate(config: Path, data: Path, report_dir: Path | None, overwrite: bool,
     Every broken rule is one line on stderr: file, columns, rule and the number of failing rows
     (never a value). Exit status 1 if any rule fails.
     """
-    try:
-        with command_progress(log_file) as progress:
-            from phsafe._plots import report_folder
-            from phsafe.validation import validate_inputs
+    with command_progress(log_file) as progress:
+        from phsafe._plots import report_folder
+        from phsafe.validation import validate_inputs
 
-            if report_dir is not None:
-                report_folder(report_dir, overwrite=overwrite, what="report folder")
-            spill_dir = _spill_dir(work_dir)
-            with progress.stage("validate the config and the inputs"):
-                _refuse_if_too_big(config, data, memory_limit, spill_dir)
-                report = validate_inputs(config, data, report_dir=report_dir, progress=progress,
-                                         memory_limit=memory_limit, spill_dir=spill_dir)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+        if report_dir is not None:
+            report_folder(report_dir, overwrite=overwrite, what="report folder")
+        spill_dir = _spill_dir(work_dir)
+        with progress.stage("validate the config and the inputs"):
+            _refuse_if_too_big(config, data, memory_limit, spill_dir)
+            report = validate_inputs(config, data, report_dir=report_dir, progress=progress,
+                                     memory_limit=memory_limit, spill_dir=spill_dir)
     if not report.ok:
         click.echo(report.to_text(), err=True)
         click.echo("phsafe: error: input validation failed", err=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,12 +115,12 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
     Raises:
         InputError: Every rule held, but the counting refused a record.
     """
-    from phsafe.counting import InputPass, _no_timer
+    from phsafe.counting import InputPass
 
     config, load_failure = _config.load(config_path)
     raw = _config.read_raw(config_path)
     state_list = _config.state_filter(config, raw)
-    states = _usable_states(state_list)
+    states = usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
     file_names["config"] = config_path.name
@@ -128,7 +129,7 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
     try:
         config_run = observer.config(raw)
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
-        timer = stage or _no_timer
+        timer = stage or (lambda name: nullcontext())
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
                            stage=timer, progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
         # Great Expectations evaluates the rule groups as the pass submits them (on the second core
@@ -154,7 +155,7 @@ def _absent(data_dir: Path, stem: str) -> InputFile:
     return InputFile(stem, data_dir / stem, "parquet", True, ())
 
 
-def _usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
+def usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
     """The state filter to apply first, or None (the config gives no usable one: nothing is set
     aside, and the report says so)."""
     if not state_list:
@@ -850,7 +851,7 @@ def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Seq
     config, load_failure = _config.load(config_path)
     raw = _config.read_raw(config_path)
     state_list = _config.state_filter(config, raw)
-    states = _usable_states(state_list)
+    states = usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
     file_names["config"] = config_path.name

@@ -30,7 +30,8 @@ from click.testing import CliRunner
 from phsafe import distributed, memory, spill
 from phsafe.cli import main
 from phsafe.config import load_config
-from phsafe.counting import InputPass, exact_counts, validated_counts
+from phsafe.counting import InputPass, exact_counts
+from phsafe.intake import validated_counts
 from phsafe.engine import PrivateRunOptions, run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import read_ledger
