@@ -607,10 +607,17 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
         final = _final(stack, flow_run.id, runs_before)
         page.reload()
         expect(page.get_by_text(final.state.name, exact=True).first).to_be_visible(timeout=60_000)
-        # The retry's lines are the newest: shown first, whatever the length of the first attempt's log.
-        page.get_by_role("button", name="Oldest to newest").click()
-        page.get_by_text("Newest to oldest", exact=True).last.click()
-        expect(page.get_by_text(log_line).first).to_be_visible(timeout=60_000)
+        # The retry's lines come last (oldest to newest): scroll down the log (its list grows as
+        # it is scrolled) until the line is there.
+        line = page.get_by_text(log_line).first
+        page.get_by_role("tabpanel", name="Logs").hover()
+        deadline = time.monotonic() + 60
+        while not line.is_visible() and time.monotonic() < deadline:
+            page.mouse.wheel(0, 4000)
+            page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+            page.wait_for_timeout(500)
+        line.scroll_into_view_if_needed()
+        expect(line).to_be_visible()
         page.screenshot(path=screenshot, full_page=True)
         # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
         assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
