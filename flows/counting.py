@@ -98,7 +98,7 @@ def validate_and_count_on_dask(
     spill = SpillArea(run.run_dir / SPILL_FOLDER)  # empties what a killed attempt left
     try:
         plan = distributed.plan_cluster(
-            run.config_path, run.data_dir, spill.path, specs=list(TABLES.values()), key=run.truncation_key,
+            run.config_file, run.data_dir, spill.path, specs=list(TABLES.values()), key=run.truncation_key,
             validate=validate, block_bytes=block_bytes or distributed.BLOCK_BYTES, bucket_persons=max_persons)
         if plan is None:
             report = validate_inputs_task(run) if validate else None

@@ -36,7 +36,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows._logging import configure_once, events_to_file_only
-from flows.sdhc import PositiveCount, _run_id, _run_name, pr_flow, us_flow
+from flows.sdhc import PositiveCount, flow_run_name, pr_flow, run_id_for, us_flow
 from phsafe.errors import PHSafeError, front_end
 from phsafe.rehearsal import DEFAULT_ALPHA
 from tasks import artifacts
@@ -65,7 +65,7 @@ def _prune(work_root: Path, keep: int, current: Path) -> list[str]:
     return [p.name for p in doomed]
 
 
-@flow(name="sdhc-rehearsal", flow_run_name=_run_name("rehearsal"), retries=0, validate_parameters=True)
+@flow(name="sdhc-rehearsal", flow_run_name=flow_run_name("rehearsal"), retries=0, validate_parameters=True)
 def rehearsal_flow(
     us_config: str,
     pr_config: str,
@@ -95,7 +95,7 @@ def rehearsal_flow(
         seed: Seed of the synthetic data (default: fresh each week; recorded). Never used for noise.
     """
     with front_end("flow"):
-        rehearsal_id = _run_id("rehearsal")
+        rehearsal_id = run_id_for("rehearsal")
         root = Path(work_root).absolute()
         folder = root / rehearsal_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,7 @@ def rehearsal_flow(
         keys = t.make_signing_key(folder / "keys")
         states = {}
         for label, (config, _, dataset_flow) in datasets.items():
-            states[label] = dataset_flow.with_options(flow_run_name=_run_name(f"rehearsal-{label}"))(
+            states[label] = dataset_flow.with_options(flow_run_name=flow_run_name(f"rehearsal-{label}"))(
                 config=str(config), data=inputs[label]["data"], output_root=str(folder / "runs"),
                 ledger=str(folder / "ledgers" / f"{label}.jsonl"), non_confidential=True,
                 signing_key=keys["signing_key"], public_key=keys["public_key"],

@@ -76,14 +76,14 @@ def _scheduled_start() -> datetime:
     return when.astimezone(timezone.utc)
 
 
-def _run_name(label: str):
+def flow_run_name(label: str):
     """Flow run names that say what they are: ``us-2026-11-21T02:00Z``."""
     def name() -> str:
         return f"{label}-{_scheduled_start():%Y-%m-%dT%H:%MZ}"
     return name
 
 
-def _run_id(label: str) -> str:
+def run_id_for(label: str) -> str:
     """The phsafe run id of a new run started by this flow run: ``us-20261121T0200Z-1a2b3c4d``."""
     return f"{label}-{_scheduled_start():%Y%m%dT%H%MZ}-{str(flow_run.id).split('-')[0]}"
 
@@ -244,7 +244,7 @@ def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
                 counter = DaskCounter(given.dask_address, given.dask_workers, given.partition_persons)
             job = ReleaseJob(given.config, given.data, given.options(), output_root=root,
                              resume_run_id=given.resume_run_id, orchestration=_orchestration(),
-                             new_run_id=_run_id(label), counter=counter)
+                             new_run_id=run_id_for(label), counter=counter)
             result = run_release(job, PrefectStages(), _Shown(label, shown))
         except Exception as exc:  # noqa: BLE001 -- the state says why; a bug's frames go to the log file
             if not isinstance(exc, PHSafeError):
@@ -272,7 +272,7 @@ def _dataset_flow(label: str, summary: str) -> Flow:
     dataset_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         DATASET_PARAMETERS, return_annotation=dict[str, Any] | State)
     dataset_flow.__doc__ = f"{summary}\n\n{_args_doc(DATASET_PARAMETERS, _description)}"
-    return flow(name=f"sdhc-{label}", flow_run_name=_run_name(label), retries=0, validate_parameters=True,
+    return flow(name=f"sdhc-{label}", flow_run_name=flow_run_name(label), retries=0, validate_parameters=True,
                 persist_result=False)(dataset_flow)
 
 
@@ -340,5 +340,5 @@ def release_flow(**parameters: Any) -> dict[str, Any] | State:
 release_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     RELEASE_PARAMETERS, return_annotation=dict[str, Any] | State)
 release_flow.__doc__ = f"{inspect.getdoc(release_flow)}\n\n{_args_doc(RELEASE_PARAMETERS, _release_description)}"
-release_flow = flow(name="sdhc-release", flow_run_name=_run_name("release"), retries=0,  # type: ignore[assignment]
+release_flow = flow(name="sdhc-release", flow_run_name=flow_run_name("release"), retries=0,  # type: ignore[assignment]
                     validate_parameters=True, persist_result=False)(release_flow)

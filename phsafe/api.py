@@ -143,18 +143,21 @@ def run_private(
     Returns:
         The run's id, output folder, released files, plan, stage timings, ledger and work folder.
     """
-    from phsafe.engine import PrivateRunOptions
+    from phsafe.parameters import PrivateRunParameters
     from phsafe.sequence import run_private as run
 
-    options = PrivateRunOptions(
-        ledger=Path(ledger) if ledger else None, dataset=dataset, new_version=new_version,
-        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason,
-        signing_key=Path(signing_key) if signing_key else None, public_key=Path(public_key) if public_key else None,
-        non_confidential=non_confidential, validate_inputs=validate, validate_outputs=validate_outputs,
-        work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason, re_release=re_release,
+    # The same parameters model as `phsafe private` and the flows: one definition of a run's
+    # parameters and of the engine's options they make.
+    parameters = PrivateRunParameters(
+        config=Path(config), data=Path(data), output=Path(out), ledger=ledger, dataset=dataset,
+        new_version=new_version, re_release=re_release, signing_key=signing_key, public_key=public_key,
+        validate_inputs=validate, validate_outputs=validate_outputs,
+        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason, resume_run_id=resume,
+        resume_reason=resume_reason, non_confidential=non_confidential, work_dir=work_dir,
     )
-    return run(Path(config), Path(data), Path(out), options, progress=progress, run_id=resume,
-               resume=resume is not None)
+    assert parameters.output is not None
+    return run(parameters.config, parameters.data, parameters.output, parameters.options(), progress=progress,
+               run_id=parameters.resume_run_id, resume=parameters.resume_run_id is not None)
 
 
 def run_nonprivate(

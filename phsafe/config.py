@@ -23,8 +23,10 @@ data must meet: no ``Infinity`` and no budget so large that its noise scale fall
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -33,7 +35,7 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from phsafe.amounts import INFINITE
-from phsafe.errors import BudgetError, ConfigError, option
+from phsafe.errors import BudgetError, ConfigError, option, os_reason
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
@@ -159,42 +161,124 @@ def _unpairs(value: Any, path: str) -> Any:
     return value
 
 
+# A config is a few hundred bytes; anything far larger is not one (and is not read whole).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One read of a ``config.json``: its bytes, their digest, and what they parse to.
+
+    A run reads its config once, makes this, and passes it down: the ledger's config digest, the
+    config suite's frame and the model every stage runs with all come from the same bytes, so a
+    file edited during a run changes nothing of it.
+
+    Attributes:
+        path: Where it was read from (for messages).
+        data: The bytes read.
+        sha256: Hex SHA-256 of ``data``.
+        document: The JSON document (the strict parse: exact numbers, no duplicate keys), or
+            None when the bytes are not such a document.
+        config: The validated model, or None when ``error`` says why not.
+        error: Why the bytes are not a valid config, or None.
+    """
+
+    path: Path
+    data: bytes = field(repr=False)
+    sha256: str
+    document: Any = field(repr=False, compare=False)
+    config: PHSafeConfig | None = field(compare=False)
+    error: ConfigError | None = field(compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def model(self) -> PHSafeConfig:
+        """The validated config.
+
+        Raises:
+            ConfigError: The bytes are not a valid config (the first broken rule, key named).
+        """
+        if self.config is None:
+            assert self.error is not None
+            raise self.error
+        return self.config
+
+
+def read_config_file(path: str | Path) -> ConfigFile:
+    """Read ``path`` once and parse it strictly (see :class:`ConfigFile`).
+
+    A file that cannot be read raises; a file read but not valid is returned with its ``error``
+    (validation reports it beside the other inputs' failures).
+
+    Raises:
+        ConfigError: The file is missing, a directory, unreadable or too large.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("<file>", f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError("<file>", f"config file {path} is a directory") from None
+    except OSError as exc:
+        raise ConfigError("<file>", f"config file {path} cannot be read ({os_reason(exc)})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("<file>", f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes: not a config")
+    sha256 = hashlib.sha256(data).hexdigest()
+    document: Any = None
+    try:
+        document = parse_document(data, path.name)
+        config = parse_config(document)
+    except ConfigError as exc:
+        error = exc if exc.file else ConfigError(exc.key, exc.rule, file=path.name)
+        return ConfigFile(path, data, sha256, document, None, error)
+    return ConfigFile(path, data, sha256, document, config, None)
+
+
+def as_config_file(source: "ConfigFile | str | Path") -> ConfigFile:
+    """``source`` itself when it is a :class:`ConfigFile` (a run passes its one read down),
+    else one read of the file it names."""
+    return source if isinstance(source, ConfigFile) else read_config_file(source)
+
+
+def parse_document(data: bytes, name: str) -> Any:
+    """The JSON document of a config's bytes: numbers exact, duplicate keys and overlong numbers
+    refused (see :func:`_number`).
+
+    Raises:
+        ConfigError: Not UTF-8, not JSON, a duplicate key, a number too long, nested too deeply.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("<file>", f"config file {name} is not UTF-8 text", file=name) from None
+    try:
+        raw = json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_constant,
+                         object_pairs_hook=_Pairs)
+        return _unpairs(raw, "")
+    except json.JSONDecodeError as exc:
+        raise ConfigError("<file>", f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno})",
+                          file=name) from None
+    except _NumberTooLong:
+        raise ConfigError("<file>", f"{name} holds a number longer than {_MAX_NUMBER_TEXT} characters",
+                          file=name) from None
+    except RecursionError:
+        raise ConfigError("<file>", f"{name} is nested too deeply", file=name) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.rule, file=name) from None
+
+
 def load_config(path: str | Path) -> PHSafeConfig:
-    """Read and validate ``config.json``.
+    """Read and validate ``config.json`` (one read; :func:`read_config_file` keeps the bytes).
 
     Raises:
         ConfigError: The file is missing, is not JSON, has a duplicate key or an overlong
             number, or breaks a rule of spec §2.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("<file>", f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError("<file>", f"config file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise ConfigError("<file>", f"config file {path.name} is not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError("<file>", f"config file {path} cannot be read ({exc.strerror})") from None
-    try:
-        raw = json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_constant,
-                         object_pairs_hook=_Pairs)
-        raw = _unpairs(raw, "")
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            "<file>", f"{path.name} is not valid JSON (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    except _NumberTooLong:
-        raise ConfigError("<file>", f"{path.name} holds a number longer than {_MAX_NUMBER_TEXT} characters") from None
-    except RecursionError:
-        raise ConfigError("<file>", f"{path.name} is nested too deeply") from None
-    except ConfigError as exc:
-        raise ConfigError(exc.key, exc.rule, file=path.name) from None
-    try:
-        return parse_config(raw)
-    except ConfigError as exc:
-        raise ConfigError(exc.key, exc.rule, file=path.name) from None
+    return read_config_file(path).model()
 
 
 def parse_config(raw: Any) -> PHSafeConfig:

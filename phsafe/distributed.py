@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from phsafe.config import load_config
+from phsafe.config import ConfigFile, as_config_file
 from phsafe.counting import (
     STEMS,
     AsideCollector,
@@ -79,7 +79,7 @@ BLOCK_ROWS = 8_000_000
 """Parquet rows (whole row groups) a block task reads."""
 
 
-def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs: Sequence[TableSpec],
+def plan_cluster(config_source: "ConfigFile | Path", data_dir: Path, spill_folder: Path, *, specs: Sequence[TableSpec],
                  key: bytes | None, validate: bool, block_bytes: int = BLOCK_BYTES,
                  bucket_persons: int | None = None) -> ClusterPlan | None:
     """Plan the pass as tasks (see the module docstring), or None when the input is not a national
@@ -96,18 +96,18 @@ def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs
         return None
     counting: Counting | None = None
     states: tuple[str, ...] | None
+    config_file = as_config_file(config_source)  # the run's one read, passed down (or read once here)
     if validate:
-        from phsafe.validation._config import load as load_checked, read_raw, state_filter
+        from phsafe.validation._config import state_filter
         from phsafe.validation._inputs import usable_states
 
-        config, _ = load_checked(Path(config_path))
-        states = usable_states(state_filter(config, read_raw(Path(config_path))))
+        states = usable_states(state_filter(config_file.config, config_file.document))
         try:
-            counting = Counting.of(load_config(config_path), specs, key)
+            counting = Counting.of(config_file.model(), specs, key)
         except ConfigError:
             counting = None  # the report says what is wrong with the config
     else:
-        config = load_config(config_path)
+        config = config_file.model()
         states = config.states
         counting = Counting.of(config, specs, key)
     persons = files["persons"].estimated_rows()
@@ -120,13 +120,13 @@ def plan_cluster(config_path: Path, data_dir: Path, spill_folder: Path, *, specs
         spans = csv_blocks(path, block_bytes) if f.format == "csv" else parquet_blocks(path, BLOCK_ROWS)
         blocks.extend(Block(stem, i, span) for i, span in enumerate(spans))
     names = {stem: f.name for stem, f in files.items()}
-    names["config"] = Path(config_path).name
+    names["config"] = config_file.name
     state_list = None
     if validate:
-        from phsafe.validation._config import load as load_checked, read_raw, state_filter
+        from phsafe.validation._config import state_filter
 
-        state_list = state_filter(load_checked(Path(config_path))[0], read_raw(Path(config_path)))
-    return ClusterPlan(Path(config_path), Path(data_dir), files, states, buckets, Path(spill_folder), tuple(blocks),
+        state_list = state_filter(config_file.config, config_file.document)
+    return ClusterPlan(config_file, Path(data_dir), files, states, buckets, Path(spill_folder), tuple(blocks),
                        validate, counting, names, state_list)
 
 
@@ -303,7 +303,7 @@ def merge(plan: ClusterPlan, blocks: Sequence[BlockResult], buckets: Sequence[Bu
     from phsafe.validation._inputs import report_of_pieces
 
     pieces = [r.piece for r in (*blocks, *buckets) if r.piece is not None]
-    report = report_of_pieces(plan.config_path, plan.data_dir, result, pieces, report_dir=report_dir)  # type: ignore[arg-type]
+    report = report_of_pieces(plan.config, plan.data_dir, result, pieces, report_dir=report_dir)  # type: ignore[arg-type]
     if not report.ok:
         return None, report
     if count_error is not None:

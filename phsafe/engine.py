@@ -43,7 +43,7 @@ import numpy as np
 import structlog
 
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
-from phsafe.config import PHSafeConfig, check_budget_policy, load_config
+from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
 from phsafe.counting import Counts, check_pass_memory, exact_counts
 from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option
 from phsafe.intake import validated_counts
@@ -152,7 +152,7 @@ def check_inputs(run: PrivateRun):
     A run validates and counts in one read instead: :func:`validate_and_count`."""
     from phsafe.validation import validate_inputs
 
-    return validate_inputs(run.config_path, run.data_dir, report_dir=run.report_dir)
+    return validate_inputs(run.config_file, run.data_dir, report_dir=run.report_dir)
 
 
 def fingerprint_inputs(data_dir: Path, read: dict[str, str] | None = None) -> dict[str, str]:
@@ -181,7 +181,7 @@ def validate_and_count(run: PrivateRun, stage: "StageTimer | None" = None):  # n
         InputError: Without validation, an input breaks a rule the counting needs.
     """
     stage = stage or StageTimer(None)
-    counts, report = validated_counts(run.config_path, run.data_dir, list(TABLES.values()),
+    counts, report = validated_counts(run.config_file, run.data_dir, list(TABLES.values()),
                                       key=run.truncation_key, validate=run.options.validate_inputs,
                                       report_dir=run.report_dir, stage=stage, progress=stage.progress,
                                       memory_limit=run.options.memory_limit, spill_dir=run.run_dir / SPILL_FOLDER)
@@ -585,7 +585,8 @@ def run_nonprivate(
         )
     stage = StageTimer(progress)
     run_id = new_run_id()
-    config = load_config(config_path)
+    config_file = read_config_file(config_path)  # one read: the counting gets these bytes' parse
+    config = config_file.model()
     check_budget_policy(config, non_confidential=True)
     output_dir = Path(output_dir).absolute()
     if output_dir.exists():
@@ -597,7 +598,7 @@ def run_nonprivate(
     check_pass_memory(Path(data_dir), config.states, memory_limit=memory_limit, validate=validate,
                       spill_dir=spill_dir)
     with stage("validate and count" if validate else "count"):
-        counts, report = validated_counts(Path(config_path), Path(data_dir), specs, key=None, validate=validate,
+        counts, report = validated_counts(config_file, Path(data_dir), specs, key=None, validate=validate,
                                           report_dir=output_dir.parent / f"{output_dir.name}-validation",
                                           stage=stage, progress=stage.progress, memory_limit=memory_limit,
                                           spill_dir=spill_dir)

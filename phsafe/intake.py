@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from phsafe.config import load_config
+from phsafe.config import ConfigFile, as_config_file
 from phsafe.counting import Counting, Counts, StageTimer, exact_counts
 from phsafe.errors import ConfigError
 from phsafe.tables import TableSpec
@@ -27,7 +27,7 @@ def _untimed(name: str) -> AbstractContextManager[None]:
 
 
 def validated_counts(
-    config_path: Path,
+    config_source: ConfigFile | Path,
     data_dir: Path,
     specs: Sequence[TableSpec],
     *,
@@ -50,7 +50,7 @@ def validated_counts(
     :class:`~phsafe.errors.InputError` at the first problem; the report is None.
 
     Args:
-        config_path: The run's ``config.json``.
+        config_source: The run's read of its ``config.json`` (or the file, read once here).
         data_dir: Folder with the persons, units and geo inputs.
         specs: Tables to count (e.g. ``list(phsafe.tables.TABLES.values())``).
         key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
@@ -75,17 +75,18 @@ def validated_counts(
             fall in no cell of a table).
         ValidationMachineryError: Validation could not complete (a defect, never a bad input).
     """
+    config_file = as_config_file(config_source)
     if not validate:
-        config = load_config(config_path)
+        config = config_file.model()
         return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress,
                             memory_limit=memory_limit, spill_dir=spill_dir), None
     counting = None
     try:
-        config = load_config(config_path)
+        config = config_file.model()
         counting = Counting.of(config, specs, key)
     except ConfigError:
         pass  # the report says what is wrong with the config; nothing is counted
-    report, counts = validate_and_count(Path(config_path), Path(data_dir), counting=counting,
+    report, counts = validate_and_count(config_file, Path(data_dir), counting=counting,
                                         report_dir=report_dir, stage=stage, progress=progress,
                                         memory_limit=memory_limit, spill_dir=spill_dir)
     return (counts if report.ok else None), report

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import phsafe
 from phsafe.accounting import RunPlan
-from phsafe.config import PHSafeConfig, check_budget_policy, load_config
+from phsafe.config import ConfigFile, PHSafeConfig, check_budget_policy, read_config_file
 from phsafe.errors import LedgerError, PHSafeError, option
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
@@ -207,6 +207,8 @@ def code_version() -> str:
 
 
 def config_digest(path: Path) -> str:
+    """The digest a run records for the config at ``path`` (a run takes it from its one read:
+    :attr:`phsafe.config.ConfigFile.sha256`)."""
     return file_digest(Path(path))
 
 
@@ -245,7 +247,8 @@ class PrivateRun:
 
     Attributes:
         run_id: The ledger's run id.
-        config_path: The config file.
+        config_file: The run's one read of its config: the bytes whose digest the ledger
+            records and whose parse every stage runs with (the file is not read again).
         data_dir: The input folder.
         output_dir: Where the release is published (must not exist yet).
         options: The run's options.
@@ -261,7 +264,7 @@ class PrivateRun:
     """
 
     run_id: str
-    config_path: Path
+    config_file: ConfigFile
     data_dir: Path
     output_dir: Path
     options: PrivateRunOptions
@@ -272,6 +275,15 @@ class PrivateRun:
     resume: bool = False
     truncation_key: bytes = field(default=b"", repr=False)
     orchestration: "Orchestration | None" = None
+
+    @property
+    def config_path(self) -> Path:
+        """Where the config was read from (for messages; its bytes are :attr:`config_file`)."""
+        return self.config_file.path
+
+    @property
+    def config(self) -> PHSafeConfig:
+        return self.config_file.model()
 
     @property
     def run_dir(self) -> Path:
@@ -332,9 +344,9 @@ def begin_private_run(
             none may be chosen. Nothing is spent.
     """
     config_path, data_dir = Path(config_path), Path(data_dir)
-    config = load_config(config_path)
+    config_file = read_config_file(config_path)  # the run's one read of its config
+    config = config_file.model()
     check_budget_policy(config, non_confidential=options.non_confidential)
-    config_sha256 = config_digest(config_path)
     output_dir = Path(output_dir).absolute()
     if resume and not run_id:
         raise PHSafeError("resuming needs the id of the run to resume")
@@ -363,9 +375,9 @@ def begin_private_run(
         dataset = NON_CONFIDENTIAL_DATASET
     ledger = resolve_ledger(options, output_dir)
     run = PrivateRun(
-        run_id=run_id or new_run_id(), config_path=config_path, data_dir=data_dir,
+        run_id=run_id or new_run_id(), config_file=config_file, data_dir=data_dir,
         output_dir=output_dir, options=options, ledger=ledger, dataset=dataset,
-        config_sha256=config_sha256, code_version=code_version(), resume=resume, orchestration=orchestration,
+        config_sha256=config_file.sha256, code_version=code_version(), resume=resume, orchestration=orchestration,
     )
     return run, config
 

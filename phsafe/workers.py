@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from phsafe.config import ConfigFile
 from phsafe.reader import InputFile
 from phsafe.spill import BucketPlan
 
@@ -41,7 +42,8 @@ class ClusterPlan:
     """Everything a task needs: where the inputs and the spill folder are, the buckets, what to
     count (picklable; never data)."""
 
-    config_path: Path
+    config: "ConfigFile"
+    """The run's one read of its config."""
     data_dir: Path
     files: Mapping[str, InputFile]
     states: tuple[str, ...] | None

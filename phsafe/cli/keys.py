@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import PATH, fail, start
+from phsafe.cli._common import PATH, handle_errors, start
 
 
 @click.group()
@@ -21,6 +21,7 @@ def keys() -> None:
 
 @keys.command("generate")
 @click.argument("folder", type=PATH)
+@handle_errors
 def generate_command(folder: Path) -> None:
     """Make a new signing key pair in FOLDER (created 0700 if missing).
 
@@ -29,13 +30,9 @@ def generate_command(folder: Path) -> None:
     (phsafe audit verify ... --public-key). An existing key is never overwritten.
     """
     start(None)
-    try:
-        from phsafe.signing import generate_signing_key
+    from phsafe.signing import generate_signing_key
 
-        pair = generate_signing_key(folder)
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, None)
-        return
+    pair = generate_signing_key(folder)
     mode = stat.S_IMODE(pair.private_key.parent.stat().st_mode)
     click.echo(f"phsafe: made an Ed25519 signing key pair; public key fingerprint SHA256:{pair.fingerprint}")
     click.echo(f"phsafe: private key {pair.private_key} (mode 0600) -- confidential: keep it inside the enclave, "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -29,6 +29,7 @@ _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
               help="Seed of the simulation of the averages (default: random, recorded in postprocess.json).")
 @log_option
 @verbosity_options
+@handle_errors
 def postprocess(output: Path, destination: Path | None, overwrite: bool, draws: int, seed: int | None,
                 log_file: Path | None) -> None:
     """Estimates and 90% credible intervals from the private outputs in OUTPUT alone.
@@ -41,13 +42,7 @@ def postprocess(output: Path, destination: Path | None, overwrite: bool, draws: 
     """
     from phsafe.postprocess import postprocess as run
 
-    try:
-        with command_progress(log_file) as progress:
-            result = run(output, destination, draws=draws, seed=seed, overwrite=overwrite, progress=progress)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress:
+        result = run(output, destination, draws=draws, seed=seed, overwrite=overwrite, progress=progress)
     result_line(f"phsafe: wrote {len(result.files)} files to {result.destination} (seed {result.seed}); "
                 f"report: {result.destination / 'report.html'}")

@@ -30,7 +30,7 @@ from phsafe.validation._report import Failure, ValidationReport
 if TYPE_CHECKING:
     import pandas as pd
 
-    from phsafe.config import PHSafeConfig
+    from phsafe.config import ConfigFile, PHSafeConfig
     from phsafe.counting import Counting, Counts, StageTimer
     from phsafe.progress import Progress
 
@@ -53,7 +53,7 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
         raise ValidationMachineryError(f"{stage} could not complete ({type(exc).__name__})") from None
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
                     progress: "Progress | None" = None, memory_limit: int | None = None,
                     spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
@@ -66,7 +66,7 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
                                                      memory_limit=memory_limit, spill_dir=spill_dir))
 
 
-def validate_and_count(config_path: Path, data_dir: Path, *, counting: "Counting | None",
+def validate_and_count(config_path: "ConfigFile | Path", data_dir: Path, *, counting: "Counting | None",
                        report_dir: Path | None = None, stage: "StageTimer | None" = None,
                        progress: "Progress | None" = None, memory_limit: int | None = None,
                        spill_dir: Path | None = None) -> tuple[ValidationReport, "Counts | None"]:

@@ -52,6 +52,7 @@ from phsafe.validation._suites import Suite, load_suite
 from phsafe.validation._worker import Evaluator, ReportJob, evaluator
 
 if TYPE_CHECKING:
+    from phsafe.config import ConfigFile
     from phsafe.progress import Progress
 
 log = get_logger("phsafe.validation")
@@ -81,7 +82,7 @@ _REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder 
 _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
                     progress: "Progress | None" = None, memory_limit: int | None = None,
                     spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
@@ -90,7 +91,7 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     returned report.
 
     Args:
-        config_path: The run's configuration.
+        config_path: The run's configuration (its one read, or the file: read once here).
         data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
         report_dir: If given, the report, the value-free Great Expectations results and their
             Data Docs are written to ``report_dir/inputs/``.
@@ -99,12 +100,12 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
         memory_limit, spill_dir: The pass's memory budget and where it spills inputs too large
             for it (see :class:`phsafe.counting.InputPass`).
     """
-    return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir,
+    return run_validation(config_path, Path(data_dir), counting=None, report_dir=report_dir,
                           stage=None if progress is None else progress.stage, progress=progress,
                           memory_limit=memory_limit, spill_dir=spill_dir)[0]
 
 
-def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
+def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting: Any, report_dir: Path | None = None,
                    stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
                    spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
     """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
@@ -117,13 +118,13 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
     """
     from phsafe.counting import InputPass
 
-    config, load_failure = _config.load(config_path)
-    raw = _config.read_raw(config_path)
+    config_file, load_failure = _config.load(config_path)
+    config, raw = config_file.config, config_file.document
     state_list = _config.state_filter(config, raw)
     states = usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_path.name
+    file_names["config"] = config_file.name
     rows = sum(s.estimated_rows() for s in sources.values())
     observer = InputValidation(file_names, evaluator(rows), state_list, missing=set(FILES) - set(sources))
     try:
@@ -839,7 +840,7 @@ class ValidationPiece:
     combinations: CombinationPiece | None = None
 
 
-def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
+def report_of_pieces(config_path: "ConfigFile | Path", data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
                      report_dir: Path | None = None) -> ValidationReport:
     """The validation report of a pass validated in pieces (on a cluster): the config's rules
     evaluated here, every piece's tallies merged, the report written to ``report_dir/inputs``.
@@ -848,13 +849,13 @@ def report_of_pieces(config_path: Path, data_dir: Path, result: Any, pieces: Seq
         result: The pass's merged :class:`phsafe.counting.PassResult` (reading problems, rows
             set aside).
     """
-    config, load_failure = _config.load(config_path)
-    raw = _config.read_raw(config_path)
+    config_file, load_failure = _config.load(config_path)
+    config, raw = config_file.config, config_file.document
     state_list = _config.state_filter(config, raw)
     states = usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_path.name
+    file_names["config"] = config_file.name
     observer = InputValidation(file_names, evaluator(0), state_list, missing=set(FILES) - set(sources))
     try:
         config_run = observer.config(raw)

@@ -163,8 +163,8 @@ def test_config_error_becomes_a_failure_naming_the_key(tmp_path: Path) -> None:
     raw["tau"]["PH3"] = 0
     path = tmp_path / "my_config.json"
     path.write_text(json.dumps(raw))
-    config, failure = _config.load(path)
-    assert config is None
+    config_file, failure = _config.load(path)
+    assert config_file.config is None and config_file.data == path.read_bytes()
     assert failure == Failure("my_config.json", ("tau.PH3",), "must be at least 1", None, None, "config.load", "key")
 
 
