@@ -50,8 +50,8 @@ from phsafe.errors import PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, cell_column
 from phsafe.postprocess import (
-    AVERAGES,
     GROUP_KEYS,
+    RATIO_SHELLS,
     NoiseModel,
     cell_parts,
     posterior_for,
@@ -193,7 +193,7 @@ def _exact_ratios(counts: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Exact averages (numerator / denominator, NaN where the denominator is 0) from count tables
     holding KEYS + COUNT (cells missing from a table count 0)."""
     parts = []
-    for spec in AVERAGES.values():
+    for spec in RATIO_SHELLS.values():
         if spec.numerator not in counts or spec.denominator not in counts:
             continue
         num = counts[spec.numerator].pivot_table(index=list(GROUP_KEYS), columns="CELL", values="COUNT", aggfunc="sum")
@@ -359,7 +359,7 @@ def _trial_cells(
 
 def _trial_averages(trial: int, post: Path, exact: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     parts = []
-    for name in AVERAGES:
+    for name in RATIO_SHELLS:
         path = post / f"{name}.csv"
         if not path.is_file():
             continue

@@ -10,6 +10,8 @@ be strings, Decimals, Fractions or ints (never floats: budgets are exact).
 * :func:`run_nonprivate` -- exact ground-truth tables, for synthetic data only.
 * :func:`verify_ledger` -- the auditor's check of a ledger (and a release against it).
 * :func:`read_release` / :func:`read_tables` -- a release as pandas DataFrames, labelled.
+* :func:`read_estimates` -- the estimates of ``phsafe postprocess`` as DataFrames, labelled the same
+  way.
 * :func:`plan` -- budgets from MOE targets, or the MOEs of a config.
 """
 
@@ -23,6 +25,8 @@ from typing import TYPE_CHECKING
 from phsafe.errors import PHSafeError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from phsafe.audit.verify import VerifyResult
     from phsafe.engine import RunResult
     from phsafe.ledger import Ledger
@@ -190,3 +194,33 @@ def verify_ledger(
     return verify(Path(ledger), outputs=Path(outputs) if outputs else None,
                   public_key=Path(public_key) if public_key else None,
                   checkpoints=tuple(Path(c) for c in checkpoints))
+
+
+def read_estimates(directory: str | Path, *, files: str = "census", labels: bool = True,
+                   verify: bool = True) -> dict[str, "pd.DataFrame"]:
+    """Read the estimates ``phsafe postprocess`` wrote: table -> typed, labelled frame.
+
+    Labelled like :func:`read_release`: the code columns keep their codes as ordered categoricals
+    (the nation, then the states by FIPS code; ``*``, ``A`` ... ``I``; cells as integers) and,
+    with ``labels=True``, each is followed by ``<COLUMN>_LABEL`` ("Alabama", "Asian alone",
+    "Own child: in married couple family").
+
+    Args:
+        directory: The post-processing folder (``OUT-postprocessed``).
+        files: ``"census"`` -- the Census Bureau's estimate files, one frame per table PH1 ... PH8
+            with every level (nation, state) in one frame, in file order: ``GEOID`` (``1`` the
+            nation, the states' 2-digit FIPS codes), ``REGION_TYPE``, ``ITERATION_CODE``,
+            ``DATA_CELL``, then the files' columns; the count tables' ``PRED``, ``PRED_LO`` and
+            ``PRED_HI`` as integers (``Int64``; the files may write 100000 as ``1e+05``).
+            ``"ours"`` -- our own tables (``PH1_num`` ... ``PH8_denom`` with every released and
+            marginal cell's posterior summaries, and the averages ``PH1``, ``PH5``, ``PH8``).
+        labels: Add the ``<COLUMN>_LABEL`` columns.
+        verify: Check the SHA-256 of every file read against ``postprocess.json``.
+
+    Raises:
+        phsafe.release.ReleaseError: Not a post-processing folder, or a file differs from its
+            recorded digest.
+    """
+    from phsafe.postprocess.reading import read_estimates as read
+
+    return read(Path(directory), files=files, labels=labels, verify=verify)
