@@ -16,7 +16,9 @@ Checks (``MODEL_BASED_ESTIMATES.md`` §6, ``validate_modeling.R``), run on every
 * PH1, PH5: ``0 <= RATIO_PRED <= tau`` (the production's rule) and PH8: ``1 <= RATIO_PRED <=
   tau``; ours are stronger and checked as errors: every cell's ``RATIO_PRED`` and interval lie in
   [the cell's lower bound, tau] -- 1 (households) or 2 (families) for a total, 0 for a part,
-  1 for PH8 -- unless the ratio is undefined (``NA``: a noiseless group with no household).
+  1 for PH8 -- unless the ratio is undefined (``NA``: a noiseless group with no household). (The
+  mean need not lie in the equal-tailed interval: with 95% of the posterior on the bound, both
+  ends are the bound and the mean lies above it.)
 
 An error means a defect of this code: ``phsafe postprocess`` then publishes nothing.
 
@@ -103,11 +105,13 @@ def check_file(rel: str, frame: pd.DataFrame, header: list[str], bounds: Mapping
     lower = b.lower(frame["DATA_CELL"], table)
     lo, hi = frame["RATIO_PRED_LO"].to_numpy(dtype=float), frame["RATIO_PRED_HI"].to_numpy(dtype=float)
     eps = 1e-9
+    # (the mean may lie outside the equal-tailed interval: when 95% of the posterior sits on the
+    # lower bound, both ends are that bound and the mean is above it)
     inside = (~defined & np.isnan(lo) & np.isnan(hi)) | (
-        defined & (lo >= lower - eps) & (lo <= ratio + eps) & (ratio <= hi + eps) & (hi <= b.tau + eps))
+        defined & (lo >= lower - eps) & (lo <= hi) & (hi <= b.tau + eps) & (ratio >= lower - eps))
     add("ratio_bounds", ERROR, int((~inside).sum()),
-        f"cell bound <= RATIO_PRED_LO <= RATIO_PRED <= RATIO_PRED_HI <= tau = {b.tau} (cell bound: {b.total_lower} "
-        f"for the total, {floor:g} for a part)")
+        f"cell bound <= RATIO_PRED_LO <= RATIO_PRED_HI <= tau = {b.tau} and RATIO_PRED >= cell bound (cell bound: "
+        f"{b.total_lower} for the total, {floor:g} for a part)")
     return out
 
 

@@ -17,18 +17,23 @@ plain weights underflow.
   third variable N3 (bH <= N2 + N3 <= tau H): a two-dimensional lattice.
 * :func:`sample_split` -- exact draws of N2 given N2 + N3 = S, by rejection from an envelope of a
   discrete log-concave pmf (no Markov chain, so the draws are independent).
-* :func:`wedge_mode` -- the mode of a Gaussian approximation on the constrained region, which
-  places the summation windows.
+* :func:`constrained_mode` -- the mode of a Gaussian approximation on the constrained region,
+  which places the summation windows.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from phsafe.postprocess.noise import NoiseModel
 
 Array = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -41,11 +46,15 @@ LINEAR_RANGE = 600.0
 class Factor:
     """Log-weights of the integers lo, lo + 1, ..., lo + len(lw) - 1 (-inf: weight 0).
 
-    Weights are unnormalized; a constant shift of ``lw`` shifts every log-normalizer alike.
+    The true log-weights are ``lw + offset``: ``lw`` is kept near 0 (relative to a point of the
+    window) so that its differences keep full precision -- a likelihood far out is -10^10 nats,
+    whose rounding would swamp them -- and the constant ``offset`` is carried apart (it cancels
+    in every normalized quantity; only comparisons between models need it).
     """
 
     lo: int
     lw: Array
+    offset: float = 0.0
 
     @property
     def hi(self) -> int:
@@ -64,7 +73,7 @@ class Factor:
 
     def times(self, log_g: Array) -> "Factor":
         """The factor multiplied by e^{log_g} (aligned with the window)."""
-        return Factor(self.lo, self.lw + log_g)
+        return Factor(self.lo, self.lw + log_g, self.offset)
 
 
 def logsumexp(a: Array, axis: int | None = None) -> Array | float:
@@ -157,10 +166,16 @@ class LogCum:
         return self.suf
 
 
-def likelihood(log_pmf: Callable[[npt.ArrayLike], Array], y: int, lo: int, hi: int) -> Factor:
-    """The likelihood n -> f(y - n) of a released count y on the window [lo, hi]."""
+def likelihood(model: "NoiseModel", y: int, lo: int, hi: int) -> Factor:
+    """The likelihood n -> f(y - n) of a released count y on the window [lo, hi].
+
+    Computed relative to the window's middle (:meth:`NoiseModel.log_pmf_diff`) plus that point's
+    log-pmf: the weights of neighbours stay exact even a million standard deviations out.
+    """
     n = np.arange(lo, hi + 1, dtype=np.int64)
-    return Factor(lo, np.asarray(log_pmf(y - n), dtype=np.float64))
+    ref = (lo + hi) // 2
+    base = float(model.log_pmf(np.array([y - ref]))[0])
+    return Factor(lo, np.asarray(model.log_pmf_diff(y - n, y - ref), dtype=np.float64), base)
 
 
 def convolve_factors(a: Factor, b: Factor, tilt: float, method: str = "fft") -> tuple[Factor, Factor]:
@@ -179,15 +194,18 @@ def convolve_factors(a: Factor, b: Factor, tilt: float, method: str = "fft") -> 
     """
     lo = a.lo + b.lo
     size = a.lw.size + b.lw.size - 1
-    none = Factor(lo, np.full(max(size, 0), NEG_INF))
+    offset = a.offset + b.offset
+    none = Factor(lo, np.full(max(size, 0), NEG_INF), offset)
     if a.lw.size == 0 or b.lw.size == 0:
         return none, none
-    ta = a.lw + tilt * a.values
-    tb = b.lw + tilt * b.values
+    # The tilt is applied relative to each window's start (tilt * n is large far out; its
+    # differences are not) and undone relative to the sum's.
+    ta = a.lw + tilt * np.arange(a.lw.size, dtype=np.float64)
+    tb = b.lw + tilt * np.arange(b.lw.size, dtype=np.float64)
     ma, mb = float(np.max(ta)), float(np.max(tb))
     if not (math.isfinite(ma) and math.isfinite(mb)):
         return none, none
-    values = lo + np.arange(size, dtype=np.float64)
+    values = np.arange(size, dtype=np.float64)
     if method == "logs":
         out = np.full(size, NEG_INF)
         step = max(1, (1 << 22) // max(b.lw.size, 1))
@@ -197,7 +215,7 @@ def convolve_factors(a: Factor, b: Factor, tilt: float, method: str = "fft") -> 
             for k in range(block.size):
                 seg = slice(start + k, start + k + tb.size)
                 out[seg] = np.logaddexp(out[seg], terms[k])
-        return Factor(lo, out - tilt * values), none
+        return Factor(lo, out - tilt * values, offset), none
     ea, eb = np.exp(ta - ma), np.exp(tb - mb)
     if method == "direct":
         s = np.convolve(ea, eb)
@@ -210,7 +228,7 @@ def convolve_factors(a: Factor, b: Factor, tilt: float, method: str = "fft") -> 
         ls = np.where(cut, NEG_INF, np.log(np.maximum(s, 1e-300)))
     bound = np.where(cut, math.log(floor), NEG_INF)
     shift = ma + mb - tilt * values
-    return Factor(lo, ls + shift), Factor(lo, bound + shift)
+    return Factor(lo, ls + shift, offset), Factor(lo, bound + shift, offset)
 
 
 def convolve(x: Array, y: Array) -> Array:
@@ -239,8 +257,8 @@ def finer(method: str) -> str | None:
 def restrict(f: Factor, lo: int, hi: int) -> Factor:
     """The factor on [lo, hi] (-inf where it had no weight)."""
     if hi < lo:
-        return Factor(lo, np.full(0, NEG_INF))
-    return Factor(lo, f.at(np.arange(lo, hi + 1)))
+        return Factor(lo, np.full(0, NEG_INF), f.offset)
+    return Factor(lo, f.at(np.arange(lo, hi + 1)), f.offset)
 
 
 # --------------------------------------------------------------------------------------------
@@ -267,6 +285,7 @@ class BandedPosterior:
         self.band_hi = tau * self.yv if tau is not None else np.full(self.yv.size, x.hi)
         self.log_row = y.lw + self.cx.log_mass(self.band_lo, self.band_hi)  # log p(Y) + log Z
         self.log_z = logsumexp(self.log_row)
+        self.offset = x.offset + y.offset  # true log normalizer: log_z + offset
         self._row_scale: Array | None = None
 
     @property
@@ -274,7 +293,8 @@ class BandedPosterior:
         return not math.isfinite(self.log_z)
 
     def y_pmf(self) -> Array:
-        return np.exp(self.log_row - self.log_z)
+        w = np.exp(self.log_row - np.max(self.log_row))
+        return w / w.sum()
 
     def x_pmf(self) -> Array:
         """The marginal pmf of X on its window."""
@@ -291,28 +311,68 @@ class BandedPosterior:
             return math.nan
         cm = self.cx if moment is None else LogCum(moment)
         terms = self.y.lw + cm.log_mass(self.band_lo, self.band_hi) - y_power * np.log(self.yv)
-        return float(np.exp(logsumexp(terms) - self.log_z))
+        # both sums relative to the same largest row: their ratio keeps its precision
+        top = float(np.max(self.log_row))
+        return float(np.exp(terms - top).sum() / np.exp(self.log_row - top).sum())
+
+    @functools.cached_property
+    def support(self) -> npt.NDArray[np.int64]:
+        """Indices of the rows Y whose posterior weight is within e^-50 of the largest: the others
+        hold less than 1e-21 each, and are left out of the ratio's cdf."""
+        return np.flatnonzero(self.log_row >= np.max(self.log_row) - 50.0)
 
     def ratio_cdf(self, r: Array) -> Array:
         """P(X / Y <= r) for each r of the array (shape (k,))."""
         r = np.asarray(r, dtype=np.float64)
-        top = np.floor(r[:, None] * self.yv[None, :] + 1e-9).astype(np.int64)
-        top = np.minimum(top, self.band_hi[None, :])
-        lo = np.broadcast_to(self.band_lo, top.shape)
+        rows = self.support
+        yv = self.yv[rows]
+        top = np.floor(r[:, None] * yv[None, :] + 1e-9).astype(np.int64)
+        top = np.minimum(top, self.band_hi[rows][None, :])
+        lo = np.broadcast_to(self.band_lo[rows], top.shape)
         if self.cx.linear:
             if self._row_scale is None:
-                self._row_scale = np.exp(self.y.lw + self.cx.shift - self.log_z)
+                self._row_scale = np.exp(self.y.lw[rows] + self.cx.shift - self.log_z)
             return self.cx.mass(lo, top) @ self._row_scale
         mass = self.cx.log_mass(lo, top)
-        return np.exp(logsumexp(self.y.lw[None, :] + mass, axis=1) - self.log_z)
+        return np.exp(logsumexp(self.y.lw[rows][None, :] + mass, axis=1) - self.log_z)
 
-    def ratio_quantiles(self, ps: Sequence[float]) -> Array:
-        """Q(p) = min{r : P(X / Y <= r) >= p} for each p (exact up to 1e-12 relative)."""
+    def ratio_quantiles(self, ps: Sequence[float], draws: int = 0,
+                        rng: np.random.Generator | None = None) -> tuple[Array, float]:
+        """Q(p) = min{r : P(X / Y <= r) >= p} for each p, and its Monte Carlo error.
+
+        Exact (error 0) by sums over the rows of :attr:`support`; when those are more than
+        :data:`BANDED_EXACT_LIMIT` -- a posterior spread over a huge range, as contradictory
+        geometric noise gives -- from ``draws`` independent exact draws of (Y, X) instead (if
+        ``rng`` is given), with the largest 95% half-width of the quantiles as the error.
+        """
         if self.empty:
-            return np.full(len(ps), math.nan)
+            return np.full(len(ps), math.nan), 0.0
+        if self.support.size > BANDED_EXACT_LIMIT and rng is not None and draws > 0:
+            y = sample_from_factor(Factor(self.y.lo, self.log_row), rng.random(draws))
+            x = sample_in_band(self.cx, self.b * y, self.band_hi[y - self.y.lo], rng.random(draws))
+            return sample_quantiles(x / y, ps)
         lo_r = max(self.x.lo / self.y.hi, float(self.b)) - 1e-9
         hi_r = self.x.hi / self.y.lo if self.tau is None else float(self.tau)
-        return bisect_quantiles(self.ratio_cdf, ps, lo_r, hi_r, self.yv)
+        return bisect_quantiles(self.ratio_cdf, ps, lo_r, hi_r, self.yv[self.support]), 0.0
+
+
+BANDED_EXACT_LIMIT = 200_000
+"""Most rows of a one-dimensional ratio posterior whose quantiles are computed exactly."""
+
+
+def sample_quantiles(ratio: Array, ps: Sequence[float]) -> tuple[Array, float]:
+    """The sample's Q(p) (smallest value with empirical cdf >= p) for each p, and the largest 95%
+    half-width of those quantiles (from the order statistics' binomial ranks)."""
+    ordered = np.sort(ratio)
+    m = ordered.size
+    values, errors = [], []
+    for p in ps:
+        k = max(int(math.ceil(p * m)) - 1, 0)
+        half = 1.96 * math.sqrt(m * p * (1 - p))
+        lo_k, hi_k = max(int(math.floor(k - half)), 0), min(int(math.ceil(k + half)), m - 1)
+        values.append(float(ordered[k]))
+        errors.append(max(ordered[hi_k] - ordered[k], ordered[k] - ordered[lo_k]))
+    return np.asarray(values), float(max(errors))
 
 
 def bisect_quantiles(cdf: Callable[[Array], Array], ps: Sequence[float], lo: float, hi: float,
@@ -392,22 +452,28 @@ class CoupledRatio:
         from numpy.lib.stride_tricks import sliding_window_view
 
         m, n3len = self.n2len, n3.lw.size
-        # P[k] = sum of N3 weights at indices < k - pad ... padded so that every row's window is
-        # inside: P_pad[q] = prefix sum up to N3 index q - m - 1 (0 before, the total after).
         total = float(c3.cpre[-1])
-        pad = np.concatenate([np.zeros(m + 1), c3.cpre, np.full(m + 1, total)])
-        rev = pad[::-1]
-        view = sliding_window_view(rev, m)  # view[r, t] = rev[r + t] = pad[len - 1 - r - t]
-        length = pad.size
 
-        def rows(last_index: IntArray) -> Array:
-            """Row h, entry t: the prefix sum of N3 up to index last_index[h] - t (clipped)."""
-            q = np.clip(last_index, -1, n3len + m - 1) + m + 1  # position in pad of t = 0
-            return view[length - 1 - q]
+        def reader(sums: Array, before: float, after: float) -> Callable[[IntArray], Array]:
+            """Rows h, entries t: ``sums`` (indexed by N3) at index[h] - t, ``before`` below index
+            0 and ``after`` beyond the window -- one window of the reversed, padded sums per row."""
+            pad = np.concatenate([np.full(m + 1, before), sums, np.full(m + 1, after)])
+            view = sliding_window_view(pad[::-1], m)  # view[r, t] = pad[len - 1 - r - t]
 
+            def rows(index: IntArray) -> Array:
+                q = np.clip(index, -1, n3len + m - 1) + m + 1  # position in pad of t = 0
+                return view[pad.size - 1 - q]
+
+            return rows
+
+        prefix = reader(c3.cpre, 0.0, total)  # mass of N3 <= index
+        suffix = reader(c3.csuf, total, 0.0)  # mass of N3 >= index
         base = -self.n2lo - n3.lo  # N3 index of N3 = c - N2 at N2 = n2lo is c - n2lo - n3.lo
-        w = rows(tau * self.hv + base)  # a copy: rows of a view
-        np.subtract(w, rows(b * self.hv - 1 + base), out=w)  # >= 0: prefix sums are monotone
+        hi, lo = tau * self.hv + base, b * self.hv + base
+        below, above = prefix(lo - 1), suffix(hi + 1)  # the masses left out on either side
+        # The mass of [lo, hi] from the side that leaves out less: no cancellation in a tail.
+        w = np.where(below <= above, prefix(hi) - below, suffix(lo) - above)
+        np.maximum(w, 0.0, out=w)
         w *= np.exp(h.lw - ch.shift)[:, None]
         w *= np.exp(n2.lw - c2.shift)[None, :]
         if not float(w.sum(axis=1).max(initial=0.0)) > 1e-250:  # the mass sits where plain products underflow
@@ -482,45 +548,65 @@ def sample_in_band(c: LogCum, a: IntArray, b: IntArray, u: Array) -> IntArray:
 def sample_split(
     log_pmf: Callable[[IntArray, IntArray], Array],
     total: IntArray,
-    step: int,
     rng: np.random.Generator,
 ) -> IntArray:
     """Exact draws of N2 in [0, S] from p(N2 | S) ∝ e^{log_pmf(N2, S)}, one per S of ``total``.
 
     ``log_pmf`` must be log-concave in N2 (here log f2(y2 - N2) + log f3(y3 - S + N2), a product
-    of log-concave likelihoods). Rejection from the envelope: flat at the mode m on
-    (m - step, m + step), and beyond m + step (m - step) the line through the pmf's last step
-    there, which bounds a log-concave sequence from above. Expected acceptance about 3/4 when
-    ``step`` is near the conditional's sd; any step >= 1 is exact.
+    of log-concave likelihoods). Rejection from the envelope: flat at the mode's height between
+    the nearest points on each side where the log-pmf has dropped by 1 (found by bisection: it
+    is monotone on each side of the mode), and beyond such a point a the line through it of the
+    steeper of two slopes that bound a log-concave sequence from above there -- its last step
+    and its chord from the mode. The chord keeps the tails' mass within a few times the flat
+    part's even on a plateau (two geometric likelihoods pulling apart leave every split in
+    between about equally likely), so the acceptance rate stays above about 1/4 whatever the
+    shape.
     """
     total = np.asarray(total, dtype=np.int64)
     out = np.empty(total.size, dtype=np.int64)
     pending = np.arange(total.size)
     s_all = total
-    # mode: the first n with ell(n + 1) < ell(n)
-    a = np.zeros(total.size, dtype=np.int64)
-    b = total.copy()
-    while np.any(a < b):
-        live = a < b
-        mid = (a + b) // 2
-        dec = log_pmf(mid + 1, s_all) < log_pmf(mid, s_all)
-        b = np.where(live & dec, mid, b)
-        a = np.where(live & ~dec, mid + 1, a)
-    mode = a
-    step = max(1, int(step))
+
+    def first_true(lo: IntArray, hi: IntArray, pred: Callable[[IntArray], npt.NDArray[np.bool_]]) -> IntArray:
+        """Per row, the least x in [lo, hi] with pred(x), pred monotone (False then True); hi + 1
+        if none."""
+        a, b = lo.copy(), hi + 1
+        while np.any(a < b):
+            live = a < b
+            mid = (a + b) // 2
+            ok = pred(np.minimum(mid, hi))
+            b = np.where(live & ok, mid, b)
+            a = np.where(live & ~ok, mid + 1, a)
+        return a
+
+    zero = np.zeros(total.size, dtype=np.int64)
+    # mode: the first n with ell(n + 1) < ell(n) (S if none)
+    mode = first_true(zero, np.maximum(total - 1, 0), lambda x: log_pmf(x + 1, s_all) < log_pmf(x, s_all))
+    mode = np.minimum(mode, total)
+    top_all = log_pmf(mode, s_all)
+    # ar: the first x > mode with ell(x) <= top - 1 (S + 1: none); al: the last x < mode with it (-1: none)
+    ar_all = first_true(np.minimum(mode + 1, total), total, lambda x: log_pmf(x, s_all) <= top_all - 1.0)
+    ar_all = np.where(mode >= total, total + 1, ar_all)
+    # on the left, x -> mode - x is monotone the same way
+    k_left = first_true(zero + 1, np.maximum(mode, 1), lambda k: log_pmf(mode - k, s_all) <= top_all - 1.0)
+    al_all = np.where(mode > 0, mode - k_left, -1)
+    al_all = np.where(al_all < 0, -1, al_all)
     while pending.size:
         s = s_all[pending]
         m = mode[pending]
-        top = log_pmf(m, s)
-        c_lo, c_hi = np.maximum(0, m - step + 1), np.minimum(s, m + step - 1)
-        n_c = c_hi - c_lo + 1
-        ar, al = m + step, m - step
+        top = top_all[pending]
+        ar, al = ar_all[pending], al_all[pending]
         has_r, has_l = ar <= s, al >= 0
+        c_lo, c_hi = al + 1, np.minimum(ar - 1, s)
+        n_c = c_hi - c_lo + 1
         arc, alc = np.minimum(ar, s), np.maximum(al, 0)
         l_ar = log_pmf(arc, s)
         l_al = log_pmf(alc, s)
-        d_r = np.where(has_r, np.minimum(l_ar - log_pmf(np.maximum(arc - 1, 0), s), 0.0), 0.0)
-        d_l = np.where(has_l, np.minimum(l_al - log_pmf(np.minimum(alc + 1, s), s), 0.0), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            chord_r = (l_ar - top) / np.maximum(arc - m, 1)
+            chord_l = (l_al - top) / np.maximum(m - alc, 1)
+        d_r = np.where(has_r, np.minimum(np.minimum(l_ar - log_pmf(np.maximum(arc - 1, 0), s), chord_r), 0.0), 0.0)
+        d_l = np.where(has_l, np.minimum(np.minimum(l_al - log_pmf(np.minimum(alc + 1, s), s), chord_l), 0.0), 0.0)
         k_r = np.where(has_r, s - ar + 1, 0)
         k_l = np.where(has_l, al + 1, 0)
 
@@ -558,20 +644,74 @@ def sample_split(
 # --------------------------------------------------------------------------------------------
 
 
-def wedge_mode(x_bar: float, vx: float, y_bar: float, vy: float, b: int, tau: int) -> tuple[float, float]:
-    """argmin (X - x_bar)^2 / vx + (Y - y_bar)^2 / vy over {Y >= 1, bY <= X <= tau Y}.
+@functools.lru_cache(maxsize=256)
+def _active_sets(A_key: bytes, shape: tuple[int, int]) -> list[tuple[npt.NDArray[np.int64], Array]]:
+    """For every set of at most d linearly independent rows of A: the rows and the matrix
+    A_T^T (A_T A_T^T)^-1 of the projection onto {x : A_T x = b_T}."""
+    A = np.frombuffer(A_key, dtype=np.float64).reshape(shape)
+    rows, d = shape
+    out = []
+    for k in range(1, d + 1):
+        for subset in itertools.combinations(range(rows), k):
+            At = A[list(subset)]
+            gram = At @ At.T
+            if abs(np.linalg.det(gram)) < 1e-12:
+                continue
+            out.append((np.array(subset), At.T @ np.linalg.inv(gram)))
+    return out
 
-    The mode of a Gaussian approximation of the posterior, which centres the summation windows
-    (the exact computation then checks that their edges hold no mass). Outside the region the
-    minimum is on its boundary: one of the two rays X = bY, X = tau Y (Y >= 1) or the segment
-    Y = 1, b <= X <= tau -- the best of their three projections.
+
+def constrained_mode(centre: Array, variance: Array, A: Array, lower: Array, laplace: bool = False) -> Array:
+    """The mode of an approximation of the posterior on {x : A x >= lower}, which centres the
+    summation windows (the exact computation then checks that their edges hold no mass).
+
+    Gaussian likelihoods (``laplace`` False): argmin sum((x - centre)^2 / variance), exactly --
+    in scaled coordinates (x / sd) the Euclidean projection onto a polyhedron, i.e. onto the
+    affine hull of some set of at most d active constraints; every such set is tried and the
+    nearest feasible point kept. Geometric (Laplace-like) likelihoods: argmin
+    sum(|x - centre| / sd), a linear program -- the constraint is then met by moving the cheapest
+    coordinates, not by sharing the move as a Gaussian does.
     """
-    vx, vy = max(vx, 1e-9), max(vy, 1e-9)
-    if y_bar >= 1 and b * y_bar <= x_bar <= tau * y_bar:
-        return x_bar, y_bar
-    candidates = []
-    for k in (b, tau):
-        yk = max(1.0, (k * x_bar / vx + y_bar / vy) / (k * k / vx + 1.0 / vy))
-        candidates.append((k * yk, yk))
-    candidates.append((min(max(x_bar, b), tau), 1.0))
-    return min(candidates, key=lambda c: (c[0] - x_bar) ** 2 / vx + (c[1] - y_bar) ** 2 / vy)
+    if laplace:
+        return _laplace_mode(np.asarray(centre, dtype=np.float64), np.asarray(variance, dtype=np.float64),
+                             np.asarray(A, dtype=np.float64), np.asarray(lower, dtype=np.float64))
+    sd = np.sqrt(np.maximum(np.asarray(variance, dtype=np.float64), 1e-9))
+    c = np.asarray(centre, dtype=np.float64) / sd
+    As = np.asarray(A, dtype=np.float64) * sd[None, :]
+    lower = np.asarray(lower, dtype=np.float64)
+    tol = 1e-7 * (1.0 + np.abs(lower).max() + np.abs(As @ c).max())
+    if np.all(As @ c >= lower - tol):
+        return c * sd
+    best, best_dist = None, np.inf
+    for subset, P in _active_sets(np.ascontiguousarray(As).tobytes(), As.shape):
+        x = c - P @ (As[subset] @ c - lower[subset])
+        if np.all(As @ x >= lower - tol):
+            dist = float(np.sum((x - c) ** 2))
+            if dist < best_dist:
+                best, best_dist = x, dist
+    if best is None:  # cannot happen for the regions here (never empty); stay at the centre
+        return c * sd
+    return best * sd
+
+
+def _laplace_mode(centre: Array, variance: Array, A: Array, lower: Array) -> Array:
+    from scipy.optimize import linprog
+
+    d = centre.size
+    scale = np.sqrt(np.maximum(variance, 1e-9))
+    # variables (x, t): minimize sum(t / sd) with t >= |x - centre| and A x >= lower
+    cost = np.concatenate([np.zeros(d), 1.0 / scale])
+    eye = np.eye(d)
+    a_ub = np.vstack([np.hstack([eye, -eye]), np.hstack([-eye, -eye]), np.hstack([-A, np.zeros((A.shape[0], d))])])
+    b_ub = np.concatenate([centre, -centre, -lower])
+    done = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=[(None, None)] * (2 * d), method="highs")
+    if done.status != 0:
+        return constrained_mode(centre, variance, A, lower)
+    return np.asarray(done.x[:d], dtype=np.float64)
+
+
+def wedge_mode(x_bar: float, vx: float, y_bar: float, vy: float, b: int, tau: int) -> tuple[float, float]:
+    """:func:`constrained_mode` of (X, Y) on {Y >= 1, bY <= X <= tau Y}."""
+    A = np.array([[0.0, 1.0], [1.0, -b], [-1.0, tau]])
+    x, y = constrained_mode(np.array([x_bar, y_bar]), np.array([vx, vy]), A, np.array([1.0, 0.0, 0.0]))
+    return float(x), float(y)

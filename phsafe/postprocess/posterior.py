@@ -50,6 +50,7 @@ from phsafe.postprocess.noise import NoiseModel
 
 _CHUNK_ELEMENTS = 1 << 22  # floats per block of posterior rows (32 MiB)
 ET_TAIL = (1.0 - CREDIBLE_LEVEL) / 2  # 0.05: each tail of the equal-tailed interval
+TIE = 1e-9  # relative difference of posterior weights treated as a tie by the HPD set
 
 
 
@@ -85,7 +86,9 @@ def hpd_rows(w: npt.NDArray[np.float64], level: float = CREDIBLE_LEVEL) -> tuple
     """Highest-posterior-density set of each row of normalized weights ``w``: first and last index.
 
     The set is {n : w(n) >= c} with c the largest threshold whose set holds at least ``level``
-    of the mass (ties at c are all included, so a symmetric posterior keeps a symmetric set). It
+    of the mass (ties at c are all included, so a symmetric posterior keeps a symmetric set;
+    weights within a relative :data:`TIE` of c count as ties, so that round-off -- of a
+    convolution, say -- cannot break the symmetry). It
     is the smallest set with that mass; for a log-concave posterior -- every posterior here:
     the prior is flat on an interval and the likelihood log-concave -- it is an interval
     containing the mode.
@@ -95,7 +98,7 @@ def hpd_rows(w: npt.NDArray[np.float64], level: float = CREDIBLE_LEVEL) -> tuple
     cum = np.cumsum(ordered, axis=1)
     k = first_at_least(cum, level)
     threshold = ordered[np.arange(w.shape[0]), k]
-    inside = w >= threshold[:, None]
+    inside = w >= threshold[:, None] * (1.0 - TIE)
     lower = inside.argmax(axis=1)
     upper = w.shape[1] - 1 - inside[:, ::-1].argmax(axis=1)
     return lower.astype(np.int64), upper.astype(np.int64)

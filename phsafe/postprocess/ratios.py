@@ -45,10 +45,11 @@ How
 
 Windows
     Sums run over windows around the mode of a Gaussian approximation on the constrained region
-    (:func:`~phsafe.postprocess.lattice.wedge_mode`), wide enough for the noise's tail bound plus
-    two standard deviations; all in log space, so noisy counts that contradict the constraints by
-    any number of standard deviations still give a proper posterior. The window is doubled
-    while its edges hold more than 1e-14 of the mass.
+    (:func:`~phsafe.postprocess.lattice.constrained_mode`, every released cell a coordinate),
+    wide enough for the noise's tail bound plus two standard deviations; all in log space, so
+    noisy counts that contradict the constraints by any number of standard deviations still give
+    a proper posterior. While an edge of a window holds more than 1e-14 of the mass, the window
+    is centred again on the posterior's mode and doubled.
 
 The production's data-dependent upper bounds (noisy + 6 sigma) are *not* used: they are not
 facts about the counts, they cut off at most 1e-9 of a posterior whose tails the exact sums
@@ -68,25 +69,27 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from phsafe.accounting import NoiseDistribution
 from phsafe.outputs import cell_column
 from phsafe.postprocess._base import GROUP_KEYS, PostprocessError
 from phsafe.postprocess.counts import cell_parts
 from phsafe.postprocess.lattice import (
+    BANDED_EXACT_LIMIT,
     NEG_INF,
     BandedPosterior,
     CoupledRatio,
     Factor,
     LogCum,
+    constrained_mode,
     convolve_factors,
-    finer,
     first_method,
     likelihood,
     logsumexp,
     restrict,
     sample_from_factor,
     sample_in_band,
+    sample_quantiles,
     sample_split,
-    wedge_mode,
 )
 from phsafe.postprocess.noise import NoiseModel
 from phsafe.postprocess.polytope import own_denominator_polytope, production_feasible, shared_denominator_polytope
@@ -100,6 +103,7 @@ DEFAULT_EXACT_LIMIT = 12_000_000
 EDGE_TOLERANCE = 1e-14
 INACTIVE = 1e-13  # a constraint excluding less than this of the unconstrained posterior cannot bind
 UNRESOLVED = 1e-13  # largest share of a posterior that a convolution may leave unresolved
+MAX_WINDOWS = 10  # attempts at a window whose edges hold no mass (each one twice as wide)
 QUANTILES = (0.05, 0.5, 0.95)
 
 AVERAGE_COLUMNS = (
@@ -140,8 +144,8 @@ class Count:
 
     def factor(self, lo: int, hi: int) -> Factor:
         if self.model.is_noiseless:
-            return restrict(Factor(self.y, np.zeros(1)), lo, hi)
-        return likelihood(self.model.log_pmf, self.y, lo, hi)
+            return restrict(Factor(self.y, np.zeros(1), float(self.model.log_pmf(np.array([0]))[0])), lo, hi)
+        return likelihood(self.model, self.y, lo, hi)
 
     def log_weight_at(self, n: int) -> float:
         return float(self.model.log_pmf(np.array([self.y - n]))[0])
@@ -154,9 +158,10 @@ def _window(count: Count, centre: float, mult: float, floor: int) -> tuple[int, 
 
 
 def _split_centre(a: Count, b: Count, total: float) -> float:
-    """Where a's part of a + b = total sits (Gaussian approximation), in [0, total]."""
+    """Where a's part of a + b = total sits: the mode of the Gaussian approximation of the two
+    likelihoods given their sum, within [0, total]."""
     va, vb = max(a.var, 1e-9), max(b.var, 1e-9)
-    return min(max(a.mean + (total - a.mean - b.mean) * va / (va + vb), 0.0), max(total, 0.0))
+    return min(max(a.y + (total - a.y - b.y) * va / (va + vb), 0.0), max(total, 0.0))
 
 
 def _tilt(a: Count, b: Count, total: float) -> float:
@@ -209,6 +214,44 @@ def _sum_factor(a: Count, b: Count, lo: int, hi: int, centre: float, mult: float
     return SumFactor(g, cut, parts)
 
 
+def _laplace(*counts: Count) -> bool:
+    """Whether the cells' noise is the geometric (Laplace-like tails: an L1 mode places windows)."""
+    return any(c.model.distribution is NoiseDistribution.TWO_SIDED_GEOMETRIC for c in counts)
+
+
+DIRECT_REFINE_LIMIT = 200_000_000
+"""Largest convolution (products of the window lengths) redone by direct sums when the FFT left
+too much unresolved: direct sums are quadratic, a fraction of a second at this size."""
+
+
+def _method(span: int, refine: bool) -> str:
+    """The convolution method for parts' windows of length at most ``span``: by size
+    (:func:`~phsafe.postprocess.lattice.first_method`), or -- once the FFT left too much
+    unresolved (``refine``) -- direct sums, whose precision is every sum's own down to underflow
+    where the FFT's round-off is relative to the largest sum (the quadratic log-sum-exp of
+    :func:`~phsafe.postprocess.lattice.convolve_factors` is not tried: what direct sums cannot
+    resolve lies more than 600 nats below a tilted maximum).
+
+    Direct sums are quadratic: not beyond :data:`DIRECT_REFINE_LIMIT`, where the FFT's result is
+    kept. That happens only for a posterior spread over hundreds of thousands of values
+    (geometric noise whose released counts contradict the constraints by ~10^6: every split of
+    the contradiction is about equally likely); what the FFT leaves unresolved is then below
+    1e-16 of the largest sum per value, far below what moves a quantile of such a spread.
+    """
+    if refine and span * span <= DIRECT_REFINE_LIMIT:
+        return "direct"
+    return first_method(span, span)
+
+
+def _recentre(post: BandedPosterior, x_star: float, y_star: float) -> tuple[float, float]:
+    """New window centres when the posterior reaches an edge: its modes on each axis (the
+    Gaussian approximation placed the window badly, e.g. where one part of a sum is pinned
+    at 0)."""
+    if post.empty:
+        return x_star, y_star
+    return float(post.x.lo + int(np.argmax(post.x_pmf()))), float(post.y.lo + int(np.argmax(post.y_pmf())))
+
+
 def _unresolved(post: BandedPosterior, bound: BandedPosterior) -> bool:
     """Whether the mass a convolution could not resolve may exceed 1e-13 of the posterior."""
     if bound.empty:
@@ -248,19 +291,23 @@ def _p_positive(post: BandedPosterior, log_w_empty: float) -> float:
     """P(denominator >= 1) when an empty group (numerator and denominator 0) is allowed too."""
     if post.empty:
         return 0.0
-    return float(math.exp(post.log_z - np.logaddexp(post.log_z, log_w_empty)))
+    log_z = post.log_z + post.offset  # both in the likelihoods' own scale
+    return float(math.exp(log_z - np.logaddexp(log_z, log_w_empty)))
 
 
-def _banded_cell(post: BandedPosterior, x_weighted: Factor, log_w_empty: float) -> CellResult:
-    """Total cell (or a PH8 cell): X / Y from the banded posterior, all exact."""
+def _banded_cell(post: BandedPosterior, x_weighted: Factor, log_w_empty: float, draws: int,
+                 rng: np.random.Generator) -> CellResult:
+    """Total cell (or a PH8 cell): X / Y from the banded posterior; the means exact, the
+    quantiles exact too unless the posterior is spread over too many rows (then drawn)."""
     if post.empty:
         return CellResult(p_positive=_p_positive(post, log_w_empty))
-    q = post.ratio_quantiles(QUANTILES)
-    yv = post.y.values
+    q, error = post.ratio_quantiles(QUANTILES, draws, rng)
+    sampled = post.support.size > BANDED_EXACT_LIMIT and draws > 0  # as ratio_quantiles decides
     return CellResult(
         estimate=post.expect(x_weighted, 1), median=float(q[1]), lower=float(q[0]), upper=float(q[2]),
-        numerator=post.expect(x_weighted, 0), denominator=float(post.y_pmf() @ yv),
-        p_positive=_p_positive(post, log_w_empty), method="exact",
+        numerator=post.expect(x_weighted, 0), denominator=float(post.y_pmf() @ post.y.values),
+        p_positive=_p_positive(post, log_w_empty), method="sampled" if sampled else "exact",
+        draws=draws if sampled else 0, mc_error=error,
     )
 
 
@@ -274,26 +321,33 @@ def shared_denominator_group(
     exact_limit: int,
 ) -> tuple[CellResult, CellResult, CellResult]:
     """Cells 1 (N2 + N3) / H, 2 N2 / H and 3 N3 / H of one population group (module docstring)."""
-    s_bar, vs = n2.mean + n3.mean, max(n2.var + n3.var, 1e-9)
-    s_star, h_star = wedge_mode(s_bar, vs, max(h.mean, 1.0), max(h.var, 1e-9), b, tau)
-    unconstrained = (s_star, h_star) == (s_bar, max(h.mean, 1.0))
-    mult, method = 1.0, ""
-    for _ in range(8):
+    mode = constrained_mode(np.array([n2.y, n3.y, h.y], dtype=np.float64), np.array([n2.var, n3.var, h.var]),
+                            np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, -b], [-1.0, -1.0, tau]]),
+                            np.array([0.0, 0.0, 1.0, 0.0, 0.0]), laplace=_laplace(n2, n3, h))
+    n2_star, n3_star, h_star = (float(v) for v in mode)
+    s_star = n2_star + n3_star
+    unconstrained = b * h_star < s_star - 1e-6 and s_star < tau * h_star - 1e-6  # the band is not active
+    mult, refine = 1.0, False
+    for _ in range(MAX_WINDOWS):
         w_s = n2.half_width(mult) + n3.half_width(mult)  # each: the tail bound + 2 sd
         h_lo, h_hi = _window(h, h_star, mult, 1)
         s_lo = max(0, int(math.floor(s_star)) - w_s, b * h_lo)
         s_hi = max(s_lo, min(int(math.ceil(s_star)) + w_s, tau * h_hi))
-        method = method or first_method(2 * n2.half_width(mult) + 1, 2 * n3.half_width(mult) + 1)
+        span = s_hi - s_lo + 1 + 2 * w_s  # bounds the length of each part's window
+        method = _method(span, refine)
         sums = _sum_factor(n2, n3, s_lo, s_hi, s_star, mult, method, weighted=True)
         g = sums.g
         d = h.factor(h_lo, h_hi)
         post = BandedPosterior(g, d, b, tau)
-        if _unresolved(post, BandedPosterior(sums.cut, d, b, tau)) and finer(method):
-            method = finer(method) or method
+        if _unresolved(post, BandedPosterior(sums.cut, d, b, tau)) and _method(span, True) != method:
+            refine = True
             continue
         if post.empty or _edges_ok(post, 0, 1) or (n2.model.is_noiseless and n3.model.is_noiseless
                                                   and h.model.is_noiseless):
             break
+        s_star, h_star = _recentre(post, s_star, h_star)
+        n2_star = _split_centre(n2, n3, s_star)
+        n3_star = s_star - n2_star
         mult *= 2.0
     log_w_empty = n2.log_weight_at(0) + n3.log_weight_at(0) + h.log_weight_at(0)
     if post.empty:
@@ -301,7 +355,7 @@ def shared_denominator_group(
         return undefined, undefined, undefined
     with np.errstate(divide="ignore"):
         s_weighted = g.times(np.log(g.values))
-    total = _banded_cell(post, s_weighted, log_w_empty)
+    total = _banded_cell(post, s_weighted, log_w_empty, draws, rng)
     g2, g3 = sums.weighted  # log g + log E[N2 | S], log g + log E[N3 | S]
     parts = []
     for weighted in (g2, g3):
@@ -316,11 +370,11 @@ def shared_denominator_group(
     if unconstrained and untrimmed and excluded <= INACTIVE:
         for cell, own in zip(parts, (n2, n3)):
             c_lo, c_hi = _window(own, own.mean, mult, 0)
-            q = BandedPosterior(own.factor(c_lo, c_hi), d, 0, None).ratio_quantiles(QUANTILES)
+            q, error = BandedPosterior(own.factor(c_lo, c_hi), d, 0, None).ratio_quantiles(QUANTILES, draws, rng)
             cell.lower, cell.median, cell.upper = float(q[0]), float(q[1]), float(q[2])
+            if error > 0:
+                cell.method, cell.draws, cell.mc_error = "sampled", draws, error
         return total, parts[0], parts[1]
-    n2_star = _split_centre(n2, n3, s_star)
-    n3_star = s_star - n2_star
     windows = {id(n2): _window(n2, n2_star, mult, 0), id(n3): _window(n3, n3_star, mult, 0)}
     size = max((windows[id(c)][1] - windows[id(c)][0] + 1) for c in (n2, n3)) * (h_hi - h_lo + 1)
     if size <= exact_limit:
@@ -342,20 +396,11 @@ def _sample_parts(post: BandedPosterior, g: Factor, n2: Count, n3: Count, parts:
     def log_pmf(x: npt.NDArray[np.int64], total: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         return n2.model.log_pmf(n2.y - x) + n3.model.log_pmf(n3.y - (total - x))
 
-    conditional_var = 1.0 / (1.0 / max(n2.var, 1e-9) + 1.0 / max(n3.var, 1e-9))
-    x2 = sample_split(log_pmf, s, int(round(math.sqrt(conditional_var))), rng)
+    x2 = sample_split(log_pmf, s, rng)
     for cell, ratio in zip(parts, (x2 / h, (s - x2) / h)):
-        ordered = np.sort(ratio)
-        m = ordered.size
-        values, errors = [], []
-        for p in QUANTILES:
-            k = max(int(math.ceil(p * m)) - 1, 0)  # the sample's Q(p): smallest x with F(x) >= p
-            half = 1.96 * math.sqrt(m * p * (1 - p))
-            lo_k, hi_k = max(int(math.floor(k - half)), 0), min(int(math.ceil(k + half)), m - 1)
-            values.append(float(ordered[k]))
-            errors.append(max(ordered[hi_k] - ordered[k], ordered[k] - ordered[lo_k]))
-        cell.lower, cell.median, cell.upper = values
-        cell.method, cell.draws, cell.mc_error = "sampled", m, float(max(errors))
+        q, error = sample_quantiles(ratio, QUANTILES)
+        cell.lower, cell.median, cell.upper = (float(v) for v in q)
+        cell.method, cell.draws, cell.mc_error = "sampled", draws, error
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,46 +408,54 @@ def _sample_parts(post: BandedPosterior, g: Factor, n2: Count, n3: Count, parts:
 # --------------------------------------------------------------------------------------------
 
 
-def own_denominator_cell(p_parts: list[Count], u_parts: list[Count], tau: int) -> CellResult:
+def own_denominator_cell(p_parts: list[Count], u_parts: list[Count], tau: int, *, draws: int = DEFAULT_DRAWS,
+                         rng: np.random.Generator | None = None) -> CellResult:
     """One PH8 cell: P / U with U >= 1, U <= P <= tau U; P and U each a released cell or the sum
     of two (the total)."""
 
-    def moments(parts: list[Count]) -> tuple[float, float]:
-        return sum(c.mean for c in parts), max(sum(c.var for c in parts), 1e-9)
-
-    p_bar, vp = moments(p_parts)
-    u_bar, vu = moments(u_parts)
-    p_star, u_star = wedge_mode(p_bar, vp, max(u_bar, 1.0), vu, 1, tau)
-    mult, method = 1.0, ""
+    k_p, k_u = len(p_parts), len(u_parts)
+    parts = [*p_parts, *u_parts]
+    A = np.zeros((k_p + k_u + 3, k_p + k_u))
+    A[: k_p + k_u] = np.eye(k_p + k_u)  # every part >= 0
+    A[-3, k_p:] = 1.0  # U >= 1
+    A[-2, :k_p], A[-2, k_p:] = 1.0, -1.0  # P - U >= 0
+    A[-1, :k_p], A[-1, k_p:] = -1.0, tau  # tau U - P >= 0
+    lower = np.zeros(A.shape[0])
+    lower[-3] = 1.0
+    mode = constrained_mode(np.array([c.y for c in parts], dtype=np.float64), np.array([c.var for c in parts]), A, lower,
+                            laplace=_laplace(*parts))
+    p_star, u_star = float(mode[:k_p].sum()), float(mode[k_p:].sum())
+    mult, refine = 1.0, False
 
     def factor(parts: list[Count], lo: int, hi: int, centre: float) -> tuple[Factor, Factor]:
         if len(parts) == 1:
             f = parts[0].factor(lo, hi)
-            return f, Factor(f.lo, np.full(f.lw.size, NEG_INF))
+            return f, Factor(f.lo, np.full(f.lw.size, NEG_INF), f.offset)
         sums = _sum_factor(parts[0], parts[1], lo, hi, centre, mult, method)
         return sums.g, sums.cut
 
-    for _ in range(8):
+    for _ in range(MAX_WINDOWS):
         w_p = sum(c.half_width(mult) for c in p_parts)  # each: the tail bound + 2 sd
         w_u = sum(c.half_width(mult) for c in u_parts)
         u_lo, u_hi = max(1, int(math.floor(u_star)) - w_u), max(1, int(math.ceil(u_star)) + w_u)
         p_lo = max(0, int(math.floor(p_star)) - w_p, u_lo)
         p_hi = max(p_lo, min(int(math.ceil(p_star)) + w_p, tau * u_hi))
-        method = method or first_method(2 * max(c.half_width(mult) for c in p_parts) + 1,
-                                        2 * max(c.half_width(mult) for c in u_parts) + 1)
+        span = max(p_hi - p_lo + 1 + 2 * w_p, u_hi - u_lo + 1 + 2 * w_u)  # bounds every part's window
+        method = _method(span, refine)
         (px, px_cut), (uy, uy_cut) = factor(p_parts, p_lo, p_hi, p_star), factor(u_parts, u_lo, u_hi, u_star)
         post = BandedPosterior(px, uy, 1, tau)
         if (_unresolved(post, BandedPosterior(px_cut, uy, 1, tau))
-                or _unresolved(post, BandedPosterior(px, uy_cut, 1, tau))) and finer(method):
-            method = finer(method) or method
+                or _unresolved(post, BandedPosterior(px, uy_cut, 1, tau))) and _method(span, True) != method:
+            refine = True
             continue
         if post.empty or _edges_ok(post, 0, 1) or all(c.model.is_noiseless for c in (*p_parts, *u_parts)):
             break
+        p_star, u_star = _recentre(post, p_star, u_star)
         mult *= 2.0
     log_w_empty = sum(c.log_weight_at(0) for c in (*p_parts, *u_parts))
     with np.errstate(divide="ignore"):
         weighted = px.times(np.log(px.values))
-    return _banded_cell(post, weighted, log_w_empty)
+    return _banded_cell(post, weighted, log_w_empty, draws, rng if rng is not None else np.random.default_rng())
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,8 +528,9 @@ def ratio_table(
                      (n[2].y, n[2].var, d[1].y, d[1].var), (n[3].y, n[3].var, d[1].y, d[1].var)]
             bounds = [(b, t), (0, t), (0, t)]
         else:
-            results = (own_denominator_cell([n[2], n[3]], [d[2], d[3]], t),
-                       own_denominator_cell([n[2]], [d[2]], t), own_denominator_cell([n[3]], [d[3]], t))
+            results = (own_denominator_cell([n[2], n[3]], [d[2], d[3]], t, draws=draws, rng=rng),
+                       own_denominator_cell([n[2]], [d[2]], t, draws=draws, rng=rng),
+                       own_denominator_cell([n[3]], [d[3]], t, draws=draws, rng=rng))
             noisy = [(n[2].y + n[3].y, n[2].var + n[3].var, d[2].y + d[3].y, d[2].var + d[3].var),
                      (n[2].y, n[2].var, d[2].y, d[2].var), (n[3].y, n[3].var, d[3].y, d[3].var)]
             bounds = [(b, t)] * 3
