@@ -49,21 +49,6 @@ def _run(*args: str | Path) -> None:
     subprocess.run(cmd, check=True)
 
 
-def _demo_keys(directory: Path) -> tuple[Path, Path]:
-    """A fresh Ed25519 key pair for signing this demo run's ledger checkpoint."""
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    directory.mkdir(parents=True, exist_ok=True)
-    key = Ed25519PrivateKey.generate()
-    private, public = directory / "signing-key.pem", directory / "signing-key.pub.pem"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
-    return private, public
-
-
 def _section(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
@@ -76,12 +61,16 @@ def main() -> int:
     root = HERE / "output" / stamp
     enclave, public = root / "enclave", root / "public"
     public.mkdir(parents=True)
-    signing_key, public_key = _demo_keys(enclave / "keys")
+    _section("0. The operator's signing key pair (phsafe keys generate)")
+    _run("keys", "generate", enclave / "keys")
+    signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     ledgers = {label: enclave / label / "ledger.jsonl" for label in ("us", "pr")}
     _section("1. The audit ledgers, made before any data is seen (phsafe ledger init)")
     for label, ledger in ledgers.items():
-        _run("ledger", "init", ledger, "--lifetime-cap", "1.5",
-             "--reason", f"demo policy: one release of the {label.upper()} demo data")
+        # The cap is the dataset's policy limit (room for more than one release): a second release
+        # of the same records is refused by its own rule, not by the cap (step 4).
+        _run("ledger", "init", ledger, "--lifetime-cap", "3",
+             "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit")
     where = os.environ.get("PREFECT_API_URL") or "Prefect ephemeral mode (no server)"
     _section(f"2. The release flow (US and Puerto Rico) on the demo data, in {where}")
     summaries = release_flow(
@@ -100,7 +89,7 @@ def main() -> int:
         print(f"\n{label.upper()}: run {summary['run_id']} of dataset {summary['dataset']}, {summary['privacy_defn']} "
               f"total {budget_text(summary['total_budget'])}; PH1_num, first rows of {len(frame)}:")
         print(frame.head(6).to_string(index=False))
-    _section("4. The same records again: refused by the dataset's lifetime cap, nothing spent")
+    _section("4. The same records again: refused before any spend (a content version is released once)")
     again = subprocess.run([str(PHSAFE), "-q", "private", str(HERE / "data" / "us" / "config.json"),
                             str(HERE / "data" / "us"), str(public / "again"), "--ledger", str(ledgers["us"])],
                            capture_output=True, text=True)
@@ -118,7 +107,8 @@ def main() -> int:
         print(f"    {label.upper()} audit ledger and lineage key  {ledger}  {ledger}.key")
         print(f"    {label.upper()} run work folder (validation reports, checkpoint)  {summary['work_folder']}")
         print(f"    {label.upper()} auditor's report             {ledger.parent / 'audit-report'}")
-    print(f"    JSON-lines log                 {ledgers['us'].parent / 'phsafe-log.jsonl'}")
+    for label, ledger in ledgers.items():
+        print(f"    {label.upper()} JSON-lines log                {ledger.parent / 'phsafe-log.jsonl'}")
     print(f"  public key for the auditors    {public_key}")
     print("  Prefect artifacts (budget spends, validation, manifest, checkpoint) are in the run's")
     print("  ephemeral database; run against a server to browse them in the UI (README: Run it in production).")

@@ -87,6 +87,27 @@ def _to_prefect_run_log(level: str, event: dict[str, Any]) -> None:
     logger.log(_LEVELS.get(level, logging.INFO), run_log_message(event))
 
 
+class RefusalsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed task's exception with its traceback. A refusal of ours (bad input, a
+    budget refused, a release already made) is not a bug: the task run's log gets one line, and
+    the flow run's state message says the rest once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from phsafe.errors import PHSafeError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, PHSafeError):
+            first = (str(exc).splitlines() or [""])[0]
+            record.msg = "refused (%s): %s -- the flow run's message says what to do"
+            record.args = (type(exc).__name__, first[:200])
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+_REFUSALS = RefusalsWithoutTraceback()
+
+
 def configure_once(log_file: Path | None) -> None:
     """Configure structlog for this process, the first time only.
 
@@ -98,4 +119,7 @@ def configure_once(log_file: Path | None) -> None:
             return
         # The Prefect run logger prints to the console already: ours only warns there.
         logs.configure(log_file, console_level=logging.WARNING, sinks=[_to_prefect_run_log])
+        for name in ("prefect.task_runs", "prefect.flow_runs"):
+            if _REFUSALS not in logging.getLogger(name).filters:
+                logging.getLogger(name).addFilter(_REFUSALS)
         _configured = True

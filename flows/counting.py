@@ -15,6 +15,7 @@ the tasks' results (they are not).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
@@ -23,7 +24,8 @@ from prefect.futures import wait
 
 from phsafe.config import PHSafeConfig
 from phsafe.counting import CountingPartition, combine_counts, count_partition, plan_partitions
-from phsafe.engine import ExactCounts, PrivateRun
+from phsafe import engine
+from phsafe.engine import ExactCounts, PrivateRun, StageTimer
 from phsafe.tables import TABLES
 from phsafe.tabulate import TableCounts
 
@@ -59,6 +61,34 @@ def count_on_dask(
         ]
         wait(futures)
         return ExactCounts(combine_counts(f.result() for f in futures))
+
+
+@task(name="validate-inputs", cache_policy=NONE, persist_result=False, retries=0)
+def validate_inputs_task(run: PrivateRun):  # noqa: ANN201 -- the validation report
+    """Great Expectations over config, persons, units and geo, on the flow's process (value-free report)."""
+    return engine.check_inputs(run)
+
+
+@dataclass(frozen=True)
+class DaskCounter:
+    """The sequence's counting stage on a Dask cluster (:class:`phsafe.sequence.Counter`).
+
+    Validation reads the inputs on the flow's process first (as a task); if it passes, the
+    partitions are counted on the cluster. It runs tasks of its own, so the runner calls it in
+    the flow rather than as a task.
+    """
+
+    address: str | None = None
+    n_workers: int | None = None
+    max_persons: int | None = None
+    orchestrates = True
+
+    def __call__(self, run: PrivateRun, config: PHSafeConfig, timer: StageTimer | None) -> tuple[Any, Any]:
+        report = validate_inputs_task(run) if run.options.validate_inputs else None
+        if report is not None and not report.ok:
+            return None, report
+        return count_on_dask(run, config, address=self.address, n_workers=self.n_workers,
+                             max_persons=self.max_persons), report
 
 
 def _api_url() -> str | None:

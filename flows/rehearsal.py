@@ -3,18 +3,22 @@
 A health check that never touches confidential data or a production ledger::
 
     synthesize-us-inputs, synthesize-pr-inputs     (phsafe synth: the configs' states, fresh seed)
+      ─► make-throwaway-signing-key                 (phsafe keys generate, in the rehearsal's folder)
       ─► sdhc-us, sdhc-pr subflows                 (the production flows, production budgets,
-                                                    non-confidential, throwaway ledgers)
+                                                    non-confidential, throwaway ledgers, signed)
+      ─► verify-us-release, verify-pr-release       (phsafe audit verify --outputs --public-key)
       ─► measure-us-accuracy, measure-pr-accuracy   (phsafe accuracy: K private runs vs the truth)
       ─► check-us-coverage, check-pr-coverage       (MOE coverage vs its binomial tolerance)
-      ─► artifacts: rehearsal-moe-coverage (table), rehearsal-accuracy-report (paths, plots)
+      ─► artifacts: rehearsal-moe-coverage, rehearsal-accuracy-errors (tables),
+                    rehearsal-accuracy-report (runs, verification and the plots, in the UI)
 
-It ends Failed when a production flow fails on the synthetic inputs, or when the coverage of the
-stated 90% MOE of any table × level falls outside its binomial tolerance
-(:mod:`phsafe.rehearsal`): a correct pipeline fails with probability ``alpha`` at most.
+It ends Failed when a production flow fails on the synthetic inputs, when a release does not
+verify as the auditors check it, or when the coverage of the stated 90% MOE of any table × level
+falls outside its binomial tolerance (:mod:`phsafe.rehearsal`): a correct pipeline fails with
+probability ``alpha`` at most.
 
-Everything of one rehearsal is under ``<work_root>/<rehearsal id>/`` (inputs, runs, ledgers,
-accuracy, log); the ``keep`` most recent rehearsal folders are kept, older ones deleted (they
+Everything of one rehearsal is under ``<work_root>/<rehearsal id>/`` (inputs, keys, runs,
+ledgers, accuracy, log); the ``keep`` most recent rehearsal folders are kept, older ones deleted (they
 hold synthetic data only, and are recognized by their ``rehearsal.json``).
 """
 
@@ -32,7 +36,7 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows._logging import configure_once, events_to_file_only
-from flows.sdhc import PositiveCount, _run_id, _run_name, pr_flow, us_flow
+from flows.sdhc import PositiveCount, flow_run_name, pr_flow, run_id_for, us_flow
 from phsafe.errors import PHSafeError, front_end
 from phsafe.rehearsal import DEFAULT_ALPHA
 from tasks import artifacts
@@ -61,7 +65,7 @@ def _prune(work_root: Path, keep: int, current: Path) -> list[str]:
     return [p.name for p in doomed]
 
 
-@flow(name="sdhc-rehearsal", flow_run_name=_run_name("rehearsal"), retries=0, validate_parameters=True)
+@flow(name="sdhc-rehearsal", flow_run_name=flow_run_name("rehearsal"), retries=0, validate_parameters=True)
 def rehearsal_flow(
     us_config: str,
     pr_config: str,
@@ -91,7 +95,7 @@ def rehearsal_flow(
         seed: Seed of the synthetic data (default: fresh each week; recorded). Never used for noise.
     """
     with front_end("flow"):
-        rehearsal_id = _run_id("rehearsal")
+        rehearsal_id = run_id_for("rehearsal")
         root = Path(work_root).absolute()
         folder = root / rehearsal_id
         folder.mkdir(parents=True, exist_ok=True)
@@ -108,16 +112,24 @@ def rehearsal_flow(
         inputs = {label: t.synthesize_inputs(label, config, folder / "inputs" / label, size, input_format,
                                              None if seed is None else seed + i)
                   for i, (label, (config, size, _)) in enumerate(datasets.items())}
+        # Signed as production signs, with a key of its own (never the production key).
+        keys = t.make_signing_key(folder / "keys")
         states = {}
         for label, (config, _, dataset_flow) in datasets.items():
-            states[label] = dataset_flow.with_options(flow_run_name=_run_name(f"rehearsal-{label}"))(
+            states[label] = dataset_flow.with_options(flow_run_name=flow_run_name(f"rehearsal-{label}"))(
                 config=str(config), data=inputs[label]["data"], output_root=str(folder / "runs"),
                 ledger=str(folder / "ledgers" / f"{label}.jsonl"), non_confidential=True,
+                signing_key=keys["signing_key"], public_key=keys["public_key"],
                 validate_inputs=True, validate_outputs=True, log_file=str(folder / "phsafe-log.jsonl"),
                 return_state=True)
         runs = {label: ("Completed, run " + s.result()["run_id"]) if s.is_completed()
                 else f"{s.type.value.title()}: {s.message}" for label, s in states.items()}
-        completed = [label for label, s in states.items() if s.is_completed()]
+        published = {label: s.result() for label, s in states.items() if s.is_completed()}
+        checks = {label: t.verify_release(label, Path(r["ledger"]), Path(r["outputs"]), Path(keys["public_key"]),
+                                          return_state=True)
+                  for label, r in published.items()}
+        verified = {label: c.result() if c.is_completed() else None for label, c in checks.items()}
+        completed = [label for label in published if verified[label] is not None]
 
         with events_to_file_only():  # 2·K runs per dataset: the task logs one line a step instead
             accuracy = {label: t.measure_accuracy(label, datasets[label][0], Path(inputs[label]["data"]),
@@ -125,14 +137,20 @@ def rehearsal_flow(
                         for label in completed}
         verdicts = {label: t.check_coverage(label, folder / "accuracy" / label, alpha) for label in completed}
         if verdicts:
-            artifacts.rehearsal_coverage(rehearsal_id, verdicts,
-                                         {label: a["errors"] for label, a in accuracy.items()}, alpha)
-        artifacts.rehearsal_report(rehearsal_id, folder, inputs, runs, accuracy)
+            artifacts.rehearsal_coverage(rehearsal_id, verdicts, alpha)
+            artifacts.rehearsal_errors(rehearsal_id, {label: a["errors"] for label, a in accuracy.items()})
+        verification = {label: (f"verified with the throwaway public key {keys['fingerprint'][:16]}"
+                                if verified[label] is not None else f"DOES NOT VERIFY: {checks[label].message}")
+                        for label in published}
+        artifacts.rehearsal_report(rehearsal_id, folder, inputs, runs, verification, accuracy)
         pruned = _prune(root, keep, folder)
         if pruned:
             log.info("old rehearsals deleted", folders=len(pruned))
 
-        problems = [f"{label}: the production flow ended {runs[label]}" for label in states if label not in completed]
+        problems = [f"{label}: the production flow ended {runs[label]}" for label in states if label not in published]
+        problems += [f"{label}: its release does not verify as the auditors check it "
+                     f"(phsafe audit verify --outputs --public-key): {checks[label].message}"
+                     for label in published if verified[label] is None]
         for label, verdict in verdicts.items():
             for r in verdict.outside.to_dict(orient="records"):
                 problems.append(
@@ -144,5 +162,5 @@ def rehearsal_flow(
         pooled = {label: float(v.rows.iloc[-1]["COVERAGE"]) for label, v in verdicts.items()}
         log.info("rehearsal passed", rehearsal=rehearsal_id,
                  **{f"{label}_pooled_coverage": round(c, 4) for label, c in pooled.items()})
-        return {"rehearsal": rehearsal_id, "folder": str(folder), "runs": runs,
+        return {"rehearsal": rehearsal_id, "folder": str(folder), "runs": runs, "verified": verification,
                 "pooled_moe_coverage": pooled, "accuracy_reports": {k: a["report"] for k, a in accuracy.items()}}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Sequence
 
-from phsafe.errors import PHSafeError
+from phsafe.errors import ReportFolderExists
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DPI = 120
@@ -290,10 +290,6 @@ def render_html(title: str, blocks: Iterable[Block]) -> str:
 # --------------------------------------------------------------------------------------------
 # Report folders
 # --------------------------------------------------------------------------------------------
-
-
-class ReportFolderExists(PHSafeError):
-    """A report command was pointed at a folder that already holds files."""
 
 
 def report_folder(path: str | Path, *, overwrite: bool = False, what: str = "output folder") -> Path:

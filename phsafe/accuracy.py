@@ -2,7 +2,7 @@
 
 :func:`run_accuracy` runs the private algorithm ``trials`` times on the same data and compares
 every released cell with the truth, using only the public engine API
-(:func:`phsafe.engine.run_private`, :func:`phsafe.engine.run_nonprivate`):
+(:func:`phsafe.sequence.run_private`, :func:`phsafe.engine.run_nonprivate`):
 
 * truth: one non-private run (no truncation, no noise) -- ``OUT/truth/``;
 * trial t: one private run with the config as given -- ``OUT/trials/NNN/`` -- and one with the
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from phsafe.errors import PHSafeError
+from phsafe.errors import ConfidentialityNotConfirmed, PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, cell_column
 from phsafe.postprocess import (
@@ -103,11 +103,6 @@ def coverage_interval(covered: int, n: int, level: float = COVERAGE_INTERVAL) ->
 
     ci = binomtest(int(covered), int(n)).proportion_ci(confidence_level=level, method="wilson")
     return float(ci.low), float(ci.high)
-
-
-
-class ConfidentialityNotConfirmed(PHSafeError):
-    """The accuracy experiment needs an explicit statement that the data is not confidential."""
 
 
 @dataclass
@@ -258,7 +253,8 @@ def run_accuracy(
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
     from phsafe._plots import report_folder
-    from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+    from phsafe.engine import PrivateRunOptions, run_nonprivate
+    from phsafe.sequence import run_private
     from phsafe.progress import NULL
     from phsafe.truncation import TRUNCATION_KEY_BYTES
 

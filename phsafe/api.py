@@ -116,6 +116,7 @@ def run_private(
     work_dir: str | Path | None = None,
     resume: str | None = None,
     resume_reason: str | None = None,
+    re_release: str | None = None,
     progress: "Progress | None" = None,
 ) -> "RunResult":
     """Run PHSafe privately on ``data`` with ``config`` and publish the eleven tables to ``out``.
@@ -138,22 +139,29 @@ def run_private(
         lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
         work_dir: Folder of the runs' confidential work folders (default: beside the ledger).
         resume, resume_reason: Complete the failed run with this id, reusing what it committed.
+        re_release: Why records that another run of the dataset already released are released
+            again (recorded). Without it such a run is refused before any spend: a content
+            version is released once, whatever room the lifetime cap leaves.
         progress: Where to show progress (:mod:`phsafe.progress`).
 
     Returns:
         The run's id, output folder, released files, plan, stage timings, ledger and work folder.
     """
-    from phsafe.engine import PrivateRunOptions, run_private as run
+    from phsafe.parameters import PrivateRunParameters
+    from phsafe.sequence import run_private as run
 
-    options = PrivateRunOptions(
-        ledger=Path(ledger) if ledger else None, dataset=dataset, new_version=new_version,
-        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason,
-        signing_key=Path(signing_key) if signing_key else None, public_key=Path(public_key) if public_key else None,
-        non_confidential=non_confidential, validate_inputs=validate, validate_outputs=validate_outputs,
-        work_dir=Path(work_dir) if work_dir else None, resume_reason=resume_reason,
+    # The same parameters model as `phsafe private` and the flows: one definition of a run's
+    # parameters and of the engine's options they make.
+    parameters = PrivateRunParameters(
+        config=Path(config), data=Path(data), output=Path(out), ledger=ledger, dataset=dataset,
+        new_version=new_version, re_release=re_release, signing_key=signing_key, public_key=public_key,
+        validate_inputs=validate, validate_outputs=validate_outputs,
+        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason, resume_run_id=resume,
+        resume_reason=resume_reason, non_confidential=non_confidential, work_dir=work_dir,
     )
-    return run(Path(config), Path(data), Path(out), options, progress=progress, run_id=resume,
-               resume=resume is not None)
+    assert parameters.output is not None
+    return run(parameters.config, parameters.data, parameters.output, parameters.options(), progress=progress,
+               run_id=parameters.resume_run_id, resume=parameters.resume_run_id is not None)
 
 
 def run_nonprivate(

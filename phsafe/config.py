@@ -6,6 +6,12 @@ exactly 0.000022) and every sum of budgets is done in exact arithmetic. ``Infini
 
 Every rule violation raises :class:`~phsafe.errors.ConfigError` naming the key and the rule.
 
+Every key is known: an unknown key, at any level, is refused with the key and the file named --
+a misspelt key (``"privacy_budgte"``, ``"PH2": {"usa_all": ...}``) would otherwise be silently
+lost. (The spec's §2 says unknown top-level keys are "ignored with a log line"; the production
+configs have none, and a run must not publish under a config that does not say what its operator
+meant.)
+
 Budgets are checked for sanity as the file is read, before anything else runs: a duplicate key
 is an error (JSON would silently keep the last value); numbers are bounded in size so that exact
 arithmetic on them cannot hang; every positive budget must leave a noise scale that 64-bit counts
@@ -17,8 +23,10 @@ data must meet: no ``Infinity`` and no budget so large that its noise scale fall
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import re
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -26,8 +34,8 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
-from phsafe.errors import BudgetError, ConfigError, option
-from phsafe.logs import get_logger
+from phsafe.amounts import INFINITE
+from phsafe.errors import BudgetError, ConfigError, option, os_reason
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
@@ -50,7 +58,6 @@ class PrivacyDefinition(enum.Enum):
     PUREDP = "puredp"
 
 
-INFINITE = Decimal("Infinity")
 _DATASET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
@@ -65,7 +72,6 @@ class PHSafeConfig(BaseModel):
         reader: always ``"csv"`` (CSV or Parquet files on disk).
         dataset: the declared dataset name the runs of this config spend against (optional;
             the command line's ``--dataset`` gives it otherwise).
-        ignored_keys: top-level keys that were present but are not part of the contract.
     """
 
     # Infinity budgets ("no noise", test runs only) must survive model validation.
@@ -77,7 +83,6 @@ class PHSafeConfig(BaseModel):
     state_filter: tuple[str, ...]
     reader: str = "csv"
     dataset: str | None = None
-    ignored_keys: tuple[str, ...] = ()
 
     @property
     def is_puerto_rico(self) -> bool:
@@ -156,42 +161,124 @@ def _unpairs(value: Any, path: str) -> Any:
     return value
 
 
+# A config is a few hundred bytes; anything far larger is not one (and is not read whole).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """One read of a ``config.json``: its bytes, their digest, and what they parse to.
+
+    A run reads its config once, makes this, and passes it down: the ledger's config digest, the
+    config suite's frame and the model every stage runs with all come from the same bytes, so a
+    file edited during a run changes nothing of it.
+
+    Attributes:
+        path: Where it was read from (for messages).
+        data: The bytes read.
+        sha256: Hex SHA-256 of ``data``.
+        document: The JSON document (the strict parse: exact numbers, no duplicate keys), or
+            None when the bytes are not such a document.
+        config: The validated model, or None when ``error`` says why not.
+        error: Why the bytes are not a valid config, or None.
+    """
+
+    path: Path
+    data: bytes = field(repr=False)
+    sha256: str
+    document: Any = field(repr=False, compare=False)
+    config: PHSafeConfig | None = field(compare=False)
+    error: ConfigError | None = field(compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def model(self) -> PHSafeConfig:
+        """The validated config.
+
+        Raises:
+            ConfigError: The bytes are not a valid config (the first broken rule, key named).
+        """
+        if self.config is None:
+            assert self.error is not None
+            raise self.error
+        return self.config
+
+
+def read_config_file(path: str | Path) -> ConfigFile:
+    """Read ``path`` once and parse it strictly (see :class:`ConfigFile`).
+
+    A file that cannot be read raises; a file read but not valid is returned with its ``error``
+    (validation reports it beside the other inputs' failures).
+
+    Raises:
+        ConfigError: The file is missing, a directory, unreadable or too large.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError("<file>", f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError("<file>", f"config file {path} is a directory") from None
+    except OSError as exc:
+        raise ConfigError("<file>", f"config file {path} cannot be read ({os_reason(exc)})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("<file>", f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes: not a config")
+    sha256 = hashlib.sha256(data).hexdigest()
+    document: Any = None
+    try:
+        document = parse_document(data, path.name)
+        config = parse_config(document)
+    except ConfigError as exc:
+        error = exc if exc.file else ConfigError(exc.key, exc.rule, file=path.name)
+        return ConfigFile(path, data, sha256, document, None, error)
+    return ConfigFile(path, data, sha256, document, config, None)
+
+
+def as_config_file(source: "ConfigFile | str | Path") -> ConfigFile:
+    """``source`` itself when it is a :class:`ConfigFile` (a run passes its one read down),
+    else one read of the file it names."""
+    return source if isinstance(source, ConfigFile) else read_config_file(source)
+
+
+def parse_document(data: bytes, name: str) -> Any:
+    """The JSON document of a config's bytes: numbers exact, duplicate keys and overlong numbers
+    refused (see :func:`_number`).
+
+    Raises:
+        ConfigError: Not UTF-8, not JSON, a duplicate key, a number too long, nested too deeply.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError("<file>", f"config file {name} is not UTF-8 text", file=name) from None
+    try:
+        raw = json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_constant,
+                         object_pairs_hook=_Pairs)
+        return _unpairs(raw, "")
+    except json.JSONDecodeError as exc:
+        raise ConfigError("<file>", f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno})",
+                          file=name) from None
+    except _NumberTooLong:
+        raise ConfigError("<file>", f"{name} holds a number longer than {_MAX_NUMBER_TEXT} characters",
+                          file=name) from None
+    except RecursionError:
+        raise ConfigError("<file>", f"{name} is nested too deeply", file=name) from None
+    except ConfigError as exc:
+        raise ConfigError(exc.key, exc.rule, file=name) from None
+
+
 def load_config(path: str | Path) -> PHSafeConfig:
-    """Read and validate ``config.json``.
+    """Read and validate ``config.json`` (one read; :func:`read_config_file` keeps the bytes).
 
     Raises:
         ConfigError: The file is missing, is not JSON, has a duplicate key or an overlong
             number, or breaks a rule of spec §2.
     """
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("<file>", f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise ConfigError("<file>", f"config file {path} is a directory") from None
-    except UnicodeDecodeError:
-        raise ConfigError("<file>", f"config file {path.name} is not UTF-8 text") from None
-    except OSError as exc:
-        raise ConfigError("<file>", f"config file {path} cannot be read ({exc.strerror})") from None
-    try:
-        raw = json.loads(text, parse_float=_number, parse_int=_number, parse_constant=_constant,
-                         object_pairs_hook=_Pairs)
-        raw = _unpairs(raw, "")
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            "<file>", f"{path.name} is not valid JSON (line {exc.lineno}, column {exc.colno})"
-        ) from None
-    except _NumberTooLong:
-        raise ConfigError("<file>", f"{path.name} holds a number longer than {_MAX_NUMBER_TEXT} characters") from None
-    except RecursionError:
-        raise ConfigError("<file>", f"{path.name} is nested too deeply") from None
-    except ConfigError as exc:
-        raise ConfigError(exc.key, exc.rule, file=path.name) from None
-    try:
-        return parse_config(raw)
-    except ConfigError as exc:
-        raise ConfigError(exc.key, exc.rule, file=path.name) from None
+    return read_config_file(path).model()
 
 
 def parse_config(raw: Any) -> PHSafeConfig:
@@ -202,9 +289,10 @@ def parse_config(raw: Any) -> PHSafeConfig:
     for key in ("privacy_defn", "privacy_budget", "tau", "state_filter", "reader"):
         if key not in raw:
             raise ConfigError(key, "is required")
-    ignored = tuple(sorted(k for k in raw if k not in KNOWN_KEYS))
-    for key in ignored:
-        get_logger("phsafe.config").warning("config key ignored", key=key)
+    for key in raw:
+        if key not in KNOWN_KEYS:
+            raise ConfigError(str(key), "is not a key of the config (the keys are " + ", ".join(sorted(KNOWN_KEYS))
+                              + "); a misspelt key would be silently lost, so none is ignored")
 
     defn_raw = raw["privacy_defn"]
     try:
@@ -247,7 +335,6 @@ def parse_config(raw: Any) -> PHSafeConfig:
         state_filter=states,
         reader=reader,
         dataset=dataset,
-        ignored_keys=ignored,
     )
 
 

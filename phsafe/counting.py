@@ -5,10 +5,11 @@ This is the one entry point the engine and the Prefect flows use to turn ``DATA`
 count. Nothing here draws noise or touches the ledger; the results are exact and confidential, so
 they never leave the process except as sums handed to :mod:`phsafe.noise`.
 
-:func:`validated_counts` is what a private run calls: it validates the config and the inputs
-against the suites of ``expectations/`` *and* counts the tables in the same pass -- each input
-file is read once -- and returns the counts only when every rule holds. :func:`exact_counts`
-counts without validation (the checks the counting itself needs still stop a bad input).
+:func:`phsafe.intake.validated_counts` is what a private run calls: it validates the config and
+the inputs against the suites of ``expectations/`` *and* counts the tables in the same pass (this
+module's :class:`InputPass`, observed by :mod:`phsafe.validation`) -- each input file is read
+once -- and returns the counts only when every rule holds. :func:`exact_counts` counts without
+validation (the checks the counting itself needs still stop a bad input).
 
 The pass (:class:`InputPass`) works one *partition* at a time:
 
@@ -62,8 +63,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from phsafe.config import PHSafeConfig, load_config
-from phsafe.errors import ConfigError, InputError
+from phsafe.config import PHSafeConfig
+from phsafe.errors import InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
 from phsafe.preprocess import (
@@ -100,7 +101,6 @@ from phsafe.tabulate import TableCounts, tabulate
 
 if TYPE_CHECKING:
     from phsafe.progress import Progress, Task
-    from phsafe.validation import ValidationReport
 
 log = get_logger("phsafe.counting")
 
@@ -410,64 +410,6 @@ def exact_counts(
                        progress=progress).run()
     assert result.counts is not None
     return result.counts
-
-
-def validated_counts(
-    config_path: Path,
-    data_dir: Path,
-    specs: Sequence[TableSpec],
-    *,
-    key: bytes | None,
-    validate: bool = True,
-    report_dir: Path | None = None,
-    stage: StageTimer = _no_timer,
-    progress: "Progress | None" = None,
-) -> tuple[Counts | None, "ValidationReport | None"]:
-    """Validate the config and the inputs and count the tables, reading each input file once.
-
-    The entry point of a private (or non-private) run. With ``validate``, the config and the
-    three inputs are checked against every suite of ``expectations/`` (Great Expectations) on the
-    same columns the counting reads -- the state filter applied first (spec §1) -- and the counts
-    are returned only when every rule holds: a failed validation returns ``(None, report)``, and
-    the run must stop before any budget is spent. Without ``validate`` the counting still checks
-    what it needs (formats, code lists, the layout of data stored by state) and raises an
-    :class:`~phsafe.errors.InputError` at the first problem; the report is None.
-
-    Args:
-        config_path: The run's ``config.json``.
-        data_dir: Folder with the persons, units and geo inputs.
-        specs: Tables to count (e.g. ``list(phsafe.tables.TABLES.values())``).
-        key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
-        validate: Validate the inputs (the default of a private run).
-        report_dir: Where the validation report is written (``report_dir/inputs/``), if given.
-        stage: Stage timer for progress and logs.
-        progress: Shows a bar of the input files read (see :class:`InputPass`).
-
-    Returns:
-        ``(counts, report)``: the exact counts (None when validation failed) and the validation
-        report (None without ``validate``). Both are confidential.
-
-    Raises:
-        ConfigError: Without ``validate``, the config is invalid.
-        InputError: Without ``validate``, an input breaks a rule the counting needs; with
-            ``validate``, every rule held but the counting still refused a record (e.g. codes that
-            fall in no cell of a table).
-        ValidationError: Validation could not complete (a defect, never a bad input).
-    """
-    if not validate:
-        config = load_config(config_path)
-        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress), None
-    from phsafe.validation import _run_validation
-
-    counting = None
-    try:
-        config = load_config(config_path)
-        counting = Counting.of(config, specs, key)
-    except ConfigError:
-        pass  # the report says what is wrong with the config; nothing is counted
-    report, counts = _run_validation(Path(config_path), Path(data_dir), counting=counting,
-                                     report_dir=report_dir, stage=stage, progress=progress)
-    return (counts if report.ok else None), report
 
 
 @dataclass(frozen=True)

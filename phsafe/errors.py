@@ -1,18 +1,69 @@
-"""Errors with messages that are safe to log.
+"""Every error this package raises on purpose, in one place, with messages that are safe to log.
 
 Every error raised on the data path names *where* the problem is (file, column, config key) and
-*which rule* failed, and never carries a raw value of a confidential record.
+*which rule* failed, and never carries a raw value of a confidential record. A front end reports
+any :class:`PHSafeError` as one line (the command line exits 1; a flow run ends Failed with it).
+
+    PHSafeError                       base class
+    ├── ConfigError                   the config breaks a rule of spec §2
+    ├── InputError                    an input file breaks a rule of spec §1 or §4
+    ├── ValidationFailed              the inputs or the outputs failed their validation suites
+    │                                 (a verdict on the data: the report says which rules broke)
+    ├── ValidationMachineryError      validation could not run to the end: a defect of the
+    │                                 validation machinery, never a verdict on the data
+    ├── OutputExistsError             the output folder exists (a release is never overwritten)
+    ├── BudgetError                   a spend the lifetime cap, the plan or the run refuses
+    │   └── AlreadyReleasedError      the records were released (or are being released) already
+    ├── LedgerError                   the ledger is broken, unusable, or asked to record
+    │   │                             something inconsistent
+    │   └── TornTailError             the ledger ends in an interrupted write
+    ├── PrivacyMapMismatchError       OpenDP's privacy map disagrees with a planned budget
+    ├── PlanningError                 the planner's targets, tau or options are invalid
+    ├── ReleaseError                  a release folder cannot be read as asked
+    ├── VerificationFailure           the auditor's check: the ledger, a checkpoint or an output
+    │                                 does not hold up
+    ├── PostprocessError              a release cannot be post-processed
+    │   └── EstimateChecksFailed      a check of the estimate files failed (a defect of
+    │                                 the post-processing: nothing was published)
+    ├── ConfidentialityNotConfirmed   the accuracy experiment needs the data declared
+    │                                 non-confidential
+    ├── ReportFolderExists            a report folder already holds files
+    └── TlogError                     the transparency log (:mod:`phsafe.tlog`)
+        ├── MalformedError            bytes that are not the documented format (note,
+        │                             checkpoint, key, proof file, witness request, published
+        │                             log, store file)
+        ├── SignatureError            a note lacks a valid signature by a trusted key, or too
+        │                             few witnesses cosigned
+        ├── ProofError                an inclusion or consistency proof does not verify (or
+        │                             cannot be made)
+        ├── ForkError                 two signed checkpoints of one log that cannot both be true
+        ├── WitnessRefusal            a witness declines to cosign (status as in C2SP
+        │                             tlog-witness)
+        └── StoreError                a hash store, state store or key file is unusable
+            └── StaleStateError       a compare-and-swap of a checkpoint store lost a race
+
+:class:`LedgerRuleViolation` is not a :class:`PHSafeError`: it never leaves :mod:`phsafe.ledger`,
+whose replay turns it into a :class:`LedgerError` naming the entry.
+
+The modules that raise these errors re-export the ones their callers know them by
+(``phsafe.release.ReleaseError``, ``phsafe.tlog.TlogError``, ...).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 from typing import Iterator
 
 
 class PHSafeError(Exception):
     """Base class of every error this package raises on purpose."""
+
+
+# --------------------------------------------------------------------------------------------
+# Config and inputs
+# --------------------------------------------------------------------------------------------
 
 
 class ConfigError(PHSafeError):
@@ -52,6 +103,40 @@ class InputError(PHSafeError):
         super().__init__(f"{where}: {rule}{count}")
 
 
+class ValidationFailed(PHSafeError):
+    """Input or output validation found problems; the report says which.
+
+    A verdict on the data (compare :class:`ValidationMachineryError`): a run stops before any
+    spend on failed inputs, and before publishing on failed outputs.
+
+    Attributes:
+        subject: ``input`` or ``output``.
+        report: The validation report (value-free; its failing-row counts are confidential).
+        report_text: The text of the message after its first line.
+    """
+
+    def __init__(self, what: str, report_text: str, report: object | None = None) -> None:
+        self.subject = what
+        self.report = report
+        self.report_text = report_text
+        super().__init__(f"{what} validation failed:\n{report_text}")
+
+
+class ValidationMachineryError(PHSafeError):
+    """Validation could not run to the end: a defect of the validation machinery (an exception
+    inside Great Expectations or the suites), never a verdict on the data -- broken rules are
+    :class:`ValidationFailed` (and the report's failures).
+
+    Its message names the stage and the exception class only: the original exception, whose
+    message may quote a value of the data, is not chained.
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Runs, budgets and the ledger
+# --------------------------------------------------------------------------------------------
+
+
 class OutputExistsError(PHSafeError):
     """The output directory already exists; a run never overwrites a publication."""
 
@@ -60,8 +145,178 @@ class BudgetError(PHSafeError):
     """A run would spend more privacy-loss budget than it is allowed to."""
 
 
+class AlreadyReleasedError(BudgetError):
+    """The records are a content version that another run released (or is releasing): a
+    content version is released once unless a re-release is declared with a reason."""
+
+
+class LedgerError(PHSafeError):
+    """The ledger is malformed, broken, or was asked to record something inconsistent.
+
+    Args:
+        message: What failed, in plain words.
+        seq: Index of the first failing entry (line), when the failure is about one.
+        kind: That entry's kind, when known.
+    """
+
+    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None) -> None:
+        self.seq = seq
+        self.kind = kind
+        self.reason = message
+        where = ""
+        if seq is not None:
+            where = f"entry {seq}" + (f" ({kind})" if kind else "") + ": "
+        super().__init__(where + message)
+
+
+class TornTailError(LedgerError):
+    """The ledger ends in an incomplete line: an interrupted write. ``phsafe ledger repair``."""
+
+
+class LedgerRuleViolation(Exception):
+    """A rule of the ledger failed for the entry being checked.
+
+    Internal to :mod:`phsafe.ledger`: the replay turns it into a :class:`LedgerError` that names
+    the entry (its sequence number and kind), so it is deliberately not a :class:`PHSafeError`.
+    """
+
+
 class PrivacyMapMismatchError(PHSafeError):
     """OpenDP's privacy map disagrees with the planned budget of a measurement."""
+
+
+class PlanningError(PHSafeError):
+    """The planner's input (targets file, tau, options) is invalid."""
+
+
+# --------------------------------------------------------------------------------------------
+# Releases, audits and reports
+# --------------------------------------------------------------------------------------------
+
+
+class ReleaseError(PHSafeError):
+    """An output folder cannot be read as asked (missing, modified, or of the other kind)."""
+
+
+class VerificationFailure(PHSafeError):
+    """The ledger, a checkpoint or an output does not hold up.
+
+    Args:
+        where: The first failing entry (``entry 12 (INTENT)``) or file.
+        reason: Why, in plain words.
+    """
+
+    def __init__(self, where: str, reason: str) -> None:
+        self.where = where
+        self.reason = reason
+        super().__init__(f"{where}: {reason}")
+
+
+class PostprocessError(PHSafeError):
+    """The output directory cannot be post-processed (missing, not private, corrupt)."""
+
+
+class EstimateChecksFailed(PostprocessError):
+    """A check of the estimate files failed: a defect of this code; nothing was published."""
+
+
+class ConfidentialityNotConfirmed(PHSafeError):
+    """The accuracy experiment needs an explicit statement that the data is not confidential."""
+
+
+class ReportFolderExists(PHSafeError):
+    """A report command was pointed at a folder that already holds files."""
+
+
+# --------------------------------------------------------------------------------------------
+# The transparency log (phsafe.tlog)
+# --------------------------------------------------------------------------------------------
+# Messages are one line, say what was checked and what failed, and carry only public facts
+# (sizes, indexes, key names, origins, hashes of public entries) -- never an entry's bytes,
+# which a caller may not want echoed.
+
+
+class TlogError(PHSafeError):
+    """Base class of the transparency log's errors."""
+
+
+class MalformedError(TlogError):
+    """Bytes that are not the documented format.
+
+    Args:
+        what: What was being read, e.g. ``"checkpoint"``, ``"signed note"``, ``"tlog-proof"``.
+        rule: The rule that failed, in plain words.
+    """
+
+    def __init__(self, what: str, rule: str) -> None:
+        self.what = what
+        self.rule = rule
+        super().__init__(f"malformed {what}: {rule}")
+
+
+class SignatureError(TlogError):
+    """A note is not validly signed by the keys it must be signed by."""
+
+
+class ProofError(TlogError):
+    """An inclusion or consistency proof does not verify, or cannot be made."""
+
+
+class ForkError(TlogError):
+    """Two checkpoints signed by one log's key that no append-only log can both have produced.
+
+    Both notes are kept as evidence: published side by side, they prove the log misbehaved.
+
+    Args:
+        message: What was found, in one line.
+        first: The earlier-seen signed checkpoint (note bytes).
+        second: The newly seen signed checkpoint (note bytes).
+    """
+
+    def __init__(self, message: str, *, first: bytes, second: bytes) -> None:
+        self.first = first
+        self.second = second
+        super().__init__(message)
+
+
+class WitnessRefusal(TlogError):
+    """A witness declined to cosign a checkpoint.
+
+    ``status`` is the HTTP status the C2SP tlog-witness protocol assigns to the refusal, so a
+    network front end can answer with it unchanged: 400 (bad request, e.g. old size larger than
+    the checkpoint's), 403 (not signed by the log's key), 404 (unknown log), 409 (the old size is
+    not the size the witness last cosigned; ``latest_size`` then says which it is), 422 (the
+    consistency proof does not verify, or the same size came with another root hash).
+    """
+
+    def __init__(self, status: int, message: str, *, latest_size: int | None = None) -> None:
+        self.status = status
+        self.latest_size = latest_size
+        super().__init__(message)
+
+
+class StoreError(TlogError):
+    """A store (hash file, checkpoint state, key file, log directory) is unusable as found."""
+
+
+class StaleStateError(StoreError):
+    """A checkpoint store's compare-and-swap found another value than the one expected."""
+
+
+# --------------------------------------------------------------------------------------------
+# Operating-system errors in plain words
+# --------------------------------------------------------------------------------------------
+
+
+def os_reason(exc: OSError) -> str:
+    """An OSError in plain words, with its errno name (e.g. ``no space left on device (ENOSPC)``).
+
+    Never the file name or the message of the exception beyond the operating system's own text:
+    callers say which file they were using.
+    """
+    name = errno.errorcode.get(exc.errno or 0)
+    text = (exc.strerror or type(exc).__name__).lower()
+    return f"{text} ({name})" if name else text
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,6 +341,7 @@ OPTIONS: dict[str, str] = {
     "truncation_key": "--truncation-key",
     "resume": "--resume",
     "resume_reason": "--resume-reason",
+    "re_release": "--re-release",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
     "output": "OUT",
@@ -93,24 +349,59 @@ OPTIONS: dict[str, str] = {
 """Option -> how the command line spells it. Flows spell it as the parameter of that name."""
 
 FLOW_PARAMETERS: dict[str, str] = {"resume": "resume_run_id", "no_validate": "validate_inputs=false",
-                                   "new_version": "new_version_reason", "output": "output_root"}
+                                   "new_version": "new_version_reason", "output": "output_root",
+                                   "re_release": "re_release_reason"}
 """Options whose flow parameter is not named like the option."""
 
 
+FLOW_ELSEWHERE: dict[str, str] = {
+    "lifetime_cap": "`phsafe ledger raise-cap LEDGER --dataset NAME --to CAP --reason TEXT` (in the enclave; "
+                    "then Retry this flow run)",
+    "cap_reason": "raise-cap's --reason",
+    "resume": "a Retry of this flow run",
+    "resume_reason": "the Retry (its reason is recorded for you)",
+    "dataset": "the config's \"dataset\" key",
+    "no_validate": "the us or pr deployment's parameter validate_inputs=false",
+    "work_dir": "the us or pr deployment's parameter work_dir",
+}
+"""How to do what an option does from a deployment that has no parameter for it (the release
+deployment has no ``lifetime_cap``: a cap is raised with ``phsafe ledger raise-cap``)."""
+
+_PARAMETERS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("phsafe_flow_parameters",
+                                                                                      default=None)
+
+
 def option(name: str) -> str:
-    """How the operator sets ``name`` here: ``--lifetime-cap`` (CLI) or ``lifetime_cap`` (flow)."""
+    """How the operator sets ``name`` here: ``--lifetime-cap`` (CLI), ``the flow parameter
+    lifetime_cap`` (a flow that has it), or how else (a flow that has not)."""
     if _FRONT_END.get() == "flow":
-        return f"the flow parameter {FLOW_PARAMETERS.get(name, name)}"
+        parameter = FLOW_PARAMETERS.get(name, name)
+        known = _PARAMETERS.get()
+        if known is not None and parameter.split("=")[0] not in known:
+            return FLOW_ELSEWHERE.get(name, f"{parameter} (not a parameter of this deployment)")
+        return f"the flow parameter {parameter}"
     return OPTIONS[name]
 
 
+def flow_parameters() -> frozenset[str] | None:
+    """The parameters of the deployment whose run this is (None: unknown, or the command line)."""
+    return _PARAMETERS.get() if _FRONT_END.get() == "flow" else None
+
+
 @contextlib.contextmanager
-def front_end(kind: str) -> Iterator[None]:
-    """Name options as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block."""
+def front_end(kind: str, parameters: frozenset[str] | None = None) -> Iterator[None]:
+    """Name options as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block.
+
+    Args:
+        parameters: For a flow, the parameters its operator can set: an option without one is
+            named by what to do instead (:data:`FLOW_ELSEWHERE`).
+    """
     if kind not in ("cli", "flow"):
         raise ValueError(kind)
     token = _FRONT_END.set(kind)
+    known = _PARAMETERS.set(parameters if kind == "flow" else None)
     try:
         yield
     finally:
+        _PARAMETERS.reset(known)
         _FRONT_END.reset(token)

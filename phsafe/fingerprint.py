@@ -59,7 +59,6 @@ UNIT_FIELDS: tuple[tuple[tuple[str, int], ...], ...] = (
     (("TEN", 3), ("HHT", 3), ("HHT2", 4), ("CPLT", 3), ("RTYPE", 3)),
 )
 """Unit fields in two words; the second word also carries the 7-bit state code."""
-_STATE_BITS = 7  # state FIPS codes are at most 72
 
 
 def _mix(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:

@@ -6,11 +6,14 @@ record. Data-dependent statistics are not logged on the private path either.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 import structlog
 
@@ -23,20 +26,45 @@ def _add_log_level(logger: Any, method: str, event: dict[str, Any]) -> dict[str,
     return event
 
 
-class _JsonFileTee:
-    """A structlog processor that appends each event as one JSON line to a file."""
+_file_here: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("phsafe_log_file", default=None)
+_open_files: dict[Path, TextIO] = {}
+_open_files_lock = threading.Lock()
 
-    def __init__(self, stream: TextIO) -> None:
+
+class _JsonFileTee:
+    """A structlog processor that appends each event as one JSON line to the log file: the one
+    :func:`log_to` chose for the current context, else the process's (:func:`configure`)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
 
     def __call__(self, logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        record = dict(event)
-        self.stream.write(json.dumps(record, default=str, sort_keys=True) + "\n")
-        self.stream.flush()
+        stream = _file_here.get() or self.stream
+        if stream is not None:
+            stream.write(json.dumps(dict(event), default=str, sort_keys=True) + "\n")
+            stream.flush()
         return event
 
 
 _log_stream: TextIO | None = None
+
+
+@contextlib.contextmanager
+def log_to(log_file: Path) -> Iterator[None]:
+    """Inside the block (and the threads and tasks started from it), events go to ``log_file``
+    instead of the process's log file: each dataset's log lies beside its own ledger, even when
+    one process runs two datasets (the release flow's US and Puerto Rico subflows)."""
+    path = Path(log_file).absolute()
+    with _open_files_lock:
+        stream = _open_files.get(path)
+        if stream is None or stream.closed:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stream = _open_files[path] = open(path, "a", encoding="utf-8")
+    token = _file_here.set(stream)
+    try:
+        yield
+    finally:
+        _file_here.reset(token)
 
 
 class _Forward:
@@ -76,7 +104,7 @@ def configure(
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         _log_stream = open(log_file, "a", encoding="utf-8")
-        processors.append(_JsonFileTee(_log_stream))
+    processors.append(_JsonFileTee(_log_stream))
     processors.extend(_Forward(sink) for sink in sinks)
     processors.append(_ConsoleFilter(console_level))
     console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), exception_formatter=_no_traceback)

@@ -30,7 +30,7 @@ from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
 from phsafe.datapackage import DATAPACKAGE, write_datapackage
 from phsafe.domain import measurement_domain
-from phsafe.errors import OutputExistsError, PHSafeError
+from phsafe.errors import OutputExistsError, PHSafeError, os_reason
 from phsafe.reader import file_digest
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, TableSpec, output_spec
 from phsafe.tabulate import TableCounts
@@ -187,12 +187,6 @@ class Publication:
         staging.mkdir()
         return cls(target, staging)
 
-    def write_manifest(self, manifest: dict) -> str:
-        path = self.staging / MANIFEST
-        path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        _fsync(path)
-        return file_digest(path)
-
     def publish(self) -> Path:
         """Atomically rename the staging directory to the target."""
         for sub in sorted(self.staging.rglob("*"), reverse=True):
@@ -276,7 +270,5 @@ def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *,
     except OSError as exc:
         if publication is not None and not move:
             publication.abandon()
-        from phsafe.ledger import _os_reason
-
-        raise PHSafeError(f"cannot publish the release to {target}: {_os_reason(exc)}; nothing was published") from None
+        raise PHSafeError(f"cannot publish the release to {target}: {os_reason(exc)}; nothing was published") from None
     return digest

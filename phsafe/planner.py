@@ -49,7 +49,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from phsafe.accounting import plan_run, sensitivity
 from phsafe.config import INFINITE, PHSafeConfig, PrivacyDefinition, load_config, parse_config
-from phsafe.errors import ConfigError, PHSafeError
+from phsafe.errors import ConfigError, PlanningError
 from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TABLES, TAU_TABLES
@@ -69,10 +69,6 @@ MOE_EPS_PNG = "moe_vs_epsilon.png"
 SPLIT_PNG = "budget_split.png"
 
 _MAX_TERMS = 5_000_000
-
-
-class PlanningError(PHSafeError):
-    """The planner's input (targets file, tau, options) is invalid."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -796,7 +792,7 @@ def amount_text(x: Fraction | Decimal | None, significant: int = 10) -> str:
         return "n/a"
     if isinstance(x, Decimal):
         return "Infinity" if x == INFINITE else _decimal_text(x)
-    from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
 
     exact = format_exact(x)
     return exact if "/" not in exact else "≈ " + fraction_text(x, significant)
@@ -804,7 +800,7 @@ def amount_text(x: Fraction | Decimal | None, significant: int = 10) -> str:
 
 def _exact_text(x: Fraction) -> str:
     """Exact text of a rational: terminating decimal, or ``numerator/denominator``."""
-    from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
 
     return format_exact(x)
 

@@ -487,16 +487,23 @@ class SourceReader:
                     return None
         return names
 
+    def _header_ok(self, name: str, header: list[str]) -> bool:
+        """The one check of a file's column names, CSV or Parquet: each named once; and in a
+        strict read, exactly the schema's (:func:`check_header` raises)."""
+        if len(set(header)) != len(header):
+            self._fail(name, "every column is named once", "names a column more than once")
+            return False
+        if self.problems.strict:
+            check_header(name, header, self.schema)
+        return True
+
     def _csv(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
         names = self._csv_header(path, name)
         if names is None:
             return
         self.header = names
-        if len(set(names)) != len(names):
-            self._fail(name, "every column of the header row is named once", "names a column more than once")
+        if not self._header_ok(name, names):
             return
-        if self.problems.strict:
-            check_header(name, names, self.schema)
         # Columns are read under neutral names: a header name is never handed to pyarrow's
         # messages, and columns outside the schema are skipped without being parsed.
         neutral = [f"c{i}" for i in range(len(names))]
@@ -554,11 +561,8 @@ class SourceReader:
             return
         if self.header is None:
             self.header = header
-        if len(set(header)) != len(header):
-            self._fail(name, "every column is named once", "names a column more than once")
+        if not self._header_ok(name, header):
             return
-        if self.problems.strict:
-            check_header(name, header, self.schema)
         present = [c for c in self.schema if c.name in header and c.name in self.wanted]
         if not present:
             self.complete = False
@@ -1097,11 +1101,8 @@ def read_table(f: InputFile, *, mafid_range: MafidRange | None = None,
     mafid = next(c for c in kept if c.name == "MAFID")
     reader = SourceReader(f, Problems(strict=True), columns=[c.name for c in kept])
     parts: dict[str, list[np.ndarray]] = {c.name: [] for c in kept}
-    checked: set[str] = set()
+    # A strict reader checks every file's header against the schema before its first batch.
     for item in reader.batches():
-        if item.name not in checked:
-            check_header(item.name, reader.header or [], columns)
-            checked.add(item.name)
         batch = item.batch
         m = encode(mafid, batch.column(batch.schema.get_field_index("MAFID")))
         raise_value_problems(item.name, m)
@@ -1117,8 +1118,6 @@ def read_table(f: InputFile, *, mafid_range: MafidRange | None = None,
             e = m if c is mafid else encode(c, batch.column(batch.schema.get_field_index(c.name)))
             raise_value_problems(item.name, e, rows)
             parts[c.name].append(e.values if rows is None else e.values[rows])
-    if reader.header is not None and not checked:  # a header and no rows
-        check_header(f.file_name(f.files[0]) if f.files else f.name, reader.header, columns)
     out: Columns = {}
     for c in kept:  # one column at a time, releasing its batches: peak is data + one column
         chunks = parts.pop(c.name)

@@ -42,17 +42,13 @@ from phsafe.datapackage import (
     package_descriptor,
     resource_name,
 )
-from phsafe.errors import PHSafeError
+from phsafe.errors import ReleaseError
 from phsafe.reader import file_digest
 from phsafe.tables import OUTPUT_TABLES
 
 MANIFEST = "manifest.json"
 LABEL_SUFFIX = "_LABEL"
 _UNLABELLED = ("NOISE_DISTRIBUTION",)
-
-
-class ReleaseError(PHSafeError):
-    """An output folder cannot be read as asked (missing, modified, or of the other kind)."""
 
 
 def _manifest_files(root: Path) -> dict[str, str] | None:

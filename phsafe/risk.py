@@ -521,7 +521,7 @@ def _noise_json(noise: CellNoise) -> dict[str, Any]:
 
 
 def _frac(x: Fraction) -> str:
-    from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
 
     return format_exact(x)
 

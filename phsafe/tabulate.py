@@ -231,7 +231,7 @@ class _Shared:
         self._base: dict[tuple[int, tuple[Source, str, str] | None], npt.NDArray[np.int32]] = {}
 
     def mask(self, conditions: tuple[Condition, ...], source: Source) -> npt.NDArray[np.bool_]:
-        """Rows of ``source`` meeting every condition on it (as :func:`~phsafe.truncation.universe_mask`)."""
+        """Rows of ``source`` meeting every condition of the universe on it (spec §5, step 1)."""
         key = (source, tuple(c for c in conditions if c.source is source))
         if key not in self._masks:
             cols = self.part.persons if source is Source.PERSON else self.part.units
@@ -290,8 +290,8 @@ class _Shared:
         return self._unit_joins[unit_universe]
 
     def persons(self, spec: TableSpec, tau: int | None, key: bytes | None) -> Joined:
-        """The truncated join of ``spec``'s universes (:func:`~phsafe.truncation.join_persons`,
-        with the masks above)."""
+        """The truncated join of ``spec``'s universes (spec §5: persons of the universe joined to
+        their MAFID's unique in-universe unit, kept by :func:`~phsafe.truncation.truncate`)."""
         cache_key = (spec.person_universe, spec.unit_universe, tau)
         if cache_key not in self._joins:
             part = self.part

@@ -29,7 +29,6 @@ import numpy.typing as npt
 
 from phsafe._siphash import siphash24_u64
 from phsafe.reader import Columns
-from phsafe.tables import Condition, Source
 
 TRUNCATION_KEY_BYTES = 16
 
@@ -45,16 +44,6 @@ class Joined:
 
     person_rows: npt.NDArray[np.int64] | None
     unit_rows: npt.NDArray[np.int64]
-
-
-def universe_mask(cols: Columns, conditions: tuple[Condition, ...], source: Source) -> npt.NDArray[np.bool_]:
-    """Rows of ``cols`` meeting every condition on ``source``."""
-    n = len(next(iter(cols.values())))
-    mask = np.ones(n, dtype=bool)
-    for cond in conditions:
-        if cond.source is source:
-            mask &= np.isin(cols[cond.column], np.fromiter(cond.values, dtype=np.int64))
-    return mask
 
 
 def unique_units(
@@ -118,28 +107,3 @@ def truncate(
     rank = np.arange(len(u_sorted)) - first
     keep[over[order[rank >= tau]]] = False
     return keep
-
-
-def join_persons(
-    persons: Columns,
-    person_group: npt.NDArray[np.int64],
-    person_universe: tuple[Condition, ...],
-    row_of_group: npt.NDArray[np.int64],
-    *,
-    tau: int | None,
-    key: bytes | None,
-) -> Joined:
-    """Filter persons, join them to their unique in-universe unit, truncate to ``tau``.
-
-    ``tau=None`` (non-private ground truth) keeps every person.
-    """
-    pmask = universe_mask(persons, person_universe, Source.PERSON)
-    rows = np.flatnonzero(pmask)
-    units = row_of_group[person_group[rows]]
-    joined = units >= 0
-    rows, units = rows[joined], units[joined]
-    if tau is not None:
-        assert key is not None and len(key) == TRUNCATION_KEY_BYTES
-        keep = truncate(units, persons, rows, tau, key)
-        rows, units = rows[keep], units[keep]
-    return Joined(person_rows=rows, unit_rows=units)

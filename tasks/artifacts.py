@@ -1,8 +1,10 @@
-"""What a run shows in the Prefect UI: five artifacts per dataset run.
+"""What a run shows in the Prefect UI: five artifacts per dataset run, one summary per release.
 
-``<dataset>-budget-spends`` (table), ``<dataset>-input-validation`` and
-``<dataset>-output-validation`` (table of broken rules, or a note that every rule holds),
-``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint`` (Markdown).
+``<dataset>-budget-spends`` (table; the dataset's spent / cap / left beside the plan),
+``<dataset>-input-validation`` and ``<dataset>-output-validation`` (table of broken rules, or a
+note that every rule holds), ``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint``
+(Markdown); the release run's ``release-summary`` (per dataset: where published, this run's
+spend, the dataset's lifetime spend, cap and what is left, the ledger checkpoint).
 
 Artifacts live in the Prefect database, outside the data's trust boundary: each holds public
 facts only -- budgets (as decimals), sensitivities, variances, MOEs, cell counts of public
@@ -31,16 +33,53 @@ def _key(label: str, what: str) -> str:
     return f"{label}-{what}".lower().replace("_", "-")
 
 
-def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any) -> None:
-    """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger)."""
+def account_text(budget: Any) -> str:
+    """``dataset demo-us: spent 1.257281 of its lifetime cap 2.6 (rho); 1.342719 left``."""
+    if budget is None:
+        return "the dataset's account could not be read from the ledger"
+    cap = f"lifetime cap {decimal_text(budget.cap)} ({budget.unit})"
+    if not budget.enforced:
+        cap += ", recorded but not enforced: a throwaway ledger of non-confidential data"
+    return f"dataset `{budget.dataset}`: spent {decimal_text(budget.spent)} of its {cap}; {decimal_text(budget.left)} left"
+
+
+def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: Any, budget: Any = None) -> None:
+    """Table × level: ρ or ε, Δ, σ², 90% MOE, cells, spends and status (from the ledger); the
+    dataset's spent, cap and left in the description, beside the plan's total."""
     table = [{k: decimal_text(v) if k in _BUDGET_COLUMNS else (round(v, 2) if k == "moe90" else v)
               for k, v in row.items()} for row in rows]
+    charge = f", charged {decimal_text(budget.run_charge)}" if budget is not None else ""
     create_table_artifact(
         key=_key(label, "budget-spends"),
         table=table,
-        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger; "
-                    f"planned total {decimal_text(total)}.",
+        description=f"Privacy-loss spends of run `{run_id}` as recorded in the ledger: planned total "
+                    f"{decimal_text(total)}{charge}. The {account_text(budget)}.",
     )
+
+
+def release_summary(run_name: str, outcomes: dict[str, dict[str, Any]]) -> None:
+    """The release run's summary: one row per dataset (published where, this run's spend, the
+    dataset's lifetime spend, cap and what is left, the ledger checkpoint), or why it failed."""
+    lines = [f"# Release `{run_name}`", "",
+             "| dataset | outcome | release | this run's spend | lifetime spent | cap | left | ledger checkpoint |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, o in outcomes.items():
+        if o.get("failed"):
+            lines.append(f"| {label} | **failed**: {o['failed']} | - | - | - | - | - | - |")
+            continue
+        outcome = "already published (nothing done)" if o.get("already_published") else (
+            "published" + (f", attempt {o['attempt']}" if o.get("attempt", 1) > 1 else ""))
+        checkpoint = (f"size {o['checkpoint_size']}, head `{o['checkpoint_head']}`"
+                      + ("" if o.get("checkpoint_signed") else " (unsigned)")) if o.get("checkpoint_size") else "-"
+        lines.append(f"| {label} (`{o['dataset']}`) | {outcome}: run `{o['run_id']}` | `{o['outputs']}` "
+                     f"| {decimal_text(o.get('run_charge', '-'))} | {decimal_text(o.get('dataset_spent', '-'))} "
+                     f"| {decimal_text(o.get('lifetime_cap', '-'))} ({o.get('unit', '')}) "
+                     f"| {decimal_text(o.get('left', '-'))} | {checkpoint} |")
+    lines += ["", "Each dataset's spends, validation, manifest and checkpoint are in its subflow run's artifacts "
+              "(`us-…`, `pr-…`). Auditors check a release offline with `phsafe audit verify LEDGER --outputs "
+              "RELEASE --public-key KEY`."]
+    create_markdown_artifact(key="release-summary", markdown="\n".join(lines) + "\n",
+                             description=f"Release {run_name}: where each dataset was published and its privacy-loss account")
 
 
 def broken_rules(report: Any) -> list[dict[str, str]]:
@@ -119,52 +158,80 @@ def _share(value: float) -> str:
     return f"{value:.4f}"
 
 
-def rehearsal_coverage(run_id: str, verdicts: dict[str, Any], errors: dict[str, list[dict[str, Any]]],
-                       alpha: float) -> None:
-    """Coverage of the stated 90% MOE per dataset × table × level, against its binomial tolerance,
-    with the error figures of the same table and level."""
+def rehearsal_coverage(run_id: str, verdicts: dict[str, Any], alpha: float) -> None:
+    """Coverage of the stated 90% MOE per dataset × table × level, against its binomial tolerance.
+
+    Eight narrow columns, so the table fits the UI's artifact pane; the error figures of the same
+    rows are :func:`rehearsal_errors`, the plots :func:`rehearsal_report`."""
     rows = []
     for label, verdict in verdicts.items():
-        by_level = {(e["TABLE"], e["LEVEL"]): e for e in errors.get(label, [])}
         for r in verdict.rows.to_dict(orient="records"):
-            # The pooled row pools coverage over the measured tables only: no error figures there.
-            e = {} if r["TABLE"] == "ALL" else by_level.get((r["TABLE"], r["LEVEL"]), {})
             rows.append({
-                "dataset": label, "table": r["TABLE"], "level": r["LEVEL"],
-                "cells x trials": r["N"], "MOE coverage": _share(r["COVERAGE"]), "nominal": _share(r["NOMINAL"]),
-                "expected": _share(r["EXPECTED"]),
+                "dataset": label, "table": r["TABLE"], "level": r["LEVEL"], "n": r["N"],
+                "coverage": _share(r["COVERAGE"]), "expected": _share(r["EXPECTED"]),
                 "tolerance": f"[{_share(r['TOLERANCE_LOW'])}, {_share(r['TOLERANCE_HIGH'])}]",
                 "verdict": "ok" if r["OK"] else "OUTSIDE",
-                "mean MOE": f"{e['MEAN_MOE']:.1f}" if e else "",
-                "MAE": f"{e['MAE']:.1f}" if e else "",
-                "P90 |error|": f"{e['P90_ABS_ERROR']:.1f}" if e else "",
-                "truncation MAE": f"{e['TRUNCATION_MAE']:.2f}" if e else "",
             })
     outside = sum(r["verdict"] != "ok" for r in rows)
     verdict = "every table and level within tolerance" if not outside else f"{outside} OUTSIDE tolerance"
     create_table_artifact(
         key="rehearsal-moe-coverage", table=rows,
-        description=(f"Rehearsal `{run_id}`: {verdict}. Share of released cells within the stated 90% MOE of "
-                     "the truncated exact count, against the nominal 0.90; 'expected' is the exact coverage of "
-                     "the integer noise, the tolerance its binomial interval (Bonferroni, a correct pipeline "
-                     f"fails a rehearsal with probability ≤ {alpha:g}). {_SYNTHETIC}"),
+        description=(f"Rehearsal `{run_id}`: {verdict}. 'coverage': the share of the n released cells × trials "
+                     "within the stated 90% MOE of the truncated exact count (nominal 0.90); 'expected': the exact "
+                     "coverage of the integer noise; 'tolerance': its binomial interval (Bonferroni: a correct "
+                     f"pipeline fails a rehearsal with probability ≤ {alpha:g}). Errors: rehearsal-accuracy-errors; "
+                     f"plots: rehearsal-accuracy-report. {_SYNTHETIC}"),
     )
 
 
-def rehearsal_report(run_id: str, folder: Path, inputs: dict[str, dict[str, Any]],
-                     runs: dict[str, str], accuracy: dict[str, dict[str, Any]]) -> None:
-    """Where the rehearsal's inputs, runs, accuracy reports and plots are."""
-    lines = [f"# Rehearsal `{run_id}`", "", _SYNTHETIC, "", f"Folder: `{folder}`", "",
-             "| dataset | synthetic inputs | production flow | accuracy report | plots |", "|---|---|---|---|---|"]
+def rehearsal_errors(run_id: str, errors: dict[str, list[dict[str, Any]]]) -> None:
+    """The error figures of the accuracy experiment per dataset × table × level (seven columns)."""
+    rows = [{"dataset": label, "table": e["TABLE"], "level": e["LEVEL"], "mean MOE": f"{e['MEAN_MOE']:.1f}",
+             "MAE": f"{e['MAE']:.1f}", "P90 |error|": f"{e['P90_ABS_ERROR']:.1f}",
+             "truncation MAE": f"{e['TRUNCATION_MAE']:.2f}"}
+            for label, figures in errors.items() for e in figures]
+    create_table_artifact(
+        key="rehearsal-accuracy-errors", table=rows,
+        description=(f"Rehearsal `{run_id}`: errors of the released counts against the true counts over the "
+                     "trials -- mean stated 90% MOE, mean absolute error, 90th percentile of |error|, and the "
+                     f"part of the MAE due to truncation. {_SYNTHETIC}"),
+    )
+
+
+# The plots of ``phsafe accuracy``, in the order the report shows them.
+_PLOTS = (("coverage.png", "MOE coverage per table and level, with ±2 SE"),
+          ("mae.png", "Mean absolute error per table and level"),
+          ("error_distribution.png", "Distribution of the errors"),
+          ("abs_errors.png", "Absolute errors per table and level"),
+          ("averages_coverage.png", "Coverage of the averages"))
+
+
+def _embedded_png(path: Path) -> str:
+    """A PNG as a ``data:`` URI: the UI shows it inline (it cannot open a worker's ``file://``)."""
+    import base64
+
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def rehearsal_report(run_id: str, folder: Path, inputs: dict[str, dict[str, Any]], runs: dict[str, str],
+                     verification: dict[str, str], accuracy: dict[str, dict[str, Any]]) -> None:
+    """The rehearsal at a glance: per dataset its inputs, its production run, the auditors' check of
+    its release and the accuracy plots, embedded so that the Prefect UI shows them (synthetic data:
+    the plots are public facts). Lists, not a wide table, so that it fits the artifact pane."""
+    lines = [f"# Rehearsal `{run_id}`", "", _SYNTHETIC, "", f"Folder on the worker: `{folder}`"]
     for label in inputs:
-        i = inputs[label]
-        a = accuracy.get(label, {})
-        report = f"[report.html](file://{a['report']}) `{a['report']}`" if a else "not run"
-        plots = "<br>".join(f"[{Path(p).name}](file://{p})" for p in a.get("plots", [])) or "-"
-        lines.append(f"| {label} | {i['persons']:,} persons, {i['states']} state(s), {i['format']}, seed {i['seed']} "
-                     f"| {runs.get(label, '-')} | {report} | {plots} |")
-    lines += ["", "The plots (`coverage.png`: coverage per table and level with ±2 SE; `mae.png`, "
-              "`error_distribution.png`, `abs_errors.png`) are on the worker's disk; the links open "
-              "there, or copy the folder."]
+        i, a = inputs[label], accuracy.get(label, {})
+        lines += ["", f"## {label}", "",
+                  f"- **Synthetic inputs**: {i['persons']:,} persons, {i['states']} state(s), {i['format']}, "
+                  f"seed {i['seed']}",
+                  f"- **Production flow**: {runs.get(label, '-')}",
+                  f"- **Release**: {verification.get(label, 'not published')}",
+                  f"- **Accuracy report**: `{a['report']}`" if a else "- **Accuracy**: not measured"]
+        plots = {Path(p).name: Path(p) for p in a.get("plots", []) if Path(p).is_file()}
+        captions = dict(_PLOTS)
+        for name in sorted(plots, key=lambda n: ([p for p, _ in _PLOTS] + [n]).index(n)):
+            caption = captions.get(name, name)
+            lines += ["", f"**{label}: {caption}**", "", f"![{label} {caption}]({_embedded_png(plots[name])})"]
     create_markdown_artifact(key="rehearsal-accuracy-report", markdown="\n".join(lines) + "\n",
-                             description=f"Rehearsal {run_id}: inputs, runs, accuracy reports and plots. {_SYNTHETIC}")
+                             description=f"Rehearsal {run_id}: inputs, runs, verification and accuracy plots. "
+                                         f"{_SYNTHETIC}")

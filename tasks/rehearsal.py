@@ -1,6 +1,8 @@
-"""Prefect tasks of the weekly rehearsal: synthetic inputs, the accuracy experiment, its verdict.
+"""Prefect tasks of the weekly rehearsal: synthetic inputs, a throwaway signing key, the auditors'
+check of its releases, the accuracy experiment, its verdict.
 
-Thin wrappers over :mod:`phsafe.synthetic`, :mod:`phsafe.accuracy` and :mod:`phsafe.rehearsal`.
+Thin wrappers over :mod:`phsafe.synthetic`, :mod:`phsafe.signing`, :mod:`phsafe.audit.verify`,
+:mod:`phsafe.accuracy` and :mod:`phsafe.rehearsal`.
 Everything here runs on synthetic data declared non-confidential; the rules of the production
 tasks hold all the same (DEVELOPERS.md): nothing cached or persisted, and the task that draws
 noise (the accuracy experiment, 2·K private runs) is never retried.
@@ -31,6 +33,27 @@ def synthesize_inputs(label: str, config: Path, directory: Path, persons: int, f
     result = synthesize(directory, persons, states, fmt=fmt, seed=seed)  # type: ignore[arg-type]
     return {"data": str(directory), "persons": result.n_persons, "units": result.n_units,
             "states": len(states), "seed": result.seed, "format": fmt, "seconds": round(result.seconds, 1)}
+
+
+@task(name="make-signing-key", task_run_name="make-throwaway-signing-key", **_NOTHING_KEPT, retries=0)
+def make_signing_key(folder: Path) -> dict[str, str]:
+    """A throwaway Ed25519 pair (``phsafe keys generate``) that signs this rehearsal's releases,
+    so that the signing path production uses is rehearsed too. Deleted with the rehearsal."""
+    from phsafe.signing import generate_signing_key
+
+    pair = generate_signing_key(folder)
+    return {"signing_key": str(pair.private_key), "public_key": str(pair.public_key),
+            "fingerprint": pair.fingerprint}
+
+
+@task(name="verify-release", task_run_name="verify-{label}-release", **_NOTHING_KEPT, retries=0)
+def verify_release(label: str, ledger: Path, outputs: Path, public_key: Path) -> list[str]:
+    """What an auditor runs: ``phsafe audit verify LEDGER --outputs DIR --public-key KEY`` -- the
+    ledger's chain and rules, the release's tables and manifest against it, and the checkpoint's
+    signature against the given public key. Fails naming the first thing that does not hold."""
+    from phsafe.audit.verify import verify
+
+    return verify(ledger, outputs=outputs, public_key=public_key).notes
 
 
 @task(name="measure-accuracy", task_run_name="measure-{label}-accuracy", **_NOTHING_KEPT, retries=0)

@@ -38,15 +38,12 @@ from pathlib import Path
 
 from phsafe._plots import Block, Document, Heading, Para, Table, report_folder
 from phsafe.config import PrivacyDefinition
+from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact
 from phsafe.ledger import (
-    Amount,
-    amount_exceeds,
     LedgerState,
     RunAttempt,
     RunState,
     RunStatus,
-    add_amounts,
-    format_exact,
     read_ledger,
 )
 
@@ -224,6 +221,14 @@ def _attempt_end(run: RunState, a: RunAttempt) -> str:
     return "running or crashed (no terminal entry)"
 
 
+def _orchestrated_by(a: RunAttempt) -> str:
+    """Who ran an attempt: the command line, or a Prefect flow run (and its parent)."""
+    o = a.orchestration
+    if o is None:
+        return "command line or API"
+    return f"Prefect flow run {o.flow_run_id}" + (f" (subflow of {o.parent_flow_run_id})" if o.parent_flow_run_id else "")
+
+
 def _attempt_blocks(run: RunState) -> list[Block]:
     rows = [
         [
@@ -233,6 +238,7 @@ def _attempt_blocks(run: RunState) -> list[Block]:
             a.resume_reason or "-",
             format_exact(a.lifetime_cap),
             a.cap_reason or "-",
+            _orchestrated_by(a),
             _attempt_end(run, a),
         ]
         for a in run.attempts
@@ -240,7 +246,8 @@ def _attempt_blocks(run: RunState) -> list[Block]:
     blocks: list[Block] = [
         Heading(3, "Attempts"),
         Table(
-            ("Attempt", "Opened", "Code version", "Reason for resuming", "Lifetime cap", "Cap reason", "Ended"),
+            ("Attempt", "Opened", "Code version", "Reason for resuming", "Lifetime cap", "Cap reason", "Run by",
+             "Ended"),
             rows,
         ),
     ]
@@ -309,6 +316,7 @@ def _run_blocks(run: RunState, state: LedgerState) -> list[Block]:
                 ["Planned total", format_exact(run.planned_total)],
                 ["Lifetime cap" + (" (latest)" if resumes else ""), format_exact(run.lifetime_cap)],
                 ["Cap reason", run.cap_reason or "-"],
+                ["Declared re-release (the same records released again)", run.re_release or "no"],
                 ["Charged to the dataset (re-spends included)", format_exact(run.charge())],
                 ["of which re-spends", format_exact(_respend_charge(run))],
             ],

@@ -33,15 +33,14 @@ import numpy as np
 
 from phsafe.config import PrivacyDefinition
 from phsafe.domain import USA_REGION_ID, Domain
-from phsafe.errors import PHSafeError
+from phsafe.amounts import format_exact
+from phsafe.errors import LedgerError, VerificationFailure
 from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
 from phsafe.ledger import (
-    LedgerError,
     LedgerState,
     RunState,
     RunStatus,
     checkpoint_message,
-    format_exact,
     key_id,
     key_path,
     lineage_commitment,
@@ -56,20 +55,6 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 CHECKPOINT_KEYS = frozenset({"ledger_size", "head_hash", "signature", "public_key"})
-
-
-class VerificationFailure(PHSafeError):
-    """The ledger, a checkpoint or an output does not hold up.
-
-    Args:
-        where: The first failing entry (``entry 12 (INTENT)``) or file.
-        reason: Why, in plain words.
-    """
-
-    def __init__(self, where: str, reason: str) -> None:
-        self.where = where
-        self.reason = reason
-        super().__init__(f"{where}: {reason}")
 
 
 @dataclass
@@ -143,6 +128,11 @@ def verify(
                 f"{len(respent)} measurement(s) spent more than once, charged "
                 f"{format_exact(run.charge())} with every re-spend; each resume and re-spend was within its cap"
             )
+        if run.re_release:
+            earlier = [r.run_id for r in state.runs.values() if r.started_seq < run.started_seq
+                       and r.dataset == run.dataset and r.fingerprint == run.fingerprint]
+            result.notes.append(f"run {run.run_id}: a declared re-release of run(s) {', '.join(earlier)}'s records "
+                                f"(reason recorded: {run.re_release})")
         if run.validated is False:
             result.notes.append(f"run {run.run_id}: its inputs were not validated by the full suites (--no-validate)")
     for run in state.unpublished():

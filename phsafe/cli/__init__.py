@@ -37,6 +37,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("phsafe.cli.private", "private"),
     ("phsafe.cli.nonprivate", "non_private"),
     ("phsafe.cli.ledger", "ledger"),
+    ("phsafe.cli.keys", "keys"),
     ("phsafe.cli.audit", "audit"),
     ("phsafe.cli.plan", "plan"),
     ("phsafe.cli.risk", "risk"),

@@ -4,17 +4,20 @@ A failure is one line on stderr and a non-zero exit: ``phsafe: error: ...`` for 
 package refuses on purpose (exit 1), ``phsafe: internal error: <type>`` for a bug (exit 2). No
 traceback reaches a console or a file on a user error; for a bug, the log file gets the
 exception's type and the file, line and function of each frame -- never its message, which may
-quote a value of the data.
+quote a value of the data. A command gets this by :func:`handle_errors`, its innermost decorator.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import traceback
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -24,6 +27,8 @@ PATH = click.Path(path_type=Path)
 EXISTING = click.Path(exists=True, path_type=Path)
 EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 
 def crash_frames(exc: BaseException) -> list[str]:
     """Where ``exc`` was raised, as ``file:line in function`` per frame: no message, no values."""
@@ -32,7 +37,7 @@ def crash_frames(exc: BaseException) -> list[str]:
 
 def fail(exc: BaseException, log_file: Path | None) -> None:
     """End the command on ``exc``: one line on stderr, exit 1 (our errors) or 2 (a bug)."""
-    from phsafe.errors import PHSafeError
+    from phsafe.errors import PHSafeError, os_reason
 
     log = logs.get_logger("phsafe.cli")
     if isinstance(exc, PHSafeError):
@@ -41,16 +46,34 @@ def fail(exc: BaseException, log_file: Path | None) -> None:
         raise SystemExit(1)
     if isinstance(exc, OSError):
         # An operating-system refusal the code did not foresee: its kind and the file, no data.
-        from phsafe.ledger import _os_reason
-
         log.error("operating-system error", error_type=type(exc).__name__, frames=crash_frames(exc))
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
-        click.echo(f"phsafe: error: {_os_reason(exc)}{where}", err=True)
+        click.echo(f"phsafe: error: {os_reason(exc)}{where}", err=True)
         raise SystemExit(1)
     log.error("internal error", error_type=type(exc).__name__, frames=crash_frames(exc))
     where = f" (frames in {log_file})" if log_file else " (re-run with --log FILE for where it happened)"
     click.echo(f"phsafe: internal error: {type(exc).__name__}{where}", err=True)
     raise SystemExit(2)
+
+
+def handle_errors(command: F) -> F:
+    """End ``command`` on an exception the way every command ends: see :func:`fail`.
+
+    The innermost decorator of a command (right above its ``def``), so that it sees the
+    command's own arguments: its ``log_file``, when it has one, gets a bug's frames. Click's own
+    exits (usage errors, ``--help``, an abort) and an explicit ``SystemExit`` pass through.
+    """
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+            fail(exc, kwargs.get("log_file"))
+
+    return run  # type: ignore[return-value]
 
 
 def start(log_file: Path | None) -> None:

@@ -17,19 +17,15 @@ A command uses them like this (``private`` and ``non-private`` too)::
     @click.command()
     @verbosity_options
     @log_option
+    @handle_errors                       # a failure is one line: phsafe: error: ...
     def private(..., log_file):
-        try:
-            with command_progress(log_file) as progress:
-                result = run_private(..., progress=progress)
-        except click.ClickException:
-            raise
-        except Exception as exc:
-            fail(exc, log_file)          # one line: phsafe: error: ...
+        with command_progress(log_file) as progress:
+            result = run_private(..., progress=progress)
         result_line(f"phsafe: published ... ")
 
 Log events go to the ``-l/--log`` file as JSON lines, all of them; on the console only through
 the progress display's sink (warnings, and info events when verbose), never errors: a failure is
-reported once, by :func:`phsafe.cli._common.fail`.
+reported once, by :func:`phsafe.cli._common.handle_errors`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _EXISTING = click.Path(exists=True, path_type=Path)
@@ -37,6 +37,7 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @log_option
 @verbosity_options
+@handle_errors
 def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: int, non_confidential: bool,
              with_postprocess: bool, draws: int, seed: int | None, no_plots: bool, log_file: Path | None) -> None:
     """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
@@ -56,16 +57,10 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
         raise SystemExit(1)
     from phsafe.accuracy import run_accuracy
 
-    try:
-        with command_progress(log_file) as progress:
-            result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
-                                  with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
-                                  overwrite=overwrite, progress=progress)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress:
+        result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
+                              with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
+                              overwrite=overwrite, progress=progress)
     overall = result.metrics[result.metrics["TABLE"] == "ALL"].iloc[0]
     result_line(f"phsafe: accuracy report in {result.output_dir / 'report.html'} "
                 f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}, {result.seconds:.0f} s)")

@@ -14,9 +14,10 @@ from pathlib import Path
 import click
 
 from phsafe.audit.report import write_report
-from phsafe.cli._output import overwrite_option
 from phsafe.audit.verify import VerificationFailure, verify
-from phsafe.ledger import LedgerError
+from phsafe.cli._common import handle_errors
+from phsafe.cli._output import overwrite_option
+from phsafe.errors import LedgerError, ReportFolderExists
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -35,6 +36,7 @@ def audit() -> None:
 @click.option("--outputs", type=_DIR, help="Output directory to check against the ledger.")
 @click.option("--lineage-key", type=_FILE, default=None,
               help="The ledger's lineage key (default: LEDGER.key beside the ledger, if there).")
+@handle_errors
 def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path | None, outputs: Path | None,
                    lineage_key: Path | None) -> None:
     """Recompute the ledger's chain and check checkpoints, caps and outputs.
@@ -63,10 +65,9 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
          "the report is confidential).",
 )
 @overwrite_option
+@handle_errors
 def report_command(ledger: Path, out: Path | None, overwrite: bool) -> None:
     """Write the auditors' report (Markdown and HTML) of a verified ledger: CONFIDENTIAL."""
-    from phsafe._plots import ReportFolderExists
-
     try:
         md, page = write_report(ledger, out, overwrite=overwrite)
     except LedgerError as exc:

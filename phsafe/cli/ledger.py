@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import EXISTING_FILE, PATH, fail, parse_amount, start
+from phsafe.cli._common import EXISTING_FILE, PATH, handle_errors, parse_amount, start
 
 
 @click.group()
@@ -27,6 +27,7 @@ def ledger() -> None:
               help="The unit of caps and charges.")
 @click.option("--non-confidential", is_flag=True,
               help="A throwaway ledger for synthetic data (caps not enforced; only non-confidential runs).")
+@handle_errors
 def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool) -> None:
     """Create the ledger PATH and its lineage key PATH.key, with its policy.
 
@@ -36,16 +37,13 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     from phsafe.config import PrivacyDefinition
 
     start(None)
-    try:
-        from phsafe.engine import code_version
-        from phsafe.ledger import format_exact, init_ledger, key_path
+    from phsafe.amounts import format_exact
+    from phsafe.engine import code_version
+    from phsafe.ledger import init_ledger, key_path
 
-        made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
-                           privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
-                           code_version=code_version())
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, None)
-        return
+    made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
+                       privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
+                       code_version=code_version())
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
@@ -60,23 +58,21 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
 @click.option("--dataset", required=True, metavar="NAME", help="The dataset whose cap is raised.")
 @click.option("--to", "cap", required=True, metavar="RHO", help="The new lifetime cap (above the current one).")
 @click.option("--reason", required=True, metavar="TEXT", help="Why (recorded).")
+@handle_errors
 def raise_cap_command(path: Path, dataset: str, cap: str, reason: str) -> None:
     """Raise one dataset's lifetime cap (a recorded CAP_RAISED entry; caps are never lowered)."""
     start(None)
-    try:
-        from phsafe.engine import open_ledger
-        from phsafe.ledger import format_exact
+    from phsafe.amounts import format_exact
+    from phsafe.engine import open_ledger
 
-        amount = parse_amount(cap, "--to")
-        entry = open_ledger(path).raise_cap(dataset, amount, reason)
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, None)
-        return
+    amount = parse_amount(cap, "--to")
+    entry = open_ledger(path).raise_cap(dataset, amount, reason)
     click.echo(f"phsafe: dataset {dataset}'s lifetime cap is now {format_exact(amount)} (entry {entry['seq']})")
 
 
 @ledger.command("repair")
 @click.argument("path", type=EXISTING_FILE)
+@handle_errors
 def repair_command(path: Path) -> None:
     """Drop an incomplete last entry (an interrupted write) and record that (TAIL_REPAIRED).
 
@@ -84,13 +80,9 @@ def repair_command(path: Path) -> None:
     verify; anything else is left untouched and reported.
     """
     start(None)
-    try:
-        from phsafe.ledger import repair_ledger
+    from phsafe.ledger import repair_ledger
 
-        repair = repair_ledger(path)
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, None)
-        return
+    repair = repair_ledger(path)
     if repair is None:
         click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
         return
@@ -106,6 +98,7 @@ def repair_command(path: Path) -> None:
 @click.option("--dataset", default=None, metavar="NAME", help="The name of the ledger's one old dataset.")
 @click.option("--map", "mapping", multiple=True, metavar="ID=NAME",
               help="Name an old dataset id (8+ hex digits of it); repeat for each.")
+@handle_errors
 def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, dataset: str | None,
                     mapping: tuple[str, ...]) -> None:
     """Give a ledger of the first format a policy and dataset names, in place (LEDGER_MIGRATED).
@@ -124,15 +117,11 @@ def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: st
             raise click.BadParameter(f"{item!r} is not ID=NAME", param_hint="--map")
         names[old.strip()] = name.strip()  # type: ignore[index]
     start(None)
-    try:
-        from phsafe.engine import code_version
-        from phsafe.ledger import migrate_ledger
+    from phsafe.engine import code_version
+    from phsafe.ledger import migrate_ledger
 
-        migrated = migrate_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
-                                  names=names, privacy_defn=PrivacyDefinition(privacy_defn),
-                                  code_version=code_version())
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, None)
-        return
+    migrated = migrate_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
+                              names=names, privacy_defn=PrivacyDefinition(privacy_defn),
+                              code_version=code_version())
     click.echo(f"phsafe: migrated {migrated.path}; datasets: "
                + ", ".join(sorted(set(migrated.state.legacy_names.values()))))

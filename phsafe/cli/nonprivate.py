@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import EXISTING, PATH, fail, log_option, start
+from phsafe.cli._common import EXISTING, PATH, handle_errors, log_option, start
 from phsafe.cli._output import command_progress, result_line, verbosity_options
 
 
@@ -19,19 +19,14 @@ from phsafe.cli._output import command_progress, result_line, verbosity_options
 @click.option("-v", "--validate", "validate_inputs", is_flag=True, help="Validate the inputs first.")
 @log_option
 @verbosity_options
+@handle_errors
 def non_private(config: Path, data: Path, output: Path, non_confidential: bool, validate_inputs: bool,
                 log_file: Path | None) -> None:
     """Ground-truth tables (no truncation, no noise) -- for synthetic data only."""
     start(log_file)
-    try:
-        from phsafe.engine import run_nonprivate
+    from phsafe.engine import run_nonprivate
 
-        with command_progress(log_file) as progress:
-            result = run_nonprivate(config, data, output, non_confidential=non_confidential,
-                                    validate=validate_inputs, progress=progress)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress:
+        result = run_nonprivate(config, data, output, non_confidential=non_confidential,
+                                validate=validate_inputs, progress=progress)
     result_line(f"phsafe: wrote {len(result.files)} files to {result.output_dir} (run {result.run_id})")

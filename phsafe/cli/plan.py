@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 from click.core import ParameterSource
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -43,6 +43,7 @@ _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 @log_option
 @verbosity_options
 @click.pass_context
+@handle_errors
 def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None, tau_specs: tuple[str, ...],
          privacy_defn: str, state_filter: str, digits: int, delta: float, out: Path, overwrite: bool,
          log_file: Path | None) -> None:
@@ -64,18 +65,12 @@ def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None
                 raise click.UsageError(f"{flag} applies to --targets only (the config fixes it)")
     if not 0 < delta < 1:
         raise click.BadParameter("must be between 0 and 1", param_hint="--delta")
-    try:
-        with command_progress(log_file) as progress, progress.stage("plan"):
-            result = planner.plan(
-                targets_file, config=config_file, tau=tau_specs, privacy_defn=privacy_defn,
-                state_filter=state_filter, digits=digits, delta=delta,
-            )
-            paths = planner.write_plan(result, out, overwrite=overwrite)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress, progress.stage("plan"):
+        result = planner.plan(
+            targets_file, config=config_file, tau=tau_specs, privacy_defn=privacy_defn,
+            state_filter=state_filter, digits=digits, delta=delta,
+        )
+        paths = planner.write_plan(result, out, overwrite=overwrite)
     measure = "rho" if result.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
     total = result.total(measure)
 

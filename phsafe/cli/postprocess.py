@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -46,6 +46,7 @@ def _parse_tau(values: tuple[str, ...]) -> dict[str, int] | None:
               help="Truncation threshold of a person table, e.g. PH1_num=10 (default: the release's manifest).")
 @log_option
 @verbosity_options
+@handle_errors
 def postprocess(output: Path, destination: Path | None, overwrite: bool, draws: int, seed: int | None,
                 exact_limit: int, tau: tuple[str, ...], log_file: Path | None) -> None:
     """Model-based estimates with 90% intervals from the private outputs in OUTPUT alone.
@@ -61,15 +62,9 @@ def postprocess(output: Path, destination: Path | None, overwrite: bool, draws: 
     from phsafe.postprocess import postprocess as run
 
     taus = _parse_tau(tau)
-    try:
-        with command_progress(log_file) as progress:
-            result = run(output, destination, draws=draws, seed=seed, exact_limit=exact_limit, tau=taus,
-                         overwrite=overwrite, progress=progress)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress:
+        result = run(output, destination, draws=draws, seed=seed, exact_limit=exact_limit, tau=taus,
+                     overwrite=overwrite, progress=progress)
     warnings = result.checks[(result.checks["SEVERITY"] == "warning") & ~result.checks["PASSED"]]
     note = f"; {int(warnings['FAILED'].sum())} row(s) flagged by a warning check" if len(warnings) else ""
     result_line(f"phsafe: wrote {len(result.files)} files ({len(result.estimate_files)} estimate files, every error "

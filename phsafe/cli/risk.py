@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, overwrite_option, result_line, verbosity_options
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
@@ -42,6 +42,7 @@ def _prior(value: str) -> Fraction:
               help="k, the count without the target (the risk does not depend on it).")
 @log_option
 @verbosity_options
+@handle_errors
 def risk(config: Path, out: Path, overwrite: bool, priors: tuple[str, ...], released: str | None, known_count: int,
          log_file: Path | None) -> None:
     """Disclosure risk of one released cell, for every measured level of CONFIG.
@@ -57,15 +58,9 @@ def risk(config: Path, out: Path, overwrite: bool, priors: tuple[str, ...], rele
             values = [int(v) for v in released.split(",") if v.strip()]
         except ValueError:
             raise click.BadParameter("must be comma-separated integers", param_hint="--released") from None
-    try:
-        with command_progress(log_file) as progress, progress.stage("disclosure risk"):
-            result = risk_mod.analyse_config(config, prior_values, values, known_count)
-            paths = risk_mod.write_risk(result, out, overwrite=overwrite)
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
+    with command_progress(log_file) as progress, progress.stage("disclosure risk"):
+        result = risk_mod.analyse_config(config, prior_values, values, known_count)
+        paths = risk_mod.write_risk(result, out, overwrite=overwrite)
     worst = max((m.risk for nr in result.by_noise.values() for m in nr.marginals), default=1.0)
     result_line(f"phsafe: analysed {len(result.levels)} population-group levels "
                 f"({len(result.by_noise)} distinct noises); largest marginal risk R = {worst:.6f}")

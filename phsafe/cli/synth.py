@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from phsafe.cli._common import fail, log_option
+from phsafe.cli._common import handle_errors, log_option
 from phsafe.cli._output import command_progress, result_line, verbosity_options
 from phsafe.synthetic import DEFAULT_CHUNK_PERSONS, FORMATS, synthesize
 
@@ -70,6 +70,7 @@ class _Count(click.ParamType):
 @click.option("--overwrite", is_flag=True, help="Replace input files already in the output folder.")
 @log_option
 @verbosity_options
+@handle_errors
 def synth(persons: int, out: Path, states: str, fmt: str, seed: int | None, chunk_persons: int,
           overwrite: bool, log_file: Path | None) -> None:
     """Generate consistent synthetic inputs (persons, units, geo) of any size.
@@ -90,11 +91,6 @@ def synth(persons: int, out: Path, states: str, fmt: str, seed: int | None, chun
         raise SystemExit(1) from None
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    except click.ClickException:
-        raise
-    except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
-        fail(exc, log_file)
-        return
     rate = result.n_persons / result.seconds if result.seconds > 0 else float("inf")
     for folder, codes in result.datasets.items():
         what = "Puerto Rico" if codes == ["72"] else f"{len(codes)} state(s)"

@@ -27,13 +27,9 @@ The stages, one module each:
 
 from __future__ import annotations
 
-from phsafe.postprocess._base import CREDIBLE_LEVEL, GROUP_KEYS, TAIL_BOUND, PostprocessError
-from phsafe.postprocess.command import (
-    EstimateChecksFailed,
-    PostprocessResult,
-    default_destination,
-    postprocess,
-)
+from phsafe.errors import EstimateChecksFailed, PostprocessError
+from phsafe.postprocess._base import CREDIBLE_LEVEL, GROUP_KEYS, TAIL_BOUND
+from phsafe.postprocess.command import PostprocessResult, default_destination, postprocess
 from phsafe.postprocess.counts import COUNT_COLUMNS, cell_parts, count_estimates, summarize_table
 from phsafe.postprocess.noise import NoiseModel, geometric_q
 from phsafe.postprocess.posterior import Posterior, hpd_rows, posterior_for

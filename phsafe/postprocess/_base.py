@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phsafe.errors import PHSafeError
+from phsafe.errors import PostprocessError
 
 TAIL_BOUND = 1e-12
 """Upper bound on the posterior mass ignored by a finite summation window, relative to the mass
@@ -14,6 +14,4 @@ MAX_TABLE = 50_000_000  # refuse noise tables beyond this (variance ~1e13)
 GROUP_KEYS = ("REGION_ID", "REGION_TYPE", "ITERATION_CODE")
 """A population group: geographic entity and iteration code (spec §3)."""
 
-
-class PostprocessError(PHSafeError):
-    """The output directory cannot be post-processed (missing, not private, corrupt)."""
+__all__ = ["CREDIBLE_LEVEL", "GROUP_KEYS", "MAX_TABLE", "NOISE_TAIL", "PostprocessError", "TAIL_BOUND"]

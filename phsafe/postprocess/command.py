@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 import phsafe
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, Publication, cell_column
-from phsafe.postprocess._base import CREDIBLE_LEVEL, GROUP_KEYS, TAIL_BOUND, PostprocessError
+from phsafe.errors import EstimateChecksFailed, PostprocessError
+from phsafe.postprocess._base import CREDIBLE_LEVEL, GROUP_KEYS, TAIL_BOUND
 from phsafe.postprocess.census import (
     FILE_COLUMNS,
     count_file_frame,
@@ -89,10 +90,6 @@ class PostprocessResult:
     estimate_files: list[str] = field(default_factory=list)
     checks: pd.DataFrame = field(default_factory=pd.DataFrame)
     summary: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-
-class EstimateChecksFailed(PostprocessError):
-    """A check of the estimate files failed: a defect of this code; nothing was published."""
 
 
 def default_destination(output_dir: Path) -> Path:

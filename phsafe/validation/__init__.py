@@ -8,11 +8,12 @@ Public surface:
 
 * :func:`validate_inputs` -- the config and the three input files (spec §1, §2), the state
   filter applied first, with the cross-file rules on frames derived from the MAFID join; one
-  pass over the files, shared with the counting (:func:`phsafe.counting.validated_counts`
-  validates and counts in the same pass).
+  pass over the files, shared with the counting (:func:`validate_and_count`;
+  :func:`phsafe.intake.validated_counts` validates and counts in the same pass for a run).
 * :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
 * :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
-* :class:`ValidationReport`, :class:`Failure`.
+* :class:`ValidationReport`, :class:`Failure`; :class:`~phsafe.errors.ValidationMachineryError` when
+  validation itself could not complete (a defect, never a verdict on the data).
 
 Importing this package is cheap: Great Expectations is imported on first use only.
 """
@@ -23,29 +24,36 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from phsafe.errors import PHSafeError
-from phsafe.validation._report import Failure, ValidationError, ValidationReport
+from phsafe.errors import PHSafeError, ValidationMachineryError
+from phsafe.validation._report import Failure, ValidationReport
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from phsafe.config import PHSafeConfig
+    from phsafe.config import ConfigFile, PHSafeConfig
+    from phsafe.counting import Counting, Counts, StageTimer
     from phsafe.progress import Progress
 
-__all__ = ["Failure", "ValidationError", "ValidationReport", "validate", "validate_inputs", "validate_outputs"]
+__all__ = ["Failure", "ValidationMachineryError", "ValidationReport", "validate", "validate_and_count", "validate_inputs",
+           "validate_outputs"]
+
+ValidationError = ValidationMachineryError
+"""The former name of :class:`~phsafe.errors.ValidationMachineryError`, still importable for callers that
+know it; new code names the defect by its new name (inputs that fail their rules raise
+:class:`~phsafe.errors.ValidationFailed`, a verdict, not a defect)."""
 
 
 def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationReport:
-    """Run ``call``; turn an unexpected exception into a ValidationError that quotes no data."""
+    """Run ``call``; turn an unexpected exception into a ValidationMachineryError that quotes no data."""
     try:
         return call()
     except PHSafeError:
         raise
     except Exception as exc:  # noqa: BLE001 -- its message may hold a value: not chained
-        raise ValidationError(f"{stage} could not complete ({type(exc).__name__})") from None
+        raise ValidationMachineryError(f"{stage} could not complete ({type(exc).__name__})") from None
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
                     progress: "Progress | None" = None) -> ValidationReport:
     """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
 
@@ -56,9 +64,16 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress))
 
 
-def _run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                    stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
-    """Validate and count in one pass (see :func:`phsafe.counting.validated_counts`)."""
+def validate_and_count(config_path: "ConfigFile | Path", data_dir: Path, *, counting: "Counting | None",
+                       report_dir: Path | None = None, stage: "StageTimer | None" = None,
+                       progress: "Progress | None" = None) -> tuple[ValidationReport, "Counts | None"]:
+    """Validate the inputs and count (``counting``; None: only validate) in the counting's one pass.
+
+    See :func:`phsafe.intake.validated_counts`, which a run calls.
+
+    Returns:
+        (the report, the exact counts -- None when not counting or the report is not ok).
+    """
     from phsafe.validation._inputs import run_validation
 
     out: list[Any] = []

@@ -1,13 +1,14 @@
-"""The configuration: :func:`phsafe.config.load_config`, and the config suite on a flat frame.
+"""The configuration: the run's one read of it, and the config suite on a flat frame.
 
-``load_config`` is the authority (the engine runs with what it returns) and names the first
-offending key; the ``config`` suite states the same rules of spec §2 for review and reports every
-broken rule at once, on the config flattened to one row per entry.
+:func:`phsafe.config.read_config_file` is the authority (the engine runs with the model it
+makes) and names the first offending key; the ``config`` suite states the same rules of spec §2
+for review and reports every broken rule at once, on the same read's JSON document flattened to
+one row per entry (a document that is not strict JSON -- a duplicate key, an overlong number --
+has no frame: the load failure says why).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from decimal import Decimal
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from phsafe.config import PHSafeConfig, load_config
+from phsafe.config import ConfigFile, PHSafeConfig, as_config_file
 from phsafe.errors import ConfigError
 from phsafe.schema import PUERTO_RICO
 from phsafe.validation._report import Failure
@@ -25,20 +26,19 @@ _FRAME_COLUMNS = ("KEY", "SECTION", "GEOGRAPHY", "TEXT", "NUMBER", "IS_INTEGER",
                   "STATE_REPEATS", "PUERTO_RICO")
 
 
-def load(path: Path) -> tuple[PHSafeConfig | None, Failure | None]:
-    """The validated config, or the failure naming the offending key."""
+def load(source: ConfigFile | Path) -> tuple[ConfigFile, Failure | None]:
+    """The run's read of its config (made here from a path), and the failure naming the
+    offending key when it is not a valid config."""
+    name = source.name if isinstance(source, ConfigFile) else Path(source).name
     try:
-        return load_config(path), None
-    except ConfigError as exc:
-        return None, Failure(Path(path).name, (exc.key,), exc.rule, suite=None, rule_id="config.load", row_noun="key")
-
-
-def read_raw(path: Path) -> Any:
-    """The config as parsed JSON, or None when it is not readable JSON (load reports that)."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"), parse_float=Decimal, parse_constant=Decimal)
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
+        config_file = as_config_file(source)
+    except ConfigError as exc:  # not readable at all: no bytes, no document
+        empty = ConfigFile(Path(name), b"", "", None, None, exc)
+        return empty, Failure(name, (exc.key,), exc.rule, suite=None, rule_id="config.load", row_noun="key")
+    if config_file.error is None:
+        return config_file, None
+    exc = config_file.error
+    return config_file, Failure(name, (exc.key,), exc.rule, suite=None, rule_id="config.load", row_noun="key")
 
 
 def _number(value: Any) -> float | None:

@@ -50,7 +50,7 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 
-def _gx() -> dict[str, Any]:
+def import_gx() -> dict[str, Any]:
     """Import Great Expectations once, configured for a batch pipeline (thread-safe)."""
     with _lock:
         if _state:
@@ -108,7 +108,7 @@ def prewarm() -> threading.Thread:
 
 
 def _suite(suite: Suite, frame: str, rules: Sequence[Rule]) -> Any:
-    state = _gx()
+    state = import_gx()
     key = (suite.name, frame, tuple(r.rule_id for r in rules))
     cached = state["suites"].get(key)
     if cached is None:
@@ -144,7 +144,7 @@ def run(
     """
     if not rules:
         return []
-    state = _gx()
+    state = import_gx()
     gx_suite = _suite(suite, frame, rules)
     try:
         with warnings.catch_warnings():
@@ -260,7 +260,7 @@ def _weighted(suite: Suite, job: Job, rules: Sequence[Rule], data: Any, weights:
 
 def render_data_docs(result: Mapping[str, Any]) -> str:
     """Great Expectations' Data Docs HTML page of a (value-free) suite result."""
-    _gx()
+    import_gx()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from great_expectations.core.expectation_validation_result import (

@@ -24,12 +24,25 @@ import re
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, Sequence
 
 from phsafe.templates import render
 
-if TYPE_CHECKING:
-    from phsafe.validation._report import ValidationReport
+
+class ReportSummary(Protocol):
+    """What the pages read of a :class:`~phsafe.validation._report.ValidationReport` (the report
+    module writes its pages with this one, so this one does not import it)."""
+
+    @property
+    def subject(self) -> str: ...
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def failures(self) -> Sequence[Any]: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+    @property
+    def results(self) -> Sequence[Mapping[str, Any]]: ...
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -82,7 +95,7 @@ def suite_page(result: Mapping[str, Any], subject: str = "validation") -> str:
     )
 
 
-def index_page(report: "ValidationReport", pages: Mapping[str, str]) -> str:
+def index_page(report: ReportSummary, pages: Mapping[str, str]) -> str:
     """The summary page of one validation (``<subject>/index.html``).
 
     Args:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from phsafe.validation._suites import Suite, load_suite
 from phsafe.validation._worker import Evaluator, ReportJob, evaluator
 
 if TYPE_CHECKING:
+    from phsafe.config import ConfigFile
     from phsafe.progress import Progress
 
 log = get_logger("phsafe.validation")
@@ -76,7 +78,7 @@ _REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder 
 _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
 
 
-def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | None = None,
+def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
                     progress: "Progress | None" = None) -> ValidationReport:
     """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
 
@@ -84,18 +86,18 @@ def validate_inputs(config_path: Path, data_dir: Path, *, report_dir: Path | Non
     returned report.
 
     Args:
-        config_path: The run's configuration.
+        config_path: The run's configuration (its one read, or the file: read once here).
         data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
         report_dir: If given, the report, the value-free Great Expectations results and their
             Data Docs are written to ``report_dir/inputs/``.
         progress: Shows the stages (read, evaluate the rules, write the report) and a bar of the
             input files read.
     """
-    return run_validation(Path(config_path), Path(data_dir), counting=None, report_dir=report_dir,
+    return run_validation(config_path, Path(data_dir), counting=None, report_dir=report_dir,
                           stage=None if progress is None else progress.stage, progress=progress)[0]
 
 
-def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_dir: Path | None = None,
+def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting: Any, report_dir: Path | None = None,
                    stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
     """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
 
@@ -105,21 +107,21 @@ def run_validation(config_path: Path, data_dir: Path, *, counting: Any, report_d
     Raises:
         InputError: Every rule held, but the counting refused a record.
     """
-    from phsafe.counting import InputPass, _no_timer
+    from phsafe.counting import InputPass
 
-    config, load_failure = _config.load(config_path)
-    raw = _config.read_raw(config_path)
+    config_file, load_failure = _config.load(config_path)
+    config, raw = config_file.config, config_file.document
     state_list = _config.state_filter(config, raw)
     states = _usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_path.name
+    file_names["config"] = config_file.name
     rows = sum(s.estimated_rows() for s in sources.values())
     observer = InputValidation(file_names, evaluator(rows), state_list, missing=set(FILES) - set(sources))
     try:
         config_run = observer.config(raw)
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
-        timer = stage or _no_timer
+        timer = stage or (lambda name: nullcontext())
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
                            stage=timer, progress=progress).run()
         # Great Expectations evaluates the rule groups as the pass submits them (on the second core

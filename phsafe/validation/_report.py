@@ -15,7 +15,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phsafe.errors import PHSafeError
 from phsafe.validation._suites import Rule, Suite
 
 # Counts Great Expectations reports for column-map expectations; everything else is dropped.
@@ -28,15 +27,6 @@ _SAFE_RESULT_KEYS = (
     "unexpected_percent_total",
     "unexpected_percent_nonmissing",
 )
-
-
-
-class ValidationError(PHSafeError):
-    """Validation could not complete (a defect, not a bad input: bad inputs are Failures).
-
-    Its message names the stage and the exception class only: the original exception, whose
-    message may quote a value of the data, is not chained.
-    """
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class InProcess:
 
         self._gx = _gx
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="phsafe-gx")
-        self._pool.submit(_gx._gx)  # the import overlaps the reading
+        self._pool.submit(_gx.import_gx)  # the import overlaps the reading
 
     def submit(self, job: Any) -> "Future[Any]":
         return self._pool.submit(_run, job)
@@ -185,7 +185,7 @@ def main() -> int:
     # This file runs as __main__; the jobs' classes are those of the package's module.
     from phsafe.validation._worker import _run as run
 
-    _gx._gx()
+    _gx.import_gx()
     jobs = sys.stdin.buffer
     while True:
         try:

@@ -3,8 +3,10 @@
 * ``prefect_server``: a temporary Prefect server on SQLite (``prefect_test_harness``), one per
   test process, for flows called in-process.
 * :func:`production_stack`: what the README's production section sets up, started for real --
-  a throwaway PostgreSQL cluster on a loopback port, ``prefect server start`` on it, the process
-  work pool, ``prefect --no-prompt deploy --all``, a process worker -- and stopped again.
+  a throwaway PostgreSQL cluster on a loopback port, ``prefect server start`` on it, the host's
+  ledgers and signing key (``phsafe ledger init``, ``phsafe keys generate``), the deploy step
+  (``deployments/deploy.py --set ...`` with the environment files of deployments/systemd), a
+  process worker -- and stopped again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import glob
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -83,6 +86,40 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def stop_worker(worker: subprocess.Popen, timeout: float = 90) -> None:
+    """Stop a Prefect worker as ``prefect-worker.service`` does: SIGKILL the worker (its graceful
+    stop would leave a flow run in progress "Running" for ever, and waits 30 s for a flow process
+    that is still exiting), then SIGTERM its flow runs' processes (in sessions of their own), which
+    end a run in progress Crashed; SIGKILL what is left after ``timeout`` (TimeoutStopSec)."""
+    if worker.poll() is not None:
+        return
+    tree, todo = [], [worker.pid]
+    while todo:  # the worker's descendants, before it dies and they are reparented
+        pid = todo.pop()
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        tree += [int(c) for c in children]
+        todo += [int(c) for c in children]
+    os.killpg(worker.pid, signal.SIGKILL)  # ExecStop=/bin/kill -s KILL $MAINPID
+    worker.wait()
+    for pid in tree:  # KillMode=control-group, KillSignal=SIGTERM
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
+        time.sleep(0.2)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def wait_until(ready, what: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
@@ -194,38 +231,87 @@ class Stack:
     env: dict[str, str]
     folder: Path
     database: PostgresCluster
+    settings: dict[str, str]
+    """The per-host settings the deploy step was given (``us_ledger`` -> path, ...)."""
+    deploy_output: str
+    """What the deploy step printed."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def prefect(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([str(PREFECT), *args], cwd=REPO, env=self.env, capture_output=True, text=True,
                               timeout=timeout)
 
+    def deploy(self, *args: str) -> subprocess.CompletedProcess:
+        """The README's deploy step: load /etc/phsafe/prefect.env and alerts.env, run deploy.py."""
+        etc = self.folder / "etc-phsafe"
+        script = (f"set -a; . {etc / 'prefect.env'}; . {etc / 'alerts.env'}; set +a\n"
+                  f"exec {sys.executable} deployments/deploy.py " + " ".join(shlex.quote(a) for a in args))
+        return subprocess.run(["bash", "-c", script], cwd=REPO, env=_without_prefect(self.env), capture_output=True,
+                              text=True, timeout=600)
+
+    def start_worker(self, log: Path, *extra: str) -> subprocess.Popen:
+        """``prefect worker start --pool phsafe-process --type process`` as the worker unit runs it."""
+        return start([str(PREFECT), "worker", "start", "--pool", "phsafe-process", "--type", "process", *extra],
+                     self.env, log)
+
     @property
     def ui(self) -> str:
         return self.api.removesuffix("/api")
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#"))
+
+
+def _without_prefect(env: dict[str, str]) -> dict[str, str]:
+    """The environment without what the env files set: the deploy step must get it from them."""
+    return {k: v for k, v in env.items() if not k.startswith(("PREFECT_", "PHSAFE_")) and k != "DO_NOT_TRACK"}
+
+
+def _tree_state() -> str:
+    """The checkout as git sees it: changed and untracked files, and the content of the changes."""
+    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
+    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD"], capture_output=True, text=True)
+    return status.stdout + diff.stdout
+
+
 @contextlib.contextmanager
-def production_stack(folder: Path) -> Iterator[Stack]:
+def production_stack(folder: Path, *, alert_url: str, running_limit: str = "3h",
+                     timings: dict[str, float] | None = None) -> Iterator[Stack]:
     """The README's production setup, for real, on loopback; everything stopped on exit.
 
-    PostgreSQL cluster, ``prefect server start`` against it, ``prefect work-pool create
-    phsafe-process --type process``, ``prefect --no-prompt deploy --all --prefect-file
-    deployments/prefect.yaml``, ``prefect worker start --pool phsafe-process``. The time of each
-    step is in ``Stack.timings``.
+    PostgreSQL cluster; ``prefect server start`` against it; the host's ledgers (``phsafe ledger
+    init``, US and Puerto Rico) and signing key pair (``phsafe keys generate``); the deploy step as
+    the README gives it -- the environment files of deployments/systemd installed into
+    ``<folder>/etc-phsafe`` (API URL, Prefect home, the alert webhook ``alert_url``, the running
+    limit) and ``deployments/deploy.py --set ...`` for every setting; ``prefect worker start --pool
+    phsafe-process --type process --limit 1``. The time of each step is in ``Stack.timings``; the
+    checkout must be the same before and after the deploy step.
+
+    The workers poll every 2 s instead of Prefect's 10 s (``PREFECT_WORKER_QUERY_SECONDS``), to
+    keep the test short.
     """
     started: list[subprocess.Popen] = []
-    timings: dict[str, float] = {}
+    timings = {} if timings is None else timings
     clock = time.perf_counter()
     with postgres_cluster(folder) as database:
         timings["postgresql cluster"] = time.perf_counter() - clock
         try:
             port = free_port()
             api = f"http://127.0.0.1:{port}/api"
-            env = dict(os.environ, PREFECT_HOME=str(folder / "prefect-home"), PREFECT_API_URL=api,
-                       PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
-                       PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port))
-            stack = Stack(api, env, folder, database, timings)
+            home = folder / "prefect-home"
+            # /etc/phsafe as the README installs it, with this stack's address, home and webhook.
+            etc = folder / "etc-phsafe"
+            etc.mkdir()
+            systemd = REPO / "deployments" / "systemd"
+            shared = _env_file(systemd / "prefect.env") | {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
+            alerts = _env_file(systemd / "alerts.env") | {"PHSAFE_ALERT_WEBHOOK_URL": alert_url,
+                                                          "PHSAFE_ALERT_RUNNING_LIMIT": running_limit}
+            for name, values in (("prefect.env", shared), ("alerts.env", alerts)):
+                (etc / name).write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+            env = dict(_without_prefect(dict(os.environ)), **shared, PREFECT_SERVER_API_HOST="127.0.0.1",
+                       PREFECT_SERVER_API_PORT=str(port), PREFECT_WORKER_QUERY_SECONDS="2")
             clock = time.perf_counter()
             log = folder / "server.log"
             server = start([str(PREFECT), "server", "start"],
@@ -233,20 +319,52 @@ def production_stack(folder: Path) -> Iterator[Stack]:
             started.append(server)
             wait_until(lambda: _healthy(api), "prefect server", server, log)
             timings["server start (migrations on PostgreSQL)"] = time.perf_counter() - clock
-            for step, args in (("work pool", ("work-pool", "create", "phsafe-process", "--type", "process")),
-                               ("deploy", ("--no-prompt", "deploy", "--all", "--prefect-file",
-                                           "deployments/prefect.yaml"))):
-                clock = time.perf_counter()
-                done = stack.prefect(*args)
-                assert done.returncode == 0, done.stdout + done.stderr
-                timings[step] = time.perf_counter() - clock
-            worker = start([str(PREFECT), "worker", "start", "--pool", "phsafe-process", "--type", "process",
-                            "--limit", "1"], env, folder / "worker.log")
+
+            # The host's enclave: one ledger per dataset, the signing key pair (README, Install).
+            phsafe = Path(sys.executable).parent / "phsafe"
+            enclave = folder / "enclave"
+            settings = {
+                "us_config": str(REPO / "demo" / "data" / "us" / "config.json"),
+                "us_data": str(REPO / "demo" / "data" / "us"),
+                "us_ledger": str(enclave / "us" / "ledger.jsonl"),
+                "pr_config": str(REPO / "demo" / "data" / "pr" / "config.json"),
+                "pr_data": str(REPO / "demo" / "data" / "pr"),
+                "pr_ledger": str(enclave / "pr" / "ledger.jsonl"),
+                "output_root": str(folder / "releases"),
+                "signing_key": str(enclave / "keys" / "signing-key.pem"),
+                "public_key": str(enclave / "keys" / "public-key.pem"),
+                "rehearsal_root": str(folder / "rehearsals"),
+            }
+            clock = time.perf_counter()
+            commands = [[str(phsafe), "keys", "generate", str(enclave / "keys")]]
+            for label in ("us", "pr"):
+                (enclave / label).mkdir(parents=True, mode=0o700)
+                commands.append([str(phsafe), "ledger", "init", settings[f"{label}_ledger"], "--lifetime-cap", "2.6",
+                                 "--reason", "test policy: the dataset's lifetime limit"])
+            made = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+            for proc in made:  # three independent commands, run side by side
+                _, err = proc.communicate(timeout=120)
+                assert proc.returncode == 0, err
+            timings["ledgers and signing key (phsafe ledger init x2, phsafe keys generate, side by side)"] = \
+                time.perf_counter() - clock
+
+            stack = Stack(api, env, folder, database, settings, "", timings)
+            before = _tree_state()
+            clock = time.perf_counter()
+            done = stack.deploy(*(a for name, value in settings.items() for a in ("--set", f"{name}={value}")))
+            timings["deploy step (deployments/deploy.py, first time)"] = time.perf_counter() - clock
+            assert done.returncode == 0, done.stdout + done.stderr
+            stack.deploy_output = done.stdout
+            assert _tree_state() == before, "the deploy step changed the checkout"
+
+            worker = stack.start_worker(folder / "worker.log", "--limit", "1")
             started.append(worker)
             yield stack
         finally:
             for proc in reversed(started):
-                stop(proc)
+                clock = time.perf_counter()
+                (stop_worker if proc.args[1:3] == ["worker", "start"] else stop)(proc)
+                timings[f"stop the {proc.args[1]} (as its unit does)"] = time.perf_counter() - clock
 
 
 def _healthy(api: str) -> bool:
@@ -272,16 +390,25 @@ def run_deployment(stack: Stack, name: str, parameters: dict, timeout: float = 6
     return asyncio.run(_run_deployment(stack.api, name, parameters, timeout))
 
 
+def read_flow_run(stack: Stack, flow_run_id: Any, until=lambda run: True, timeout: float = 60) -> DeploymentRun:
+    """A final flow run (a subflow too) with its artifacts, task runs and logs, through the API,
+    read again (every second, up to ``timeout``) until ``until(run)`` holds."""
+    async def read() -> DeploymentRun:
+        from prefect.client.orchestration import PrefectClient
+
+        deadline = time.monotonic() + timeout
+        async with PrefectClient(api=stack.api) as client:
+            while True:
+                run = await _read_back(client, await client.read_flow_run(flow_run_id), 0.0)
+                if until(run) or time.monotonic() > deadline:
+                    return run
+                await asyncio.sleep(1)
+
+    return asyncio.run(read())
+
+
 async def _run_deployment(api: str, name: str, parameters: dict, timeout: float) -> DeploymentRun:
     from prefect.client.orchestration import PrefectClient
-    from prefect.client.schemas.filters import (
-        ArtifactFilter,
-        ArtifactFilterFlowRunId,
-        FlowRunFilter,
-        FlowRunFilterId,
-        LogFilter,
-        LogFilterFlowRunId,
-    )
 
     async with PrefectClient(api=api) as client:
         deployment = await client.read_deployment_by_name(name)
@@ -293,22 +420,34 @@ async def _run_deployment(api: str, name: str, parameters: dict, timeout: float)
             if flow_run.state is not None and flow_run.state.is_final():
                 break
             await asyncio.sleep(1)
-        seconds = time.perf_counter() - clock
-        artifacts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
-        task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
-        # Every log line (pages of 200); the worker ships them in batches, the flow's last line
-        # ("Finished in state ...") after the state: wait for it.
-        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
-        logs_deadline = time.monotonic() + 60
+        return await _read_back(client, flow_run, time.perf_counter() - clock)
+
+
+async def _read_back(client: Any, flow_run: Any, seconds: float) -> DeploymentRun:
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+
+    artifacts = await client.read_artifacts(
+        artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run.id])))
+    task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
+    # Every log line (pages of 200); the worker ships them in batches, the flow's last line
+    # ("Finished in state ...") after the state: wait for it.
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
+    logs_deadline = time.monotonic() + 60
+    while True:
+        logs: list = []
         while True:
-            logs: list = []
-            while True:
-                page = await client.read_logs(log_filter=log_filter, limit=200, offset=len(logs))
-                logs += page
-                if len(page) < 200:
-                    break
-            if any(entry.message.startswith("Finished in state") for entry in logs) or time.monotonic() > logs_deadline:
+            page = await client.read_logs(log_filter=log_filter, limit=200, offset=len(logs))
+            logs += page
+            if len(page) < 200:
                 break
-            await asyncio.sleep(1)
-        return DeploymentRun(flow_run, artifacts, task_runs, logs, seconds)
+        if any(entry.message.startswith("Finished in state") for entry in logs) or time.monotonic() > logs_deadline:
+            break
+        await asyncio.sleep(1)
+    return DeploymentRun(flow_run, artifacts, task_runs, logs, seconds)

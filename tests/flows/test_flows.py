@@ -152,7 +152,11 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     # Budgets as decimals (US: 1.257281, never 1257281/1000000): the config's rho, summed exactly.
     budgets = json.loads((DEMO / dataset / "config.json").read_text(), parse_float=Decimal)["privacy_budget"]
     total = str(sum(v for levels in budgets.values() for v in levels.values()).normalize())
-    assert f"planned total {total}." in spends.description and summary["total_budget"] == total
+    assert f"planned total {total}, charged {total}." in spends.description and summary["total_budget"] == total
+    # Beside the plan, the dataset's account: spent, cap and what is left (exact, as decimals).
+    left = str((Decimal(10) - Decimal(total)).normalize())
+    assert f"`demo-{dataset}`: spent {total} of its lifetime cap 10 (rho); {left} left" in spends.description
+    assert (summary["dataset_spent"], summary["lifetime_cap"], summary["left"]) == (total, "10", left)
     assert all(re.fullmatch(r"\d+\.\d+", r["rho"]) for r in rows)
     assert {Decimal(r["rho"]) for r in rows} <= {v for levels in budgets.values() for v in levels.values()}
 
@@ -272,6 +276,19 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
     assert injector.calls >= 7
 
 
+def retry(flow_fn, state):  # noqa: ANN001, ANN201
+    """What Retry in the UI does: the flow run is set AwaitingRetry and run again (same flow run
+    id, same parameters), as a worker runs it."""
+    from prefect.client.orchestration import get_client
+    from prefect.flow_engine import run_flow
+    from prefect.states import AwaitingRetry
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(_flow_run_id(state), AwaitingRetry(), force=True)
+        flow_run = client.read_flow_run(_flow_run_id(state))
+    return run_flow(flow_fn, flow_run=flow_run, parameters=flow_run.parameters, return_type="state")
+
+
 def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypatch):
     from flows.sdhc import us_flow
     from phsafe import engine
@@ -287,7 +304,10 @@ def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypa
         return original(run, config)
 
     monkeypatch.setattr(engine, "check_outputs", flaky_check)
-    state = us_flow.with_options(retries=1)(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    failed = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert failed.is_failed()
+    assert "spend(s) of run us-" in failed.message and "Retry this flow run to resume it" in failed.message
+    state = retry(us_flow, failed)
     assert state.is_completed(), state.message
     summary = state.result()
     assert summary["measurements"]["drawn"] == 0 and summary["measurements"]["reused"] > 0
@@ -377,11 +397,13 @@ def test_parameter_schema_has_numbers_and_choices():
 def test_lifetime_cap_is_exactly_the_decimal_typed():
     from fractions import Fraction
 
-    from flows.sdhc import _cap
+    from phsafe.parameters import PrivateRunParameters, exact_decimal
 
-    assert _cap(2.514562) == Fraction(2514562, 1000000)
-    assert _cap(1.4) == Fraction(14, 10)
-    assert _cap(3) == 3 and _cap(None) is None
+    assert exact_decimal(2.514562) == Fraction(2514562, 1000000)
+    assert exact_decimal(1.4) == Fraction(14, 10)
+    assert exact_decimal(3) == 3 and exact_decimal(None) is None
+    given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "lifetime_cap": 2.514562})
+    assert given.options().lifetime_cap == Fraction(2514562, 1000000)
 
 
 def _lost_signing_key(monkeypatch):  # noqa: ANN001 -- fine at preflight, unreadable at publish

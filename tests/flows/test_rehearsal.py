@@ -60,6 +60,18 @@ def test_rehearsal_runs_the_production_path_on_synthetic_inputs(tmp_path):
                         ("budget-spends", "input-validation", "output-validation", "output-manifest",
                          "ledger-checkpoint")}
     assert sorted(p.name for p in (folder / "ledgers").glob("*.jsonl")) == ["pr.jsonl", "us.jsonl"]
+
+    # Signed with a throwaway key of its own, made in its folder, and verified as auditors do.
+    assert sorted(p.name for p in (folder / "keys").iterdir()) == ["public-key.pem", "signing-key.pem"]
+    assert ((folder / "keys" / "signing-key.pem").stat().st_mode & 0o777) == 0o600
+    from phsafe.signing import public_key_fingerprint
+
+    fingerprint = public_key_fingerprint((folder / "keys" / "public-key.pem").read_bytes())
+    assert result["verified"] == {label: f"verified with the throwaway public key {fingerprint[:16]}"
+                                  for label in ("us", "pr")}
+    for manifest in (folder / "runs").glob("*/manifest.json"):
+        checkpoint = json.loads(manifest.read_text())["checkpoint"]
+        assert checkpoint["signature"] and "BEGIN PUBLIC KEY" in checkpoint["public_key"]
     for label in ("us", "pr"):
         synth = json.loads((folder / "inputs" / label / "synth.json").read_text())
         config = json.loads(Path(US_CONFIG if label == "us" else PR_CONFIG).read_text())
@@ -68,24 +80,37 @@ def test_rehearsal_runs_the_production_path_on_synthetic_inputs(tmp_path):
 
     # The coverage table: every table x level of both datasets, against 0.90, within tolerance.
     artifacts = {a.key: a for a in _artifacts(_flow_run_id(state))}
-    assert set(artifacts) == {"rehearsal-moe-coverage", "rehearsal-accuracy-report"}
+    assert set(artifacts) == {"rehearsal-moe-coverage", "rehearsal-accuracy-errors", "rehearsal-accuracy-report"}
     coverage = artifacts["rehearsal-moe-coverage"]
     assert "non-confidential" in coverage.description and "every table and level within tolerance" in coverage.description
+    assert "nominal 0.90" in coverage.description
     rows = _rows(coverage)
+    # Few columns, so that the table fits the UI's artifact pane (the errors are a table of their own).
+    assert all(list(r) == ["dataset", "table", "level", "n", "coverage", "expected", "tolerance", "verdict"]
+               for r in rows)
     us_levels = {(r["table"], r["level"]) for r in rows if r["dataset"] == "us"}
     assert ("PH1_num", "usa_*") in us_levels and ("PH8_num", "state_A-G") in us_levels
     assert not any(lv.startswith("usa") for t, lv in ((r["table"], r["level"]) for r in rows if r["dataset"] == "pr"))
-    assert all(r["verdict"] == "ok" and r["nominal"] == "0.9000" for r in rows)
+    assert all(r["verdict"] == "ok" for r in rows)
     for r in rows:
         low, high = (float(x) for x in r["tolerance"].strip("[]").split(","))
-        assert low <= float(r["MOE coverage"]) <= high
+        assert low <= float(r["coverage"]) <= high
         assert abs(float(r["expected"]) - 0.9) < 0.03
     pooled = [r for r in rows if r["table"] == "ALL"]
-    assert len(pooled) == 2 and all(0.85 < float(r["MOE coverage"]) < 0.95 for r in pooled)
-    assert all(float(r["MAE"]) > 0 for r in rows if r["table"] != "ALL")
+    assert len(pooled) == 2 and all(0.85 < float(r["coverage"]) < 0.95 for r in pooled)
+    errors = _rows(artifacts["rehearsal-accuracy-errors"])
+    assert {(r["dataset"], r["table"], r["level"]) for r in errors if r["table"] != "ALL"} == \
+        {(r["dataset"], r["table"], r["level"]) for r in rows if r["table"] != "ALL"}
+    assert [(r["dataset"], r["level"]) for r in errors if r["table"] == "ALL"] == [("us", "ALL"), ("pr", "ALL")]
+    assert all(len(r) == 7 and float(r["MAE"]) > 0 for r in errors)
+
+    # The report shows the plots inside the UI (data: URIs), never links the UI cannot open.
     report = artifacts["rehearsal-accuracy-report"].data
-    assert str(folder / "accuracy" / "us" / "report.html") in report and "coverage.png" in report
-    assert "non-confidential" in report
+    assert "file://" not in report and "non-confidential" in report
+    assert report.count("](data:image/png;base64,") >= 2 * 4  # coverage, MAE, errors, |errors| per dataset
+    assert "us: MOE coverage per table and level" in report and "pr: Mean absolute error" in report
+    assert f"verified with the throwaway public key {fingerprint[:16]}" in report
+    assert str(folder / "accuracy" / "us" / "report.html") in report
 
     # The accuracy experiment's 2·K runs log one line a stage in the run log, not every event.
     messages = _log_messages(_flow_run_id(state))
@@ -125,4 +150,29 @@ def test_rehearsal_fails_when_the_noise_is_wider_than_the_stated_moe(tmp_path, m
     assert all(r["verdict"] == "OUTSIDE" for r in pooled)
     # Twice the variance: coverage P(|Z| < 1.645/sqrt 2) = 0.755 instead of 0.90 (the US row
     # pools 10K cells; Puerto Rico's 200 only bound it loosely).
-    assert float(next(r for r in pooled if r["dataset"] == "us")["MOE coverage"]) < 0.8
+    assert float(next(r for r in pooled if r["dataset"] == "us")["coverage"]) < 0.8
+
+
+def test_rehearsal_fails_when_a_release_does_not_verify(tmp_path, monkeypatch):
+    """A release the auditors' check rejects fails the rehearsal, naming the dataset and why: here
+    a released table altered between publication and the check."""
+    from flows.rehearsal import rehearsal_flow
+    from phsafe.audit import verify as audit_verify
+
+    original = audit_verify.verify
+
+    def after_someone_edits_a_table(ledger, *, outputs=None, **kwargs):
+        table = sorted(Path(outputs).rglob("*.csv"))[0]
+        table.write_text(table.read_text() + "\n")
+        return original(ledger, outputs=outputs, **kwargs)
+
+    monkeypatch.setattr(audit_verify, "verify", after_someone_edits_a_table)
+    state = rehearsal_flow(us_config=str(US_CONFIG), pr_config=str(PR_CONFIG), work_root=str(tmp_path),
+                           persons=5_000, pr_persons=2_000, trials=1, return_state=True)
+    assert state.is_failed()
+    for label in ("us", "pr"):
+        assert (f"{label}: its release does not verify as the auditors check it (phsafe audit verify --outputs "
+                "--public-key)") in state.message, state.message
+    assert "SHA-256 differs from the digest logged" in state.message
+    report = next(a for a in _artifacts(_flow_run_id(state)) if a.key == "rehearsal-accuracy-report").data
+    assert "DOES NOT VERIFY" in report and "not measured" in report  # no accuracy on a broken release

@@ -1,7 +1,11 @@
-"""The production setup for real: a Prefect server on PostgreSQL, the deployments of
-deployments/prefect.yaml (deployed with ``--no-prompt``), a process worker, the US deployment
-run through the API to Completed -- then what an operator sees of it: the deployments and their
-schedules, the artifacts and logs through the API, and the flow run page in a real Chromium.
+"""The production setup for real: a Prefect server on PostgreSQL, the host's ledgers and signing
+key, the deploy step as the README gives it (``deployments/deploy.py --set ...``: settings as
+Prefect variables, work pool, deployments with their concurrency limits, alert block and
+automations), a process worker -- then what an operator does and sees with it: two releases
+triggered at the same moment (one runs, the other is refused), the deploy step re-run in the
+middle of it (it changes nothing), the release's US run read back through the API and its page
+in a real Chromium, a failing run and the alert a loopback webhook receives, nothing persisted
+under $PREFECT_HOME/storage.
 
 Everything started is stopped at the end. If the PostgreSQL server binaries are missing, the test
 fails saying how to install them; if chromium is missing, likewise.
@@ -9,16 +13,33 @@ fails saying how to install them; if chromium is missing, likewise.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import http.server
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pandas as pd
 import pytest
+import yaml
 
-from tests.flows.conftest import DeploymentRun, Stack, production_stack, run_deployment
+from tests.flows.conftest import (
+    DeploymentRun,
+    Stack,
+    _tree_state,
+    production_stack,
+    read_flow_run,
+    run_deployment,
+    stop_worker,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_US = REPO / "demo" / "data" / "us"
@@ -26,6 +47,9 @@ MEASURE_TASKS = {f"measure-{t}" for t in
                  ("PH1_num", "PH1_denom", "PH2", "PH3", "PH4", "PH5_denom", "PH6", "PH7", "PH8_denom")}
 ARTIFACT_KEYS = {"us-budget-spends", "us-input-validation", "us-output-validation", "us-output-manifest",
                  "us-ledger-checkpoint"}
+SPENDING = ("sdhc-release/release", "sdhc-us/us", "sdhc-pr/pr")
+DEPLOYMENTS = (*SPENDING, "sdhc-rehearsal/rehearsal")
+AUTOMATIONS = [a["name"] for a in yaml.safe_load((REPO / "deployments" / "automations.yaml").read_text())["automations"]]
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +57,336 @@ pytestmark = pytest.mark.slow
 def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
     """One stack, and what an operator does and sees with it, in order. One test rather than
     several sharing a fixture: pytest-xdist would start a stack for each worker that gets one."""
-    with production_stack(tmp_path_factory.mktemp("stack")) as stack:
-        check_deployments_schedules_and_parameter_types(stack)
-        out = stack.folder / "releases"
-        # The operator makes the dataset's ledger once (`phsafe ledger init`), then triggers the
-        # first run saying why its records are a new version of the dataset.
-        ledger = stack.folder / "enclave" / "us.jsonl"
-        made = subprocess.run([str(Path(sys.executable).parent / "phsafe"), "ledger", "init", str(ledger),
-                               "--lifetime-cap", "2", "--reason", "test release policy"], capture_output=True, text=True)
-        assert made.returncode == 0, made.stderr
-        run = run_deployment(stack, "sdhc-us/us", {"output_root": str(out), "ledger": str(ledger),
-                                                    "new_version_reason": "the demo's synthetic records"})
-        state = run.flow_run.state
-        assert state.is_completed(), (state.message, (stack.folder / "worker.log").read_text()[-4000:])
-        check_us_run_on_postgresql(stack, run)
-        check_flow_run_page_in_chromium(stack, run, tmp_path)
+    clock = time.perf_counter()
+    timings: dict[str, float] = {}
+    try:
+        # The alert limit for a run still Running is Prefect's minimum here, so that the release trips it.
+        with alert_receiver() as alerts, production_stack(tmp_path_factory.mktemp("stack"), alert_url=alerts.url,
+                                                          running_limit="10s", timings=timings) as stack:
+            step = time.perf_counter()
+            before = check_the_deploy_step(stack)
+            check_deployments_schedules_and_parameter_types(stack)
+            timings["checks of the deployed state"] = time.perf_counter() - step
+
+            release, refused, redeploy = two_releases_at_once_while_redeploying(stack)
+            check_one_release_ran_and_the_other_was_refused(stack, release, refused)
+            check_the_deploy_step_changed_nothing(stack, redeploy, before)
+            check_the_release_records_the_checkout(stack, release)
+            step = time.perf_counter()
+            # Task runs reach the API through the server's event pipeline: wait until the nine are there.
+            us = read_flow_run(stack, subflow_run(stack, release, "sdhc-us").id,
+                               until=lambda run: MEASURE_TASKS <= {t.name for t in run.task_runs
+                                                                   if t.state is not None and t.state.is_completed()})
+            timings["the release's US run read back"] = time.perf_counter() - step
+            step = time.perf_counter()
+            check_us_run_on_postgresql(stack, us)
+            timings["the US run in PostgreSQL (pg_dump)"] = time.perf_counter() - step
+            check_flow_run_page_in_chromium(stack, us, tmp_path)
+            step = time.perf_counter()
+            check_still_running_alert(alerts, release)
+            timings["the still-running alert"] = time.perf_counter() - step
+
+            # A US run on a ledger that does not exist fails before spending; the operators hear of it.
+            step = time.perf_counter()
+            failed = run_deployment(stack, "sdhc-us/us", {"ledger": str(stack.folder / "nowhere" / "ledger.jsonl")})
+            assert failed.flow_run.state.is_failed(), failed.flow_run.state
+            check_failure_alert(alerts, failed)
+            timings["a failing us run, trigger to its alert"] = time.perf_counter() - step
+
+            # The release again, once the first is published: refused before any spend.
+            step = time.perf_counter()
+            check_a_second_trigger_is_refused_before_spending(stack)
+            timings["a second trigger of the release, refused"] = time.perf_counter() - step
+            # Retry on the completed release, clicked in Chromium: nothing spent, Completed again.
+            step = time.perf_counter()
+            check_retry_of_the_completed_release(stack, release, tmp_path)
+            timings["chromium: Retry of the completed release"] = time.perf_counter() - step
+            # A US run that fails after its spends; the operator fixes the cause and clicks Retry.
+            step = time.perf_counter()
+            check_a_run_that_failed_after_spending_is_retried(stack, tmp_path)
+            timings["a US run failed after spending, fixed, Retry in chromium"] = time.perf_counter() - step
+
+            # Results are never persisted: after failed and successful runs, nothing under
+            # PREFECT_HOME/storage (a failed flow that raised would leave its pickled exception there).
+            storage = Path(stack.env["PREFECT_HOME"]) / "storage"
+            persisted = sorted(p.relative_to(storage).as_posix() for p in storage.rglob("*")) if storage.exists() else []
+            assert persisted == [], f"results persisted under {storage}: {persisted[:5]}"
+    finally:
+        timings["whole test"] = time.perf_counter() - clock
+        print("timings: " + "; ".join(f"{step} {seconds:.1f} s" for step, seconds in timings.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# The alert webhook: a loopback HTTP receiver
+# --------------------------------------------------------------------------------------------
+
+
+class _Receiver(http.server.ThreadingHTTPServer):
+    messages: list[dict[str, Any]]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/phsafe-alerts"
+
+    def wait_for(self, predicate, what: str, timeout: float = 60) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [m for m in list(self.messages) if predicate(m)]
+            if found:
+                return found[0]
+            time.sleep(0.5)
+        raise AssertionError(f"no alert {what} within {timeout} s; received: {self.messages}")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 -- http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.server.messages.append(dict(json.loads(body), path=self.path))  # type: ignore[attr-defined]
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def alert_receiver() -> Iterator[_Receiver]:
+    """A webhook on 127.0.0.1 collecting the JSON the alert block POSTs."""
+    server = _Receiver(("127.0.0.1", 0), _Handler)
+    server.messages = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --------------------------------------------------------------------------------------------
+# The deploy step
+# --------------------------------------------------------------------------------------------
+
+
+def _api(stack: Stack, read):
+    """``await read(client)`` with a client of the stack's API. In a thread of its own: a sync
+    Playwright page runs an event loop in this one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.client.orchestration import PrefectClient
+
+    async def go():
+        async with PrefectClient(api=stack.api) as client:
+            return await read(client)
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
+
+
+async def _deployed_state(client) -> dict[str, Any]:
+    """What the deploy step makes: deployments, automations, alert blocks, settings."""
+    deployments = {name: await client.read_deployment_by_name(name) for name in DEPLOYMENTS}
+    automations = [a for a in await client.read_automations() if a.name.startswith("phsafe: ")]
+    blocks = [b for b in await client.read_block_documents(include_secrets=False) if b.name == "phsafe-alerts"]
+    variables = {v.name: v.value for v in await client.read_variables() if v.name.startswith("phsafe_")}
+    return {"deployments": deployments, "automations": automations, "blocks": blocks, "variables": variables}
+
+
+def check_the_deploy_step(stack: Stack) -> dict[str, Any]:
+    """Settings became Prefect variables and the deployments' parameters; release, us and pr have a
+    concurrency limit of 1 that cancels a colliding run; the alerts exist, through one webhook
+    block; the checkout is untouched (the fixture checks) and runs will record its commit."""
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy
+
+    from phsafe.engine import code_version
+
+    out = stack.deploy_output
+    assert "deployed sdhc-release/release, sdhc-us/us, sdhc-pr/pr, sdhc-rehearsal/rehearsal" in out, out
+    assert "automations: 3 created, 0 updated, 0 unchanged, 0 deleted" in out and "running past 10s" in out, out
+    assert f"runs will record code version {code_version()}" in out, out
+
+    state = _api(stack, _deployed_state)
+    assert state["variables"] == {f"phsafe_{name}": value for name, value in stack.settings.items()}
+    deployments = state["deployments"]
+    release, us = deployments["sdhc-release/release"].parameters, deployments["sdhc-us/us"].parameters
+    assert release["us_ledger"] == us["ledger"] == stack.settings["us_ledger"]
+    assert release["signing_key"] == us["signing_key"] == stack.settings["signing_key"]
+    assert release["public_key"] == stack.settings["public_key"]
+    assert deployments["sdhc-rehearsal/rehearsal"].parameters["work_root"] == stack.settings["rehearsal_root"]
+    for name in SPENDING:
+        d = deployments[name]
+        assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == 1, name
+        assert d.concurrency_options.collision_strategy is ConcurrencyLimitStrategy.CANCEL_NEW, name
+    assert deployments["sdhc-rehearsal/rehearsal"].global_concurrency_limit is None
+
+    (block,) = state["blocks"]
+    assert sorted(a.name for a in state["automations"]) == sorted(AUTOMATIONS)
+    for automation in state["automations"]:
+        assert automation.enabled
+        notify = [a for a in automation.actions if a.type == "send-notification"]
+        assert all(a.block_document_id == block.id for a in notify), automation.name
+    return state
+
+
+def two_releases_at_once_while_redeploying(stack: Stack) -> tuple[Any, Any, subprocess.CompletedProcess]:
+    """Two triggers of the release at the same moment, a second worker polling the pool too (an
+    operator's "first look" worker left running), and the deploy step re-run meanwhile."""
+    second = stack.start_worker(stack.folder / "second-worker.log")
+    try:
+        from prefect.client.orchestration import PrefectClient
+
+        async def both() -> list[Any]:
+            async with PrefectClient(api=stack.api) as client:
+                deployment = await client.read_deployment_by_name("sdhc-release/release")
+                parameters = {"new_version_reason": "the demo's synthetic records"}
+                runs = await asyncio.gather(*(client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+                                              for _ in range(2)))
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    runs = [await client.read_flow_run(r.id) for r in runs]
+                    if all(r.state is not None and r.state.is_final() for r in runs):
+                        break
+                    await asyncio.sleep(1)
+                return runs
+
+        def redeploy() -> subprocess.CompletedProcess:
+            tree_before = _tree_state()
+            done = stack.deploy()  # no --set: the settings are kept in the server
+            done.tree_before, done.tree_after = tree_before, _tree_state()  # type: ignore[attr-defined]
+            return done
+
+        clock = time.perf_counter()
+        # The US ledger's lock held for a while: the release waits on it (as it would behind a
+        # long run on that ledger) and stays Running well past the 10 s alert limit, however fast
+        # the machine -- the proactive alert is evaluated only every few seconds.
+        with _in_thread(redeploy) as redeployed, _ledger_held(Path(stack.settings["us_ledger"]), seconds=15):
+            runs = asyncio.run(both())
+        stack.timings["two releases triggered at once, until both are final"] = time.perf_counter() - clock
+    finally:
+        stop_worker(second)
+    completed = [r for r in runs if r.state.is_completed()]
+    assert len(completed) == 1, [(r.name, r.state.name, r.state.message) for r in runs]
+    (other,) = [r for r in runs if r is not completed[0]]
+    return completed[0], other, redeployed.result
+
+
+@contextlib.contextmanager
+def _ledger_held(ledger: Path, *, seconds: float):
+    """Hold ``ledger``'s lock (an exclusive flock, as an append does) for ``seconds`` from now."""
+    import fcntl
+
+    fd = os.open(ledger.with_name(ledger.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    timer = threading.Timer(seconds, os.close, (fd,))  # closing the descriptor releases the lock
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.join()
+
+
+class _Result:
+    result: Any = None
+
+
+@contextlib.contextmanager
+def _in_thread(function) -> Iterator[_Result]:
+    box = _Result()
+    thread = threading.Thread(target=lambda: setattr(box, "result", function()))
+    thread.start()
+    try:
+        yield box
+    finally:
+        thread.join(timeout=600)
+
+
+def check_one_release_ran_and_the_other_was_refused(stack: Stack, release: Any, other: Any) -> None:
+    """Never two releases at once, by the states the server recorded: the second trigger was
+    cancelled by the deployment's concurrency limit (CANCEL_NEW) without ever running -- or, had
+    no worker tried it while the first ran, it ran only after the first ended."""
+    async def history(client):
+        return {r.id: await client.read_flow_run_states(r.id) for r in (release, other)}
+
+    states = _api(stack, history)
+    ran = [s.timestamp for s in states[release.id] if s.type.value == "RUNNING"]
+    ended = [s.timestamp for s in states[release.id] if s.type.value == "COMPLETED"]
+    assert len(ran) == 1 and len(ended) == 1
+    other_ran = [s.timestamp for s in states[other.id] if s.type.value == "RUNNING"]
+    if other.state.is_cancelled():
+        assert other.state.message == "Deployment concurrency limit reached.", other.state.message
+        assert other_ran == []  # it never ran
+        assert [s.type.value for s in states[other.id]][-2:] == ["SCHEDULED", "CANCELLED"]  # refused at submission
+    else:
+        assert min(other_ran) >= ended[0], (states[release.id], states[other.id])
+
+
+def check_the_deploy_step_changed_nothing(stack: Stack, redeploy: Any, before: dict[str, Any]) -> None:
+    """Re-running the deploy step (mid-release) updates in place: same deployments, automations and
+    block, nothing duplicated; the checkout is untouched."""
+    assert redeploy.returncode == 0, redeploy.stdout + redeploy.stderr
+    assert "automations: 0 created, 0 updated, 3 unchanged, 0 deleted" in redeploy.stdout, redeploy.stdout
+    after = _api(stack, _deployed_state)
+    assert {n: d.id for n, d in after["deployments"].items()} == {n: d.id for n, d in before["deployments"].items()}
+    assert sorted(a.id for a in after["automations"]) == sorted(a.id for a in before["automations"])
+    assert [b.id for b in after["blocks"]] == [b.id for b in before["blocks"]]
+    assert after["variables"] == before["variables"]
+    assert redeploy.tree_after == redeploy.tree_before, "the deploy step changed the checkout"
+
+
+def check_the_release_records_the_checkout(stack: Stack, release: Any) -> None:
+    """The deployed release ran the checkout as it is: its manifests say the checkout's code
+    version, without ``.dirty`` when the checkout is clean (CI: a fresh clone)."""
+    from phsafe.engine import code_version
+
+    root = Path(stack.settings["output_root"])
+    manifests = sorted(root.glob("*/manifest.json"))
+    assert sorted(p.parent.name.split("-")[0] for p in manifests) == ["pr", "us"], manifests
+    recorded = {json.loads(p.read_text())["code_version"] for p in manifests}
+    assert recorded == {code_version()}
+    clean = not subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    if clean:
+        assert ".dirty" not in code_version()
+
+
+def subflow_run(stack: Stack, parent: Any, flow_name: str) -> Any:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName, FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    async def read(client):
+        return await client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])),
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])))
+
+    (run,) = _api(stack, read)
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Alerts
+# --------------------------------------------------------------------------------------------
+
+
+def check_failure_alert(alerts: _Receiver, failed: DeploymentRun) -> None:
+    """The webhook got the alert of the failed run: deployment, flow run, state and reason."""
+    run = failed.flow_run
+    message = alerts.wait_for(lambda m: str(run.id) in m["body"] and "is Failed" in m["subject"], "of the failed run")
+    assert message["path"] == "/phsafe-alerts"
+    assert message["subject"] == f"phsafe: sdhc-us/us run {run.name} is Failed"
+    body = message["body"].splitlines()
+    assert body[:3] == ["Deployment: sdhc-us/us", f"Flow run: {run.name} ({run.id})", "State: Failed"]
+    reason = run.state.message.splitlines()[0]
+    assert "nowhere" in reason and "ledger" in reason, reason  # why: the ledger is not there
+    assert message["body"].split("Reason: ", 1)[1].startswith(reason)
+    assert f"/runs/flow-run/{run.id}" in message["body"]
+    assert message["text"].startswith(message["subject"] + "\n")  # what chat webhooks show
+
+
+def check_still_running_alert(alerts: _Receiver, release: Any) -> None:
+    """The release ran longer than the (test's) running limit of 10 s: the proactive alert."""
+    message = alerts.wait_for(lambda m: str(release.id) in m["body"] and "is still" in m["subject"],
+                              "of the release still running")
+    assert message["subject"].startswith(f"phsafe: sdhc-release/release run {release.name} is still ")
+    assert "past the time limit of 10s" in message["body"]
 
 
 def _rows(artifact) -> list[dict]:
@@ -80,7 +419,8 @@ def check_us_run_on_postgresql(stack: Stack, run: DeploymentRun) -> None:
     artifacts = {a.key: a for a in run.artifacts}
     assert set(artifacts) == ARTIFACT_KEYS
     spends = artifacts["us-budget-spends"]
-    assert "planned total 1.257281" in spends.description, spends.description
+    assert "planned total 1.257281, charged 1.257281" in spends.description, spends.description
+    assert "`demo-us`: spent 1.257281 of its lifetime cap 2.6 (rho); 1.342719 left" in spends.description
     rows = _rows(spends)
     assert {r["table"] for r in rows} == {t.removeprefix("measure-") for t in MEASURE_TASKS}
     assert all("/" not in str(r["rho"]) for r in rows)
@@ -105,7 +445,7 @@ def check_us_run_on_postgresql(stack: Stack, run: DeploymentRun) -> None:
                for m in messages), "\n".join(messages)
     assert any(m.startswith("plan: ") and "total=1.257281" in m for m in messages)
 
-    published = list((stack.folder / "releases").glob("us-*/manifest.json"))
+    published = list(Path(stack.settings["output_root"]).glob("us-*/manifest.json"))
     assert len(published) == 1
 
 
@@ -158,6 +498,7 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
 
     from tests._browser import browser_page
 
+    clock = time.perf_counter()
     with browser_page(allow=(stack.ui,)) as page:
         page.goto(f"{stack.ui}/runs/flow-run/{us_run.flow_run.id}")
         expect(page.get_by_text(us_run.flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
@@ -175,6 +516,7 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         expect(panel.get_by_text(re.compile(r"^17 Task runs$"))).to_be_visible()
         panel.get_by_placeholder("Search by run name").fill("measure-")
         expect(panel.get_by_text(re.compile(r"^publish-"))).to_have_count(0, timeout=30_000)
+        expect(panel.get_by_text(re.compile(r"^measure-PH\w+$"))).to_have_count(len(MEASURE_TASKS), timeout=30_000)
         shown = {name for name in panel.get_by_text(re.compile(r"^measure-PH\w+$")).all_inner_texts()}
         assert shown == MEASURE_TASKS, shown
         page.screenshot(path=tmp_path / "task-runs.png")  # the timeline and the filtered list
@@ -183,7 +525,8 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         page.get_by_role("tablist").get_by_text("Artifacts", exact=True).click()
         card = page.get_by_text("us-budget-spends", exact=True)
         expect(card).to_be_visible(timeout=30_000)
-        expect(page.get_by_text(re.compile(r"planned total 1\.257281\.$"))).to_be_visible()
+        expect(page.get_by_text(re.compile(r"planned total 1\.257281, charged 1\.257281\. .*1\.342719 left"))
+               ).to_be_visible()
         card.click()
         table = page.get_by_role("table").first
         expect(table).to_be_visible(timeout=30_000)
@@ -197,4 +540,150 @@ def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_pat
         assert page.failed_requests == []  # nothing tried to leave the machine
     for shot in ("flow-run.png", "task-runs.png", "measure-task-runs.png", "budget-spends.png"):
         assert (tmp_path / shot).stat().st_size > 10_000, shot
+    stack.timings["chromium: the US run's pages"] = time.perf_counter() - clock
     print(f"screenshots: {tmp_path}")
+
+
+# --------------------------------------------------------------------------------------------
+# One release per content version, and Retry in the UI (issue 19)
+# --------------------------------------------------------------------------------------------
+
+
+def _intents(ledger: Path) -> int:
+    return sum('"kind":"INTENT"' in line for line in Path(ledger).read_text().splitlines())
+
+
+def _ledgers(stack: Stack) -> dict[str, Path]:
+    return {label: Path(stack.settings[f"{label}_ledger"]) for label in ("us", "pr")}
+
+
+def check_a_second_trigger_is_refused_before_spending(stack: Stack) -> None:
+    """A new trigger of the release on records already released: refused before any spend --
+    the ledgers unchanged -- and the run's message says why, for each dataset, once."""
+    ledgers = _ledgers(stack)
+    before = {label: path.read_bytes() for label, path in ledgers.items()}
+    again = run_deployment(stack, "sdhc-release/release", {})
+    state = again.flow_run.state
+    assert state.is_failed(), state
+    for label, path in ledgers.items():
+        assert path.read_bytes() == before[label], label  # not one entry, let alone an INTENT
+        assert re.search(rf"{label}: these records were already released: run {label}-\S+ published them to ",
+                         state.message), state.message
+    assert state.message.count("No privacy-loss budget was spent.") == 2, state.message
+    assert "re_release_reason" in state.message
+    summary = next(a for a in again.artifacts if a.key == "release-summary")
+    assert summary.data.count("**failed**: these records were already released") == 2
+
+
+def _final(stack: Stack, flow_run_id: Any, runs_before: int, timeout: float = 300) -> Any:
+    """The flow run once it ran again (run count above ``runs_before``) and is final."""
+    async def wait(client):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = await client.read_flow_run(flow_run_id)
+            if run.run_count > runs_before and run.state is not None and run.state.is_final():
+                return run
+            await asyncio.sleep(1)
+        raise AssertionError(f"flow run {flow_run_id} did not run again within {timeout} s: {run.state}")
+
+    return _api(stack, wait)
+
+
+def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "re.Pattern[str]") -> Any:
+    """What the operator does: the flow run's page, Retry, confirm; then the page once the run is
+    final again, showing ``log_line`` of the retry (screenshot). Returns the flow run as the API
+    has it then."""
+    from playwright.sync_api import expect
+
+    from tests._browser import browser_page
+
+    runs_before = _api(stack, lambda client: client.read_flow_run(flow_run.id)).run_count
+    with browser_page(allow=(stack.ui,)) as page:
+        page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
+        expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
+        page.get_by_role("button", name="Retry").first.click()
+        expect(page.get_by_text(f"Retry {flow_run.name}?")).to_be_visible(timeout=30_000)
+        page.get_by_role("button", name="Retry").last.click()  # the dialog's confirmation
+        final = _final(stack, flow_run.id, runs_before)
+        page.reload()
+        expect(page.get_by_text(final.state.name, exact=True).first).to_be_visible(timeout=60_000)
+        # The retry's lines come last (oldest to newest): scroll down the log (its list grows as
+        # it is scrolled) until the line is there.
+        line = page.get_by_text(log_line).first
+        page.get_by_role("tabpanel", name="Logs").hover()
+        deadline = time.monotonic() + 60
+        while not line.is_visible() and time.monotonic() < deadline:
+            page.mouse.wheel(0, 4000)
+            page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+            page.wait_for_timeout(500)
+        line.scroll_into_view_if_needed()
+        expect(line).to_be_visible()
+        page.screenshot(path=screenshot, full_page=True)
+        # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
+        assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
+    assert screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+    return final
+
+
+def check_retry_of_the_completed_release(stack: Stack, release: Any, tmp_path: Path) -> None:
+    """Retry on the published release: its subflows find the runs the release started, already
+    published; nothing is spent, nothing new is published, the run ends Completed and says where."""
+    ledgers = _ledgers(stack)
+    before = {label: path.read_bytes() for label, path in ledgers.items()}
+    published = sorted(p.name for p in Path(stack.settings["output_root"]).iterdir())
+    final = retry_in_chromium(stack, release, tmp_path / "retry-completed-release.png",
+                              re.compile(r"^pr: run pr-\S+ was already published at "))
+    assert final.state.is_completed(), final.state
+    assert {label: path.read_bytes() for label, path in ledgers.items()} == before  # nothing recorded
+    assert sorted(p.name for p in Path(stack.settings["output_root"]).iterdir()) == published
+    again = read_flow_run(stack, release.id, until=lambda run: sum(a.key == "release-summary" for a in run.artifacts) >= 2)
+    summaries = sorted((a for a in again.artifacts if a.key == "release-summary"), key=lambda a: a.created)
+    assert summaries[-1].data.count("already published (nothing done)") == 2, summaries[-1].data
+    assert any(m.startswith("us: run us-") and "was already published at" in m for m in (e.message for e in again.logs))
+
+
+def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Path) -> None:
+    """A US run (its own dataset ledger) loses its signing key after its first spends: it ends
+    Failed saying what is recorded and that a Retry resumes it. The key is put back; Retry in the
+    UI completes the run with no new INTENT, and the auditors' check of the release holds."""
+    phsafe = Path(sys.executable).parent / "phsafe"
+    enclave = stack.folder / "enclave" / "us-second"
+    enclave.mkdir(mode=0o700)
+    ledger = enclave / "ledger.jsonl"
+    made = subprocess.run([str(phsafe), "ledger", "init", str(ledger), "--lifetime-cap", "2.6", "--reason", "test"],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    keys = stack.folder / "keys-second"
+    shutil.copytree(Path(stack.settings["signing_key"]).parent, keys)
+    key, away = keys / "signing-key.pem", keys / "signing-key.pem.away"
+    parameters = {"ledger": str(ledger), "new_version_reason": "the demo's records, a dataset of its own",
+                  "signing_key": str(key), "public_key": str(keys / "public-key.pem")}
+
+    async def start(client):
+        deployment = await client.read_deployment_by_name("sdhc-us/us")
+        return await client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
+
+    run = _api(stack, start)
+    deadline = time.monotonic() + 300
+    while not (ledger.exists() and _intents(ledger)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    key.rename(away)  # the key is lost after the first spend: the publish cannot sign
+    failed = _final(stack, run.id, 0)
+    assert failed.state.is_failed(), failed.state
+    spent = _intents(ledger)
+    assert spent == 46, spent
+    message = failed.state.message
+    assert "signing key" in message and f"{spent} spend(s) of run us-" in message, message
+    assert "Retry this flow run to resume it" in message and "No privacy-loss budget" not in message
+    away.rename(key)  # the operator puts the key back, then clicks Retry
+    final = retry_in_chromium(stack, failed, tmp_path / "retry-failed-us-run.png",
+                              re.compile(r"^run published: .*\balready_published=False attempt=2\b"))
+    assert final.state.is_completed(), final.state
+    assert _intents(ledger) == spent  # committed measurements reused: nothing drawn again
+    (out,) = [p for p in Path(stack.settings["output_root"]).glob("us-*")
+              if json.loads((p / "manifest.json").read_text())["run_id"] in ledger.read_text()]
+    verified = subprocess.run([str(phsafe), "audit", "verify", str(ledger), "--outputs", str(out),
+                               "--public-key", str(keys / "public-key.pem")], capture_output=True, text=True)
+    assert verified.returncode == 0 and verified.stdout.rstrip().endswith("OK"), verified.stdout + verified.stderr
+    assert "2 attempts (1 failed or crashed)" in verified.stdout

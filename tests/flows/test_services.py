@@ -1,8 +1,11 @@
-"""The service definitions in deployments/systemd, checked as far as a machine without a running
-systemd allows: ``systemd-analyze verify`` on the units installed into the layout the README
-describes (``/opt/phsafe`` = this repository with its .venv, ``/etc/phsafe`` = the environment
-files), and what the units promise: restart policies, every ExecStart binary, WorkingDirectory
-and EnvironmentFile present, telemetry off, the database password for the server only."""
+"""The service definitions in deployments/systemd and the deploy step's pure parts, checked as far
+as a machine without a running systemd allows: ``systemd-analyze verify`` on the units installed
+into the layout the README describes (``/opt/phsafe`` = this repository with its .venv,
+``/etc/phsafe`` = the environment files), and what the units promise: restart policies, every
+ExecStart binary, WorkingDirectory and EnvironmentFile present, telemetry off, the database
+password for the server only, the worker's stop sequence; the README's install and deploy
+commands; the deploy step's settings, refusals and automations (the whole step runs for real in
+test_server_e2e.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from deployments import deploy
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "deployments" / "systemd"
@@ -130,18 +135,191 @@ def test_systemd_analyze_verify(tmp_path, env_dir):
     assert drop_in["Service"]["Restart"] == ["on-failure"]
 
 
-def test_readme_installs_every_file_and_orders_edit_deploy_worker():
+def _production_section() -> str:
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Run it in production"):]
-    section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    return section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+
+
+def test_readme_installs_every_file_and_orders_keys_deploy_worker():
+    section = _production_section()
     for path in sorted(SYSTEMD.rglob("*")):
         if path.is_file():
             assert f"deployments/systemd/{path.relative_to(SYSTEMD)}" in section, path.name
-    edit = section.index("deployments/prefect.yaml")
-    deploy = section.index("prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml")
+    keys = section.index("phsafe keys generate /srv/sdhc/enclave/keys")
+    deploy_step = section.index(". /etc/phsafe/alerts.env; set +a\n  .venv/bin/python deployments/deploy.py")
     worker = section.index("systemctl enable --now prefect-worker")
-    assert edit < deploy < worker
-    assert "five artifacts" in section.lower() and "four artifacts" not in section.lower()
+    assert section.index("phsafe ledger init") < keys < deploy_step < worker
+    # Nobody edits the tracked deployments/prefect.yaml: the README never asks to.
+    assert "Edit** the `inputs:` block" not in section and "edit the parameters" not in section.lower()
+
+
+def test_readme_deploy_command_sets_every_setting_and_the_keys_it_made():
+    """The first deploy in the README gives every setting prefect.yaml uses, once, and the signing
+    key pair is the one `phsafe keys generate` made."""
+    section = _production_section()
+    command = section[section.index(".venv/bin/python deployments/deploy.py \\"):]
+    command = command[:command.index("'")]
+    given = re.findall(r"--set (\w+)=(\S+)", command)
+    names = [name for name, _ in given]
+    assert sorted(names) == sorted(n.removeprefix("phsafe_") for n in deploy.setting_names())
+    assert len(names) == len(set(names))
+    values = dict(given)
+    assert values["signing_key"] == "/srv/sdhc/enclave/keys/signing-key.pem"
+    assert values["public_key"] == "/srv/sdhc/enclave/keys/public-key.pem"
+    assert values["us_ledger"] == "/srv/sdhc/enclave/us/ledger.jsonl" in section  # made by `phsafe ledger init`
+    assert values["pr_ledger"] == "/srv/sdhc/enclave/pr/ledger.jsonl" in section
+
+
+def test_readme_cap_guidance_is_the_policy_limit_not_a_re_spend_margin():
+    section = _production_section()
+    assert "and one re-spend margin" not in section and "planned 1.257281, and one" not in section
+    assert "refused by each dataset's lifetime cap" not in section
+    assert "policy limit" in section
+
+
+def test_worker_unit_stops_the_worker_first_then_its_flow_runs():
+    """Measured (docs/operations.md): the worker's graceful stop leaves its flow runs "Running"
+    forever; killed first, its flow runs get SIGTERM and end Crashed."""
+    service = _unit(SYSTEMD / "prefect-worker.service")["Service"]
+    assert service["ExecStop"] == ["/bin/kill -s KILL $MAINPID"]
+    assert service["KillMode"] == ["control-group"] and service["KillSignal"] == ["SIGTERM"]
+    assert service["SuccessExitStatus"] == ["SIGKILL"]
+    timeout = service["TimeoutStopSec"][0]
+    assert timeout.endswith("s") and 30 <= int(timeout[:-1]) <= 300
+    # Heartbeats every 30 s, so that a run whose process died is marked Crashed (five missed).
+    shared = _env(SYSTEMD / "prefect.env")
+    assert shared["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+
+
+def test_alerts_env_is_for_the_deploy_step_only():
+    alerts = _env(SYSTEMD / "alerts.env")
+    assert set(alerts) == {"PHSAFE_ALERT_WEBHOOK_URL", "PHSAFE_ALERT_RUNNING_LIMIT"}
+    assert alerts["PHSAFE_ALERT_WEBHOOK_URL"].startswith("https://")
+    assert deploy.parse_duration(alerts["PHSAFE_ALERT_RUNNING_LIMIT"]) == 3 * 3600
+    settings = deploy.AlertSettings.from_environment(alerts, demo=False)
+    assert settings is not None and settings.block is None
+    for name in UNITS:  # neither service reads it: the server gets the URL from the block
+        assert not any("alerts.env" in f for f in _unit(SYSTEMD / name)["Service"]["EnvironmentFile"])
+
+
+# --------------------------------------------------------------------------------------------
+# The deploy step (deployments/deploy.py), its pure parts
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_settings_are_every_prefect_variable_of_prefect_yaml_and_nothing_else_is_per_host():
+    text = (REPO / "deployments" / "prefect.yaml").read_text()
+    names = deploy.setting_names()
+    assert names == ["phsafe_us_config", "phsafe_us_data", "phsafe_us_ledger", "phsafe_pr_config", "phsafe_pr_data",
+                     "phsafe_pr_ledger", "phsafe_output_root", "phsafe_signing_key", "phsafe_public_key",
+                     "phsafe_rehearsal_root"]
+    assert sorted(deploy.DEMO_SETTINGS) == sorted(n.removeprefix("phsafe_") for n in names)
+    # No host path is left in the tracked file's values: every input is a setting.
+    config = yaml.safe_load(text)
+    for d in config["deployments"]:
+        for key, value in d["parameters"].items():
+            if key in ("config", "data", "ledger", "output_root", "signing_key", "public_key", "work_root") \
+                    or key.endswith(("_config", "_data", "_ledger")):
+                assert re.fullmatch(r"\{\{ prefect\.variables\.phsafe_\w+ \}\}", value), (d["name"], key, value)
+
+
+def test_the_spending_deployments_run_one_at_a_time_and_cancel_a_colliding_trigger():
+    config = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    limits = {d["name"]: d.get("concurrency_limit") for d in config["deployments"]}
+    for name in ("release", "us", "pr"):
+        assert limits[name] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}, name
+    assert limits["rehearsal"] is None
+
+
+@pytest.mark.parametrize(("given", "reason"), [
+    (["nope=1"], "--set nope: not a setting of deployments/prefect.yaml"),
+    (["us_ledger"], "--set 'us_ledger': give NAME=VALUE"),
+    (["us_ledger= "], "--set us_ledger: the value is empty"),
+])
+def test_set_refuses_what_is_not_a_setting(given, reason):
+    with pytest.raises(deploy.Refused, match=re.escape(reason)):
+        deploy.parse_assignments(given, deploy.setting_names())
+
+
+def test_set_takes_names_with_or_without_the_prefix_and_values_with_equals_signs():
+    values = deploy.parse_assignments(["us_ledger=/srv/a=b.jsonl", "phsafe_pr_data=/srv/pr"], deploy.setting_names())
+    assert values == {"phsafe_us_ledger": "/srv/a=b.jsonl", "phsafe_pr_data": "/srv/pr"}
+
+
+def test_a_missing_setting_is_refused_in_one_line_naming_each():
+    values = {name: "/srv/x" for name in deploy.setting_names()} | {"phsafe_pr_ledger": None,
+                                                                    "phsafe_signing_key": " "}
+    with pytest.raises(deploy.Refused) as refused:
+        deploy.check_settings(values)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("missing setting(s), as Prefect variables: phsafe_pr_ledger, phsafe_signing_key --")
+    assert "--set pr_ledger=/srv/..." in message and "--demo" in message
+    deploy.check_settings({name: "/srv/x" for name in deploy.setting_names()})  # all given: no refusal
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("3h", 10800), ("90m", 5400), ("1h30m", 5400), ("45s", 45), ("600", 600), ("1d", 86400)])
+def test_running_limit_durations(text, seconds):
+    assert deploy.parse_duration(text) == seconds
+    assert deploy.parse_duration(deploy.duration_text(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["5s", "3 hours", "", "-1h"])
+def test_running_limit_refuses_what_prefect_cannot_time(text):
+    with pytest.raises(deploy.Refused, match="PHSAFE_ALERT_RUNNING_LIMIT"):
+        deploy.parse_duration(text)
+
+
+def test_alert_settings_refuse_a_missing_destination_unless_demo():
+    with pytest.raises(deploy.Refused, match="no alert destination: set PHSAFE_ALERT_WEBHOOK_URL"):
+        deploy.AlertSettings.from_environment({}, demo=False)
+    assert deploy.AlertSettings.from_environment({}, demo=True) is None
+    with pytest.raises(deploy.Refused, match="must be an http:// or https:// URL"):
+        deploy.AlertSettings.from_environment({"PHSAFE_ALERT_WEBHOOK_URL": "ftp://x"}, demo=False)
+    with pytest.raises(deploy.Refused, match="not both"):
+        deploy.AlertSettings.from_environment({"PHSAFE_ALERT_WEBHOOK_URL": "https://x", "PHSAFE_ALERT_BLOCK": "a/b"},
+                                              demo=False)
+    block = deploy.AlertSettings.from_environment({"PHSAFE_ALERT_BLOCK": "slack-webhook/ops"}, demo=False)
+    assert block.block == "slack-webhook/ops" and block.webhook_url is None
+
+
+def test_the_automations_file_is_prefect_s_format_once_the_deploy_step_fills_it():
+    from prefect.events.actions import ChangeFlowRunState, SendNotification
+    from prefect.events.schemas.automations import AutomationCore, Posture
+
+    filled = deploy.automations_from_file(deploy.AUTOMATIONS_FILE, {
+        "alert_block_id": "00000000-0000-0000-0000-000000000001", "running_limit_seconds": 10800,
+        "running_limit": "3h", "heartbeat_timeout_seconds": 150, "heartbeat_timeout": "2m30s"})
+    automations = {a.name: a for a in (AutomationCore.model_validate(x) for x in filled)}
+    assert all(name.startswith(deploy.AUTOMATION_PREFIX) for name in automations)
+    failed = automations["phsafe: a run failed or crashed"]
+    assert failed.trigger.expect == {"prefect.flow-run.Failed", "prefect.flow-run.Crashed"}
+    (notify,) = failed.actions
+    assert isinstance(notify, SendNotification) and str(notify.block_document_id).endswith("1")
+    for field in ("{{ deployment.name }}", "{{ flow_run.name }}", "{{ flow_run.state.name }}",
+                  "{{ flow_run.state.message"):
+        assert field in notify.body
+    running = automations["phsafe: a run is still running past its time limit"]
+    assert running.trigger.posture is Posture.Proactive and running.trigger.within.total_seconds() == 10800
+    assert "past the time limit of 3h" in running.actions[0].body
+    died = automations["phsafe: a run whose process died is marked Crashed"]
+    assert died.trigger.within.total_seconds() == 150 and "prefect.flow-run.heartbeat" in died.trigger.expect
+    (crash,) = died.actions
+    assert isinstance(crash, ChangeFlowRunState) and crash.state.value == "CRASHED" and "2m30s" in crash.message
+    assert "${" not in str(filled)  # every value filled
+
+
+def test_the_deploy_step_refuses_without_a_server_address(monkeypatch, capsys):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        assert deploy.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        "deploy: refused: PREFECT_API_URL is not set: load the environment first "
+        "(set -a; . /etc/phsafe/prefect.env; set +a)"]
 
 
 def test_missing_postgresql_fails_saying_how_to_install_it(monkeypatch):

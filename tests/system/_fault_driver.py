@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
 
     if point.startswith("append:"):
         target, calls = int(point.split(":")[1]), []
-        original = phsafe.ledger.Ledger._append_entries
+        original = phsafe.ledger.Ledger.append_entries
 
         def append(self, items):  # noqa: ANN001
             entries = original(self, items)
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
                 _fail(mode)
             return entries
 
-        phsafe.ledger.Ledger._append_entries = append
+        phsafe.ledger.Ledger.append_entries = append
     elif point == "renamed":
         original_publish = phsafe.engine.publish_release
 

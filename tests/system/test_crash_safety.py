@@ -106,7 +106,10 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     for k, (how, when) in enumerate(kills):
         out = setup["root"] / f"out-{k}"
         base = _lines(setup["ledger"])
-        proc = subprocess.Popen(_command(setup, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # The same records again: each run after the first declares itself a re-release (the
+        # one-release rule is tested on its own; here every run must get as far as spending).
+        again = ["--re-release", f"crash test: run {k + 2} on the same records"]
+        proc = subprocess.Popen(_command(setup, out) + again, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 300
         if how == "time":
             try:
@@ -150,7 +153,7 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     with pytest.raises(BudgetError, match=f"already spent {_decimal(expected)}"):
         Ledger.open(copy).start_run(run_id="too-much", plan=big, dataset="crash-test", fingerprint=runs[0].fingerprint,
                                     config_digest="c" * 64, input_digests=runs[0].input_digests, code_version="test",
-                                    truncation_key_hex="00" * 16)
+                                    truncation_key_hex="00" * 16, re_release="one run too many")
 
 
 def _decimal(value: Fraction) -> str:

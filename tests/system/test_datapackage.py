@@ -21,7 +21,8 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.datapackage import DATAPACKAGE, REGION_NAMES, package_descriptor, write_datapackage
-from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+from phsafe.engine import PrivateRunOptions, run_nonprivate
+from phsafe.sequence import run_private
 from phsafe.iterations import ITERATION_LABELS
 from phsafe.release import ReleaseError, read_release, read_tables
 from phsafe.tables import OUTPUT_TABLES, output_spec

@@ -26,7 +26,8 @@ import pytest
 
 from phsafe.config import load_config
 from phsafe.counting import combine_counts, count_partition, exact_counts, plan_partitions
-from phsafe.engine import PrivateRunOptions, run_private
+from phsafe.engine import PrivateRunOptions
+from phsafe.sequence import run_private
 from phsafe.errors import InputError
 from phsafe.reader import input_digests, locate_inputs, read_inputs
 from phsafe.synthetic import synthesize

@@ -25,7 +25,8 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.config import load_config
-from phsafe.engine import PrivateRunOptions, run_nonprivate, run_private
+from phsafe.engine import PrivateRunOptions, run_nonprivate
+from phsafe.sequence import run_private
 from phsafe.preprocess import prepare
 from phsafe.reader import read_inputs
 from phsafe.tables import TABLES

@@ -18,7 +18,7 @@ def test_readme_python_snippet_runs() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "Own child: in married couple family" in out and "PH3_DATA_CELL_LABEL" in out
-    assert "refused: privacy-loss budget refused for dataset 'demo-us'" in out
+    assert "refused: these records were already released: run " in out
     assert "table levels match the logged variances and noisy digests" in out
     assert "[debug" not in out and "[info" not in out  # the library is quiet until configured
 

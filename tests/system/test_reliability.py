@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from phsafe.engine import PrivateRunOptions, run_private
+from phsafe.engine import PrivateRunOptions
+from phsafe.sequence import run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import lock_path, read_ledger
 from tests._ledgers import new_ledger
@@ -338,7 +339,7 @@ def test_a_torn_ledger_tail_is_named_repaired_and_the_run_resumes(tmp_path: Path
     repaired = cli("ledger", "repair", ledger)
     assert repaired.returncode == 0 and "dropped 26 bytes" in repaired.stdout, repaired.stdout + repaired.stderr
     assert entries(ledger)[-1]["kind"] == "TAIL_REPAIRED"
-    second = private(out2, ledger, "--no-validate")
+    second = private(out2, ledger, "--no-validate", "--re-release", "a second release after the repair")
     assert second.returncode == 0, second.stderr
     verified = cli("audit", "verify", ledger, "--outputs", out2)
     assert verified.returncode == 0 and "TAIL_REPAIRED" in verified.stdout, verified.stdout + verified.stderr
@@ -348,13 +349,13 @@ def test_no_traceback_or_raw_value_reaches_the_log_file_on_a_bug(tmp_path: Path,
     """A bug ends as ``internal error: <type>``; the log file gets frames, never the message."""
     from click.testing import CliRunner
 
-    import phsafe.engine
+    import phsafe.sequence
     from phsafe.cli import main
 
     def broken(*a, **k):  # noqa: ANN001
         raise ValueError("raw value 123456789 of a record")
 
-    monkeypatch.setattr(phsafe.engine, "run_private", broken)
+    monkeypatch.setattr(phsafe.sequence, "run_private", broken)
     log = tmp_path / "run.log"
     result = CliRunner().invoke(main, ["private", str(CONFIG), str(DEMO_US), str(tmp_path / "out"), "--ledger",
                                        str(tmp_path / "l"), "-l", str(log)])

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from phsafe.engine import PrivateRunOptions, run_private
+from phsafe.engine import PrivateRunOptions
+from phsafe.sequence import run_private
 from phsafe.errors import BudgetError, PHSafeError
 from phsafe.ledger import read_ledger
 from phsafe.measurements import MeasurementStore

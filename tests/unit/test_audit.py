@@ -783,7 +783,8 @@ def test_a_crafted_spend_above_the_cap_or_unreasoned_raise_is_rejected_by_verify
     started = entries[_index(entries, "run-a1", "RUN_STARTED")]
     body = {k: v for k, v in started.items() if k not in ("seq", "prev", "kind", "time", "run_id", "hash")}
     # The odometer and cap the entry must state: correct, so that only the cap rule can reject it.
-    body.update(spent_before=format_exact(SPENT_A), lifetime_cap=format_exact(2 * POLICY_CAP))
+    body.update(spent_before=format_exact(SPENT_A), lifetime_cap=format_exact(2 * POLICY_CAP),
+                re_release="a second release of cef-a's records, crafted")
     cases = [
         ("spend above the cap", [("RUN_STARTED", "run-a3", body)], f"entry {n} (RUN_STARTED)",
          "run exceeds dataset cef-a's lifetime cap"),

@@ -162,21 +162,39 @@ def test_missing_top_level_key(tmp_path: Path, base: dict[str, Any], key: str) -
     assert "required" in err.rule
 
 
-def test_unknown_top_level_key_is_ignored(tmp_path: Path, base: dict[str, Any]) -> None:
-    base["comment"] = "hello"
-    config = _zcdp_valid(tmp_path, base)
-    assert config.ignored_keys == ("comment",)
-    assert config.total_budget() == Fraction(1257281, 1000000)
+@pytest.mark.parametrize(("where", "key"), [
+    ((), "comment"),                                   # a key the contract does not have
+    ((), "privacy_budgte"),                            # a misspelt one: its budgets would be lost
+    (("privacy_budget",), "PH9"),                      # a table that does not exist
+    (("privacy_budget", "PH2"), "usa_A-G"),            # a level PH2 does not have
+    (("privacy_budget", "PH3"), "state_ALL"),          # a misspelt level
+    (("tau",), "PH5_num"),                             # a table without tau
+])
+def test_an_unknown_key_at_any_level_is_refused_naming_key_and_file(tmp_path: Path, base: dict[str, Any],
+                                                                    where: tuple[str, ...], key: str) -> None:
+    """Issue 22: no key is silently ignored (the spec's "ignored with a log line" departs here:
+    a misspelt key would lose what the operator meant)."""
+    target = base
+    for part in where:
+        target = target[part]
+    target[key] = 1
+    err = _fails(tmp_path, base)
+    assert err.key == ".".join((*where, key)) and err.file == "config.json"
+    assert str(err).startswith(f"config.json: config key '{err.key}': ")
 
 
-def test_unknown_top_level_key_is_logged(tmp_path: Path, base: dict[str, Any]) -> None:
-    """Spec §2: keys other than the five are ignored *with a log line*."""
-    from structlog.testing import capture_logs
+def test_the_refusal_is_one_line_on_the_command_line(tmp_path: Path, base: dict[str, Any]) -> None:
+    from click.testing import CliRunner
 
-    base["some_unknown_key"] = 1
-    with capture_logs() as events:
-        _zcdp_valid(tmp_path, base)
-    assert any("some_unknown_key" in json.dumps(e, default=str) for e in events), events
+    from phsafe.cli import main
+
+    base["foo"] = {"bar": 1}
+    config = _write(tmp_path, base)
+    result = CliRunner().invoke(main, ["-q", "private", str(config), str(tmp_path), str(tmp_path / "out"),
+                                       "--ledger", str(tmp_path / "ledger.jsonl")])
+    assert result.exit_code == 1 and not (tmp_path / "out").exists()
+    assert result.output.startswith("phsafe: error: config.json: config key 'foo': is not a key of the config")
+    assert len(result.output.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -347,7 +347,8 @@ ROWS_PER_GROUP = {"PH1": 3, "PH2": 13, "PH3": 10, "PH4": 3, "PH5": 3, "PH6": 21,
 def _release(root: Path, config: Path, states: list[str], persons: int, seed: int, budgets) -> Path:
     """A published private release of synthetic data, its budgets replaced by ``budgets(key, b)``."""
     from phsafe import synthetic
-    from phsafe.engine import PrivateRunOptions, run_private
+    from phsafe.engine import PrivateRunOptions
+    from phsafe.sequence import run_private
 
     data = root / "data"
     synthetic.write(synthetic.generate(persons, states, seed=seed), data)

@@ -6,7 +6,9 @@ Ledgers here are made the only way ledgers are made (:func:`phsafe.ledger.init_l
 noise (:func:`phsafe.noise.measure`); hashes are recomputed independently from the format's
 definition. What only the replay rules can reject (``read_ledger``, the same code ``phsafe audit
 verify`` runs) is written by hand with a correct hash chain (``tests._ledgers.craft``); ledgers of
-the first format are written by hand too (``tests._ledgers.FirstFormatLedger``).
+the first format are written by hand too (``tests._ledgers.FirstFormatLedger``). The rules on
+ledger lines in memory, without files, are in ``test_ledger_rules.py``; exact amounts in
+``test_amounts.py``.
 """
 
 from __future__ import annotations
@@ -27,10 +29,9 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 import phsafe.ledger as ledger_mod
+import phsafe.ledger.store as store_mod
 import phsafe.noise as noise_mod
 from phsafe.accounting import RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, PrivacyDefinition, load_config, parse_config
@@ -175,23 +176,6 @@ def test_planned_fields_match_the_plan(tmp_path: Path) -> None:
         assert Decimal(p["budget"]) == m.budget
         assert float(p["variance"]) == m.variance
         assert parse_exact(p["noise_parameter"]) == Fraction(m.sensitivity**2) / (2 * Fraction(m.budget))
-
-
-@given(st.fractions(min_value=0, max_value=10**6))
-def test_exact_amounts_round_trip(value: Fraction) -> None:
-    text = format_exact(value)
-    assert parse_exact(text) == value
-    assert format_exact(parse_exact(text)) == text
-
-
-def test_exact_amounts_are_canonical() -> None:
-    assert format_exact(Fraction(11, 500000)) == "0.000022"
-    assert format_exact(Fraction(1, 3)) == "1/3"
-    assert format_exact(Decimal("Infinity")) == "Infinity"
-    assert format_exact(Fraction(5)) == "5"
-    for bad in ("0.10", "00.1", "2/4", "1e-3", "-1", " 1", "0.", "inf", 1):
-        with pytest.raises(ValueError):
-            parse_exact(bad)
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,7 +387,7 @@ def test_intent_is_fsynced_before_noise_is_drawn(tmp_path: Path, monkeypatch: py
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         real_fsync(fd)
 
-    monkeypatch.setattr(ledger_mod.os, "fsync", spy_fsync)
+    monkeypatch.setattr(store_mod.os, "fsync", spy_fsync)
     ledger = new_ledger(path.parent)
     # Creating the ledger fsyncs its key file, the ledger and their directory.
     for made in (key_path(path), path, path.parent):
@@ -528,7 +512,7 @@ def full_disk_after(monkeypatch: pytest.MonkeyPatch, path: Path, room: int | Cal
         written[0] += n
         return n
 
-    monkeypatch.setattr(ledger_mod.os, "write", write)
+    monkeypatch.setattr(store_mod.os, "write", write)
     return written
 
 
@@ -573,7 +557,7 @@ def test_a_failed_rollback_leaves_a_torn_tail_that_repair_records(tmp_path: Path
     def no_truncate(fd: int, length: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(ledger_mod.os, "ftruncate", no_truncate)
+    monkeypatch.setattr(store_mod.os, "ftruncate", no_truncate)
     with pytest.raises(LedgerError, match=r"\(ENOSPC\); the ledger may end in an incomplete entry: run `phsafe ledger repair"):
         rec.record_intent(PLAN.measurements[0])
     monkeypatch.undo()
@@ -824,7 +808,7 @@ def test_a_spend_above_the_policy_cap_is_rejected_by_replay(tmp_path: Path) -> N
     publish(rec, tmp_path / "out")
     first = of_kind(ledger.path, "RUN_STARTED")[0]
     data = ledger.path.read_bytes()
-    second = body_of(first, spent_before=format_exact(PLAN.total))
+    second = body_of(first, spent_before=format_exact(PLAN.total), re_release="a second release, crafted")
     entry = craft(ledger.path, "RUN_STARTED", "run-2", second)
     error = rejected(ledger.path, entry["seq"], "RUN_STARTED",
                      f"run exceeds dataset test-data's lifetime cap: spent {format_exact(PLAN.total)} \\+ planned")

@@ -2,7 +2,7 @@
 
 Every rule has a passing and a failing case, checked twice where it matters: through the API
 (:meth:`Ledger.resume_run`, :class:`RunRecorder`), which raises a typed error and appends nothing,
-and through the replay rules (entries forced past the API with ``Ledger._append_entries``, which
+and through the replay rules (entries forced past the API with ``Ledger.append_entries``, which
 checks them exactly as ``read_ledger`` and ``phsafe audit verify`` do). Charges are compared with
 exact Fractions computed by hand from the planned budgets.
 
@@ -26,7 +26,7 @@ import pytest
 
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import INFINITE, PHSafeConfig, PrivacyDefinition, parse_config
-from phsafe.errors import BudgetError, PHSafeError
+from phsafe.errors import AlreadyReleasedError, BudgetError, PHSafeError
 from phsafe.ledger import (
     EntryKind,
     Ledger,
@@ -131,8 +131,8 @@ def raise_body(cap: Fraction | str, reason: str | None = "approved", dataset: st
 def force(ledger: Ledger, kind: EntryKind, run_id: str | None, body: dict[str, Any],
           *more: tuple[EntryKind, str | None, dict[str, Any]]) -> dict[str, Any]:
     """Append past the API (one write): only the replay rules (as in read_ledger and audit verify) decide."""
-    with ledger._locked():
-        return ledger._append_entries([(kind, run_id, body), *more])[-1]
+    with ledger.locked():
+        return ledger.append_entries([(kind, run_id, body), *more])[-1]
 
 
 def intent_body(m: PlannedMeasurement, plan_record: dict[str, Any]) -> dict[str, Any]:
@@ -386,18 +386,25 @@ def test_resume_refused_when_the_odometer_is_above_the_cap(ledger: Ledger) -> No
     spent = read_ledger(ledger.path).dataset_spent(DATASET, PrivacyDefinition.ZCDP)
     assert spent == PLAN.total + budget(m0)  # the dataset's cap is used up
     size = ledger.path.stat().st_size
-    with pytest.raises(BudgetError) as info:
+    # run-2 released the same records: resuming run-1 is a second release, refused unless declared.
+    with pytest.raises(AlreadyReleasedError, match="run run-2 published them"):
         resume(ledger, "run-1")
+    again = "run-1 completes the records' second release"
+    with pytest.raises(BudgetError) as info:
+        resume(ledger, "run-1", re_release=again)
     # Resumed, run-1 reserves its whole plan again: run-2's plan + run-1's plan.
     need = 2 * PLAN.total
     assert f"would have spent {format_exact(need)}" in str(info.value)
     assert f"cap {format_exact(PLAN.total + budget(m0))}" in str(info.value) and "--cap-reason" in str(info.value)
     with pytest.raises(BudgetError):
-        resume(ledger, "run-1", cap_raise=(need - Fraction(1, 10**9), "almost"))
-    with pytest.raises(LedgerError, match="resumed run exceeds the lifetime cap"):
+        resume(ledger, "run-1", cap_raise=(need - Fraction(1, 10**9), "almost"), re_release=again)
+    with pytest.raises(LedgerError, match="must declare re_release"):
         force(ledger, EntryKind.RUN_RESUMED, "run-1", resume_body(ledger, "run-1"))
+    with pytest.raises(LedgerError, match="resumed run exceeds the lifetime cap"):
+        force(ledger, EntryKind.RUN_RESUMED, "run-1", resume_body(ledger, "run-1", re_release=again))
     assert ledger.path.stat().st_size == size
-    resume(ledger, "run-1", cap_raise=(need, "second release approved"))
+    resume(ledger, "run-1", cap_raise=(need, "second release approved"), re_release=again)
+    assert read_ledger(ledger.path).runs["run-1"].re_release == again
 
 
 # --------------------------------------------------------------------------------------------

@@ -351,7 +351,8 @@ def private_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A published private output of synthetic data with the production (US) budgets; the
     input data is deleted afterwards, so nothing can read it."""
     from phsafe import synthetic
-    from phsafe.engine import PrivateRunOptions, run_private
+    from phsafe.engine import PrivateRunOptions
+    from phsafe.sequence import run_private
 
     root = tmp_path_factory.mktemp("pp")
     data = root / "data"

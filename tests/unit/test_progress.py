@@ -145,7 +145,8 @@ def test_validate_and_private_show_the_input_files_read(tmp_path: Path) -> None:
 
 def test_verbose_shows_log_events(tmp_path: Path) -> None:
     private = tmp_path / "out"
-    from phsafe.engine import PrivateRunOptions, run_private
+    from phsafe.engine import PrivateRunOptions
+    from phsafe.sequence import run_private
 
     run_private(DEMO_US / "config.json", DEMO_US, private,
                 PrivateRunOptions(ledger=tmp_path / "ledger.jsonl", non_confidential=True))

@@ -33,9 +33,10 @@ from hypothesis import strategies as st
 from phsafe.iterations import GeographyLevel
 from phsafe.preprocess import partitions, prepare
 from phsafe.reader import InputTables
-from phsafe.tables import TABLES, Source, TableKind
+from phsafe.tables import TABLES, TableKind
+from phsafe.tabulate import _Shared as PartitionJoins  # the joins the counting runs (private: tested directly)
 from phsafe.tabulate import tabulate
-from phsafe.truncation import TRUNCATION_KEY_BYTES, join_persons, truncate, unique_units, universe_mask
+from phsafe.truncation import TRUNCATION_KEY_BYTES, truncate
 
 PERSON_TABLES = ("PH1_num", "PH2", "PH3", "PH4", "PH6", "PH7")
 UNIT_TABLES = ("PH1_denom", "PH5_denom", "PH8_denom")
@@ -367,12 +368,9 @@ def joined_person_records(data: Dataset, taus: dict[str, int] | None, key: bytes
     prepared = prepare(data.inputs(**kw), data.states)
     (part,) = list(partitions(prepared))
     out = {}
+    joins = PartitionJoins(part)
     for name in PERSON_TABLES:
-        spec = TABLES[name]
-        umask = universe_mask(part.units, spec.unit_universe, Source.UNIT)
-        row_of_group = unique_units(part.unit_group, umask, part.n_groups)
-        joined = join_persons(part.persons, part.person_group, spec.person_universe, row_of_group,
-                              tau=None if taus is None else taus[name], key=key)
+        joined = joins.persons(TABLES[name], None if taus is None else taus[name], key)
         rows = joined.person_rows
         assert rows is not None
         # A joined person belongs to the unit it is joined to.

@@ -27,7 +27,7 @@ from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
 from phsafe import reader
 from phsafe.validation import (
     Failure,
-    ValidationError,
+    ValidationMachineryError,
     ValidationReport,
     _combos,
     _config,
@@ -163,8 +163,8 @@ def test_config_error_becomes_a_failure_naming_the_key(tmp_path: Path) -> None:
     raw["tau"]["PH3"] = 0
     path = tmp_path / "my_config.json"
     path.write_text(json.dumps(raw))
-    config, failure = _config.load(path)
-    assert config is None
+    config_file, failure = _config.load(path)
+    assert config_file.config is None and config_file.data == path.read_bytes()
     assert failure == Failure("my_config.json", ("tau.PH3",), "must be at least 1", None, None, "config.load", "key")
 
 
@@ -242,7 +242,7 @@ def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pyt
         raise ValueError("invalid literal for int(): '123456789'")
 
     monkeypatch.setattr(_inputs, "run_validation", broken)
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationMachineryError) as info:
         validate_inputs(US_CONFIG, tmp_path)
     assert "123456789" not in str(info.value) and "ValueError" in str(info.value)
     assert info.value.__cause__ is None and info.value.__suppress_context__
@@ -374,7 +374,7 @@ def test_second_process_gives_the_same_report(
 
 def test_a_large_input_is_evaluated_in_a_second_process_only_before_gx_is_imported() -> None:
     assert isinstance(_worker.evaluator(10), _worker.InProcess)
-    _gx._gx()  # imported here (as in this test session): a second process would import it again
+    _gx.import_gx()  # imported here (as in this test session): a second process would import it again
     assert isinstance(_worker.evaluator(10**9), _worker.InProcess)
 
 
@@ -407,7 +407,7 @@ def test_importing_the_cli_and_validation_does_not_import_great_expectations() -
 def test_great_expectations_runs_without_analytics_or_progress_bars() -> None:
     import os
 
-    state = _gx._gx()
+    state = _gx.import_gx()
     assert os.environ["GX_ANALYTICS_ENABLED"] == "False"
     context = state["context"]
     assert context.config.analytics_enabled is False
@@ -543,7 +543,7 @@ def test_distinct_combinations_and_their_rows_are_exact() -> None:
 def test_great_expectations_batch_fingerprints_are_off() -> None:
     from great_expectations.execution_engine import pandas_execution_engine
 
-    _gx._gx()
+    _gx.import_gx()
     assert pandas_execution_engine.HASH_THRESHOLD == 0  # no MD5 of confidential data in results
 
 

@@ -231,7 +231,7 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "by_state"])
 def test_validation_and_counting_read_each_file_once(small: synthetic.SyntheticData, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, fmt: str) -> None:
-    from phsafe.counting import validated_counts
+    from phsafe.intake import validated_counts
 
     if fmt == "by_state":
         data = _write_by_state(small, tmp_path / "data")

@@ -1,0 +1,221 @@
+"""Creating, repairing and migrating a ledger: the operator's ``phsafe ledger`` commands.
+
+A ledger comes to exist only through :func:`init_ledger` (its policy fixed before any data is
+seen); an interrupted write is dropped, and recorded, by :func:`repair_ledger`; a ledger of the
+first format gets a policy by :func:`migrate_ledger`. Every entry they write goes through the same
+rules as every other (:mod:`phsafe.ledger.replay`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import fcntl
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from phsafe.amounts import Amount, format_exact, is_infinite
+from phsafe.config import PrivacyDefinition
+from phsafe.errors import BudgetError, LedgerError, os_reason
+from phsafe.ledger.format import FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now
+from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
+from phsafe.ledger.policy import cap_amount
+from phsafe.ledger.replay import apply, replay
+from phsafe.ledger.runs import Ledger
+from phsafe.ledger.state import LedgerState
+from phsafe.ledger.store import check_ledger_file, lock_path, write_new_file
+
+
+def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
+                 non_confidential: bool, key: bytes, code_version: str) -> dict[str, Any]:
+    reason = clean_text(reason)
+    if not reason:
+        raise LedgerError("give the reason for the ledger's policy (--reason TEXT); it is recorded")
+    cap = cap_amount(lifetime_cap)
+    if is_infinite(cap) and not non_confidential:
+        raise BudgetError("an Infinity lifetime cap is allowed only for a non-confidential ledger")
+    if cap == 0:
+        raise BudgetError("the lifetime cap must be positive")
+    return {
+        "ledger_id": uuid.uuid4().hex,
+        "format": FORMAT,
+        "privacy_defn": privacy_defn.value,
+        "lifetime_cap": format_exact(cap),
+        "reason": reason,
+        "non_confidential": bool(non_confidential),
+        "key_id": key_id(key),
+        "code_version": clean_text(code_version) or "unknown",
+    }
+
+
+def init_ledger(
+    path: Path,
+    *,
+    lifetime_cap: Amount,
+    reason: str,
+    privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP,
+    non_confidential: bool = False,
+    code_version: str = "unknown",
+) -> Ledger:
+    """Create a ledger: its lineage key ``<path>.key`` (mode 0600) and the ``LEDGER_INIT`` entry.
+
+    The only way a ledger comes to exist. The policy -- every dataset's lifetime cap, in the
+    unit of ``privacy_defn`` -- is fixed here, before any data is seen; raising a dataset's cap
+    later is a ``CAP_RAISED`` entry with its own reason.
+
+    Args:
+        path: The ledger file; neither it nor its key file may exist (parent folders are made).
+        lifetime_cap: Each dataset's lifetime cap (rho for zCDP, epsilon for pure DP).
+        reason: Why this policy (recorded).
+        privacy_defn: The unit of caps and charges.
+        non_confidential: A throwaway ledger for synthetic or public data (its caps are not
+            enforced, and it takes only non-confidential runs).
+        code_version: Recorded.
+
+    Raises:
+        LedgerError: The ledger or its key file exists, or cannot be written.
+        BudgetError: The cap is not positive, or Infinity for a confidential ledger.
+    """
+    path = Path(path).absolute()
+    key = new_lineage_key()
+    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version)
+    for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file")):
+        if os.path.lexists(p):
+            raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")
+    entry: dict[str, Any] = {"seq": 0, "prev": GENESIS_HASH, "kind": EntryKind.LEDGER_INIT.value,
+                             "time": now(), "run_id": None, **body}
+    entry["hash"] = entry_hash(entry)
+    apply(LedgerState(), canonical_json(entry))  # the same rules as every reader applies
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_lineage_key(path, key)
+        try:
+            write_new_file(path, canonical_json(entry) + b"\n", 0o600)
+        except BaseException:
+            # Both files were created here (O_EXCL): a failed init leaves nothing behind.
+            if path.exists():
+                path.unlink()
+            key_path(path).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
+    return Ledger.open(path)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What :func:`repair_ledger` did: the bytes it dropped and the entry that records it."""
+
+    dropped_bytes: int
+    dropped_sha256: str
+    seq: int
+
+
+def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by phsafe ledger repair") -> Repair | None:
+    """Drop an incomplete last line (an interrupted write) and record ``TAIL_REPAIRED``.
+
+    The standard write-ahead-log recovery: every complete entry must verify; the bytes after the
+    last newline are cut off (fsynced), and a ``TAIL_REPAIRED`` entry records their length and
+    SHA-256. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
+
+    Returns:
+        What was dropped, or None if the ledger ends in a complete entry (nothing to repair).
+
+    Raises:
+        LedgerError: The ledger is missing or unwritable, a complete entry breaks a rule (that is
+            not a torn write: nothing is changed), or it holds no complete entry.
+    """
+    path = Path(path)
+    check_ledger_file(path)
+    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        data = path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            return None
+        cut = data.rfind(b"\n") + 1
+        state = replay(data[:cut])
+        if state.size == 0:
+            raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
+                              "and its key file, and run `phsafe ledger init` again")
+        dropped = data[cut:]
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise LedgerError(f"cannot repair the ledger {path}: {os_reason(exc)}") from None
+    finally:
+        os.close(lock_fd)
+    digest = hashlib.sha256(dropped).hexdigest()
+    ledger = Ledger.open(path)
+    with ledger.locked():
+        entry = ledger.append_entries([(EntryKind.TAIL_REPAIRED, None, {
+            "dropped_bytes": len(dropped), "dropped_sha256": digest, "reason": clean_text(reason) or "repaired",
+        })])[0]
+    return Repair(len(dropped), digest, entry["seq"])
+
+
+def migrate_ledger(
+    path: Path,
+    *,
+    lifetime_cap: Amount,
+    reason: str,
+    names: Mapping[str, str] | str,
+    privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP,
+    code_version: str = "unknown",
+) -> Ledger:
+    """Turn a ledger of the first format into this one, in place (``LEDGER_MIGRATED``).
+
+    Args:
+        path: The ledger.
+        lifetime_cap, reason, privacy_defn: The policy from now on (see :func:`init_ledger`).
+        names: The dataset name of every old dataset id (a mapping; a prefix of at least 8
+            hex digits of an id is enough), or one name if the ledger has one dataset.
+        code_version: Recorded.
+
+    Raises:
+        LedgerError: The ledger has a policy already, its key file exists, an old dataset id has
+            no name, or its runs mix confidential and non-confidential data.
+    """
+    path = Path(path).absolute()
+    ledger = Ledger.open(path)
+    if key_path(path).exists():
+        raise LedgerError(f"{key_path(path)} already exists; a ledger is migrated once")
+    with ledger.locked() as state:
+        if state.policy is not None:
+            raise LedgerError("the ledger is already of the current format; nothing to migrate")
+        legacy = sorted({r.legacy_dataset_id for r in state.runs.values() if r.legacy_dataset_id})
+        if isinstance(names, str):
+            if len(legacy) != 1:
+                raise LedgerError(f"the ledger has {len(legacy)} old datasets; name each: --map ID=NAME")
+            mapping = {legacy[0]: names}
+        else:
+            mapping = {}
+            for prefix, name in names.items():
+                hits = [i for i in legacy if len(prefix) >= 8 and i.startswith(prefix.lower())]
+                if len(hits) != 1:
+                    raise LedgerError(f"{prefix!r} names {len(hits)} old dataset ids; give 8 or more hex digits of one")
+                mapping[hits[0]] = name
+            missing = [i[:16] for i in legacy if i not in mapping]
+            if missing:
+                raise LedgerError(f"old dataset {missing[0]} has no name; name every old dataset (--map ID=NAME)")
+        flags = {r.non_confidential for r in state.runs.values()}
+        if len(flags) != 1:
+            raise LedgerError("the ledger mixes confidential and non-confidential runs; it cannot take one policy")
+        key = new_lineage_key()
+        body = policy_body(lifetime_cap, reason, privacy_defn, flags.pop(), key, code_version)
+        try:
+            write_lineage_key(path, key)
+        except OSError as exc:
+            raise LedgerError(f"cannot create the lineage key {key_path(path)}: {os_reason(exc)}") from None
+        try:
+            ledger.append_entries([(EntryKind.LEDGER_MIGRATED, None, {**body, "datasets": mapping})])
+        except BaseException:
+            key_path(path).unlink(missing_ok=True)
+            raise
+    return ledger

@@ -1,0 +1,687 @@
+"""The ledger's rules: one check per entry kind, chosen through an explicit table.
+
+A check takes the :class:`~phsafe.ledger.state.LedgerState` of every entry before it and one
+parsed entry (:func:`phsafe.ledger.format.parse_line`). It raises
+:class:`~phsafe.errors.LedgerRuleViolation` naming the rule the entry breaks, or returns the
+*commit*: the update that adds the entry to the state, applied only once every check passed
+(:func:`phsafe.ledger.replay.apply`). Checks read the state and never change it, and they touch no
+file: they can be tested on entries built in memory.
+
+:data:`RULES` maps each kind to its check for a ledger with a policy (``LEDGER_INIT``, or
+``LEDGER_MIGRATED`` after the first format); the few rules of a ledger of the first format that
+differ are in :mod:`phsafe.ledger.first_format`. The rules themselves are stated in
+:mod:`phsafe.ledger.format`'s docstring.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+from phsafe.accounting import PlannedMeasurement
+from phsafe.amounts import (
+    DECIMAL_TEXT,
+    INFINITE,
+    Amount,
+    add_amounts,
+    amount_exceeds,
+    format_exact,
+    is_infinite,
+    parse_exact,
+)
+from phsafe.config import PrivacyDefinition
+from phsafe.errors import LedgerRuleViolation
+from phsafe.iterations import PopulationGroupLevel
+from phsafe.ledger.format import (
+    FORMAT,
+    NAME,
+    ORCHESTRATION_FIELDS,
+    PLANNED_FIELDS,
+    UUID,
+    EntryKind,
+    is_hex64,
+    is_int,
+    is_safe_relpath,
+    is_text,
+    planned_item,
+)
+from phsafe.ledger.policy import Policy
+from phsafe.ledger.state import (
+    CapChange,
+    DatasetState,
+    DatasetVersion,
+    LedgerState,
+    Orchestration,
+    PlannedSpend,
+    RunAttempt,
+    RunState,
+    RunStatus,
+    TailRepair,
+)
+from phsafe.tables import TABLE_LEVELS, TABLES, TableKind
+
+Commit = Callable[[], None]
+"""Adds a checked entry to the state."""
+Check = Callable[[LedgerState, Mapping[str, Any]], Commit]
+"""The rules of one entry kind: raise :class:`~phsafe.errors.LedgerRuleViolation`, or return the commit."""
+
+LEVELS: dict[str, dict[str, PopulationGroupLevel]] = {
+    t: {lv.config_key: lv for lv in levels} for t, levels in TABLE_LEVELS.items()
+}
+
+
+# --------------------------------------------------------------------------------------------
+# The ledger's own entries
+# --------------------------------------------------------------------------------------------
+
+
+def policy_fields(e: Mapping[str, Any]) -> tuple[PrivacyDefinition, Amount, str, bool]:
+    """The policy fields of LEDGER_INIT or LEDGER_MIGRATED, checked: unit, cap, reason, kind."""
+    defn = privacy_defn_field(e)
+    cap = amount_field(e, "lifetime_cap")
+    if is_infinite(cap) and not e["non_confidential"]:
+        raise LedgerRuleViolation("an Infinity lifetime cap is allowed only in a non-confidential ledger")
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("reason must be a non-empty short string")
+    if e["format"] != FORMAT:
+        raise LedgerRuleViolation(f"format must be {FORMAT}")
+    if not isinstance(e["ledger_id"], str) or not re.fullmatch(r"[0-9a-f]{32}", e["ledger_id"]):
+        raise LedgerRuleViolation("ledger_id must be 32 lowercase hex digits")
+    if not isinstance(e["key_id"], str) or not re.fullmatch(r"[0-9a-f]{32}", e["key_id"]):
+        raise LedgerRuleViolation("key_id must be 32 lowercase hex digits")
+    if not is_text(e["code_version"]):
+        raise LedgerRuleViolation("code_version must be a short string")
+    return defn, cap, reason, e["non_confidential"]
+
+
+def set_policy(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """Check the policy fields; the commit makes them the ledger's policy."""
+    defn, cap, reason, non_conf = policy_fields(e)
+
+    def commit() -> None:
+        state.policy = Policy(e["ledger_id"], defn, cap, reason, non_conf, e["key_id"], e["seq"])
+
+    return commit
+
+
+def check_ledger_init(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """LEDGER_INIT: entry 0 only; it fixes the policy."""
+    if e["seq"] != 0:
+        raise LedgerRuleViolation("LEDGER_INIT can only be the first entry")
+    return set_policy(state, e)
+
+
+def check_ledger_migrated(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """LEDGER_MIGRATED: once, on a ledger of the first format with runs; it fixes the policy and
+    names every old dataset id, all of whose runs are of the policy's kind."""
+    if state.policy is not None:
+        raise LedgerRuleViolation("the ledger already has a policy (LEDGER_INIT or LEDGER_MIGRATED)")
+    if not state.runs:
+        raise LedgerRuleViolation("only a ledger of the first format with runs is migrated; a new one is initialised")
+    names = e["datasets"]
+    if not isinstance(names, dict):
+        raise LedgerRuleViolation("datasets must map old dataset ids to names")
+    legacy_ids = {r.legacy_dataset_id for r in state.runs.values()}
+    if set(names) != legacy_ids:
+        missing = sorted(legacy_ids - set(names))
+        raise LedgerRuleViolation(f"datasets must name every old dataset id exactly (missing {missing[:1]})"
+                                  if missing else "datasets names an id no run of the ledger has")
+    for old, name in names.items():
+        if not is_hex64(old) or not isinstance(name, str) or not NAME.fullmatch(name):
+            raise LedgerRuleViolation("datasets must map SHA-256 hex ids to dataset names")
+    commit_policy = set_policy(state, e)
+    non_conf = e["non_confidential"]
+    if any(r.non_confidential != non_conf for r in state.runs.values()):
+        raise LedgerRuleViolation("a ledger's runs must all be confidential, or all non-confidential, as its policy says")
+
+    def commit() -> None:
+        commit_policy()
+        state.legacy_names = dict(names)
+        for run in state.runs.values():
+            run.dataset = names[run.legacy_dataset_id]
+
+    return commit
+
+
+def needs_policy(state: LedgerState) -> Policy:
+    """The ledger's policy; a ledger of the first format takes no entry that needs one."""
+    if state.policy is None:
+        raise LedgerRuleViolation("a ledger of the first format takes no new entry: migrate it first "
+                                  "(phsafe ledger migrate)")
+    return state.policy
+
+
+def check_cap_raised(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """CAP_RAISED: a dataset's cap only ever goes up, with a reason; Infinity only when non-confidential."""
+    policy = needs_policy(state)
+    name = e["dataset"]
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise LedgerRuleViolation("dataset is not a valid dataset name")
+    cap = amount_field(e, "lifetime_cap")
+    if is_infinite(cap) and not policy.non_confidential:
+        raise LedgerRuleViolation("an Infinity lifetime cap is allowed only in a non-confidential ledger")
+    current = state.dataset_cap(name)
+    if not amount_exceeds(cap, current):
+        raise LedgerRuleViolation(f"lifetime_cap {e['lifetime_cap']} does not raise {name}'s cap "
+                                  f"{format_exact(current)}: a cap is only ever raised")
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("a cap raise needs a reason (a non-empty short string)")
+
+    def commit() -> None:
+        ds = state.dataset_states.setdefault(name, DatasetState(name, policy.lifetime_cap))
+        ds.lifetime_cap = cap
+        ds.raises.append(CapChange(e["seq"], e["time"], cap, reason))
+
+    return commit
+
+
+def check_dataset_version(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """DATASET_VERSION: a content version is declared once, under one dataset name, with a reason."""
+    policy = needs_policy(state)
+    name, fp = dataset_and_fingerprint(e)
+    owner = state.fingerprints.get(fp)
+    if owner is not None:
+        raise LedgerRuleViolation(f"this content version is already declared under dataset {owner!r}"
+                                  + ("" if owner != name else " (declared twice)"))
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("a dataset version needs a reason (a non-empty short string)")
+
+    def commit() -> None:
+        ds = state.dataset_states.setdefault(name, DatasetState(name, policy.lifetime_cap))
+        ds.versions.append(DatasetVersion(e["seq"], e["time"], fp, reason))
+        state.fingerprints[fp] = name
+
+    return commit
+
+
+def check_tail_repaired(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """TAIL_REPAIRED: the length and SHA-256 of the dropped bytes, and why."""
+    if not is_int(e["dropped_bytes"]) or e["dropped_bytes"] < 1:
+        raise LedgerRuleViolation("dropped_bytes must be a positive integer")
+    if not is_hex64(e["dropped_sha256"]):
+        raise LedgerRuleViolation("dropped_sha256 is not a SHA-256 hex digest")
+    if not is_text(e["reason"]):
+        raise LedgerRuleViolation("reason must be a short string")
+
+    def commit() -> None:
+        state.repairs.append(TailRepair(e["seq"], e["time"], e["dropped_bytes"], e["dropped_sha256"], e["reason"]))
+
+    return commit
+
+
+# --------------------------------------------------------------------------------------------
+# The runs
+# --------------------------------------------------------------------------------------------
+
+
+def running(state: LedgerState, entry: Mapping[str, Any]) -> RunState:
+    """The entry's run, which must be running (and not a first-format run of a migrated ledger)."""
+    run = state.runs.get(entry["run_id"])
+    if run is None:
+        raise LedgerRuleViolation(f"run {entry['run_id']!r} was never started")
+    if run.status is not RunStatus.RUNNING:
+        raise LedgerRuleViolation(f"run {entry['run_id']!r} already ended at entry {run.terminal_seq}")
+    if run.legacy and state.policy is not None:
+        raise LedgerRuleViolation(f"run {entry['run_id']!r} is of the first ledger format; the ledger was migrated since")
+    return run
+
+
+def started_fields(state: LedgerState,
+                   e: Mapping[str, Any]) -> tuple[PrivacyDefinition, dict[str, PlannedSpend], Amount]:
+    """The checks RUN_STARTED of both formats share: ids, digests, key, plan."""
+    run_id = e["run_id"]
+    if run_id in state.runs:
+        raise LedgerRuleViolation(f"run id {run_id!r} was already started at entry {state.runs[run_id].started_seq}")
+    digests = e["input_digests"]
+    if not isinstance(digests, dict) or not digests:
+        raise LedgerRuleViolation("input_digests must be a non-empty object")
+    for name, digest in digests.items():
+        if not NAME.fullmatch(name) or not is_hex64(digest):
+            raise LedgerRuleViolation("input_digests must map file names to SHA-256 hex digests")
+    if not is_hex64(e["config_digest"]):
+        raise LedgerRuleViolation("config_digest is not a SHA-256 hex digest")
+    if not is_text(e["code_version"]):
+        raise LedgerRuleViolation("code_version must be a short string")
+    if not isinstance(e["truncation_key"], str) or not re.fullmatch(r"(?:[0-9a-f]{2}){8,128}", e["truncation_key"]):
+        raise LedgerRuleViolation("truncation_key must be 8 to 128 bytes of lowercase hex")
+    defn = privacy_defn_field(e)
+    planned = parse_planned(e["planned"], defn)
+    total: Amount = Fraction(0)
+    for spend in planned.values():
+        total = add_amounts(total, spend.budget)
+    if amount_field(e, "planned_total") != total:
+        raise LedgerRuleViolation(f"planned_total {e['planned_total']} is not the sum of the planned budgets ({format_exact(total)})")
+    if is_infinite(total) and not e["non_confidential"]:
+        raise LedgerRuleViolation("an Infinity budget is allowed only in a non-confidential run")
+    return defn, planned, total
+
+
+def new_run(e: Mapping[str, Any], defn: PrivacyDefinition, planned: dict[str, PlannedSpend],
+            total: Amount, *, dataset: str | None, fingerprint: str | None, legacy_id: str | None,
+            cap: Amount, cap_reason: str | None, spent_before: Amount, validated: bool | None) -> RunState:
+    """The state of a run its (checked) RUN_STARTED opens."""
+    return RunState(
+        run_id=e["run_id"], started_seq=e["seq"], started_time=e["time"], dataset=dataset,
+        fingerprint=fingerprint, privacy_defn=defn, input_digests=dict(e["input_digests"]),
+        config_digest=e["config_digest"], code_version=e["code_version"],
+        truncation_key=e["truncation_key"], planned=planned, planned_total=total,
+        lifetime_cap=cap, cap_reason=cap_reason, non_confidential=e["non_confidential"],
+        spent_before=spent_before, validated=validated, legacy_dataset_id=legacy_id,
+        attempts=[RunAttempt(number=1, seq=e["seq"], time=e["time"], code_version=e["code_version"],
+                             lifetime_cap=cap, cap_reason=cap_reason,
+                             orchestration=orchestration_field(e), re_release=e.get("re_release"))],
+    )
+
+
+def check_run_started(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """RUN_STARTED: a declared content version of its dataset, of the ledger's kind, recording the
+    dataset's cap and odometer; one release per content version; the plan fits under the cap."""
+    policy = needs_policy(state)
+    defn, planned, total = started_fields(state, e)
+    name, fp = dataset_and_fingerprint(e)
+    owner = state.fingerprints.get(fp)
+    if owner is None:
+        raise LedgerRuleViolation(f"this content version was never declared under dataset {name!r} (DATASET_VERSION)")
+    if owner != name:
+        raise LedgerRuleViolation(f"this content version is declared under dataset {owner!r}, not {name!r}")
+    if e["non_confidential"] != policy.non_confidential:
+        raise LedgerRuleViolation("a confidential ledger takes only confidential runs, a non-confidential ledger only "
+                                  "non-confidential ones")
+    if not isinstance(e["validated"], bool):
+        raise LedgerRuleViolation("validated must be true or false")
+    cap = state.dataset_cap(name)
+    if amount_field(e, "lifetime_cap") != cap:
+        raise LedgerRuleViolation(f"lifetime_cap {e['lifetime_cap']} is not dataset {name}'s cap {format_exact(cap)}")
+    odometer = state.dataset_spent(name, policy.privacy_defn)
+    if amount_field(e, "spent_before") != odometer:
+        raise LedgerRuleViolation(f"spent_before {e['spent_before']} differs from the ledger's spends on dataset "
+                                  f"{name} ({format_exact(odometer)})")
+    check_release_claims(state, e, name, fp, run_id=e["run_id"], declared=e.get("re_release"))
+    raised = state.dataset_states.get(name)
+    run = new_run(e, defn, planned, total, dataset=name, fingerprint=fp, legacy_id=None, cap=cap,
+                  cap_reason=raised.cap_reason if raised else None, spent_before=odometer,
+                  validated=e["validated"])
+    reserved = run.charge(policy.privacy_defn)
+    if not policy.non_confidential and amount_exceeds(add_amounts(odometer, reserved), cap):
+        raise LedgerRuleViolation(f"run exceeds dataset {name}'s lifetime cap: spent {format_exact(odometer)} + "
+                                  f"planned {format_exact(reserved)} > cap {format_exact(cap)}")
+
+    def commit() -> None:
+        state.runs[run.run_id] = run
+
+    return commit
+
+
+def check_release_claims(state: LedgerState, e: Mapping[str, Any], dataset: str, fingerprint: str, *, run_id: str,
+                          declared: str | None) -> None:
+    """One release per content version: ``re_release`` exactly when another run claims it."""
+    if "re_release" in e and (not is_text(e["re_release"]) or not e["re_release"].strip()):
+        raise LedgerRuleViolation("re_release must be a non-empty short string")
+    orchestration_field(e)  # checks the field's form
+    claims = state.release_claims(dataset, fingerprint, besides=run_id)
+    if claims and not declared and not needs_policy(state).non_confidential:
+        other = claims[0]
+        what = "published" if other.published else "open (running, or crashed)"
+        raise LedgerRuleViolation(f"run {other.run_id!r} (entry {other.started_seq}) already claims this content version "
+                                  f"({what}): a further release of the same records must declare re_release")
+    if "re_release" in e and not claims:
+        raise LedgerRuleViolation("re_release is declared, but no other run released or is releasing this content version")
+
+
+def check_intent(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """INTENT: a planned key, as planned, once per attempt, not after publication; a re-spend fits
+    under the cap."""
+    run = running(state, e)
+    key = e["key"]
+    if not isinstance(key, str) or key not in run.planned:
+        raise LedgerRuleViolation(f"measurement {key!r} is not in the run's plan")
+    earlier = run.spent_in_attempt(key)
+    if earlier is not None:
+        raise LedgerRuleViolation(
+            f"measurement {key!r} was already spent at entry {earlier} in this attempt "
+            "(a key is spent again only after a RUN_RESUMED)"
+        )
+    if run.outputs_in_attempt():
+        raise LedgerRuleViolation(f"no spend may follow the attempt's OUTPUTS_PUBLISHED (entry {run.outputs_seq})")
+    rec = run.planned[key].record
+    for name in ("budget", "sensitivity", "n_cells"):
+        if e[name] != rec[name] or type(e[name]) is not type(rec[name]):
+            raise LedgerRuleViolation(f"{name} {e[name]!r} differs from the plan ({rec[name]!r})")
+    after = state.respend_odometer(run, key)
+    cap = state.cap_of(run)
+    if after is not None and not run.non_confidential and amount_exceeds(after, cap):
+        raise LedgerRuleViolation(
+            f"re-spending {key} exceeds the lifetime cap: the dataset's odometer would be "
+            f"{format_exact(after)} > cap {format_exact(cap)}"
+        )
+
+    def commit() -> None:
+        run.intents.setdefault(key, []).append(e["seq"])
+        run.intent_hashes[key] = e["hash"]
+
+    return commit
+
+
+def check_committed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """COMMITTED: names its key's latest INTENT, of this attempt, committed once."""
+    run = running(state, e)
+    key = e["key"]
+    if not isinstance(key, str) or key not in run.intents:
+        raise LedgerRuleViolation(f"no INTENT of measurement {key!r} precedes this commit")
+    latest = run.intents[key][-1]
+    if run.committed_intent.get(key) == latest:
+        raise LedgerRuleViolation(f"measurement {key!r} was already committed at entry {run.committed_seq[key]}")
+    if e["intent_seq"] != latest or not is_int(e["intent_seq"]):
+        raise LedgerRuleViolation(f"intent_seq does not point at the latest INTENT of {key!r} (entry {latest})")
+    if e["intent_hash"] != run.intent_hashes[key]:
+        raise LedgerRuleViolation("intent_hash is not the hash of the INTENT entry")
+    if latest < run.attempt_seq:
+        # The noise of an earlier attempt's INTENT cannot be vouched for now: spend again.
+        raise LedgerRuleViolation(
+            f"the INTENT of {key!r} (entry {latest}) belongs to an earlier attempt; "
+            f"the run was resumed at entry {run.attempt_seq}"
+        )
+    if not is_hex64(e["noisy_digest"]):
+        raise LedgerRuleViolation("noisy_digest is not a SHA-256 hex digest")
+
+    def commit() -> None:
+        run.committed[key] = e["noisy_digest"]
+        run.committed_seq[key] = e["seq"]
+        run.committed_intent[key] = latest
+
+    return commit
+
+
+def check_outputs_published(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """OUTPUTS_PUBLISHED, naming where the release went (see :func:`outputs_published`)."""
+    return outputs_published(state, e, output_required=True)
+
+
+def outputs_published(state: LedgerState, e: Mapping[str, Any], *, output_required: bool) -> Commit:
+    """OUTPUTS_PUBLISHED: once per attempt, after every measurement is committed; with
+    ``output_required``, it names the absolute path the release went to (not the first format)."""
+    run = running(state, e)
+    if run.outputs_in_attempt():
+        raise LedgerRuleViolation(f"outputs were already published at entry {run.outputs_seq}")
+    reusable = run.reusable
+    missing = [k for k in run.planned if k not in reusable]
+    if missing:
+        raise LedgerRuleViolation(f"outputs published before every measurement was committed (missing {missing[0]})")
+    files = e["files"]
+    if not isinstance(files, dict) or not files:
+        raise LedgerRuleViolation("files must be a non-empty object")
+    for rel, digest in files.items():
+        if not is_safe_relpath(rel) or not is_hex64(digest):
+            raise LedgerRuleViolation("files must map relative paths to SHA-256 hex digests")
+    output = e.get("output")
+    if output_required and not (isinstance(output, str) and output.startswith("/")
+                                and 0 < len(output) <= 4096 and output.isprintable()):
+        raise LedgerRuleViolation("output must be the absolute path the release was published to")
+
+    def commit() -> None:
+        run.outputs = dict(files)
+        run.outputs_seq = e["seq"]
+        run.output_path = output
+
+    return commit
+
+
+def check_run_finished(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """RUN_FINISHED, after the attempt published (see :func:`run_finished`)."""
+    return run_finished(state, e, publication_required=True)
+
+
+def run_finished(state: LedgerState, e: Mapping[str, Any], *, publication_required: bool) -> Commit:
+    """RUN_FINISHED: every measurement committed, ``spent`` the run's charge; with
+    ``publication_required``, only after the attempt's OUTPUTS_PUBLISHED (not the first format)."""
+    run = running(state, e)
+    reusable = run.reusable
+    missing = [k for k in run.planned if k not in reusable]
+    if missing:
+        raise LedgerRuleViolation(f"run finished without committing {missing[0]}")
+    if publication_required and not run.outputs_in_attempt():
+        raise LedgerRuleViolation("run finished without OUTPUTS_PUBLISHED in this attempt: a run finishes by publishing")
+    charge = run.charge()
+    if amount_field(e, "spent") != charge:
+        raise LedgerRuleViolation(
+            f"spent {e['spent']} differs from the run's charge {format_exact(charge)} "
+            "(its planned total plus any re-spends)"
+        )
+
+    def commit() -> None:
+        run.status = RunStatus.FINISHED
+        run.terminal_seq = e["seq"]
+        run.terminal_time = e["time"]
+        run.attempts[-1].end = RunStatus.FINISHED
+        run.attempts[-1].end_seq = e["seq"]
+        run.attempts[-1].end_time = e["time"]
+
+    return commit
+
+
+def check_run_failed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """RUN_FAILED, not after the attempt published (see :func:`run_failed`)."""
+    return run_failed(state, e, after_publication=False)
+
+
+def run_failed(state: LedgerState, e: Mapping[str, Any], *, after_publication: bool) -> Commit:
+    """RUN_FAILED: ``spent`` is the sum of the run's INTENTs; unless ``after_publication`` (the
+    first format), an attempt that recorded OUTPUTS_PUBLISHED finishes and cannot fail."""
+    run = running(state, e)
+    if not after_publication and run.outputs_in_attempt():
+        raise LedgerRuleViolation(f"the attempt recorded OUTPUTS_PUBLISHED at entry {run.outputs_seq}: it finishes, it cannot fail")
+    if not is_text(e["reason"]):
+        raise LedgerRuleViolation("reason must be a short string")
+    if amount_field(e, "spent") != run.intended_total():
+        raise LedgerRuleViolation(f"spent {e['spent']} differs from the sum of the run's INTENTs")
+
+    def commit() -> None:
+        run.status = RunStatus.FAILED
+        run.terminal_seq = e["seq"]
+        run.terminal_time = e["time"]
+        run.failure_reason = e["reason"]
+        run.attempts[-1].end = RunStatus.FAILED
+        run.attempts[-1].end_seq = e["seq"]
+        run.attempts[-1].end_time = e["time"]
+        run.attempts[-1].end_reason = e["reason"]
+
+    return commit
+
+
+def resumable(state: LedgerState, e: Mapping[str, Any]) -> RunState:
+    """The RUN_RESUMED entry's run: started, not finished, with the same config; a reason given."""
+    run = state.runs.get(e["run_id"])
+    if run is None:
+        raise LedgerRuleViolation(f"run {e['run_id']!r} was never started")
+    if run.status is RunStatus.FINISHED:
+        raise LedgerRuleViolation(
+            f"run {e['run_id']!r} finished at entry {run.terminal_seq}; a finished run cannot be resumed"
+        )
+    if not is_hex64(e["config_digest"]):
+        raise LedgerRuleViolation("config_digest is not a SHA-256 hex digest")
+    if e["config_digest"] != run.config_digest:
+        raise LedgerRuleViolation(
+            f"config_digest differs from the run's RUN_STARTED (entry {run.started_seq}): another config"
+        )
+    if not is_text(e["code_version"]):
+        raise LedgerRuleViolation("code_version must be a short string")
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("reason must be a non-empty short string")
+    return run
+
+
+def resume_commit(e: Mapping[str, Any], run: RunState, cap: Amount, cap_reason: str | None) -> Commit:
+    """The commit of a RUN_RESUMED: the run is running again, in a new attempt."""
+    def commit() -> None:
+        # A crashed attempt keeps end RUNNING (it has no terminal entry); the next one starts.
+        run.status = RunStatus.RUNNING
+        run.terminal_seq = None
+        run.terminal_time = None
+        run.failure_reason = None
+        run.lifetime_cap = cap
+        run.cap_reason = cap_reason
+        run.attempts.append(
+            RunAttempt(
+                number=len(run.attempts) + 1,
+                seq=e["seq"],
+                time=e["time"],
+                code_version=e["code_version"],
+                lifetime_cap=cap,
+                cap_reason=cap_reason,
+                resume_reason=e["reason"],
+                orchestration=orchestration_field(e),
+                re_release=e.get("re_release"),
+            )
+        )
+
+    return commit
+
+
+def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """RUN_RESUMED: a failed or crashed run of the same dataset and records, one release per content
+    version, and the run's whole plan reserved again fits under the cap."""
+    needs_policy(state)
+    run = resumable(state, e)
+    if run.legacy:
+        raise LedgerRuleViolation(f"run {e['run_id']!r} is of the first ledger format; it cannot be resumed after migration")
+    if e["dataset"] != run.dataset:
+        raise LedgerRuleViolation(f"dataset differs from the run's RUN_STARTED (entry {run.started_seq})")
+    if e["fingerprint"] != run.fingerprint:
+        raise LedgerRuleViolation(f"fingerprint differs from the run's RUN_STARTED (entry {run.started_seq}): other records")
+    check_release_claims(state, e, run.dataset or "", run.fingerprint or "", run_id=run.run_id,
+                               declared=e.get("re_release") or run.re_release)
+    cap = state.cap_of(run)
+    after = state.resume_odometer(run)
+    if not run.non_confidential and amount_exceeds(after, cap):
+        raise LedgerRuleViolation(
+            f"resumed run exceeds the lifetime cap: the dataset's odometer with the run reserved "
+            f"again is {format_exact(after)} > cap {format_exact(cap)}"
+        )
+    raised = state.dataset_states.get(run.dataset or "")
+    return resume_commit(e, run, cap, raised.cap_reason if raised else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Field checks shared by several kinds
+# --------------------------------------------------------------------------------------------
+
+
+def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend]:
+    """RUN_STARTED's ``planned`` list, checked item by item against the tables' definitions (sensitivity
+    2*tau+2 or 2, cells that fit the domain, noise and variance consistent with the budget)."""
+    if not isinstance(items, list):
+        raise LedgerRuleViolation("planned must be a list")
+    out: dict[str, PlannedSpend] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) != PLANNED_FIELDS:
+            raise LedgerRuleViolation(f"planned[{i}] has the wrong fields")
+        table, level_key = item["table"], item["level"]
+        if table not in TABLES or not isinstance(level_key, str) or level_key not in LEVELS[table]:
+            raise LedgerRuleViolation(f"planned[{i}] names no measured table and level")
+        level = LEVELS[table][level_key]
+        try:
+            budget = parse_exact(item["budget"])
+            if not is_infinite(budget) and not DECIMAL_TEXT.fullmatch(item["budget"]):
+                raise ValueError("budgets are decimals")
+        except ValueError:
+            raise LedgerRuleViolation(f"planned[{i}].budget is not a canonical decimal or Infinity") from None
+        if budget == 0:
+            raise LedgerRuleViolation(f"planned[{i}].budget is 0 (a level with budget 0 is not measured)")
+        spec = TABLES[table]
+        tau, sens, n_cells = item["tau"], item["sensitivity"], item["n_cells"]
+        if spec.kind is TableKind.PERSON:
+            if not is_int(tau) or tau < 1 or not is_int(sens) or sens != 2 * tau + 2:
+                raise LedgerRuleViolation(f"planned[{i}]: a person table needs tau >= 1 and sensitivity 2*tau+2")
+        elif tau is not None or not is_int(sens) or sens != 2:
+            raise LedgerRuleViolation(f"planned[{i}]: a unit table has no tau and sensitivity 2")
+        if not is_int(n_cells) or n_cells < 1 or n_cells % len(spec.basis_numbers) or n_cells % len(level.iteration.codes):
+            raise LedgerRuleViolation(f"planned[{i}].n_cells does not fit the table's domain")
+        m = PlannedMeasurement(
+            table=table,
+            level=level,
+            privacy_defn=defn,
+            budget=INFINITE if is_infinite(budget) else Decimal(item["budget"]),
+            sensitivity=sens,
+            tau=tau,
+            n_cells=n_cells,
+        )
+        if item["key"] != m.key:
+            raise LedgerRuleViolation(f"planned[{i}].key is not TABLE/level")
+        if m.key in out:
+            raise LedgerRuleViolation(f"planned[{i}] repeats {m.key}")
+        if item != planned_item(m):
+            bad = sorted(k for k, v in planned_item(m).items() if item.get(k) != v)
+            raise LedgerRuleViolation(f"planned[{i}] ({m.key}): {', '.join(bad)} inconsistent with its budget and sensitivity")
+        out[m.key] = PlannedSpend(measurement=m, budget=budget, record=item)
+    return out
+
+
+def orchestration_field(e: Mapping[str, Any]) -> Orchestration | None:
+    """The entry's ``orchestration`` field, checked, or None when it has none."""
+    record = e.get("orchestration")
+    if record is None:
+        return None
+    if not isinstance(record, dict) or not {"system", "flow_run_id"} <= set(record) <= ORCHESTRATION_FIELDS:
+        raise LedgerRuleViolation("orchestration must hold system, flow_run_id and optionally parent_flow_run_id")
+    if record["system"] != "prefect":
+        raise LedgerRuleViolation("orchestration.system must be \"prefect\"")
+    for name in ("flow_run_id", "parent_flow_run_id"):
+        if name in record and not (isinstance(record[name], str) and UUID.fullmatch(record[name])):
+            raise LedgerRuleViolation(f"orchestration.{name} must be a lowercase UUID")
+    return Orchestration.from_record(record)
+
+
+def privacy_defn_field(e: Mapping[str, Any]) -> PrivacyDefinition:
+    """The entry's ``privacy_defn``, once its ``non_confidential`` is checked to be a boolean."""
+    try:
+        defn = PrivacyDefinition(e["privacy_defn"])
+    except ValueError:
+        raise LedgerRuleViolation("privacy_defn must be 'zcdp' or 'puredp'") from None
+    if not isinstance(e["non_confidential"], bool):
+        raise LedgerRuleViolation("non_confidential must be true or false")
+    return defn
+
+
+def amount_field(e: Mapping[str, Any], name: str) -> Amount:
+    """The entry's field ``name`` as an exact amount (it must be canonical text)."""
+    try:
+        return parse_exact(e[name])
+    except ValueError:
+        raise LedgerRuleViolation(f"{name} is not a canonical exact amount") from None
+
+
+def dataset_and_fingerprint(e: Mapping[str, Any]) -> tuple[str, str]:
+    """An entry's dataset name and content fingerprint, checked for form."""
+    name, fp = e["dataset"], e["fingerprint"]
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise LedgerRuleViolation("dataset is not a valid dataset name")
+    if not is_hex64(fp):
+        raise LedgerRuleViolation("fingerprint is not a SHA-256 hex digest")
+    return name, fp
+
+
+# --------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------
+
+RULES: dict[EntryKind, Check] = {
+    EntryKind.LEDGER_INIT: check_ledger_init,
+    EntryKind.LEDGER_MIGRATED: check_ledger_migrated,
+    EntryKind.CAP_RAISED: check_cap_raised,
+    EntryKind.DATASET_VERSION: check_dataset_version,
+    EntryKind.TAIL_REPAIRED: check_tail_repaired,
+    EntryKind.RUN_STARTED: check_run_started,
+    EntryKind.INTENT: check_intent,
+    EntryKind.COMMITTED: check_committed,
+    EntryKind.OUTPUTS_PUBLISHED: check_outputs_published,
+    EntryKind.RUN_FINISHED: check_run_finished,
+    EntryKind.RUN_FAILED: check_run_failed,
+    EntryKind.RUN_RESUMED: check_run_resumed,
+}
+"""The check of each entry kind, in a ledger with a policy."""

@@ -1,0 +1,520 @@
+"""The ledger as its callers use it: :class:`Ledger` (datasets, caps, runs) and :class:`RunRecorder`.
+
+Every method takes the ledger's locks, catches up with the file, refuses -- with a message that
+says what to do -- whatever the rules (:mod:`phsafe.ledger.rules`) would reject or the policy
+forbids, and appends durably (:mod:`phsafe.ledger.store`) before it returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Mapping
+
+from phsafe.accounting import PlannedMeasurement, RunPlan
+from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
+from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
+from phsafe.ledger.format import EntryKind, clean_text, planned_item
+from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
+from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
+from phsafe.ledger.state import LedgerState, Orchestration, RunState, RunStatus
+from phsafe.ledger.store import LedgerFile
+from phsafe.noise import SpendReceipt
+
+
+class Ledger(LedgerFile):
+    """An append-only privacy-loss ledger file (see :mod:`phsafe.ledger.format` for the rules).
+
+    Open one with :meth:`open` (an existing ledger) or make one with
+    :func:`~phsafe.ledger.admin.init_ledger`.
+    """
+
+    def lineage_key(self) -> bytes:
+        """The ledger's lineage key (see :func:`read_lineage_key`).
+
+        Raises:
+            LedgerError: The ledger has no policy yet (first format), or the key file is bad.
+        """
+        policy = self._state.policy
+        if policy is None:
+            raise LedgerError(f"the ledger {self.path} is of the first format: migrate it (phsafe ledger migrate)")
+        return read_lineage_key(self.path, policy)
+
+    # -- datasets -----------------------------------------------------------------------------
+
+    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None):
+        reason = clean_text(reason or "")
+        current = state.dataset_cap(dataset)
+        if not amount_exceeds(cap, current):
+            raise BudgetError(
+                f"the lifetime cap {format_exact(cap)} does not raise dataset {dataset}'s cap "
+                f"{format_exact(current)}: a cap is only ever raised"
+            )
+        if not reason:
+            raise BudgetError(
+                f"raising dataset {dataset}'s lifetime cap to {format_exact(cap)} needs a reason "
+                f"({option('cap_reason')}); it is recorded in the ledger"
+            )
+        return (EntryKind.CAP_RAISED, None, {"dataset": dataset, "lifetime_cap": format_exact(cap), "reason": reason})
+
+    def raise_cap(self, dataset: str, lifetime_cap: Amount, reason: str) -> dict[str, Any]:
+        """Record ``CAP_RAISED``: ``dataset``'s lifetime cap becomes ``lifetime_cap``.
+
+        Raises:
+            BudgetError: The cap is not above the current one, or there is no reason.
+            LedgerError: The ledger has no policy (first format) or is broken.
+        """
+        cap = cap_amount(lifetime_cap)
+        check_dataset_name(dataset)
+        with self.locked() as state:
+            self._needs_policy(state)
+            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason)])[0]
+
+    def _needs_policy(self, state: LedgerState) -> Policy:
+        if state.policy is None:
+            raise LedgerError(
+                f"the ledger {self.path} was written before ledgers had a policy; it still verifies, "
+                "but takes no new run until it is migrated: `phsafe ledger migrate LEDGER "
+                "--lifetime-cap RHO --reason TEXT --dataset NAME`"
+            )
+        return state.policy
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        *,
+        run_id: str,
+        plan: RunPlan,
+        dataset: str,
+        fingerprint: str,
+        config_digest: str,
+        input_digests: dict[str, str],
+        code_version: str,
+        truncation_key_hex: str,
+        non_confidential: bool = False,
+        validated: bool = True,
+        new_version: str | None = None,
+        cap_raise: tuple[Amount, str | None] | None = None,
+        re_release: str | None = None,
+        orchestration: Orchestration | None = None,
+    ) -> "RunRecorder":
+        """Check the dataset, its version and its lifetime cap, and record RUN_STARTED, atomically.
+
+        Under the lock, in one write: ``CAP_RAISED`` (if ``cap_raise``), ``DATASET_VERSION`` (if
+        the fingerprint is new and ``new_version`` says why), ``RUN_STARTED``.
+
+        Args:
+            run_id: Unique id of the run.
+            plan: Every measurement of the run.
+            dataset: The declared dataset name.
+            fingerprint: The keyed commitment of the records' content (see
+                :mod:`phsafe.fingerprint`), under this ledger's lineage key.
+            config_digest: SHA-256 of the config file.
+            input_digests: Input file name -> SHA-256 of its bytes (confidential lineage).
+            code_version: Version of the code that runs.
+            truncation_key_hex: Key of the truncation ordering, hex.
+            non_confidential: The data is synthetic or public (must match the ledger's policy).
+            validated: The full input suites ran and passed before this run (recorded).
+            new_version: The operator's reason, if these records are a new version of ``dataset``.
+            cap_raise: ``(cap, reason)``: raise the dataset's cap first (recorded).
+            re_release: The operator's reason for releasing records that another run released
+                or is releasing (recorded). Ignored, and not recorded, when no other run claims
+                them.
+            orchestration: The flow run that runs this attempt (recorded).
+
+        Raises:
+            AlreadyReleasedError: Another run released these records, or is releasing them, and
+                no ``re_release`` reason was given -- whatever room the cap leaves.
+            BudgetError: The run would exceed the dataset's cap, the records are a version never
+                declared (without ``new_version``) or declared under another name, Infinity
+                budgets on confidential data, or a bad cap raise.
+            LedgerError: The ledger is broken, of the first format, or of the other kind
+                (confidential vs non-confidential).
+        """
+        check_dataset_name(dataset)
+        total: Amount = plan.total
+        if is_infinite(total) and not non_confidential:
+            raise BudgetError(
+                "an Infinity (no-noise) budget is allowed only for non-production test runs on "
+                f"data declared non-confidential ({option('non_confidential')})"
+            )
+        body = {
+            "dataset": dataset,
+            "fingerprint": fingerprint,
+            "input_digests": {str(k): str(v).lower() for k, v in input_digests.items()},
+            "config_digest": config_digest,
+            "code_version": code_version,
+            "truncation_key": truncation_key_hex.lower(),
+            "privacy_defn": plan.privacy_defn.value,
+            "planned": [planned_item(m) for m in plan.measurements],
+            "planned_total": format_exact(total),
+            "non_confidential": bool(non_confidential),
+            "validated": bool(validated),
+        }
+        with self.locked() as state:
+            policy = self._needs_policy(state)
+            check_ledger_kind(policy, non_confidential)
+            items: list[tuple[EntryKind, str | None, Mapping[str, Any]]] = []
+            cap = state.dataset_cap(dataset)
+            if cap_raise is not None:
+                cap = cap_amount(cap_raise[0])
+                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1]))
+            owner = state.fingerprints.get(fingerprint)
+            if owner is not None and owner != dataset:
+                raise BudgetError(
+                    f"these records are already declared as dataset {owner!r} in this ledger: the same "
+                    f"records cannot be released under a second name ({dataset!r}); run them as {owner!r}"
+                )
+            if owner is None:
+                if not new_version or not clean_text(new_version):
+                    known = state.dataset_states.get(dataset)
+                    seen = (f"it has {len(known.versions)} declared version(s), and these records match none"
+                            if known and known.versions else "it has no declared version yet")
+                    raise BudgetError(
+                        f"dataset {dataset!r} has never been run on these records ({seen}). If they are a "
+                        f"new version of {dataset!r}, say so and why with {option('new_version')} (recorded "
+                        "in the ledger); if they belong to another dataset, run them under its name"
+                    )
+                items.append((EntryKind.DATASET_VERSION, None, {
+                    "dataset": dataset, "fingerprint": fingerprint, "reason": clean_text(new_version)}))
+            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
+            if declared:
+                body["re_release"] = declared
+            if orchestration is not None:
+                body["orchestration"] = orchestration.record()
+            spent = state.dataset_spent(dataset, policy.privacy_defn)
+            probe = plan_charge(plan, policy.privacy_defn)
+            need = add_amounts(spent, probe)
+            if not non_confidential and amount_exceeds(need, cap):
+                raise BudgetError(
+                    f"privacy-loss budget refused for dataset {dataset!r}: already spent {format_exact(spent)}, "
+                    f"this run plans {format_exact(probe)}, lifetime cap {format_exact(cap)} "
+                    f"({unit_name(policy.privacy_defn)}); spent + planned = {format_exact(need)} exceeds the cap. "
+                    f"Spends are never refunded. To run anyway, raise the cap to at least {format_exact(need)} "
+                    f"with {option('lifetime_cap')} and say why with {option('cap_reason')} (both are recorded "
+                    "in the ledger)."
+                )
+            body.update(lifetime_cap=format_exact(cap), spent_before=format_exact(spent))
+            items.append((EntryKind.RUN_STARTED, run_id, body))
+            self.append_entries(items)
+        return RunRecorder(self, run_id, plan)
+
+    @staticmethod
+    def _re_release_field(state: LedgerState, policy: Policy, dataset: str, fingerprint: str,
+                          reason: str | None, *, besides: str, resuming: RunState | None = None) -> str | None:
+        """The ``re_release`` to record, or None; refuses a second release that declares none."""
+        claims = state.release_claims(dataset, fingerprint, besides=besides)
+        if not claims:
+            return None  # the one release of these records: nothing to declare
+        reason = clean_text(reason or "")
+        if reason or policy.non_confidential or (resuming is not None and resuming.re_release):
+            return reason or None
+        other = claims[0]
+        again = f"resuming run {besides} would release them a second time" if resuming else "a content version is released once"
+        if other.published:
+            told = (f"these records were already released: run {other.run_id} published them to "
+                    f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
+        else:
+            told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
+                    f"running, or crashed without ending): resume it ({option('resume')}) instead")
+        raise AlreadyReleasedError(
+            f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, "
+            f"declare it and say why with {option('re_release')} (recorded in the ledger; the cap still applies)"
+        )
+
+    def run(self, run_id: str) -> RunState | None:
+        """A snapshot of what the ledger says about ``run_id`` now, or None if it was never started.
+
+        The ledger is caught up with the file first (other processes may have appended); the
+        snapshot is a copy, safe to read while other threads keep recording.
+        """
+        with self.locked() as state:
+            run = state.runs.get(run_id)
+            return None if run is None else copy.deepcopy(run)
+
+    def resume_run(
+        self,
+        run_id: str,
+        *,
+        config_digest: str,
+        dataset: str,
+        fingerprint: str,
+        code_version: str,
+        reason: str,
+        cap_raise: tuple[Amount, str | None] | None = None,
+        plan: RunPlan | None = None,
+        re_release: str | None = None,
+        orchestration: Orchestration | None = None,
+    ) -> "RunRecorder":
+        """Record RUN_RESUMED for a failed or crashed run and return its recorder, atomically.
+
+        The run is running again, as attempt ``n + 1``. Its plan is the one recorded at start:
+        the returned recorder spends from it, and :attr:`RunState.reusable` (see :meth:`run`)
+        says which measurements may be released from their stored vectors instead of spent again.
+        Everything else is spent again through the recorder and charged again.
+
+        Args:
+            run_id: The run to resume.
+            config_digest: SHA-256 of the config file; must be the run's.
+            dataset, fingerprint: Must be the run's (the same records).
+            code_version: Version of the code that resumes (may differ from the start's; recorded).
+            reason: Why the run is resumed (non-empty; recorded, one line of at most 500
+                characters).
+            cap_raise: ``(cap, reason)``: raise the dataset's cap first (recorded, same write).
+            plan: The plan the caller computed from the config, if any. It is only checked: it
+                must record exactly as the run's recorded plan (same measurements, budgets,
+                sensitivities, cells and variances, same order), so that code that would now plan
+                differently cannot reuse the old measurements. The recorder always uses the
+                recorded plan.
+            re_release: Why the run releases records that another run released or is releasing
+                (recorded; see :meth:`start_run`).
+            orchestration: The flow run that runs this attempt (recorded).
+
+        Raises:
+            AlreadyReleasedError: Another run released these records, or is releasing them, and
+                neither this resume nor the run's start declared a re-release.
+            LedgerError: The run is unknown, finished or of the first format, the config, the
+                dataset, the records or ``plan`` differ from the run's, ``reason`` is empty, or
+                the ledger is broken. Nothing is appended.
+            BudgetError: A bad cap raise, or the dataset's odometer with the run reserved again
+                would exceed its cap. Nothing is appended.
+        """
+        reason = clean_text(reason)
+        if not reason:
+            raise LedgerError(f"give the reason for resuming run {run_id} ({option('resume_reason')}); it is recorded")
+        with self.locked() as state:
+            policy = self._needs_policy(state)
+            run = state.runs.get(run_id)
+            if run is None:
+                raise LedgerError(f"cannot resume run {run_id}: it was never started in this ledger")
+            if run.status is RunStatus.FINISHED:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: it finished at entry {run.terminal_seq} and published to "
+                    f"{run.output_path or 'its output folder'}; a finished run is never resumed"
+                )
+            if run.legacy:
+                raise LedgerError(f"cannot resume run {run_id}: it was started before the ledger was migrated")
+            if config_digest != run.config_digest:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: the config differs from the one it started with "
+                    f"(SHA-256 {config_digest[:16]}, recorded {run.config_digest[:16]}); reused "
+                    "measurements would be inconsistent -- start a new run instead"
+                )
+            if dataset != run.dataset:
+                raise LedgerError(f"cannot resume run {run_id}: it was started as dataset {run.dataset!r}, "
+                                  f"not {dataset!r}")
+            if fingerprint != run.fingerprint:
+                raise LedgerError(
+                    f"cannot resume run {run_id}: the input records differ from the ones it started with "
+                    "(another content version); start a new run instead"
+                )
+            if plan is not None:
+                self._check_same_plan(run, plan)
+            # One release per content version comes first: refused whatever room the cap has.
+            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id,
+                                              resuming=run)
+            items: list[tuple[EntryKind, str | None, Mapping[str, Any]]] = []
+            cap = state.cap_of(run)
+            if cap_raise is not None:
+                cap = cap_amount(cap_raise[0])
+                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1]))
+            after = state.resume_odometer(run)
+            if not run.non_confidential and amount_exceeds(after, cap):
+                raise BudgetError(
+                    f"privacy-loss budget refused: resuming run {run_id} reserves its whole plan again, "
+                    f"so dataset {run.dataset!r} would have spent {format_exact(after)} "
+                    f"({unit_name(policy.privacy_defn)}), above the lifetime cap {format_exact(cap)}. "
+                    "Spends are never refunded. To resume anyway, raise the cap to at least "
+                    f"{format_exact(after)} (plus the budget of every measurement that must be spent "
+                    f"again) with {option('lifetime_cap')} and say why with {option('cap_reason')} (both "
+                    "are recorded)."
+                )
+            resumed_body: dict[str, Any] = {
+                "config_digest": config_digest, "dataset": dataset, "fingerprint": fingerprint,
+                "code_version": code_version, "reason": reason,
+            }
+            if declared and declared != run.re_release:
+                resumed_body["re_release"] = declared
+            if orchestration is not None:
+                resumed_body["orchestration"] = orchestration.record()
+            items.append((EntryKind.RUN_RESUMED, run_id, resumed_body))
+            self.append_entries(items)
+            resumed = state.runs[run_id]
+            attempt = resumed.attempt
+            recorded = RunPlan(resumed.privacy_defn, tuple(s.measurement for s in resumed.planned.values()))
+        return RunRecorder(self, run_id, recorded, attempt=attempt)
+
+    @staticmethod
+    def _check_same_plan(run: RunState, plan: RunPlan) -> None:
+        """Raise LedgerError unless ``plan`` records exactly as ``run``'s recorded plan."""
+        if plan.privacy_defn is not run.privacy_defn:
+            raise LedgerError(
+                f"cannot resume run {run.run_id}: it was planned in {run.privacy_defn.value}, not "
+                f"{plan.privacy_defn.value}"
+            )
+        given = [planned_item(m) for m in plan.measurements]
+        recorded = [s.record for s in run.planned.values()]
+        if given != recorded:
+            keys = [g["key"] for g in given]
+            if keys != [r["key"] for r in recorded]:
+                detail = "other measurements or another order"
+            else:
+                g, r = next((g, r) for g, r in zip(given, recorded) if g != r)
+                fields = ", ".join(sorted(k for k in g if g[k] != r[k]))
+                detail = f"{g['key']} differs in {fields}"
+            raise LedgerError(
+                f"cannot resume run {run.run_id}: the plan computed now differs from the recorded "
+                f"one ({detail}); reused measurements would be inconsistent"
+            )
+
+    def checkpoint(self, signing_key: Any = None) -> dict[str, Any]:
+        """Size and head hash of the ledger now, signed with an Ed25519 key if given.
+
+        Args:
+            signing_key: An ``Ed25519PrivateKey`` (see :func:`~phsafe.ledger.keys.load_signing_key`),
+                a path to its PEM file, or None for an unsigned checkpoint.
+
+        Returns:
+            ``{"ledger_size", "head_hash", "signature", "public_key"}``; the signature is
+            base64 over :func:`~phsafe.ledger.format.checkpoint_message`, the public key PEM text
+            (both None unsigned).
+        """
+        with self.locked() as state:
+            size, head = state.size, state.head_hash
+        return sign_checkpoint(size, head, signing_key)
+
+
+class RunRecorder:
+    """Records one attempt of one run's spends; satisfies :class:`phsafe.noise.SpendRecorder`.
+
+    Obtained from :meth:`Ledger.start_run` (attempt 1) or :meth:`Ledger.resume_run`; every method
+    appends durably before returning. Safe to share between threads: it holds no mutable state,
+    and every method reads and appends under the ledger's thread mutex and file lock.
+
+    A recorder belongs to its attempt: once the run is resumed (by anyone, in any process) the
+    recorders of earlier attempts are refused, so a process thought dead cannot spend, commit,
+    publish, finish or fail on behalf of the attempt that replaced it.
+    """
+
+    def __init__(self, ledger: Ledger, run_id: str, plan: RunPlan, *, attempt: int = 1) -> None:
+        self._ledger = ledger
+        self.run_id = run_id
+        self.attempt = attempt
+        self._plan = {m.key: m for m in plan.measurements}
+
+    @property
+    def ledger(self) -> Ledger:
+        return self._ledger
+
+    def _run(self, state: LedgerState) -> RunState:
+        return state.runs[self.run_id]
+
+    def _current(self, state: LedgerState) -> RunState:
+        """The run, if this recorder's attempt is still its current attempt."""
+        run = self._run(state)
+        if run.attempt != self.attempt:
+            raise BudgetError(
+                f"run {self.run_id} was resumed (attempt {run.attempt}, entry {run.attempt_seq}) after this "
+                f"recorder's attempt {self.attempt}; refusing to record for a replaced attempt"
+            )
+        return run
+
+    def record_intent(self, measurement: PlannedMeasurement) -> SpendReceipt:
+        """Durably record that ``measurement``'s budget is being spent (before its noise).
+
+        Raises:
+            BudgetError: The measurement is not in the run's plan or differs from it, was already
+                spent in this attempt, the run has ended or was resumed since, or the spend is a
+                re-spend that would take the dataset's odometer above its lifetime cap.
+                Nothing is appended then.
+        """
+        key = measurement.key
+        if self._plan.get(key) != measurement:
+            raise BudgetError(f"{key} is not a measurement of run {self.run_id}'s plan; refusing to spend")
+        with self._ledger.locked() as state:
+            run = self._current(state)
+            earlier = run.spent_in_attempt(key)
+            if earlier is not None:
+                raise BudgetError(
+                    f"{key} was already spent in run {self.run_id} (entry {earlier}, attempt {run.attempt}); "
+                    "a measurement is spent at most once per attempt"
+                )
+            if run.status is not RunStatus.RUNNING:
+                raise BudgetError(f"run {self.run_id} has ended; refusing to spend")
+            if run.outputs_in_attempt():
+                raise BudgetError(f"run {self.run_id} already published its outputs; refusing to spend")
+            after = state.respend_odometer(run, key)
+            cap = state.cap_of(run)
+            if after is not None and not run.non_confidential and amount_exceeds(after, cap):
+                previous = run.intents[key]
+                raise BudgetError(
+                    f"privacy-loss budget refused: re-spending {key} in run {self.run_id} (attempt "
+                    f"{run.attempt}; spent {len(previous)} time(s) before, last at entry {previous[-1]}) "
+                    f"would take dataset {run.account!r} to spent {format_exact(after)}, above its "
+                    f"lifetime cap {format_exact(cap)}. Spends are never refunded. To spend it again, "
+                    f"resume the run with the cap raised to at least {format_exact(after)} "
+                    f"({option('lifetime_cap')}) and the reason ({option('cap_reason')}); both are recorded."
+                )
+            rec = run.planned[key].record
+            entry = self._ledger.append_entries([(
+                EntryKind.INTENT, self.run_id,
+                {"key": key, "budget": rec["budget"], "sensitivity": rec["sensitivity"], "n_cells": rec["n_cells"]},
+            )])[0]
+        return SpendReceipt(measurement_key=key, sequence=entry["seq"], entry_hash=entry["hash"])
+
+    def record_committed(self, receipt: SpendReceipt, *, noisy_digest: str) -> None:
+        """Record that the noise of ``receipt``'s spend was drawn; ``noisy_digest`` hashes it.
+
+        Raises:
+            BudgetError: The run was resumed since this recorder's attempt.
+            LedgerError: The receipt is not the key's latest INTENT of this attempt, the key is
+                already committed, or the digest is malformed.
+        """
+        with self._ledger.locked() as state:
+            self._current(state)
+            self._ledger.append_entries([(
+                EntryKind.COMMITTED, self.run_id,
+                {"key": receipt.measurement_key, "intent_seq": receipt.sequence,
+                 "intent_hash": receipt.entry_hash, "noisy_digest": noisy_digest},
+            )])
+
+    def record_published(self, file_digests: Mapping[str, str], output: Path) -> None:
+        """Record that the release is in place: ``OUTPUTS_PUBLISHED`` and ``RUN_FINISHED``, in one write.
+
+        Called only after the release folder was renamed into place, so the ledger never says a
+        release exists that does not.
+
+        Args:
+            file_digests: Relative path -> SHA-256 of every released file.
+            output: Where the release was published (absolute path).
+        """
+        files = {str(k): str(v).lower() for k, v in file_digests.items()}
+        with self._ledger.locked() as state:
+            run = self._current(state)
+            spent = run.charge()
+            self._ledger.append_entries([
+                (EntryKind.OUTPUTS_PUBLISHED, self.run_id, {"files": files, "output": str(Path(output).absolute())}),
+                (EntryKind.RUN_FINISHED, self.run_id, {"spent": format_exact(spent)}),
+            ])
+
+    def fail(self, reason: str) -> None:
+        """Record that the run failed; a no-op if it already ended or was resumed since.
+
+        Args:
+            reason: A short, fixed, safe message (never data); cut to one line of 500 characters.
+        """
+        with self._ledger.locked() as state:
+            run = self._run(state)
+            if run.status is not RunStatus.RUNNING or run.attempt != self.attempt or run.outputs_in_attempt():
+                # Ended, published, or a later attempt owns the run now: failing it would be a lie.
+                return
+            spent = run.intended_total()
+            self._ledger.append_entries([(
+                EntryKind.RUN_FAILED, self.run_id,
+                {"spent": format_exact(spent), "reason": clean_text(reason) or "unspecified failure"},
+            )])
+
+    def checkpoint(self, signing_key: Any = None) -> dict[str, Any]:
+        """See :meth:`Ledger.checkpoint`."""
+        return self._ledger.checkpoint(signing_key)

@@ -1,0 +1,432 @@
+"""A private run: its options, its identity, its ledger handle, its result.
+
+What every stage of the private run (:mod:`phsafe.engine`, in the order :mod:`phsafe.sequence`
+runs them) needs to find its files: the run id, the config, the inputs, the output folder, the
+ledger and the dataset (:class:`PrivateRun`, fixed by :func:`begin_private_run` from the
+operator's :class:`PrivateRunOptions`), and the process's handle on the ledger (:func:`open_ledger`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import stat
+import subprocess
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import phsafe
+from phsafe.accounting import RunPlan
+from phsafe.config import ConfigFile, PHSafeConfig, check_budget_policy, read_config_file
+from phsafe.errors import LedgerError, PHSafeError, option
+from phsafe.logs import get_logger
+from phsafe.measurements import MeasurementStore
+from phsafe.reader import file_digest
+from phsafe.truncation import TRUNCATION_KEY_BYTES
+
+if TYPE_CHECKING:
+    from phsafe.ledger import Ledger, Orchestration
+    from phsafe.progress import Progress
+
+log = get_logger("phsafe.engine")
+
+LEDGER_ENV = "PHSAFE_LEDGER"
+"""Environment variable naming the ledger when no ``--ledger`` is given."""
+RUNS_DIR = "runs"
+NON_CONFIDENTIAL_DATASET = "non-confidential"
+
+
+@dataclass(frozen=True)
+class PrivateRunOptions:
+    """Options of a private run, as the engine takes them.
+
+    The front ends make them from :class:`phsafe.parameters.PrivateRunParameters` (its fields of
+    the same names, where each is described and spelled for the command line and the flows);
+    ``report_dir`` is the engine's own.
+
+    Attributes:
+        ledger: The audit ledger (made by ``phsafe ledger init``). Required for confidential
+            data; a non-confidential run without one gets a throwaway ledger beside ``OUT``.
+        dataset: The declared dataset the run spends against (default: the config's
+            ``dataset`` key; non-confidential runs: ``non-confidential``).
+        new_version: Why these records are a new content version of the dataset (recorded);
+            needed the first time a dataset runs on records it has never seen.
+        lifetime_cap: Raise the dataset's lifetime cap to this (recorded with ``cap_reason``).
+        cap_reason: Why the cap is raised.
+        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoints.
+        public_key: The operator's public key (PEM): the signing key must match it.
+        non_confidential: The data is synthetic/non-confidential (allows Infinity budgets and
+            scales below one count; needs a non-confidential ledger).
+        validate_inputs: Run the full input suites first (default; recorded in the ledger).
+        validate_outputs: Validate the output tables before publishing them.
+        work_dir: Folder of the runs' work folders (default: ``runs/`` beside the ledger).
+        report_dir: Where validation reports go (default: the run's work folder).
+        truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
+            only: a chosen key must not depend on the data.
+        resume_reason: Why a failed run is resumed (recorded in the ledger).
+        re_release: Why records that another run released (or is releasing) are released again
+            (recorded in the ledger). Without it such a run is refused before any spend.
+    """
+
+    ledger: Path | None = None
+    dataset: str | None = None
+    new_version: str | None = None
+    lifetime_cap: Fraction | None = None
+    cap_reason: str | None = None
+    signing_key: Path | None = None
+    public_key: Path | None = None
+    non_confidential: bool = False
+    validate_inputs: bool = True
+    validate_outputs: bool = False
+    work_dir: Path | None = None
+    report_dir: Path | None = None
+    truncation_key: str | None = None
+    resume_reason: str | None = None
+    re_release: str | None = None
+
+
+@dataclass
+class RunResult:
+    """What a run did.
+
+    Attributes:
+        run_id: The ledger's run id.
+        output_dir: Where the release is.
+        files: Relative path -> SHA-256 of every published file.
+        plan: The run's plan (None for a non-private tabulation).
+        timings: Stage -> seconds (stages run in this process).
+        ledger: The audit ledger.
+        run_dir: The run's confidential work folder.
+        outcomes: What happened to each measurement in this attempt (drawn, reused, noiseless).
+        checkpoint: The ledger checkpoint published in the manifest.
+        attempt: 1 for a new run, higher for a resumed one.
+        already_published: The run had published before this call (an orchestrator's retry of a
+            finished run): nothing was done.
+        budget: The dataset's privacy-loss account after the run (see :func:`dataset_budget`).
+    """
+
+    run_id: str
+    output_dir: Path
+    files: dict[str, str]
+    plan: RunPlan | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    ledger: Path | None = None
+    run_dir: Path | None = None
+    outcomes: list["MeasurementOutcome"] = field(default_factory=list)
+    checkpoint: dict | None = None
+    attempt: int = 1
+    already_published: bool = False
+    budget: "DatasetBudget | None" = None
+
+
+_ledgers: dict[Path, tuple[tuple[int, int, bytes], "Ledger"]] = {}
+_ledgers_lock = threading.Lock()
+_GENESIS_BYTES = 1 << 16
+"""At most this much of the first line identifies a ledger (its LEDGER_INIT names a unique id)."""
+
+
+def _ledger_identity(path: Path) -> tuple[int, int, bytes] | None:
+    """The file at ``path`` (device, inode) and its first line, or None when there is none.
+
+    The inode alone is not an identity: a ledger deleted and made anew at the same path (a
+    throwaway ledger of ``accuracy --overwrite``) often gets the inode just freed. The first line
+    -- LEDGER_INIT, with the ledger's own random id -- tells two ledgers apart.
+    """
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return st.st_dev, st.st_ino, b""  # not a ledger: Ledger.open says what it is
+    with open(path, "rb") as f:
+        return st.st_dev, st.st_ino, f.readline(_GENESIS_BYTES)
+
+
+def open_ledger(path: Path) -> "Ledger":
+    """The process's handle on the ledger at ``path``, verified once.
+
+    Every stage and every measurement task of a run needs the ledger; opening it anew each time
+    would re-read and re-verify the whole file (a cost growing with the ledger's history). One
+    :class:`~phsafe.ledger.Ledger` per file instead catches up with what other processes
+    appended, under the file lock, before every read and append. A file replaced on disk (other
+    inode, or another ledger's first entry) is opened anew.
+
+    Raises:
+        LedgerError: The ledger does not exist (it is never created here) or is broken.
+    """
+    from phsafe.ledger import Ledger
+
+    key = Path(path).absolute()
+    with _ledgers_lock:
+        cached = _ledgers.get(key)
+        try:
+            identity = _ledger_identity(key)
+        except OSError as exc:
+            raise LedgerError(f"cannot open the ledger {key}: {exc.strerror}") from None
+        if cached is not None and identity is not None and identity == cached[0]:
+            return cached[1]
+        ledger = Ledger.open(key)
+        opened = _ledger_identity(key)
+        if opened is not None:
+            _ledgers[key] = (opened, ledger)
+        return ledger
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:12]
+
+
+def code_version() -> str:
+    """Package version and, in a git checkout, the commit (``+dirty`` if modified)."""
+    root = Path(phsafe.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", ""
+    version = phsafe.__version__
+    if commit:
+        version += f"+g{commit[:12]}" + (".dirty" if dirty else "")
+    return version
+
+
+def config_digest(path: Path) -> str:
+    """The digest a run records for the config at ``path`` (a run takes it from its one read:
+    :attr:`phsafe.config.ConfigFile.sha256`)."""
+    return file_digest(Path(path))
+
+
+def _peak_rss_mib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+
+
+class StageTimer:
+    """Times the stages of a run, logs them, and shows them on the run's progress display."""
+
+    def __init__(self, progress: "Progress | None") -> None:
+        from phsafe.progress import NULL
+
+        self.timings: dict[str, float] = {}
+        self.progress = progress or NULL
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        log.info("stage started", stage=name)
+        with self.progress.stage(name):
+            yield
+        self.timings[name] = round(time.perf_counter() - start, 3)
+        log.info("stage finished", stage=name, seconds=self.timings[name], peak_rss_mib=_peak_rss_mib())
+
+
+# --------------------------------------------------------------------------------------------
+# The run's identity. Everything passed between the stages is small (paths, digests, the plan)
+# except the exact counts, which stay in memory.
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrivateRun:
+    """The identity of one private run: what every stage needs to find its files.
+
+    Attributes:
+        run_id: The ledger's run id.
+        config_file: The run's one read of its config: the bytes whose digest the ledger
+            records and whose parse every stage runs with (the file is not read again).
+        data_dir: The input folder.
+        output_dir: Where the release is published (must not exist yet).
+        options: The run's options.
+        ledger: The audit ledger (resolved: the option, ``$PHSAFE_LEDGER`` or the throwaway one).
+        dataset: The declared dataset name.
+        config_sha256: Digest of the config file, recorded in the ledger.
+        code_version: Package version and commit, recorded in the ledger.
+        resume: This continues an earlier, failed or interrupted attempt of ``run_id``.
+        truncation_key: The key of the truncation hash: fresh for a new run, the recorded one
+            for a resumed run (so the exact counts are the same); set by :func:`preflight`.
+        orchestration: The orchestrator's flow run running this attempt (recorded in the
+            ledger, so that a retry of that flow run finds this run and resumes it).
+    """
+
+    run_id: str
+    config_file: ConfigFile
+    data_dir: Path
+    output_dir: Path
+    options: PrivateRunOptions
+    ledger: Path
+    dataset: str
+    config_sha256: str
+    code_version: str
+    resume: bool = False
+    truncation_key: bytes = field(default=b"", repr=False)
+    orchestration: "Orchestration | None" = None
+
+    @property
+    def config_path(self) -> Path:
+        """Where the config was read from (for messages; its bytes are :attr:`config_file`)."""
+        return self.config_file.path
+
+    @property
+    def config(self) -> PHSafeConfig:
+        return self.config_file.model()
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's confidential work folder: ``<ledger folder>/runs/<run id>/``."""
+        base = self.options.work_dir or self.ledger.parent / RUNS_DIR
+        return Path(base).absolute() / self.run_id
+
+    @property
+    def report_dir(self) -> Path:
+        return Path(self.options.report_dir).absolute() if self.options.report_dir else self.run_dir / "validation"
+
+    @property
+    def release_dir(self) -> Path:
+        """Where the release is assembled (tables, data package, manifest) before it is copied
+        beside ``output_dir`` and renamed into place."""
+        return self.run_dir / "release"
+
+    @property
+    def store(self) -> MeasurementStore:
+        return MeasurementStore(self.run_dir / "measurements")
+
+
+def resolve_ledger(options: PrivateRunOptions, output_dir: Path) -> Path:
+    """The run's ledger: the option, else ``$PHSAFE_LEDGER``, else -- for non-confidential
+    data only -- a throwaway ledger beside the output folder (``<OUT>-ledger/ledger.jsonl``)."""
+    if options.ledger is not None:
+        return Path(options.ledger).absolute()
+    if os.environ.get(LEDGER_ENV):
+        return Path(os.environ[LEDGER_ENV]).absolute()
+    if options.non_confidential:
+        return output_dir.parent / f"{output_dir.name}-ledger" / "ledger.jsonl"
+    raise PHSafeError(
+        f"name the audit ledger with {option('ledger')} (or ${LEDGER_ENV}). A ledger is created once, "
+        "before any data is seen: `phsafe ledger init LEDGER --lifetime-cap RHO --reason TEXT`"
+    )
+
+
+def begin_private_run(
+    config_path: Path,
+    data_dir: Path,
+    output_dir: Path,
+    options: PrivateRunOptions,
+    *,
+    run_id: str | None = None,
+    resume: bool = False,
+    orchestration: "Orchestration | None" = None,
+) -> tuple[PrivateRun, PHSafeConfig]:
+    """Read the config and fix the run's identity; touches no file but the config.
+
+    Args:
+        run_id: The run id (default: a fresh one). To resume, the id of the run to continue.
+        resume: Continue the failed or interrupted run ``run_id``: its committed measurements are
+            reused and its truncation key replayed; its config must be unchanged.
+        orchestration: The orchestrator's flow run that runs this attempt (recorded).
+
+    Raises:
+        PHSafeError: A bad config or budget, no ledger or dataset named, a truncation key where
+            none may be chosen. Nothing is spent.
+    """
+    config_path, data_dir = Path(config_path), Path(data_dir)
+    config_file = read_config_file(config_path)  # the run's one read of its config
+    config = config_file.model()
+    check_budget_policy(config, non_confidential=options.non_confidential)
+    output_dir = Path(output_dir).absolute()
+    if resume and not run_id:
+        raise PHSafeError("resuming needs the id of the run to resume")
+    if options.truncation_key is not None:
+        if not options.non_confidential:
+            raise PHSafeError(
+                f"{option('truncation_key')} is for non-confidential data only: on confidential data the "
+                "truncation key is drawn fresh for every run (a chosen key could depend on the data), "
+                f"and a resumed run ({option('resume')}) replays the key its ledger recorded"
+            )
+        try:
+            key = bytes.fromhex(options.truncation_key)
+        except ValueError:
+            key = b""
+        if len(key) != TRUNCATION_KEY_BYTES:
+            raise PHSafeError(f"{option('truncation_key')} must be {2 * TRUNCATION_KEY_BYTES} hex digits "
+                              f"({TRUNCATION_KEY_BYTES} bytes)")
+    dataset = options.dataset or config.dataset
+    if options.dataset and config.dataset and options.dataset != config.dataset:
+        raise PHSafeError(f"the config names dataset {config.dataset!r} but {option('dataset')} says "
+                          f"{options.dataset!r}; they must agree")
+    if dataset is None:
+        if not options.non_confidential:
+            raise PHSafeError(f"name the dataset this run spends against: the config key \"dataset\" or "
+                              f"{option('dataset')} NAME (e.g. cef2020-us)")
+        dataset = NON_CONFIDENTIAL_DATASET
+    ledger = resolve_ledger(options, output_dir)
+    run = PrivateRun(
+        run_id=run_id or new_run_id(), config_file=config_file, data_dir=data_dir,
+        output_dir=output_dir, options=options, ledger=ledger, dataset=dataset,
+        config_sha256=config_file.sha256, code_version=code_version(), resume=resume, orchestration=orchestration,
+    )
+    return run, config
+
+
+@dataclass(frozen=True)
+class MeasurementOutcome:
+    """What happened to one measurement in this attempt (for logs, artifacts and summaries).
+
+    Attributes:
+        key: ``TABLE/level``.
+        status: ``drawn`` (noise drawn now), ``reused`` (committed by an earlier attempt and read
+            back from the stored vector) or ``noiseless`` (Infinity budget, test data only).
+        budget: The budget as a decimal (exactly as configured).
+    """
+
+    key: str
+    table: str
+    level: str
+    status: str
+    privacy_defn: str
+    budget: str
+    sensitivity: int
+    variance: float
+    moe90: float
+    cells: int
+
+
+@dataclass(frozen=True)
+class DatasetBudget:
+    """A dataset's privacy-loss account in its ledger (public facts: budgets and caps).
+
+    Attributes:
+        dataset: The dataset name.
+        unit: ``rho`` (zCDP ledger) or ``epsilon`` (pure-DP ledger).
+        spent: Every run's charge against the dataset (the odometer), exact.
+        cap: The dataset's lifetime cap.
+        run_charge: What this run charges (its plan, plus any re-spends).
+        enforced: False in a non-confidential ledger (caps recorded, not enforced).
+    """
+
+    dataset: str
+    unit: str
+    spent: object
+    cap: object
+    run_charge: object
+    enforced: bool
+
+    @property
+    def left(self):  # noqa: ANN201 -- an exact amount, or Infinity
+        from phsafe.amounts import amount_exceeds
+
+        if not amount_exceeds(self.cap, self.spent):
+            return Fraction(0)
+        if isinstance(self.cap, Fraction):
+            return self.cap - Fraction(self.spent)  # type: ignore[arg-type]
+        return self.cap

@@ -1,0 +1,273 @@
+"""The transparency log's file I/O: a hash file, a checkpoint-state file and key files.
+
+- :class:`FileHashStore` -- the :class:`~phsafe.tlog.log.HashStore` as an append-only file of
+  32-byte hashes in stored-hash order (:mod:`.merkle`), nothing else: hash i is at byte 32 * i.
+  Every append is one ``write`` then ``fsync``. A crash can leave a torn tail (a length that is
+  not a multiple of 32, or a count that is no tree's); opening refuses it until
+  :meth:`FileHashStore.truncate` cuts it back (the owner knows to what: see
+  :class:`phsafe.tlog.publication.LogDirectory.recover`).
+- :class:`FileCheckpointStore` -- the :class:`~phsafe.tlog.state.CheckpointStore` of a witness or
+  a client, one JSON file::
+
+      {"format": "phsafe-tlog-checkpoints/1", "checkpoints": {"<origin>": "<signed checkpoint>"}}
+
+  Compare-and-swap holds an exclusive ``flock`` on ``<file>.lock`` (a separate file, because the
+  JSON file's inode changes) while it reads, compares and replaces the file: a temporary file in
+  the same folder, ``fsync``, ``rename`` over the old one, ``fsync`` of the folder. A reader sees
+  the old file or the new one, never a mixture; a crash leaves the old one.
+- Key files: a signer key (``PRIVATE+KEY+...``, :mod:`.keys`) is written once, created with mode
+  0600 (never over an existing file), and read only if it is a regular file no one but its owner
+  may read; a verifier key file is one public line.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from phsafe.errors import MalformedError, StaleStateError, StoreError
+from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
+from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
+
+CHECKPOINTS_FORMAT = "phsafe-tlog-checkpoints/1"
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
+
+
+def fsync_folder(path: Path) -> None:
+    """Make a folder's entries (a new or renamed file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_new_file(path: Path, data: bytes, mode: int) -> None:
+    """Create ``path`` with ``mode`` (it must not exist), write ``data``, fsync it and its folder."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        raise StoreError(f"{path} exists already; it is never overwritten") from None
+    try:
+        os.fchmod(fd, mode)  # the umask does not loosen or tighten what is asked
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_folder(path.parent)
+
+
+def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` atomically with ``data`` (temporary file, fsync, rename, fsync folder)."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+
+
+# --------------------------------------------------------------------------------------------
+# Hash file
+# --------------------------------------------------------------------------------------------
+
+
+class FileHashStore:
+    """An append-only file of 32-byte stored hashes (see the module docstring).
+
+    Use :meth:`create` for a new file and :meth:`open` for an existing one; close it (or use it
+    as a context manager) when done. Not safe for concurrent writers: its owner serialises them.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = Path(path)
+        self._fd = fd
+
+    @classmethod
+    def create(cls, path: Path) -> "FileHashStore":
+        """A new, empty hash file at ``path`` (which must not exist)."""
+        write_new_file(Path(path), b"", 0o644)
+        return cls.open(path)
+
+    @classmethod
+    def open(cls, path: Path, *, check: bool = True) -> "FileHashStore":
+        """The hash file at ``path``; with ``check``, StoreError if its tail is torn."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        except OSError as exc:
+            raise StoreError(f"cannot open the hash file {path}: {_reason(exc)}") from None
+        store = cls(Path(path), fd)
+        if check:
+            try:
+                tree_size_for_stored_count(store.stored_count())
+            except StoreError:
+                store.close()
+                raise
+        return store
+
+    def __enter__(self) -> "FileHashStore":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def byte_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def stored_count(self) -> int:
+        length = self.byte_size()
+        if length % HASH_SIZE:
+            raise StoreError(f"the hash file {self.path} ends in a torn hash ({length} bytes)")
+        return length // HASH_SIZE
+
+    def read_hashes(self, indexes: Sequence[int]) -> list[bytes]:
+        count = self.byte_size() // HASH_SIZE
+        hashes = []
+        for i in indexes:
+            if not 0 <= i < count:
+                raise StoreError(f"the hash file {self.path} holds {count} hashes; there is none at index {i}")
+            h = os.pread(self._fd, HASH_SIZE, i * HASH_SIZE)
+            if len(h) != HASH_SIZE:
+                raise StoreError(f"the hash file {self.path} was cut while being read")
+            hashes.append(h)
+        return hashes
+
+    def append_hashes(self, hashes: Sequence[bytes]) -> None:
+        data = b"".join(hashes)
+        if len(data) != HASH_SIZE * len(hashes):
+            raise ValueError("every stored hash is 32 bytes")
+        _write_all(self._fd, data)
+        os.fsync(self._fd)
+
+    def truncate(self, count: int) -> None:
+        """Cut the file back to its first ``count`` hashes (recovery from a torn append)."""
+        os.ftruncate(self._fd, count * HASH_SIZE)
+        os.fsync(self._fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint state file
+# --------------------------------------------------------------------------------------------
+
+
+class FileCheckpointStore:
+    """A :class:`~phsafe.tlog.state.CheckpointStore` in one JSON file (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def _read(self) -> dict[str, str]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StoreError(f"cannot read the checkpoint state {self.path}: {_reason(exc)}") from None
+        try:
+            document = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise StoreError(f"the checkpoint state {self.path} is not JSON") from None
+        checkpoints = document.get("checkpoints") if isinstance(document, dict) else None
+        if (document.get("format") if isinstance(document, dict) else None) != CHECKPOINTS_FORMAT \
+                or not isinstance(checkpoints, dict) \
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in checkpoints.items()):
+            raise StoreError(f"the checkpoint state {self.path} is not a {CHECKPOINTS_FORMAT} document")
+        return checkpoints
+
+    def load(self, origin: str) -> bytes | None:
+        text = self._read().get(origin)
+        return None if text is None else text.encode("utf-8")
+
+    def replace(self, origin: str, expected: bytes | None, new: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            checkpoints = self._read()
+            current = checkpoints.get(origin)
+            if (None if current is None else current.encode("utf-8")) != expected:
+                raise StaleStateError(f"the stored checkpoint of {origin} in {self.path} changed meanwhile")
+            checkpoints[origin] = bytes(new).decode("utf-8")
+            document = {"format": CHECKPOINTS_FORMAT, "checkpoints": dict(sorted(checkpoints.items()))}
+            replace_file(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        finally:
+            os.close(lock_fd)  # releases the lock
+
+
+# --------------------------------------------------------------------------------------------
+# Key files
+# --------------------------------------------------------------------------------------------
+
+
+def write_signer_key(path: Path, signer_key: str) -> None:
+    """Write a signer key to a new file of mode 0600 (refuses an existing file)."""
+    signer_from_key(signer_key)  # only a valid key is ever written
+    write_new_file(Path(path), signer_key.strip().encode("ascii") + b"\n", 0o600)
+
+
+def read_signer_key(path: Path, *, clock: Callable[[], int] = lambda: int(time.time())) -> AnySigner:
+    """The signer in a key file; StoreError if it is not a regular file private to its owner."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise StoreError(f"cannot read the signer key {path}: {_reason(exc)}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise StoreError(f"the signer key {path} is not a regular file")
+        if info.st_mode & 0o077:
+            raise StoreError(f"the signer key {path} may be read by others (mode {stat.S_IMODE(info.st_mode):04o}); "
+                             "make it private to its owner (chmod 600)")
+        data = os.read(fd, 4096)
+    finally:
+        os.close(fd)
+    try:
+        return signer_from_key(data.decode("ascii"), clock=clock)
+    except (MalformedError, UnicodeDecodeError) as exc:
+        raise StoreError(f"the signer key {path} is not a signer key ({getattr(exc, 'rule', 'not ASCII')})") from None
+
+
+def write_verifier_key(path: Path, verifier_key: str) -> None:
+    """Write a verifier key to a new public file (mode 0644; refuses an existing file)."""
+    verifier_from_key(verifier_key)
+    write_new_file(Path(path), verifier_key.strip().encode("utf-8") + b"\n", 0o644)
+
+
+def read_verifier_key(path: Path) -> AnyVerifier:
+    """The verifier in a verifier key file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StoreError(f"cannot read the verifier key {path}: {exc}") from None
+    return verifier_from_key(text)

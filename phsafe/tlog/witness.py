@@ -1,0 +1,236 @@
+"""A witness (c2sp.org/tlog-witness): cosigns a log's checkpoint only if it extends the last one.
+
+A :class:`Witness` holds a cosigning key (:class:`~phsafe.tlog.cosignature.CosignatureSigner`),
+the verifier keys of the logs it witnesses (a log is known by its origin, which is its key's
+name), and a :class:`~phsafe.tlog.state.CheckpointStore` with the last checkpoint it cosigned per
+origin -- kept apart from the log it watches, or it protects nothing. :meth:`Witness.add_checkpoint`
+is the protocol's ``add-checkpoint`` call without HTTP; refusals are
+:class:`~phsafe.errors.WitnessRefusal` with the protocol's status:
+
+====  =======================================================================================
+404   the checkpoint's origin is not a log this witness knows
+403   no valid signature by that log's key (or a signature by it that fails)
+400   malformed request or checkpoint; old size larger than the checkpoint's size
+409   old size is not the size of the last checkpoint cosigned for the origin (0 if none);
+      ``latest_size`` says which it is. A checkpoint smaller than the last one cosigned is
+      refused here or as a 400: a witness never goes back.
+422   the consistency proof from (old size, last root) to the new checkpoint does not verify;
+      old size 0 with a non-empty proof; the same size with another root hash (a fork);
+      size 0 with a root other than the empty tree's
+====  =======================================================================================
+
+The log's side of the exchange is :func:`request_cosignature`: it sends the consistency proof
+from the size it believes the witness last cosigned and, on a 409, once more from the size the
+witness names. That is what makes a copied or rolled-back log unable to get a cosignature: the
+witness has cosigned the original's larger tree, and the copy can prove no consistency with it.
+
+On success the witness stores the checkpoint (with the log's verified signatures and its own
+cosignature) by compare-and-swap -- check and update are one atomic step, so two concurrent
+requests cannot roll it back -- and returns its cosignature line.
+
+Request body (``add-checkpoint``), every line ending in a newline::
+
+    old <old size, decimal, no leading zeros>
+    <base64 of one consistency-proof hash>        (zero to 63 lines)
+    <empty line>
+    <the signed checkpoint, verbatim>
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
+from phsafe.tlog.log import TransparencyLog
+from phsafe.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
+from phsafe.tlog.cosignature import CosignatureSigner
+from phsafe.tlog.note import NoteSignature, Verifier, decode_base64, format_note, parse_note, parse_signature_lines
+from phsafe.tlog.state import CheckpointStore
+
+MAX_PROOF_HASHES = 63
+_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+
+
+@dataclass(frozen=True)
+class AddCheckpointRequest:
+    """What a log sends a witness: the size it believes the witness last cosigned, the
+    consistency proof from that size to the new checkpoint's, and the signed checkpoint."""
+
+    old_size: int
+    consistency_proof: tuple[bytes, ...]
+    checkpoint: bytes
+
+
+def format_add_checkpoint_request(request: AddCheckpointRequest) -> bytes:
+    """The request body of ``add-checkpoint`` (see the module docstring)."""
+    if not 0 <= request.old_size <= MAX_TREE_SIZE or len(request.consistency_proof) > MAX_PROOF_HASHES:
+        raise ValueError("old size out of range, or more than 63 proof hashes")
+    lines = [f"old {request.old_size}\n".encode("ascii")]
+    for h in request.consistency_proof:
+        if len(h) != HASH_SIZE:
+            raise ValueError("a consistency-proof hash is not 32 bytes")
+        lines.append(base64.b64encode(h) + b"\n")
+    return b"".join(lines) + b"\n" + request.checkpoint
+
+
+def parse_add_checkpoint_request(body: bytes) -> AddCheckpointRequest:
+    """The request an ``add-checkpoint`` body carries; MalformedError on any deviation."""
+    what = "add-checkpoint request"
+    head, separator, checkpoint = bytes(body).partition(b"\n\n")
+    if not separator or not checkpoint:
+        raise MalformedError(what, "no empty line followed by a checkpoint")
+    try:
+        lines = head.decode("ascii").split("\n")
+    except UnicodeDecodeError:
+        raise MalformedError(what, "its header is not ASCII") from None
+    first = lines[0]
+    if not first.startswith("old ") or not _DECIMAL.fullmatch(first[4:]):
+        raise MalformedError(what, "the first line is not 'old <size>'")
+    old_size = int(first[4:])
+    if old_size > MAX_TREE_SIZE:
+        raise MalformedError(what, "the old size is 2^63 or more")
+    if len(lines) - 1 > MAX_PROOF_HASHES:
+        raise MalformedError(what, f"more than {MAX_PROOF_HASHES} consistency-proof lines")
+    proof = []
+    for line in lines[1:]:
+        h = decode_base64(line, "consistency-proof line")
+        if len(h) != HASH_SIZE:
+            raise MalformedError(what, "a consistency-proof line is not a 32-byte hash")
+        proof.append(h)
+    return AddCheckpointRequest(old_size, tuple(proof), checkpoint)
+
+
+def with_cosignatures(checkpoint: bytes, lines: bytes) -> bytes:
+    """The signed checkpoint with a witness's answer (signature lines) appended."""
+    try:
+        parse_signature_lines(bytes(lines).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MalformedError("witness answer", "it is not UTF-8") from None
+    merged = bytes(checkpoint) + bytes(lines)
+    parse_note(merged)
+    return merged
+
+
+class Witness:
+    """Cosigns checkpoints of the logs it knows, never one that does not extend the last.
+
+    Args:
+        signer: The witness's cosigning key (signature type 0x04).
+        logs: The verifier keys of the witnessed logs; each log's origin is its key's name.
+        store: The last cosigned checkpoint per origin (kept apart from the logs).
+    """
+
+    def __init__(self, signer: CosignatureSigner, logs: Iterable[Verifier], store: CheckpointStore) -> None:
+        self.signer = signer
+        self._logs: dict[str, Verifier] = {}
+        for log in logs:
+            if log.name in self._logs:
+                raise ValueError(f"two keys for the log {log.name}: a witness takes one per log")
+            self._logs[log.name] = log
+        self._store = store
+
+    def latest(self, origin: str) -> VerifiedCheckpoint | None:
+        """The last checkpoint cosigned for ``origin`` (verified again: the store is a file)."""
+        verifier = self._logs.get(origin)
+        if verifier is None:
+            return None
+        return self._load(origin, verifier)[1]
+
+    def _load(self, origin: str, verifier: Verifier) -> tuple[bytes | None, VerifiedCheckpoint | None]:
+        stored = self._store.load(origin)
+        if stored is None:
+            return None, None
+        try:
+            return stored, verify_checkpoint(stored, verifier)
+        except (MalformedError, SignatureError, ProofError) as exc:
+            raise StoreError(f"the witness's stored checkpoint of {origin} does not verify ({exc})") from None
+
+    def add_checkpoint(self, request: AddCheckpointRequest) -> bytes:
+        """Cosign ``request.checkpoint`` if it extends the last one cosigned; returns the
+        cosignature line(s). Raises WitnessRefusal otherwise (see the module docstring)."""
+        try:
+            text, _ = parse_note(request.checkpoint)
+            origin = parse_checkpoint(text).origin
+        except MalformedError as exc:
+            raise WitnessRefusal(400, str(exc)) from None
+        verifier = self._logs.get(origin)
+        if verifier is None:
+            raise WitnessRefusal(404, f"this witness does not know the log {origin!r}")
+        try:
+            new = verify_checkpoint(request.checkpoint, verifier)
+        except SignatureError as exc:
+            raise WitnessRefusal(403, str(exc)) from None
+        except ProofError as exc:
+            raise WitnessRefusal(422, str(exc)) from None
+        except MalformedError as exc:
+            raise WitnessRefusal(400, str(exc)) from None
+        size = new.checkpoint.size
+        if request.old_size > size:
+            raise WitnessRefusal(400, f"the old size {request.old_size} is larger than the checkpoint's {size}")
+        stored, latest = self._load(origin, verifier)
+        latest_size = latest.checkpoint.size if latest else 0
+        if request.old_size != latest_size:
+            raise WitnessRefusal(409, f"the last checkpoint cosigned for {origin} has size {latest_size}, "
+                                      f"not {request.old_size}", latest_size=latest_size)
+        old_root = latest.checkpoint.root_hash if latest else EMPTY_ROOT
+        try:
+            verify_consistency(latest_size, old_root, size, new.checkpoint.root_hash, request.consistency_proof)
+        except ProofError as exc:
+            raise WitnessRefusal(422, f"the checkpoint of size {size} does not extend the one of size "
+                                      f"{latest_size} cosigned before: {exc}") from None
+        cosignature = NoteSignature(self.signer.name, self.signer.key_id,
+                                    self.signer.sign(new.note.text.encode("utf-8")))
+        log_signatures = [s for s in new.note.signatures if (s.name, s.key_id) == (verifier.name, verifier.key_id)]
+        try:
+            self._store.replace(origin, stored, format_note(new.note.text, [*log_signatures, cosignature]))
+        except StaleStateError:
+            _, now = self._load(origin, verifier)
+            now_size = now.checkpoint.size if now else 0
+            raise WitnessRefusal(409, f"another checkpoint of {origin} was cosigned meanwhile (size {now_size})",
+                                 latest_size=now_size) from None
+        return cosignature.line().encode("utf-8")
+
+    def cosign(self, checkpoint: bytes, old_size: int, consistency_proof: Sequence[bytes]) -> bytes:
+        """:meth:`add_checkpoint`, returning the checkpoint with the cosignature appended."""
+        lines = self.add_checkpoint(AddCheckpointRequest(old_size, tuple(consistency_proof), checkpoint))
+        return with_cosignatures(checkpoint, lines)
+
+
+class CosigningWitness(Protocol):
+    """Anything that answers ``add-checkpoint``: a :class:`Witness` here, or a network client."""
+
+    def add_checkpoint(self, request: AddCheckpointRequest) -> bytes: ...
+
+
+def request_cosignature(witness: CosigningWitness, log: TransparencyLog, checkpoint: bytes, *,
+                        old_size: int = 0) -> bytes:
+    """The log's side of ``add-checkpoint``: ``checkpoint`` (a tree head of ``log``) with the
+    witness's cosignature appended.
+
+    ``old_size`` is the size the log believes the witness last cosigned (0 if unknown); on a
+    409 the request is sent once more with a proof from the size the witness names.
+
+    Raises:
+        WitnessRefusal: The witness refuses -- in particular 409 when it has cosigned a larger
+            tree than ``log`` has (the log is a stale copy or was rolled back) and 422 when
+            ``log`` does not extend the tree it cosigned (a fork).
+    """
+    size = parse_checkpoint(parse_note(checkpoint)[0]).size
+    for attempt in range(2):
+        if old_size > size:
+            raise WitnessRefusal(409, f"the witness has cosigned a tree of {old_size} entries and this log "
+                                      f"has {size}: the log is a stale copy or was rolled back",
+                                 latest_size=old_size)
+        proof = tuple(log.consistency_proof(old_size, size))
+        try:
+            return with_cosignatures(checkpoint, witness.add_checkpoint(AddCheckpointRequest(old_size, proof, checkpoint)))
+        except WitnessRefusal as refusal:
+            if refusal.status != 409 or refusal.latest_size is None or attempt:
+                raise
+            old_size = refusal.latest_size
+    raise AssertionError("unreachable")
