@@ -67,6 +67,8 @@ GIBBS_DRAWS = 10_000
 GIBBS_BURN = 10
 GIBBS_THIN = 1
 """The production's sampler settings (10,000 draws hard-coded; the package's defaults)."""
+SAMPLE_FLOATS = 4_000_000
+"""Most truncated-normal draws held at once for the marginal cells' sums (32 MB)."""
 CHUNK = 512
 """Population groups sampled together (the kept draws of a chunk: CHUNK x 10,000 x d floats)."""
 
@@ -132,10 +134,13 @@ def count_table_estimates(frame: pd.DataFrame, table: str, rng: np.random.Genera
         if not len(members):
             continue
         keys = [g for g, ok in zip(groups, complete) if ok]
-        flat = members.ravel()
-        sample = sample_truncated_normal(z[flat], sigma[flat], draws, rng).reshape(len(members), len(parts), draws)
-        sums = sample.sum(axis=1)
-        q = np.quantile(sums, [0.05, 0.95], axis=1, method="linear")
+        q = np.empty((2, len(members)))
+        per_chunk = max(1, SAMPLE_FLOATS // (len(parts) * draws))  # bounded memory
+        for first in range(0, len(members), per_chunk):
+            chunk = members[first:first + per_chunk]
+            flat = chunk.ravel()
+            sample = sample_truncated_normal(z[flat], sigma[flat], draws, rng).reshape(len(chunk), len(parts), draws)
+            q[:, first:first + len(chunk)] = np.quantile(sample.sum(axis=1), [0.05, 0.95], axis=1, method="linear")
         part = pd.DataFrame(keys, columns=list(GROUP_KEYS))
         part[cell] = number
         part["COUNT"] = z[members].sum(axis=1)
@@ -238,16 +243,15 @@ def fit_models(models: list[tuple[Array, Array, Polytope]], rng: np.random.Gener
         lower = np.concatenate([models[i][2].lower[oks[i]] for i in members])
         upper = np.concatenate([models[i][2].upper[oks[i]] for i in members])
         start = np.concatenate([starts[i][oks[i]] for i in members])
-        y = np.empty((draws, z.shape[0], d))
+        # where each sampled group goes: (model, group) -- the draws are written there chunk by chunk
+        model_of = np.concatenate([np.full(int(oks[i].sum()), i) for i in members])
+        group_of = np.concatenate([np.flatnonzero(oks[i]) for i in members])
         for first in range(0, z.shape[0], CHUNK):
             sl = slice(first, first + CHUNK)
-            y[:, sl] = gibbs_truncated_normal(z[sl], np.sqrt(v[sl]), A[sl], lower[sl], upper[sl], start[sl], rng,
-                                              draws=draws)
-        at = 0
-        for i in members:
-            n = int(oks[i].sum())
-            results[i][:, oks[i]] = y[:, at:at + n]
-            at += n
+            y = gibbs_truncated_normal(z[sl], np.sqrt(v[sl]), A[sl], lower[sl], upper[sl], start[sl], rng, draws=draws)
+            for i in np.unique(model_of[sl]):
+                mine = model_of[sl] == i
+                results[i][:, group_of[sl][mine]] = y[:, mine]
     return results
 
 

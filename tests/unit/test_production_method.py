@@ -159,3 +159,22 @@ def test_comparison_verdicts_on_planted_rows() -> None:
     assert metrics.loc[("PH4", "state_*", "ours"), "COVERAGE"] == pytest.approx(2 / 3)
     wide = side_by_side(comparison_metrics(rows))
     assert {"COVERAGE_OURS", "COVERAGE_PRODUCTION", "OUT_OF_BOUNDS_PRODUCTION", "FAILED_PRODUCTION"} <= set(wide)
+
+
+def test_models_sampled_together_keep_their_own_polytopes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PH1 (ratio >= 1) and PH5 (ratio >= 2) models of one dimension are sampled in one Gibbs run,
+    in chunks that straddle them (CHUNK 1 and 2 here): each group's draws come back to its model,
+    inside its own polytope, and an unfit group stays NaN."""
+    n2, n3, d = np.array([30.0, -80.0, 12.0]), np.array([40.0, -40.0, 9.0]), np.array([20.0, 90.0, 10.0])
+    v, vd = np.full(3, 25.0), np.full(3, 4.0)
+    models = [(np.stack([n2, n3, d], 1), np.stack([v, v, vd], 1),
+               shared_denominator_polytope(n2, v, n3, v, d, vd, b, 10)) for b in (1, 2)]
+    for chunk in (1, 2):
+        monkeypatch.setattr(prod, "CHUNK", chunk)
+        ph1, ph5 = prod.fit_models(models, np.random.default_rng(10), draws=300)
+        for y, b in ((ph1, 1), (ph5, 2)):
+            assert np.isnan(y[:, 1]).all()  # noisy persons far below the families/households: no start
+            for g in (0, 2):
+                ratio = (y[:, g, 0] + y[:, g, 1]) / y[:, g, 2]
+                assert np.isfinite(ratio).all() and (ratio >= b - 1e-9).all() and (ratio <= 10 + 1e-9).all()
+        assert abs(np.mean(ph1[:, 0, 2]) - np.mean(ph1[:, 2, 2])) > 3  # the groups were not mixed up (H ~ 20 vs ~ 10)
