@@ -239,7 +239,6 @@ def convolve(x: Array, y: Array) -> Array:
     return np.maximum(out, 0.0)
 
 
-CONVOLUTION_METHODS = ("direct", "fft", "logs")
 DIRECT_CONVOLUTION = 4_000_000
 """Factors whose sizes multiply to at most this are convolved by direct sums, larger by FFT
 first (a few milliseconds either way)."""
@@ -247,11 +246,6 @@ first (a few milliseconds either way)."""
 
 def first_method(a_size: int, b_size: int) -> str:
     return "direct" if a_size * b_size <= DIRECT_CONVOLUTION else "fft"
-
-
-def finer(method: str) -> str | None:
-    """The next more precise convolution method, if any."""
-    return {"fft": "direct", "direct": "logs"}.get(method)
 
 
 def restrict(f: Factor, lo: int, hi: int) -> Factor:
@@ -708,10 +702,3 @@ def _laplace_mode(centre: Array, variance: Array, A: Array, lower: Array) -> Arr
     if done.status != 0:
         return constrained_mode(centre, variance, A, lower)
     return np.asarray(done.x[:d], dtype=np.float64)
-
-
-def wedge_mode(x_bar: float, vx: float, y_bar: float, vy: float, b: int, tau: int) -> tuple[float, float]:
-    """:func:`constrained_mode` of (X, Y) on {Y >= 1, bY <= X <= tau Y}."""
-    A = np.array([[0.0, 1.0], [1.0, -b], [-1.0, tau]])
-    x, y = constrained_mode(np.array([x_bar, y_bar]), np.array([vx, vy]), A, np.array([1.0, 0.0, 0.0]))
-    return float(x), float(y)

@@ -320,12 +320,24 @@ def test_split_sampler_draws_the_exact_conditional() -> None:
         assert counts[~big].sum() <= expected[~big].sum() + 6 * math.sqrt(expected[~big].sum() + 1) + 5
 
 
-def test_wedge_mode() -> None:
-    assert lattice.wedge_mode(25.0, 4.0, 10.0, 4.0, 1, 10) == (25.0, 10.0)  # inside: itself
-    x, y = lattice.wedge_mode(-50.0, 4.0, 10.0, 4.0, 2, 10)  # below the band: on X = 2Y
+def _wedge_mode(x_bar: float, vx: float, y_bar: float, vy: float, b: int, tau: int) -> tuple[float, float]:
+    """constrained_mode on (X, Y) in {Y >= 1, bY <= X <= tau Y}."""
+    A = np.array([[0.0, 1.0], [1.0, -b], [-1.0, tau]])
+    x, y = lattice.constrained_mode(np.array([x_bar, y_bar]), np.array([vx, vy]), A, np.array([1.0, 0.0, 0.0]))
+    return float(x), float(y)
+
+
+def test_constrained_mode_on_the_wedge() -> None:
+    assert _wedge_mode(25.0, 4.0, 10.0, 4.0, 1, 10) == (25.0, 10.0)  # inside: itself
+    x, y = _wedge_mode(-50.0, 4.0, 10.0, 4.0, 2, 10)  # below the band: on X = 2Y
     assert y >= 1 and x == pytest.approx(max(2 * y, 2.0))
-    x, y = lattice.wedge_mode(500.0, 1.0, 3.0, 1.0, 1, 10)  # above: near X = 10 Y
+    x, y = _wedge_mode(500.0, 1.0, 3.0, 1.0, 1, 10)  # above: near X = 10 Y
     assert x == pytest.approx(10 * y) and y > 3
+    # geometric noise: the L1 fit moves the cheaper coordinate only
+    A = np.array([[0.0, 1.0], [1.0, -1.0], [-1.0, 10.0]])
+    x, y = lattice.constrained_mode(np.array([-40.0, 30.0]), np.array([100.0, 1.0]), A, np.array([1.0, 0.0, 0.0]),
+                                    laplace=True)
+    assert y == pytest.approx(30.0) and x == pytest.approx(30.0)
 
 
 # --------------------------------------------------------------------------------------------
