@@ -89,7 +89,7 @@ def truncated_normal_mean(z: Array, sigma: Array) -> Array:
 
 def truncated_normal_quantile(z: Array, sigma: Array, p: float) -> Array:
     """The p-quantile of N(z, sigma^2) truncated to [0, inf), in the upper-tail form
-    z - sigma Phi^-1(p' ) with p' computed in logs (exact even far in the tail)."""
+    z - sigma Phi^-1(p'), p' computed in logs (exact even far in the tail)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         a = -z / sigma
         log_upper = log_ndtr(-a)  # log P(X > 0) of the untruncated normal, standardized
@@ -103,8 +103,8 @@ def sample_truncated_normal(z: Array, sigma: Array, draws: int, rng: np.random.G
     with np.errstate(divide="ignore", invalid="ignore"):
         a = (-z / sigma)[:, None]
         log_upper = log_ndtr(-a)
-        u = rng.random((z.size, draws))
-        return z[:, None] - sigma[:, None] * ndtri_exp(np.log(u) + log_upper)
+        log_u = np.log1p(-rng.random((z.size, draws)))  # log of a uniform on (0, 1]
+        return z[:, None] - sigma[:, None] * ndtri_exp(log_u + log_upper)
 
 
 def count_table_estimates(frame: pd.DataFrame, table: str, rng: np.random.Generator,
