@@ -2,11 +2,13 @@
 
 A cached dataset is ``_work/synth-<persons>-<format>/`` (``us`` states, seed = persons). It is
 complete when its ``synth.json`` exists: ``phsafe synth`` moves the files into place only when
-they are all written.
+they are all written. ``PHSAFE_BENCH_DATA=DIR`` keeps the datasets in ``DIR`` instead (the full
+US as CSV is 19 GB: put it on a disk with room).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from _measure import Phase, run_phase  # benchmarks/ is the script's directory
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "_work"
+DATA = Path(os.environ.get("PHSAFE_BENCH_DATA") or WORK)
 US_CONFIG = HERE.parent.parent / "shared" / "fixtures" / "production_config_us.json"
 PHSAFE = str(Path(sys.executable).parent / "phsafe")
 
@@ -25,7 +28,7 @@ def synth_command(n: int, fmt: str, out: Path) -> list[str]:
 
 
 def dataset_path(n: int, fmt: str) -> Path:
-    return WORK / f"synth-{n}-{fmt}"
+    return DATA / f"synth-{n}-{fmt}"
 
 
 def dataset(n: int, fmt: str, states: list[str] | None = None) -> Path:

@@ -23,6 +23,13 @@ The pass (:class:`InputPass`) works one *partition* at a time:
   the whole input, read into compact columns (about 23 bytes a person) and tabulated in MAFID
   ranges of 2M persons (:func:`phsafe.tabulate.tabulate`).
 
+Memory is planned against a limit (:mod:`phsafe.memory`): a partition too large for it -- a
+national file of the whole US -- is *spilled*: streamed once, checked and validated batch by
+batch, its compact records written to MAFID ranges in the run's confidential work folder
+(:mod:`phsafe.spill`), then the ranges joined, validated and counted, two at a time in worker
+processes (:mod:`phsafe.distributed`). States of data stored by state are counted in the same
+two worker processes, a state started only while the states in flight fit the limit.
+
 Within a partition, geo, then units, then persons are read batch by batch while a background
 thread reads ahead; each batch is checked column by column on its raw bytes
 (:func:`phsafe.reader.encode`), filtered -- geo rows outside ``state_filter`` and the units and
@@ -52,6 +59,7 @@ partition, and parallel on a cluster, for more reading).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -67,9 +75,23 @@ from phsafe.config import PHSafeConfig
 from phsafe.errors import InputError
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.logs import get_logger
+from phsafe import memory
+from phsafe.memory import (
+    BYTES_PER_ROW,
+    MemoryPlan,
+    check_memory,
+    default_memory_limit,
+    needed_limit,
+    parallel_budget,
+    part_bytes,
+    plan_part,
+    worker_processes,
+)
+from phsafe.progress import BYTES
 from phsafe.preprocess import (
     MAX_PERSONS_PER_PARTITION,
     NOT_TABULATED,
+    AsideMafids,
     GeoSide,
     Join,
     Joiner,
@@ -96,6 +118,7 @@ from phsafe.reader import (
     raise_value_problems,
 )
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, Column
+from phsafe.spill import BucketPlan, SpillArea, SpillWriter, plan_buckets, read_bucket, remove_partition
 from phsafe.tables import TableSpec
 from phsafe.tabulate import TableCounts, tabulate
 
@@ -117,11 +140,15 @@ class Counts(Mapping[str, TableCounts]):
     tabulated records (see :mod:`phsafe.fingerprint`). Both are confidential.
     """
 
-    __slots__ = ("_tables", "content")
+    __slots__ = ("_tables", "content", "input_digests")
 
     def __init__(self, tables: Mapping[str, TableCounts], content: ContentDigest) -> None:
         self._tables = dict(tables)
         self.content = content
+        self.input_digests: dict[str, str] | None = None
+        """The SHA-256 of each input (:func:`phsafe.reader.input_digests`' form), computed on the
+        very bytes the counts were read from -- when the pass read every input whole (CSV files);
+        None otherwise (the caller hashes the files)."""
 
     def __getitem__(self, table: str) -> TableCounts:
         return self._tables[table]
@@ -387,6 +414,8 @@ def exact_counts(
     key: bytes | None,
     stage: StageTimer = _no_timer,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    spill_dir: Path | None = None,
 ) -> Counts:
     """Exact count cubes of ``specs`` over the states of ``config``, and their content digest.
 
@@ -401,15 +430,46 @@ def exact_counts(
         key: Truncation key; ``None`` counts without truncation (the non-private ground truth).
         stage: Stage timer for progress and logs.
         progress: Shows a bar of the input files read (see :class:`InputPass`).
+        memory_limit, spill_dir: The pass's memory budget and where it spills (see :class:`InputPass`).
 
     Raises:
         InputError: An input is unreadable or has inconsistent codes (nothing is spent).
+        PHSafeError: The inputs cannot be processed within ``memory_limit``, or spill files
+            cannot be written.
     """
     files = locate_inputs(data_dir)
     result = InputPass(files, config.states, counting=Counting.of(config, specs, key), stage=stage,
-                       progress=progress).run()
+                       progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
     assert result.counts is not None
     return result.counts
+
+
+def check_pass_memory(data_dir: Path, states: tuple[str, ...] | None, *, memory_limit: int | None = None,
+                      validate: bool = True, spill_dir: Path | None = None) -> MemoryPlan | None:
+    """Check, before anything is read, that the input pass can run within ``memory_limit`` and,
+    if it must spill, that the spill fits on ``spill_dir``'s file system (a run's preflight).
+
+    Cheap: file listings, Parquet metadata, a few line lengths of each CSV file.
+
+    Returns:
+        The pass's memory plan (None when the inputs cannot even be located: the pass itself
+        reports that, as it reports every input problem).
+
+    Raises:
+        PHSafeError: One line that says what to do: the limit it needs, or the space the spill
+            needs. Nothing is read, nothing spent.
+    """
+    try:
+        files = locate_inputs(data_dir)
+    except InputError:
+        return None
+    pass_ = InputPass(files, states, observer=_NoObserver() if validate else None, memory_limit=memory_limit)
+    check_memory(pass_.memory, pass_.needed_limit(), spill_dir)
+    return pass_.memory
+
+
+class _NoObserver:
+    """Stands for the validation when a pass is only planned (never run)."""
 
 
 @dataclass(frozen=True)
@@ -547,6 +607,8 @@ class PassResult:
     repeated: dict[str, int] = field(default_factory=dict)
     by_state: bool = False
     states_found: int = 0
+    digests: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of each file read whole as it was read (path -> hex; CSV files)."""
 
 
 class _Layout:
@@ -600,12 +662,27 @@ class InputPass:
         reads: Called with each file's path when its data is read (tests count reads).
         progress: Shows a bar ``input files`` that advances as each file of each partition has
             been read (a count of files, never of records: record counts are confidential).
+        memory_limit: The memory the pass may use (bytes; default
+            :func:`phsafe.memory.default_memory_limit`): a partition too large for it is spilled
+            (see below).
+        spill_dir: Where spill files go (a run's ``<work folder>/spill``; emptied first, removed
+            at the end); None: a private folder in the system's temporary folder.
+
+    A partition whose records do not fit in ``memory_limit`` (:func:`phsafe.memory.plan_part`)
+    is *spilled*: its files are streamed once -- each batch checked, validated and filtered as
+    above -- and its compact rows routed by MAFID range to bucket files (:mod:`phsafe.spill`);
+    the buckets are then joined, validated and counted one at a time, exactly as partitions of
+    their own (every rule is decided per MAFID). The units and persons of MAFIDs whose every geo
+    row the state filter sets aside are set aside as they stream
+    (:class:`~phsafe.preprocess.AsideMafids`), so that validation sees exactly the rows it sees
+    when the partition is held in memory.
     """
 
     def __init__(self, files: Mapping[str, InputFile], states: tuple[str, ...] | None, *,
                  observer: PassObserver | None = None, counting: Counting | None = None,
                  parts: list[PassPart] | None = None, stage: StageTimer = _no_timer,
-                 reads: Callable[[Path], None] | None = None, progress: "Progress | None" = None) -> None:
+                 reads: Callable[[Path], None] | None = None, progress: "Progress | None" = None,
+                 memory_limit: int | None = None, spill_dir: Path | None = None) -> None:
         self.files = dict(files)
         self.states = states
         self.observer = observer
@@ -621,6 +698,14 @@ class InputPass:
         self._layout: _Layout | None = None
         self._aside_folders: list[PassPart] = []
         self.parts = parts if parts is not None else self._plan()
+        self.memory_limit = memory_limit if memory_limit is not None else default_memory_limit()
+        self.spill_dir = spill_dir
+        self.memory = plan_pass(self.parts, self.memory_limit, validate=observer is not None,
+                                by_state=self.result.by_state)
+        self._spill: SpillArea | None = None
+        self._bytes_read: dict[str, Task] = {}
+        self._buckets_done: Task | None = None
+        self._workers = None
 
     # ------------------------------------------------------------------------------------ plan
     def _plan(self) -> list[PassPart]:
@@ -641,23 +726,60 @@ class InputPass:
         parts = [part(s) for s in found if s in released]
         return parts or [PassPart("empty", None, {f.stem: f.subset(()) for f in inputs})]
 
+    def needed_limit(self) -> int:
+        """The smallest memory limit the pass can run within."""
+        return max(needed_limit({stem: p.files[stem].estimated_rows() for stem in STEMS if stem in p.files},
+                                validate=self.observer is not None, by_state=self.result.by_state)
+                   for p in self.parts)
+
     # ------------------------------------------------------------------------------------- run
     def run(self) -> PassResult:
         """Read, check, join, validate and count every partition (see the class docstring)."""
         from phsafe.progress import NULL
 
+        if self.memory is None:
+            check_memory(None, self.needed_limit(), None)
         totals = _StageTotals()
-        with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
-                (self.progress or NULL).task("input files", total=len(self.parts) * len(STEMS),
-                                             unit="files") as files_read:
-            for number, (part, files) in enumerate(self._partitions(files_read), start=1):
-                started = time.perf_counter()
-                self._finish_partition(part, files, number == len(self.parts), totals)
-                log.debug("partition done", partition=part.label, number=number, of=len(self.parts),
-                          seconds=round(time.perf_counter() - started, 3))
-            for part in self._aside_folders:
-                with totals("layout of folders outside the state filter"):
-                    self._aside_folder(part)
+        self._spill = SpillArea(self.spill_dir) if self.spill_dir is not None or self.memory.spills else None
+        progress = self.progress or NULL
+        state_budget = None
+        if self.result.by_state and not self.memory.spills and self._layout is not None:
+            # Data stored by state: states counted two at a time in worker processes, as many as
+            # the memory limit holds at once.
+            state_budget = parallel_budget([self._rows(p) for p in self.parts], self.memory_limit,
+                                           validate=self.observer is not None)
+        if state_budget is not None or (self.memory.workers > 1 and any(
+                self.memory.parts[part.label].spilled and part.state is None for part in self.parts)):
+            from phsafe.workers import WorkerProcesses
+
+            self._workers = WorkerProcesses(worker_processes(), validation=self.observer is not None)
+        try:
+            with self.stage("read, check, join and count" if self.counting is not None else "read, check and join"), \
+                    progress.task("input files", total=len(self.parts) * len(STEMS), unit="files") as files_read, \
+                    contextlib.ExitStack() as bars:
+                self._bytes_read = {stem: bars.enter_context(progress.task(
+                    self.files[stem].name, total=sum(_size(p.files[stem]) for p in self.parts), unit=BYTES))
+                    for stem in ("geo", "units", "persons") if stem in self.files}
+                if self.memory.spills:
+                    self._buckets_done = bars.enter_context(progress.task(
+                        "MAFID ranges", total=sum(p.buckets for p in self.memory.parts.values() if p.spilled),
+                        unit="ranges"))
+                if state_budget is not None:
+                    self._states_in_workers(files_read, totals, state_budget)
+                for number, (part, files, last) in enumerate(
+                        self._partitions(files_read, totals) if state_budget is None else (), start=1):
+                    started = time.perf_counter()
+                    self._finish_partition(part, files, last, totals)
+                    log.debug("partition done", partition=part.label, number=number,
+                              seconds=round(time.perf_counter() - started, 3))
+                for part in self._aside_folders:
+                    with totals("layout of folders outside the state filter"):
+                        self._aside_folder(part)
+        finally:
+            if self._workers is not None:
+                self._workers.close()
+            if self._spill is not None:
+                self._spill.close()
         log.info("partition stages", **{k.replace(", ", "_").replace(" ", "_"): round(v, 3)
                                         for k, v in totals.seconds.items()})
         if self._layout is not None:
@@ -668,6 +790,9 @@ class InputPass:
                                      f"a MAFID has {stem} rows in more than one state partition", rows=n)
         if self.counting is not None and self.result.count_error is None and self.result.counts is None:
             self.result.counts = self._zero_counts() if not self._counts else combine_counts(self._counts)
+        if self.result.counts is not None and self.parts and self.parts[0].state is None and all(
+                not f.directory and str(f.path) in self.result.digests for f in self.files.values()):
+            self.result.counts.input_digests = {f.name: self.result.digests[str(f.path)] for f in self.files.values()}
         return self.result
 
     def _zero_counts(self) -> Counts:
@@ -677,28 +802,84 @@ class InputPass:
                                                 for lv in s.iteration_levels}) for s in self.counting.specs},
                       ContentDigest())
 
-    def _partitions(self, files_read: "Task") -> Iterator[tuple[PassPart, dict[str, FileRows]]]:
-        """Each partition with its kept rows, read ahead on a background thread; ``files_read``
-        advances as each file (of each partition) has been read."""
+    def _partitions(self, files_read: "Task", totals: _StageTotals
+                    ) -> Iterator[tuple[PassPart, dict[str, object], bool]]:
+        """Each partition (or bucket of a spilled partition) with its kept rows, and whether it
+        is the last; read ahead on a background thread. ``files_read`` advances as each file (of
+        each partition) has been read."""
         state: dict[str, object] = {}
-        for event in prefetched(self._events(), depth=4):
-            kind, part, stem, payload = event
-            if kind == "start":
-                if stem == "geo":
-                    state = {"geo": FileRows("geo"), "units": FileRows("units"), "persons": FileRows("persons"),
-                             "person_keys": [], "timer": _Timer()}
-                continue
-            rows = state[stem]
-            assert isinstance(rows, FileRows)
-            timer = state["timer"]
-            assert isinstance(timer, _Timer)
-            if kind == "batch":
-                with timer("read and check"):
-                    self._batch(part, stem, payload, rows, state)
-            else:  # the file's end
+        writers: dict[str, SpillWriter] = {}
+        try:
+            for event in prefetched(self._events(), depth=4):
+                kind, part, stem, payload = event
+                plan = self.memory.parts[part.label]
+                if kind == "start":
+                    if stem == "geo":
+                        state = {"geo": FileRows("geo"), "units": FileRows("units"), "persons": FileRows("persons"),
+                                 "person_keys": [], "timer": _Timer()}
+                        if plan.spilled:
+                            state["spilled"] = self._start_spill(part, plan.buckets)
+                    spilled = state.get("spilled")
+                    if isinstance(spilled, Spilled):
+                        writers[stem] = SpillWriter(spilled.folder, stem, spilled.plan)
+                    continue
+                timer = state["timer"]
+                assert isinstance(timer, _Timer)
+                spilled = state.get("spilled")
+                sink = writers[stem] if isinstance(spilled, Spilled) else state[stem]
+                bar = self._bytes_read.get(stem)
+                if kind == "batch":
+                    with timer("read and check"):
+                        self._batch(part, stem, payload, sink, state)  # type: ignore[arg-type]
+                    state[f"{stem} bytes"] = state.get(f"{stem} bytes", 0) + payload.nbytes  # type: ignore
+                    if bar is not None:
+                        bar.advance(payload.nbytes, item=part.label if part.state is not None else "")  # type: ignore
+                    continue
+                # the file's end
+                if bar is not None:  # what the batches did not account for (e.g. an unreadable file)
+                    bar.advance(max(0, _size(part.files[stem]) - state.get(f"{stem} bytes", 0)))  # type: ignore
                 files_read.advance(item=self.files[stem].name if part.state is None else f"{stem}, state {part.label}")
+                self.result.digests.update(payload.digests)  # type: ignore[attr-defined]
                 if self.observer is not None:
                     self.observer.file_read(stem, part, payload, part is self.parts[-1])  # type: ignore[arg-type]
+                last_part = part is self.parts[-1]
+                if isinstance(spilled, Spilled):
+                    with timer("spill"):
+                        writer = writers.pop(stem)
+                        writer.close()
+                        spilled.rows[stem] = writer.rows
+                    if stem == "geo":
+                        with timer("state filter of the spilled rows"):
+                            state["joiner"] = self._spilled_aside(spilled, state.get("aside"))
+                    elif stem == "persons":
+                        aside = state["joiner"]
+                        assert isinstance(aside, AsideMafids)
+                        for s in ("units", "persons"):
+                            self.result.set_aside[s] += aside.set_aside[s]
+                        for totals_name, seconds in timer.seconds.items():
+                            totals.seconds[totals_name] = totals.seconds.get(totals_name, 0.0) + seconds
+                        planned = self.memory.parts[part.label].buckets
+                        if self._workers is not None and part.state is None:
+                            self._count_in_workers(part, spilled, last_part, totals)
+                            remove_partition(spilled.folder)
+                            state = {}
+                            continue
+                        if spilled.plan.buckets < planned and self._buckets_done is not None:
+                            self._buckets_done.update(self._buckets_done.completed,  # type: ignore[attr-defined]
+                                                      total=self._buckets_done.total - planned + spilled.plan.buckets)  # type: ignore
+                        for b in range(spilled.plan.buckets):
+                            bucket_timer = _Timer()
+                            with bucket_timer("read the spill and join"):
+                                bucket_part, bucket_state = self._load_bucket(part, spilled, b)
+                            bucket_state["timer"] = bucket_timer
+                            yield bucket_part, bucket_state, last_part and b == spilled.plan.buckets - 1
+                            if self._buckets_done is not None:
+                                self._buckets_done.advance(item=bucket_part.label)
+                        remove_partition(spilled.folder)
+                        state = {}
+                    continue
+                rows = state[stem]
+                assert isinstance(rows, FileRows)
                 rows.finish()
                 if stem == "geo":
                     with timer("join"):
@@ -710,8 +891,152 @@ class InputPass:
                         state["join"] = joiner.finish(state["person_keys"])  # type: ignore[arg-type]
                         for s in ("units", "persons"):
                             self.result.set_aside[s] += joiner.set_aside[s]
-                    yield part, state  # type: ignore[misc]
+                    yield part, state, last_part
                     state = {}
+        finally:
+            for writer in writers.values():
+                writer.abort()
+
+    # --------------------------------------------------------------------------- spilled parts
+    def _start_spill(self, part: PassPart, buckets: int) -> "Spilled":
+        assert self._spill is not None
+        plan = plan_buckets(part.files, buckets, BYTES_PER_ROW)
+        log.info("spilling a partition", partition=part.label, buckets=plan.buckets)
+        return Spilled(self._spill.part_folder(), plan)
+
+    @staticmethod
+    def _rows(part: PassPart) -> dict[str, int]:
+        return {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
+
+    def _states_in_workers(self, files_read: "Task", totals: _StageTotals, budget: int) -> None:
+        """Data stored by state: each released state's folders read, validated and counted in a
+        worker process, as many at once as ``budget`` bytes hold
+        (:func:`phsafe.distributed.count_state`: the code of this pass, with a validation observer
+        of its own); what they found merged here -- counts added, tallies and reading problems
+        absorbed, and the layout across the folders checked on the MAFIDs they return."""
+        from phsafe.workers import ClusterPlan
+
+        observer = self.observer
+        plan = ClusterPlan(Path(), Path(), dict(self.files), self.states, BucketPlan(()), Path(), (),
+                           observer is not None, self.counting,
+                           dict(getattr(observer, "file_names", {})), getattr(observer, "state_filter", None))
+        costs = [part_bytes(self._rows(p)) for p in self.parts]
+        assert self._workers is not None
+        with totals("read, check, join, validate and count states (worker processes)"):
+            results = self._workers.map("count_state", [(plan, p) for p in self.parts], costs=costs, budget=budget)
+            for part, r in zip(self.parts, results):
+                if r.error is not None:  # type: ignore[attr-defined]
+                    raise InputError(*r.error)  # type: ignore[attr-defined]
+                for stem, found in r.problems.items():  # type: ignore[attr-defined]
+                    self.problems[stem].found.extend(found)
+                self.result.misplaced += r.misplaced  # type: ignore[attr-defined]
+                for stem, n in r.set_aside.items():  # type: ignore[attr-defined]
+                    self.result.set_aside[stem] += n
+                for stem in ("units", "geo"):
+                    for mafids in r.layout[stem]:  # type: ignore[attr-defined]
+                        self._layout_add(stem, part, mafids)
+                if observer is not None and r.piece is not None:  # type: ignore[attr-defined]
+                    observer.absorb(r.piece, files_read=True)  # type: ignore[attr-defined]
+                if r.count_error is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self.result.count_error = InputError(*r.count_error)  # type: ignore[attr-defined]
+                if r.counts is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self._counts.append(r.counts)  # type: ignore[attr-defined]
+                    if len(self._counts) > 1:
+                        self._counts = [combine_counts(self._counts)]
+                for stem in STEMS:
+                    bar = self._bytes_read.get(stem)
+                    if bar is not None:
+                        bar.advance(_size(part.files[stem]), item=part.label)
+                    files_read.advance(item=f"{stem}, state {part.label}")
+        if observer is not None:
+            observer.partition_end()  # type: ignore[attr-defined]
+
+    def _count_in_workers(self, part: PassPart, spilled: "Spilled", last_part: bool, totals: _StageTotals) -> None:
+        """Join, validate and count a national partition's buckets in worker processes, as many
+        at once as there are processes (:class:`phsafe.workers.WorkerProcesses`): each runs
+        the code of :meth:`count_bucket` with a validation observer of its own, and what they
+        found is merged here -- the counts added, the validation tallies absorbed."""
+        from phsafe.workers import ClusterPlan
+
+        observer = self.observer
+        plan = ClusterPlan(Path(), Path(), dict(part.files), self.states, spilled.plan, spilled.folder, (),
+                           observer is not None, self.counting,
+                           dict(getattr(observer, "file_names", {})), getattr(observer, "state_filter", None))
+        seen = observer.seen() if observer is not None else {}  # type: ignore[attr-defined]
+        calls = [(plan, b, seen, spilled.rows) for b in range(spilled.plan.buckets)]
+        assert self._workers is not None
+        with totals("join, validate and count MAFID ranges (worker processes)"):
+            for result in self._workers.map("count_bucket", calls):
+                if result.error is not None:  # type: ignore[attr-defined]
+                    raise InputError(*result.error)  # type: ignore[attr-defined]
+                for stem, n in result.set_aside.items():  # type: ignore[attr-defined]
+                    self.result.set_aside[stem] += n
+                if observer is not None and result.piece is not None:  # type: ignore[attr-defined]
+                    observer.absorb(result.piece)  # type: ignore[attr-defined]
+                if result.count_error is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self.result.count_error = InputError(*result.count_error)  # type: ignore[attr-defined]
+                    if observer is None:
+                        raise self.result.count_error
+                if result.counts is not None and self.result.count_error is None:  # type: ignore[attr-defined]
+                    self._counts.append(result.counts)  # type: ignore[attr-defined]
+                    if len(self._counts) > 1:
+                        self._counts = [combine_counts(self._counts)]
+                if self._buckets_done is not None:
+                    self._buckets_done.advance(item=f"{part.label} [{result.bucket + 1}/{spilled.plan.buckets}]")  # type: ignore[attr-defined]
+        if last_part and observer is not None:
+            observer.partition_end()  # type: ignore[attr-defined]
+
+    def _spilled_aside(self, spilled: "Spilled", aside: object) -> AsideMafids:
+        """The set-aside MAFIDs of a spilled partition, once its geo is read: MAFIDs of set-aside
+        geo rows that also have a kept geo row are taken out (one read of the geo spill's MAFID
+        and TABBLKST, only when a row was set aside)."""
+        out = aside if isinstance(aside, AsideMafids) else AsideMafids()
+        if not out.any:
+            return out
+        for b in range(spilled.plan.buckets):
+            for encoded, _ in read_bucket(spilled.folder, "geo", b, ("MAFID", "TABBLKST")):
+                m, st = encoded["MAFID"], encoded["TABBLKST"]
+                kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
+                if st.kind is not None:
+                    kept |= st.kind != OK
+                if m.kind is not None:
+                    kept &= m.kind == OK
+                out.add_kept(m.values[kept])
+        return out
+
+    def _load_bucket(self, part: PassPart, spilled: "Spilled", bucket: int) -> tuple[PassPart, dict[str, object]]:
+        """One bucket of a spilled partition, read back and joined (what :meth:`_partitions`
+        gives for a partition held in memory)."""
+        n = spilled.plan.buckets
+        bucket_part = PassPart(f"{part.label} [{bucket + 1}/{n}]", part.state, part.files)
+        state: dict[str, object] = {s: FileRows(s) for s in STEMS}
+        geo = state["geo"]
+        assert isinstance(geo, FileRows)
+        for encoded, rows in read_bucket(spilled.folder, "geo", bucket):
+            geo.add(encoded, rows)
+        geo.finish()
+        joiner = self._joiner(bucket_part, geo, lookups=int(spilled.rows["units"][bucket] + spilled.rows["persons"][bucket]))
+        person_keys: list[np.ndarray] = []
+        for stem in ("units", "persons"):
+            rows_of = state[stem]
+            assert isinstance(rows_of, FileRows)
+            for encoded, rows in read_bucket(spilled.folder, stem, bucket):
+                m = encoded["MAFID"]
+                ok = None if m.kind is None else m.kind == OK
+                if stem == "units":
+                    keep = joiner.units(m.values, ok)
+                else:
+                    keep, key = joiner.persons(m.values, ok)
+                    person_keys.append(key)
+                if keep is not None:  # never: set-aside rows were not spilled
+                    encoded = {k: e.take(keep) for k, e in encoded.items()}
+                    rows = int(np.count_nonzero(keep))
+                rows_of.add(encoded, rows)
+            rows_of.finish()
+        state["join"] = joiner.finish(person_keys)
+        for s in ("units", "persons"):
+            self.result.set_aside[s] += joiner.set_aside[s]
+        return bucket_part, state
 
     def _events(self) -> Iterator[tuple[str, PassPart, str, object]]:
         for part in self.parts:
@@ -740,7 +1065,10 @@ class InputPass:
             return tuple(c.name for c in FILES[stem])
         return tuple(c.name for c in _ENGINE_COLUMNS[stem])
 
-    def _batch(self, part: PassPart, stem: str, item: FileBatch, rows: FileRows, state: dict[str, object]) -> None:
+    def _batch(self, part: PassPart, stem: str, item: FileBatch, rows: "FileRows | SpillWriter",
+               state: dict[str, object]) -> None:
+        """Check one batch, filter it and hand its kept rows to ``rows`` (the partition's rows,
+        or its spill writer)."""
         batch = item.batch
         strict = self.observer is None
         mafid = self._encode(stem, batch, ["MAFID"]).get("MAFID")
@@ -760,12 +1088,18 @@ class InputPass:
             if strict:
                 for e in encoded.values():
                     raise_value_problems(item.name, e, kept)
+            if kept is not None and mafid is not None and "spilled" in state:
+                aside = ~kept if mafid.kind is None else ~kept & (mafid.kind == OK)
+                if aside.any():
+                    if "aside" not in state:
+                        state["aside"] = AsideMafids()
+                    state["aside"].add_aside(mafid.values[aside])  # type: ignore[union-attr]
             if self.observer is not None:
                 self.observer.batch(stem, item.name, encoded, kept)
             rows.add(encoded, batch.num_rows)
             return
         joiner = state["joiner"]
-        assert isinstance(joiner, Joiner)
+        assert isinstance(joiner, (Joiner, AsideMafids))
         n = batch.num_rows
         if mafid is None:  # no MAFID column (reported): nothing joins
             values, ok = np.zeros(n, np.int32), np.zeros(n, bool)
@@ -778,7 +1112,8 @@ class InputPass:
             aside = joiner.units(values, ok)
         else:
             aside, person_key = joiner.persons(values, ok)
-            state["person_keys"].append(person_key)  # type: ignore[union-attr]
+            if person_key is not None:
+                state["person_keys"].append(person_key)  # type: ignore[union-attr]
         if aside is not None:
             batch, mafid = _take_rows(batch, mafid, aside)
         encoded = self._encode(stem, batch, [n for n in self._wanted(stem) if n != "MAFID"])
@@ -817,8 +1152,9 @@ class InputPass:
             kept |= ~valid  # a TABBLKST that is not a valid code cannot be placed outside the filter
         return None if kept.all() else kept
 
-    def _joiner(self, part: PassPart, geo: FileRows) -> Joiner:
-        lookups = sum(part.files[s].estimated_rows() for s in ("units", "persons"))
+    def _joiner(self, part: PassPart, geo: FileRows, lookups: int | None = None) -> Joiner:
+        if lookups is None:
+            lookups = sum(part.files[s].estimated_rows() for s in ("units", "persons"))
         cols = geo.columns
         side = geo_side(cols["MAFID"], geo.ok("MAFID"), cols["RTYPE"], geo.ok("RTYPE"), cols["TABBLKST"],
                         geo.ok("TABBLKST"), self.states, expected_lookups=lookups)
@@ -874,6 +1210,68 @@ class InputPass:
         if len(self._counts) > 1:
             self._counts = [combine_counts(self._counts)]
 
+    # ------------------------------------------------------------ pieces of a pass (cluster)
+    # The Dask path (``phsafe.distributed``) runs a spilled partition's two halves as tasks:
+    # each block of a file streamed into the buckets, then each bucket joined, validated and
+    # counted -- with the same code as the pass on one machine.
+    def spill_block(self, stem: str, reader: SourceReader, spilled: "Spilled", *, block: int,
+                    aside: "AsideMafids | AsideCollector | None" = None) -> np.ndarray:
+        """Stream one block of one file (``reader``) into ``spilled``'s buckets; the rows
+        written to each bucket. For geo, ``aside`` collects the MAFIDs of set-aside rows; for
+        units and persons it holds the partition's set-aside MAFIDs."""
+        part = self.parts[0]
+        state: dict[str, object] = {"spilled": spilled, "timer": _Timer()}
+        if stem == "geo":
+            if aside is not None:
+                state["aside"] = aside
+        else:
+            state["joiner"] = aside if isinstance(aside, AsideMafids) else AsideMafids()
+        writer = SpillWriter(spilled.folder, stem, spilled.plan, block=block)
+        try:
+            for item in reader.batches():
+                self._batch(part, stem, item, writer, state)
+            writer.close()
+        finally:
+            writer.abort()
+        joiner = state.get("joiner")
+        if isinstance(joiner, AsideMafids):
+            for s in ("units", "persons"):
+                self.result.set_aside[s] += joiner.set_aside[s]
+        if self.observer is not None:
+            self.observer.file_read(stem, part, reader, False)
+            self.observer.finish_block(stem)  # type: ignore[attr-defined]
+        return writer.rows
+
+    def settle_aside(self, spilled: "Spilled", bucket: int, aside: np.ndarray) -> np.ndarray:
+        """The set-aside MAFIDs of one bucket (``aside``: MAFIDs of its set-aside geo rows, sorted
+        and distinct) less those that also have a kept geo row."""
+        if not len(aside):
+            return aside
+        kept_too: list[np.ndarray] = []
+        for encoded, _ in read_bucket(spilled.folder, "geo", bucket, ("MAFID", "TABBLKST")):
+            m, st = encoded["MAFID"], encoded["TABBLKST"]
+            kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
+            if st.kind is not None:
+                kept |= st.kind != OK
+            if m.kind is not None:
+                kept &= m.kind == OK
+            values = m.values[kept]
+            pos = np.minimum(np.searchsorted(aside, values), len(aside) - 1)
+            kept_too.append(values[aside[pos] == values])
+        if not kept_too:
+            return aside
+        return np.setdiff1d(aside, np.concatenate(kept_too), assume_unique=False)
+
+    def count_bucket(self, spilled: "Spilled", bucket: int) -> PassResult:
+        """Join, validate and count one bucket of a spilled partition (the last piece for its
+        observer: the cross-file frames are submitted)."""
+        part, state = self._load_bucket(self.parts[0], spilled, bucket)
+        state["timer"] = _Timer()
+        self._finish_partition(part, state, True, _StageTotals())
+        if self.counting is not None and self.result.count_error is None:
+            self.result.counts = combine_counts(self._counts) if self._counts else self._zero_counts()
+        return self.result
+
     def _layout_add(self, stem: str, part: PassPart, mafids: np.ndarray) -> None:
         assert self._layout is not None
         again = self._layout.add(stem, mafids)
@@ -918,3 +1316,52 @@ def _take_rows(batch: pa.RecordBatch, mafid: Encoded | None, rows: np.ndarray) -
 
 class _Timer(_StageTotals):
     """Stage seconds of one partition."""
+
+
+class AsideCollector:
+    """Collects the valid MAFIDs of set-aside geo rows (a geo block read on a cluster)."""
+
+    def __init__(self) -> None:
+        self.parts: list[np.ndarray] = []
+
+    def add_aside(self, mafids: np.ndarray) -> None:
+        self.parts.append(np.asarray(mafids, dtype=np.int32))
+
+    def distinct(self) -> np.ndarray:
+        return sorted_distinct(np.concatenate(self.parts)) if self.parts else np.empty(0, np.int32)
+
+
+@dataclass
+class Spilled:
+    """A partition being spilled: its folder and buckets, and the rows written to each."""
+
+    folder: Path
+    plan: BucketPlan
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _size(f: InputFile) -> int:
+    """Bytes of an input's files (progress)."""
+    total = 0
+    for path in f.files:
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def plan_pass(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool) -> MemoryPlan | None:
+    """The memory plan of a pass over ``parts``: each partition in memory or spilled into
+    buckets (:func:`phsafe.memory.plan_part`); None if some partition cannot fit in ``limit``."""
+    plans = {}
+    for part in parts:
+        rows = {stem: part.files[stem].estimated_rows() for stem in STEMS if stem in part.files}
+        # National partitions count their MAFID ranges in worker processes, one per core.
+        parallel = worker_processes() if part.state is None and rows.get("persons", 0) >= memory.WORKERS_MIN_PERSONS \
+            else 1
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel)
+        if plan is None:
+            return None
+        plans[part.label] = plan
+    return MemoryPlan(limit, plans)

@@ -44,7 +44,7 @@ import structlog
 
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
-from phsafe.counting import Counts, exact_counts
+from phsafe.counting import Counts, check_pass_memory, exact_counts
 from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option
 from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
@@ -71,6 +71,7 @@ from phsafe.private_run import (
 )
 from phsafe.progress import budget_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
+from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 
@@ -128,6 +129,12 @@ class ExactCounts:
         """The content digest of the tabulated records (see :mod:`phsafe.fingerprint`)."""
         return self._counts.content
 
+    @property
+    def input_digests(self) -> dict[str, str] | None:
+        """The inputs' SHA-256, computed on the bytes the counts were read from (CSV inputs), or
+        None (see :attr:`phsafe.counting.Counts.input_digests`)."""
+        return self._counts.input_digests
+
     def __repr__(self) -> str:
         return f"ExactCounts(tables={sorted(self._counts)})"
 
@@ -148,8 +155,16 @@ def check_inputs(run: PrivateRun):
     return validate_inputs(run.config_file, run.data_dir, report_dir=run.report_dir)
 
 
-def fingerprint_inputs(data_dir: Path) -> dict[str, str]:
-    """SHA-256 of every input file: confidential lineage, recorded only in the ledger."""
+def fingerprint_inputs(data_dir: Path, read: dict[str, str] | None = None) -> dict[str, str]:
+    """SHA-256 of every input file: confidential lineage, recorded only in the ledger.
+
+    Args:
+        read: The digests the input pass computed on the very bytes it counted
+            (:attr:`ExactCounts.input_digests`: national CSV files are hashed as they are read);
+            when given, the files are not read again.
+    """
+    if read is not None:
+        return dict(read)
     return input_digests(locate_inputs(data_dir))
 
 
@@ -168,7 +183,8 @@ def validate_and_count(run: PrivateRun, stage: "StageTimer | None" = None):  # n
     stage = stage or StageTimer(None)
     counts, report = validated_counts(run.config_file, run.data_dir, list(TABLES.values()),
                                       key=run.truncation_key, validate=run.options.validate_inputs,
-                                      report_dir=run.report_dir, stage=stage, progress=stage.progress)
+                                      report_dir=run.report_dir, stage=stage, progress=stage.progress,
+                                      memory_limit=run.options.memory_limit, spill_dir=run.run_dir / SPILL_FOLDER)
     return (ExactCounts(counts) if counts is not None else None), report
 
 
@@ -176,7 +192,8 @@ def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "StageTimer | None
     """Read, preprocess, truncate (with the run's key), join and count every measured table."""
     stage = stage or StageTimer(None)
     return ExactCounts(exact_counts(config, run.data_dir, list(TABLES.values()), key=run.truncation_key,
-                                    stage=stage, progress=stage.progress))
+                                    stage=stage, progress=stage.progress, memory_limit=run.options.memory_limit,
+                                    spill_dir=run.run_dir / SPILL_FOLDER))
 
 
 def plan_private_run(config: PHSafeConfig) -> RunPlan:
@@ -546,12 +563,17 @@ def run_nonprivate(
     non_confidential: bool = False,
     validate: bool = False,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    work_dir: Path | None = None,
 ) -> RunResult:
     """Ground-truth tabulation for testing on synthetic data: no truncation, no noise.
 
     Args:
         non_confidential: Must be True: the data is declared synthetic or public. Exact counts
             of confidential data are never written.
+        memory_limit: Bytes the input pass may use (see :class:`PrivateRunOptions`).
+        work_dir: Where inputs too large for the limit are spilled (a private folder in it,
+            removed at the end; default: the system's temporary folder).
 
     Raises:
         PHSafeError: The data is not declared non-confidential, or a bad config or input.
@@ -572,10 +594,14 @@ def run_nonprivate(
     log.info("non-private run", run_id=run_id, config=str(config_path), data=str(data_dir),
              output=str(output_dir))
     specs = list(TABLES.values()) + [d.nonprivate for d in DERIVED_TABLES.values()]
+    spill_dir = Path(work_dir).absolute() / f"spill-{run_id}" if work_dir is not None else None
+    check_pass_memory(Path(data_dir), config.states, memory_limit=memory_limit, validate=validate,
+                      spill_dir=spill_dir)
     with stage("validate and count" if validate else "count"):
         counts, report = validated_counts(config_file, Path(data_dir), specs, key=None, validate=validate,
                                           report_dir=output_dir.parent / f"{output_dir.name}-validation",
-                                          stage=stage, progress=stage.progress)
+                                          stage=stage, progress=stage.progress, memory_limit=memory_limit,
+                                          spill_dir=spill_dir)
     if counts is None:
         raise ValidationFailed("input", report.to_text())
     with stage("write outputs"):

@@ -82,6 +82,14 @@ class ConfigError(PHSafeError):
         where = f"{file}: " if file else ""
         super().__init__(f"{where}config key '{key}': {rule}")
 
+    def __reduce__(self) -> tuple:
+        # Pickled with its fields (a worker process gets the run's config read, errors included).
+        return (_config_error, (self.key, self.rule, self.file))
+
+
+def _config_error(key: str, rule: str, file: str | None) -> "ConfigError":
+    return ConfigError(key, rule, file=file)
+
 
 class InputError(PHSafeError):
     """An input file violates a rule of spec §1 or §4.
@@ -344,6 +352,7 @@ OPTIONS: dict[str, str] = {
     "re_release": "--re-release",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
+    "memory_limit": "--memory-limit",
     "output": "OUT",
 }
 """Option -> how the command line spells it. Flows spell it as the parameter of that name."""

@@ -36,6 +36,8 @@ def validated_counts(
     report_dir: Path | None = None,
     stage: StageTimer = _untimed,
     progress: "Progress | None" = None,
+    memory_limit: int | None = None,
+    spill_dir: Path | None = None,
 ) -> tuple[Counts | None, ValidationReport | None]:
     """Validate the config and the inputs and count the tables, reading each input file once.
 
@@ -56,6 +58,11 @@ def validated_counts(
         report_dir: Where the validation report is written (``report_dir/inputs/``), if given.
         stage: Stage timer for progress and logs.
         progress: Shows a bar of the input files read (see :class:`~phsafe.counting.InputPass`).
+        memory_limit: The memory the pass may use (bytes; default: half of this machine's).
+            Inputs too large for it are spilled in MAFID ranges to ``spill_dir``.
+        spill_dir: The folder of the spill files: a run's ``<work folder>/spill`` (emptied
+            first -- a killed earlier attempt's --, removed at the end, whatever happens); None:
+            a private folder in the system's temporary folder.
 
     Returns:
         ``(counts, report)``: the exact counts (None when validation failed) and the validation
@@ -71,7 +78,8 @@ def validated_counts(
     config_file = as_config_file(config_source)
     if not validate:
         config = config_file.model()
-        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress), None
+        return exact_counts(config, Path(data_dir), specs, key=key, stage=stage, progress=progress,
+                            memory_limit=memory_limit, spill_dir=spill_dir), None
     counting = None
     try:
         config = config_file.model()
@@ -79,5 +87,6 @@ def validated_counts(
     except ConfigError:
         pass  # the report says what is wrong with the config; nothing is counted
     report, counts = validate_and_count(config_file, Path(data_dir), counting=counting,
-                                        report_dir=report_dir, stage=stage, progress=progress)
+                                        report_dir=report_dir, stage=stage, progress=progress,
+                                        memory_limit=memory_limit, spill_dir=spill_dir)
     return (counts if report.ok else None), report

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PrivateRunParameters", "CommandLine", "OnFlows", "on_command_line", "on_flows", "describe",
            "command_line_spelling", "flow_spelling", "flow_parameters", "exact_decimal", "Counting", "LifetimeCap",
-           "PositiveCount", "REQUIRED"]
+           "PositiveCount", "MemorySize", "REQUIRED"]
 
 _SAME = object()
 
@@ -49,7 +49,7 @@ class CommandLine:
         decls: Click's declarations: ``("config",)`` for an argument, the flags of an option
             (``("--new-version",)``, ``("-vo", "--validate-private-output")``).
         kind: ``text``; ``path`` (any path), ``existing`` (an existing file or folder),
-            ``existing_file``; ``flag`` (a switch that sets the parameter to True), or
+            ``existing_file``; ``size`` (bytes, typed as ``8G``); ``flag`` (a switch that sets the parameter to True), or
             ``negated_flag`` (a switch that sets it to False, e.g. ``--no-validate``).
         argument: A positional argument rather than an option.
         metavar: How the help shows its value (``REASON``, ``PEM``).
@@ -59,7 +59,7 @@ class CommandLine:
     """
 
     decls: tuple[str, ...]
-    kind: Literal["text", "path", "existing", "existing_file", "flag", "negated_flag"] = "text"
+    kind: Literal["text", "path", "existing", "existing_file", "size", "flag", "negated_flag"] = "text"
     argument: bool = False
     metavar: str | None = None
     envvar: str | None = None
@@ -100,6 +100,9 @@ Counting = Literal["local", "dask"]
 LifetimeCap = Annotated[float, Field(ge=0, description="the dataset's new lifetime privacy-loss cap "
                                                        "(rho under zCDP, epsilon under pure DP)")]
 PositiveCount = Annotated[int, Field(ge=1)]
+MemorySize = Annotated[str, Field(pattern=r"^\s*0*[1-9]\d*(\.\d+)?\s*[kKmMgGtT]?(i?[bB])?\s*$",
+                                  description="a size such as 8G, 512M or 12.5GiB (binary units)")]
+"""A memory size as operators type it in a flow (the pattern refuses what is not a positive size)."""
 REQUIRED = inspect.Parameter.empty
 
 
@@ -190,6 +193,19 @@ class PrivateRunParameters(BaseModel):
         None, description="Workers of the LocalCluster (default 2).")
     partition_persons: Annotated[int | None, OnFlows(annotation=PositiveCount | None)] = Field(
         None, description="Cut partitions larger than this many persons into MAFID ranges.")
+    memory_limit: Annotated[int | None, CommandLine(("--memory-limit",), "size", metavar="SIZE"),
+                            OnFlows(annotation=MemorySize | None)] = Field(
+        None, description="Memory the input pass may use, e.g. 8G or 512M (default: half of the machine's "
+                          "memory). Inputs too large for it are spilled in MAFID ranges to the run's confidential "
+                          "work folder; inputs that cannot fit are refused before anything is spent.")
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        # Typed as text (``8G``) in a flow; the command line gives bytes already.
+        from phsafe.memory import parse_size
+
+        return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("lifetime_cap", mode="before")
     @classmethod

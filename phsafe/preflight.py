@@ -18,10 +18,12 @@ from pathlib import Path
 
 from phsafe.accounting import RunPlan
 from phsafe.config import INFINITE, PHSafeConfig
+from phsafe.counting import check_pass_memory
 from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option, os_reason
 from phsafe.logs import get_logger
 from phsafe.outputs import MANIFEST
 from phsafe.private_run import PrivateRun, open_ledger
+from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
@@ -195,6 +197,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if _free_bytes(run.run_dir) < 2 * needed:
         raise PHSafeError(f"the work folder's file system has {_free_bytes(run.run_dir) >> 20} MiB free; the run "
                           f"needs about {2 * needed >> 20} MiB for its measurements and release")
+    # The inputs can be read within the memory limit (spilled to the work folder if need be).
+    check_pass_memory(run.data_dir, config.states, memory_limit=options.memory_limit,
+                      validate=options.validate_inputs, spill_dir=run.run_dir / SPILL_FOLDER)
 
     # A dataset's first release needs its records declared as its first content version: say so
     # now, not after hours of reading (whether later records match a declared version is known

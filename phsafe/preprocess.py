@@ -40,7 +40,7 @@ import pandas as pd
 
 from phsafe.errors import InputError
 from phsafe.reader import Columns, InputTables
-from phsafe.schema import RTYPE_UNIT_HU
+from phsafe.schema import MAFID_MAX, MAFID_MIN, RTYPE_UNIT_HU
 
 NOT_TABULATED = np.uint8(255)
 """State index of a record the tables do not count."""
@@ -213,6 +213,98 @@ def geo_side(mafid: npt.NDArray[np.integer], mafid_ok: npt.NDArray[np.bool_] | N
     if states is None:
         key_state[:] = NOT_TABULATED
     return GeoSide(index, counts, kept, first, key_state, set_aside)
+
+
+class MafidBits:
+    """One bit per possible MAFID (100 MB): a set of MAFIDs of any size in constant memory."""
+
+    def __init__(self) -> None:
+        self.bits = np.zeros(((MAFID_MAX - MAFID_MIN) >> 3) + 1, dtype=np.uint8)
+
+    def add(self, mafids: npt.NDArray[np.integer]) -> int:
+        """Add valid MAFIDs; return how many of them were in the set already."""
+        if not len(mafids):
+            return 0
+        offset = mafids.astype(np.int64) - MAFID_MIN
+        if not _is_sorted(offset):
+            offset.sort()
+        byte = offset >> 3
+        bit = np.left_shift(np.uint8(1), (offset & 7).astype(np.uint8))
+        again = int(np.count_nonzero(self.bits[byte] & bit))
+        # Bits of one byte are or-ed together first: sorted offsets make them neighbours.
+        starts = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))
+        self.bits[byte[starts]] |= np.bitwise_or.reduceat(bit, starts)
+        return again
+
+    def contains(self, mafids: npt.NDArray[np.integer]) -> npt.NDArray[np.bool_]:
+        """Whether each valid MAFID is in the set."""
+        offset = mafids.astype(np.int64) - MAFID_MIN
+        return ((self.bits[offset >> 3] >> (offset & 7).astype(np.uint8)) & 1).astype(bool)
+
+
+class AsideMafids:
+    """The MAFIDs whose every geo row the state filter sets aside, over a partition that is
+    streamed rather than held (see :mod:`phsafe.spill`): their units and persons are set aside
+    as they are read, exactly as :class:`Joiner` sets them aside from a partition's :class:`GeoSide`.
+
+    Geo's set-aside rows are added as they stream (:meth:`add_aside`); once geo is read, the
+    MAFIDs that also have a kept geo row (a MAFID listed twice in geo, in and outside the filter)
+    are taken out (:meth:`add_kept`). Memory: one bit per possible MAFID, only when a row is set
+    aside at all.
+    """
+
+    def __init__(self) -> None:
+        self._aside: MafidBits | None = None
+        self._kept: MafidBits | None = None
+        self.set_aside = {"units": 0, "persons": 0}
+
+    @property
+    def any(self) -> bool:
+        return self._aside is not None
+
+    def add_aside(self, mafids: npt.NDArray[np.integer]) -> None:
+        """Valid MAFIDs of geo rows the state filter sets aside."""
+        if len(mafids):
+            if self._aside is None:
+                self._aside = MafidBits()
+            self._aside.add(mafids)
+
+    def add_kept(self, mafids: npt.NDArray[np.integer]) -> None:
+        """Valid MAFIDs of geo rows the state filter keeps (after every set-aside row is added)."""
+        if self._aside is None or not len(mafids):
+            return
+        both = mafids[self._aside.contains(mafids)]
+        if len(both):
+            if self._kept is None:
+                self._kept = MafidBits()
+            self._kept.add(both)
+
+    def _filter(self, stem: str, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+                ) -> npt.NDArray[np.bool_] | None:
+        if self._aside is None or not len(mafid):
+            return None
+        valid = ok if ok is not None else np.ones(len(mafid), dtype=bool)
+        aside = np.zeros(len(mafid), dtype=bool)
+        aside[valid] = self._aside.contains(mafid[valid])
+        if self._kept is not None and aside.any():
+            hit = np.flatnonzero(aside)
+            aside[hit[self._kept.contains(mafid[hit])]] = False
+        n = int(np.count_nonzero(aside))
+        if not n:
+            return None
+        self.set_aside[stem] += n
+        return ~aside
+
+    def units(self, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+              ) -> npt.NDArray[np.bool_] | None:
+        """The rows of a batch of units that are kept (None: every row)."""
+        return self._filter("units", mafid, ok)
+
+    def persons(self, mafid: npt.NDArray[np.integer], ok: npt.NDArray[np.bool_] | None
+                ) -> tuple[npt.NDArray[np.bool_] | None, None]:
+        """The rows of a batch of persons that are kept (None: every row); no keys (they are
+        found when the bucket is joined)."""
+        return self._filter("persons", mafid, ok), None
 
 
 @dataclass

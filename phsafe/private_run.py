@@ -73,6 +73,9 @@ class PrivateRunOptions:
         resume_reason: Why a failed run is resumed (recorded in the ledger).
         re_release: Why records that another run released (or is releasing) are released again
             (recorded in the ledger). Without it such a run is refused before any spend.
+        memory_limit: Bytes the input pass may use (default: half of this machine's memory);
+            inputs too large for it are spilled in MAFID ranges to the run's work folder, and
+            inputs that cannot fit are refused in preflight (:func:`phsafe.counting.check_pass_memory`).
     """
 
     ledger: Path | None = None
@@ -90,6 +93,7 @@ class PrivateRunOptions:
     truncation_key: str | None = None
     resume_reason: str | None = None
     re_release: str | None = None
+    memory_limit: int | None = None
 
 
 @dataclass

@@ -116,10 +116,16 @@ class InputFile:
 
     def estimated_rows(self) -> int:
         """Rows of the input: exact for Parquet (its files' metadata; an unreadable file counts
-        none, and is reported when it is read), estimated from the size for CSV (a persons row
-        is about 23 bytes)."""
+        none, and is reported when it is read), estimated for CSV from its size and the length
+        of its lines at a few evenly spaced places (:func:`csv_line_bytes`)."""
         if self.format == "csv":
-            return self.path.stat().st_size // _CSV_BYTES_PER_PERSON
+            if not self.files:
+                return 0
+            try:
+                size = self.path.stat().st_size
+            except OSError:
+                return 0
+            return size // csv_line_bytes(self.path)
         total = 0
         for path in self.files:
             try:
@@ -132,6 +138,39 @@ class InputFile:
         """The same input restricted to ``files`` (a partition of a folder)."""
         assert self.directory, "only a folder input has parts"
         return InputFile(self.stem, self.path, self.format, True, tuple(files))
+
+
+_LINE_SAMPLES = 8
+_LINE_SAMPLE_BYTES = 1 << 16
+
+
+@functools.lru_cache(maxsize=64)
+def _line_bytes(path: str, size: int, mtime_ns: int) -> int:
+    if size == 0:
+        return _CSV_BYTES_PER_PERSON
+    lines = 0
+    read = 0
+    with open(path, "rb") as fh:
+        for i in range(_LINE_SAMPLES):
+            fh.seek(size * i // _LINE_SAMPLES)
+            data = fh.read(_LINE_SAMPLE_BYTES)
+            first = data.find(b"\n")
+            last = data.rfind(b"\n")
+            if first < 0 or last <= first:
+                continue
+            lines += data.count(b"\n", first + 1, last + 1)
+            read += last - first
+    return max(1, read // lines) if lines else max(1, min(size, _CSV_BYTES_PER_PERSON))
+
+
+def csv_line_bytes(path: Path) -> int:
+    """The average length of a CSV file's lines (bytes), from a few evenly spaced samples: the
+    file's rows are about its size over this. Unreadable: a persons row's (23 bytes)."""
+    try:
+        st = os.stat(path)
+        return _line_bytes(str(path), st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _CSV_BYTES_PER_PERSON
 
 
 def _partition_key(name: str, folders: tuple[str, ...]) -> str | None:
@@ -409,6 +448,8 @@ class FileBatch:
     name: str
     path: Path
     batch: pa.RecordBatch
+    nbytes: int = 0
+    """Bytes of the file this batch accounts for (read since the previous batch): progress only."""
 
 
 class SourceReader:
@@ -428,7 +469,7 @@ class SourceReader:
     """
 
     def __init__(self, source: InputFile, problems: Problems, *, columns: Sequence[str] | None = None,
-                 reads: Callable[[Path], None] | None = None) -> None:
+                 reads: Callable[[Path], None] | None = None, block: tuple[int, int] | None = None) -> None:
         self.source = source
         self.problems = problems
         self.schema = FILES[source.stem]
@@ -436,6 +477,13 @@ class SourceReader:
         self.header: list[str] | None = None
         self.complete = True
         self._reads = reads
+        self.block = block
+        """Read only a block of a single file: ``(start, stop)`` bytes of a CSV file -- the rows
+        that *begin* in that range, so that consecutive blocks read every row once -- or row
+        groups of a Parquet file (see :func:`csv_blocks`)."""
+        self.digests: dict[str, str] = {}
+        """SHA-256 (hex) of each CSV file read whole, of the very bytes that were read (path ->
+        digest; see :func:`file_digest`)."""
 
     def batches(self) -> Iterator[FileBatch]:
         for path in self.source.files:
@@ -443,8 +491,8 @@ class SourceReader:
                 self._reads(path)
             name = self.source.file_name(path)
             parts = self._parquet(path, name) if self.source.format == "parquet" else self._csv(path, name)
-            for batch in parts:
-                yield FileBatch(name, path, batch)
+            for batch, nbytes in parts:
+                yield FileBatch(name, path, batch, nbytes)
 
     def _fail(self, name: str, rule: str, error: str, columns: Sequence[str] = (), rows: int | None = None,
               *, incomplete: bool = True) -> None:
@@ -497,7 +545,7 @@ class SourceReader:
             check_header(name, header, self.schema)
         return True
 
-    def _csv(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+    def _csv(self, path: Path, name: str) -> Iterator[tuple[pa.RecordBatch, int]]:
         names = self._csv_header(path, name)
         if names is None:
             return
@@ -517,10 +565,23 @@ class SourceReader:
             bad_rows[0] += 1
             return "skip"
 
+        hashing: _HashingReader | None = None
+        try:
+            # Opened here so that its position tells how far the reading is (progress), and -- a
+            # whole file -- so that the SHA-256 of its bytes is computed as they are read.
+            if self.block is None:
+                hashing = _HashingReader(path)
+                source, skip = pa.PythonFile(hashing, mode="r"), 1
+            else:
+                source, skip = _csv_block(path, *self.block), 0
+        except (pa.ArrowException, OSError):
+            self._fail(name, "the file can be read", "could not be read")
+            return
+        position = 0
         try:
             reader = pacsv.open_csv(
-                path,
-                read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=1, block_size=CSV_BLOCK_BYTES,
+                source,
+                read_options=pacsv.ReadOptions(column_names=neutral, skip_rows=skip, block_size=CSV_BLOCK_BYTES,
                                                use_threads=True),
                 parse_options=pacsv.ParseOptions(delimiter=",", invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(
@@ -532,19 +593,28 @@ class SourceReader:
                 ),
             )
             for batch in reader:
-                yield pa.RecordBatch.from_arrays(batch.columns, names=[wanted[n] for n in batch.schema.names])
+                now = source.tell()
+                yield pa.RecordBatch.from_arrays(batch.columns, names=[wanted[n] for n in batch.schema.names]), \
+                    now - position
+                position = now
         except (pa.ArrowException, OSError):
             # pyarrow's message quotes the offending row: the rule is stated without it.
             self._fail(name, "the file is well-formed CSV (reading stopped at a row that could not be parsed)",
                        "is not a well-formed comma-separated file (reading stopped at a row that could not "
                        "be parsed)")
             return
+        finally:
+            source.close()
+            if hashing is not None:
+                hashing.close()
+        if hashing is not None and hashing.digest is not None:
+            self.digests[str(path)] = hashing.digest
         if bad_rows[0]:
             self._fail(name, f"every row has the header's {len(names)} comma-separated fields",
                        f"every row must have the header's {len(names)} comma-separated fields", rows=bad_rows[0])
 
     # ---------------------------------------------------------------------------- Parquet
-    def _parquet(self, path: Path, name: str) -> Iterator[pa.RecordBatch]:
+    def _parquet(self, path: Path, name: str) -> Iterator[tuple[pa.RecordBatch, int]]:
         where = "" if not self.source.directory else f" ({name} is not)"
         try:
             schema = pq.read_schema(path)
@@ -582,11 +652,111 @@ class SourceReader:
                 text_codes.append(c.name)
         try:
             pf = pq.ParquetFile(path, read_dictionary=text_codes)
-            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present]):
-                yield batch
+            size, rows, done = path.stat().st_size, max(1, pf.metadata.num_rows), 0
+            groups = None if self.block is None else list(range(*self.block))
+            if groups is not None:
+                rows = max(1, sum(pf.metadata.row_group(g).num_rows for g in groups))
+                size = sum(pf.metadata.row_group(g).total_byte_size for g in groups)
+            for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[c.name for c in present],
+                                         row_groups=groups):
+                # Bytes in proportion to the rows (progress): the file's share read so far.
+                now = size * min(rows, done + batch.num_rows) // rows
+                yield batch, now - size * done // rows
+                done += batch.num_rows
         except Exception:  # noqa: BLE001 -- pyarrow's message may quote file content
             self._fail(self.source.name, "the file is a readable Parquet file (reading stopped at a corrupt page)",
                        "is not a readable Parquet file (reading stopped at a corrupt page)")
+
+
+class _HashingReader(io.RawIOBase):
+    """A file read from start to end, its SHA-256 computed on the bytes as they are read (hashing
+    releases the GIL): ``digest`` once every byte is read, else None."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self._file = open(path, "rb")  # noqa: SIM115 -- closed by close()
+        self._size = os.fstat(self._file.fileno()).st_size
+        self._hash = hashlib.sha256()
+        self._position = 0
+        self.digest: str | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._position
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 -- a writable buffer
+        n = self._file.readinto(buffer)
+        if n:
+            self._hash.update(memoryview(buffer)[:n])
+            self._position += n
+        elif self.digest is None and self._position == self._size:
+            self.digest = self._hash.hexdigest()
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(size)
+        if data:
+            self._hash.update(data)
+            self._position += len(data)
+        elif self.digest is None and self._position == self._size:
+            self.digest = self._hash.hexdigest()
+        return data
+
+    def close(self) -> None:
+        if self.digest is None and self._position == self._size and not self._file.closed:
+            if not self._file.read(1):  # every byte was read: the file ends here
+                self.digest = self._hash.hexdigest()
+        self._file.close()
+        super().close()
+
+
+def _csv_block(path: Path, start: int, stop: int) -> pa.BufferReader:
+    """The bytes of the rows of a CSV file that begin in ``[start, stop)`` (the header row is
+    never one of them), memory-mapped: a row begins at the byte after a line break."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        header_end = len(fh.readline())
+
+        def row_start(at: int) -> int:  # the first row beginning at or after ``at``
+            if at <= header_end:
+                return header_end
+            if at >= size:
+                return size
+            fh.seek(at - 1)
+            return at - 1 + len(fh.readline())
+
+        begin, end = row_start(start), row_start(stop)
+    if end <= begin:
+        return pa.BufferReader(b"")
+    return pa.BufferReader(pa.memory_map(str(path)).read_at(end - begin, begin))
+
+
+def csv_blocks(path: Path, block_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive byte ranges of about ``block_bytes`` covering a CSV file: read as
+    :class:`SourceReader` blocks, they read each row exactly once."""
+    size = path.stat().st_size
+    n = max(1, -(-size // max(1, block_bytes)))
+    bounds = [size * i // n for i in range(n + 1)]
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def parquet_blocks(path: Path, block_rows: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of a Parquet file's row groups of about ``block_rows`` rows each."""
+    meta = pq.ParquetFile(path).metadata
+    out, first, rows = [], 0, 0
+    for g in range(meta.num_row_groups):
+        rows += meta.row_group(g).num_rows
+        if rows >= block_rows:
+            out.append((first, g + 1))
+            first, rows = g + 1, 0
+    if first < meta.num_row_groups or not out:
+        out.append((first, meta.num_row_groups))
+    return out
 
 
 def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:

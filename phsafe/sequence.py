@@ -340,7 +340,8 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
             hooks.validated(run, "input", report)
         if counts is None:  # validation failed: nothing spent
             raise ValidationFailed("input", _validation_text(hooks, report, run), report)
-        digests = runner.run(DIGEST_INPUTS, engine.fingerprint_inputs, run.data_dir)
+        # CSV inputs were hashed as they were read: the digests of the very bytes counted.
+        digests = runner.run(DIGEST_INPUTS, engine.fingerprint_inputs, run.data_dir, counts.input_digests)
         attempt = runner.run(OPEN_LEDGER_RUN, _open_ledger_run, run, plan, digests, counts)
         outcomes = [o for found in runner.map(MEASURE, _measure, list(TABLES), run, plan, counts, attempt,
                                               total=len(plan.measurements)) for o in found]

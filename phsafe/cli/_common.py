@@ -30,6 +30,40 @@ EXISTING_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class MemorySize(click.ParamType):
+    """A size in bytes: ``8G``, ``512M``, ``12.5GiB`` (binary units; :func:`phsafe.memory.parse_size`)."""
+
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        from phsafe.memory import parse_size
+
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+MEMORY_SIZE = MemorySize()
+
+
+def memory_limit_help() -> str:
+    """``--memory-limit``'s help: the parameter's description and this machine's default."""
+    from phsafe.memory import default_memory_limit, format_size
+    from phsafe.parameters import PrivateRunParameters
+
+    text = PrivateRunParameters.model_fields["memory_limit"].description or ""
+    return f"{text} This machine's default: {format_size(default_memory_limit())}."
+
+
+def memory_limit_option(f: F) -> F:
+    """``--memory-limit SIZE`` of validate and non-private (private takes it from its parameters)."""
+    return click.option("--memory-limit", "memory_limit", type=MEMORY_SIZE, default=None, metavar="SIZE",
+                        help=memory_limit_help())(f)
+
+
 def crash_frames(exc: BaseException) -> list[str]:
     """Where ``exc`` was raised, as ``file:line in function`` per frame: no message, no values."""
     return [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in traceback.extract_tb(exc.__traceback__)]

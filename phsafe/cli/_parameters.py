@@ -12,12 +12,12 @@ from typing import Any, TypeVar
 
 import click
 
-from phsafe.cli._common import EXISTING, EXISTING_FILE, PATH
+from phsafe.cli._common import EXISTING, EXISTING_FILE, MEMORY_SIZE, PATH, memory_limit_help
 from phsafe.parameters import CommandLine, command_line_spelling, describe, on_command_line
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_TYPES = {"path": PATH, "existing": EXISTING, "existing_file": EXISTING_FILE}
+_TYPES = {"path": PATH, "existing": EXISTING, "existing_file": EXISTING_FILE, "size": MEMORY_SIZE}
 
 
 def _parameter(name: str, spelling: CommandLine, spell: dict[str, str]) -> Callable[[F], F]:
@@ -25,6 +25,8 @@ def _parameter(name: str, spelling: CommandLine, spell: dict[str, str]) -> Calla
     if spelling.argument:
         return click.argument(name, type=kind)
     text = spelling.help or describe(name, spell, spelling.note)
+    if spelling.kind == "size":
+        text = memory_limit_help()
     if spelling.kind == "flag":
         return click.option(*spelling.decls, is_flag=True, default=False, help=text)
     if spelling.kind == "negated_flag":

@@ -54,22 +54,26 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
 
 
 def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None) -> ValidationReport:
+                    progress: "Progress | None" = None, memory_limit: int | None = None,
+                    spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
 
     See :func:`phsafe.validation._inputs.validate_inputs`.
     """
     from phsafe.validation._inputs import validate_inputs as run
 
-    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress))
+    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress,
+                                                     memory_limit=memory_limit, spill_dir=spill_dir))
 
 
 def validate_and_count(config_path: "ConfigFile | Path", data_dir: Path, *, counting: "Counting | None",
                        report_dir: Path | None = None, stage: "StageTimer | None" = None,
-                       progress: "Progress | None" = None) -> tuple[ValidationReport, "Counts | None"]:
+                       progress: "Progress | None" = None, memory_limit: int | None = None,
+                       spill_dir: Path | None = None) -> tuple[ValidationReport, "Counts | None"]:
     """Validate the inputs and count (``counting``; None: only validate) in the counting's one pass.
 
-    See :func:`phsafe.intake.validated_counts`, which a run calls.
+    See :func:`phsafe.intake.validated_counts`, which a run calls (``memory_limit`` and
+    ``spill_dir`` as there).
 
     Returns:
         (the report, the exact counts -- None when not counting or the report is not ok).
@@ -80,7 +84,7 @@ def validate_and_count(config_path: "ConfigFile | Path", data_dir: Path, *, coun
 
     def call() -> ValidationReport:
         report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage,
-                                        progress=progress)
+                                        progress=progress, memory_limit=memory_limit, spill_dir=spill_dir)
         out.append(counts)
         return report
 

@@ -102,7 +102,7 @@ def prewarm() -> threading.Thread:
     The import is mostly Python bytecode while reading the input files is mostly pyarrow work
     that releases the GIL, so the two overlap.
     """
-    thread = threading.Thread(target=_gx, name="phsafe-gx-import", daemon=True)
+    thread = threading.Thread(target=import_gx, name="phsafe-gx-import", daemon=True)
     thread.start()
     return thread
 

@@ -70,6 +70,10 @@ SLICE_ROWS = 4_000_000
 """Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
 MAFID_JOB_ROWS = 4_000_000
 """Distinct MAFIDs of several state partitions are judged together, about this many a job."""
+PENDING_ROWS = 12_000_000
+"""At most this many rows of frames wait for Great Expectations (about 100 MB): beyond, the pass
+waits for its answers (it is far faster than the pass: a 4M-row frame takes a tenth of a
+second)."""
 _SMALL_MAX = 254
 """Row counts in the derived frames are capped here: every rule on a count compares it with 0 or
 1, so a count of 300 and one of 254 get the same verdict."""
@@ -79,7 +83,8 @@ _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own
 
 
 def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None) -> ValidationReport:
+                    progress: "Progress | None" = None, memory_limit: int | None = None,
+                    spill_dir: Path | None = None) -> ValidationReport:
     """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
 
     Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
@@ -92,13 +97,17 @@ def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_
             Data Docs are written to ``report_dir/inputs/``.
         progress: Shows the stages (read, evaluate the rules, write the report) and a bar of the
             input files read.
+        memory_limit, spill_dir: The pass's memory budget and where it spills inputs too large
+            for it (see :class:`phsafe.counting.InputPass`).
     """
     return run_validation(config_path, Path(data_dir), counting=None, report_dir=report_dir,
-                          stage=None if progress is None else progress.stage, progress=progress)[0]
+                          stage=None if progress is None else progress.stage, progress=progress,
+                          memory_limit=memory_limit, spill_dir=spill_dir)[0]
 
 
 def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                   stage: Any = None, progress: "Progress | None" = None) -> tuple[ValidationReport, Any]:
+                   stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
+                   spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
     """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
 
     Returns:
@@ -112,7 +121,7 @@ def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting
     config_file, load_failure = _config.load(config_path)
     config, raw = config_file.config, config_file.document
     state_list = _config.state_filter(config, raw)
-    states = _usable_states(state_list)
+    states = usable_states(state_list)
     sources, missing = locate(data_dir)
     file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
     file_names["config"] = config_file.name
@@ -123,7 +132,7 @@ def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting
         files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
         timer = stage or (lambda name: nullcontext())
         result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
-                           stage=timer, progress=progress).run()
+                           stage=timer, progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
         # Great Expectations evaluates the rule groups as the pass submits them (on the second core
         # for a large input); what is still running when the pass ends is waited for here.
         # (A stage without a bar: how many evaluation jobs a large input makes depends on its data.)
@@ -147,7 +156,7 @@ def _absent(data_dir: Path, stem: str) -> InputFile:
     return InputFile(stem, data_dir / stem, "parquet", True, ())
 
 
-def _usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
+def usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
     """The state filter to apply first, or None (the config gives no usable one: nothing is set
     aside, and the report says so)."""
     if not state_list:
@@ -216,7 +225,11 @@ class InputValidation:
     """
 
     def __init__(self, file_names: Mapping[str, str], evaluator: Evaluator, state_filter: list[str] | None,
-                 missing: set[str]) -> None:
+                 missing: set[str], *, defer_combinations: bool = False) -> None:
+        self.defer_combinations = defer_combinations
+        """A piece of a pass (:meth:`piece`): its per-file and cross-file combinations are handed
+        on, to be evaluated once with every other piece's where the report is made; only the
+        MAFID frames (large) and the headers are evaluated here."""
         self.file_names = dict(file_names)
         self.evaluator = evaluator
         self.state_filter = state_filter
@@ -226,8 +239,10 @@ class InputValidation:
         self.cross = {name: Tally(load_suite(name), _ROW_NOUNS) for name in CROSS_FILE_SUITES}
         self.cross_counters: dict[str, list[ComboCounter]] = {}
         self.cross_groups: dict[str, list[RuleGroup]] = {}
+        self._cross_columns: dict[str, list[str]] = {}
         self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
+        self._pending_rows = 0
         self._skipped_cross: list[str] = []
 
     # ----------------------------------------------------------------------------- GX jobs
@@ -246,7 +261,38 @@ class InputValidation:
             return
         job = _gx.Job(group.suite, group.frame, tuple(rules), frame, None if weights is None else _narrow(weights),
                       params)
+        self._add_job(job, tally)
+
+    def _add_job(self, job: _gx.Job, tally: Tally) -> None:
+        """Submit a job; keep it until it is answered (to evaluate it here should the second
+        process fail), then only its value-free results. Memory stays bounded whatever the
+        input's size: answered jobs are let go as the pass goes on, and the pass waits when more
+        than :data:`PENDING_ROWS` rows of frames are unanswered."""
         self._jobs.append((job, self.evaluator.submit(job), tally))
+        self._pending_rows += _job_rows(job)
+        self._settle(wait=False)
+        while self._pending_rows > PENDING_ROWS and self._jobs:
+            self._settle(wait=True)
+
+    def _settle(self, *, wait: bool) -> None:
+        """Tally the answered jobs and let their frames go (``wait``: for the oldest at least)."""
+        keep = []
+        for i, (job, future, tally) in enumerate(self._jobs):
+            if not future.done() and not (wait and i == 0):
+                keep.append((job, future, tally))
+                continue
+            self._tally(job, future, tally)
+            self._pending_rows -= _job_rows(job)
+        self._jobs = keep
+
+    def _tally(self, job: _gx.Job, future: "Future[Any]", tally: Tally) -> None:
+        try:
+            results = future.result()
+        except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: evaluate here
+            log.warning("validation worker failed; evaluating in this process", error_type=type(exc).__name__)
+            results = _gx.evaluate(job)
+        for r in results:
+            tally.add(r.rule_id, r.success, r.counts, r.raised)
 
     def config(self, raw: Any) -> Tally:
         """Submit the config suite on the flattened config; return its tally."""
@@ -410,13 +456,17 @@ class InputValidation:
 
     def _cross_add(self, suite: str, columns: dict[str, npt.NDArray[np.integer]]) -> None:
         """Add rows of a derived frame (compact values, ``INVALID`` for null) to its counters."""
-        if suite not in self.cross_counters:
-            groups = rule_groups(self.cross[suite].suite, suite, list(columns))
-            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
-            self.cross_groups[suite] = groups
-            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, list(columns))]
+        self._cross_setup(suite, list(columns))
         for counter in self.cross_counters[suite]:
             counter.add([(columns[c], 1) for c in counter.columns])
+
+    def _cross_setup(self, suite: str, columns: list[str]) -> None:
+        if suite not in self.cross_counters:
+            groups = rule_groups(self.cross[suite].suite, suite, columns)
+            sizes = {name: _DERIVED_CLASSES.get(name, 256) for name in columns}
+            self.cross_groups[suite] = groups
+            self.cross_counters[suite] = [ComboCounter(j) for j in joints(groups, sizes, columns)]
+            self._cross_columns[suite] = columns
 
     def _units_geo(self, join: Any, units: Any, geo_rows: Any) -> None:
         """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
@@ -493,7 +543,7 @@ class InputValidation:
     def _submit_file(self, stem: str) -> None:
         """Submit a file's per-file rule groups (once its every partition is read)."""
         check = self.files[stem]
-        if check.submitted:
+        if check.submitted or self.defer_combinations:
             return
         check.submitted = True
         single: dict[str, tuple[RuleGroup, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = {}
@@ -513,6 +563,8 @@ class InputValidation:
     def _submit_accumulated(self) -> None:
         for stem in self.files:
             self._submit_file(stem)
+        if self.defer_combinations:
+            return
         for suite, groups in self.cross_groups.items():
             for group in groups:
                 counter = next(c for c in self.cross_counters[suite] if set(group.columns) <= set(c.columns))
@@ -541,19 +593,147 @@ class InputValidation:
         if runnable:
             job = _gx.Job(group.suite, group.frame, tuple(runnable), frame, None, params,
                           column_weights={c: _narrow(single[c][2]) for c in columns})
-            self._jobs.append((job, self.evaluator.submit(job), check.tally))
+            self._add_job(job, check.tally)
+
+    # ------------------------------------------------------- pieces of a pass (on a cluster)
+    # A pass cut into tasks (``phsafe.distributed``): each block of a file and each MAFID range
+    # is validated where it is read, by an observer of its own, and what that observer found
+    # -- value-free tallies -- is merged where the report is made. Every rule's verdict is the
+    # conjunction of its verdicts on the pieces and its counts are their sums, as when one
+    # observer submits several frames of a rule (the suites have no ``mostly`` rule).
+    def finish_block(self, stem: str) -> None:
+        """A block of a file is read: submit its per-file frames (and its irregular MAFIDs)."""
+        check = self.files[stem]
+        if check.irregular_mafids and check.mafid_group is not None:
+            extra, counts = distinct([np.concatenate(check.irregular_mafids)])
+            check.irregular_mafids.clear()
+            check.mafids.append((extra[0], counts))
+            self._submit_mafids(check)
+        self._submit_file(stem)
+
+    def partition_end(self) -> None:
+        """The pass's last partition was joined and counted by other observers (worker processes,
+        whose pieces were absorbed): submit what this one still holds -- the irregular MAFIDs its
+        batches found."""
+        for check in self.files.values():
+            if check.irregular_mafids and check.mafid_group is not None:
+                extra, counts = distinct([np.concatenate(check.irregular_mafids)])
+                check.irregular_mafids.clear()
+                check.mafids.append((extra[0], counts))
+            self._submit_mafids(check)
+        self._submit_accumulated()
+
+    def assume_files(self, seen: "Mapping[str, FileSeen]") -> None:
+        """What the blocks saw of each file (a MAFID range's observer never reads a file whole):
+        its header and columns, and whether every row could be read."""
+        for stem, file_seen in seen.items():
+            check = self.files[stem]
+            check.header = list(file_seen.header) if file_seen.header is not None else None
+            check.complete = file_seen.complete
+            if check.groups is None:
+                self._setup(check, list(file_seen.columns))
+
+    def piece(self) -> "ValidationPiece":
+        """Wait for this observer's evaluations; what it found (picklable): tallies, and -- when
+        it defers them -- the distinct combinations it counted, with the values of the irregular
+        classes they hold (confidential, like the data: they go only where the report is made)."""
+        self._collect()
+        combos = None
+        if self.defer_combinations:
+            combos = CombinationPiece(
+                files={stem: [(counter.columns, *counter.result()) for counter in c.counters]
+                       for stem, c in self.files.items() if c.counters},
+                columns={stem: tuple(c.columns) for stem, c in self.files.items()},
+                extras={stem: {name: list(book._values) for name, book in c.books.items() if book._values}  # noqa: SLF001
+                        for stem, c in self.files.items()},
+                cross={suite: (tuple(self._cross_columns[suite]),
+                               [(counter.columns, *counter.result()) for counter in counters])
+                       for suite, counters in self.cross_counters.items()},
+            )
+        return ValidationPiece(
+            files={stem: c.tally for stem, c in self.files.items()},
+            cross=dict(self.cross),
+            seen=self.seen(),
+            utf8_rows={stem: dict(c.utf8_rows) for stem, c in self.files.items()},
+            skipped_cross=list(self._skipped_cross),
+            combinations=combos,
+        )
+
+    def _absorb_combinations(self, combos: "CombinationPiece") -> None:
+        """Add another observer's distinct combinations to this one's counters (its irregular
+        values renumbered in this observer's class books)."""
+        for stem, counters in combos.files.items():
+            check = self.files[stem]
+            if check.groups is None:
+                present = set(combos.columns.get(stem, ()))
+                self._setup(check, [c.name for c in FILES[stem] if c.name in present])
+            for columns, values, counts in counters:
+                if not len(counts):
+                    continue
+                values = [self._renumber(check.books[name], v, combos.extras.get(stem, {}).get(name))
+                          for name, v in zip(columns, values)]
+                mine = next((c for c in check.counters if c.columns == columns), None)
+                if mine is not None:
+                    mine.add([(v, 0) for v in values], counts)
+                    continue
+                # Another file layout (a folder whose header differs): its groups judged on their own.
+                for group in check.groups or ():
+                    if set(group.columns) <= set(columns):
+                        sub, weights = distinct([values[columns.index(c)] for c in group.columns], counts)
+                        self._submit(check.tally, group, _file_frame(check.books, group.columns, sub), weights,
+                                     self._parameters(stem))
+        for suite, (frame_columns, counters) in combos.cross.items():
+            self._cross_setup(suite, list(frame_columns))
+            for columns, values, counts in counters:
+                if len(counts):
+                    mine = next(c for c in self.cross_counters[suite] if c.columns == columns)
+                    mine.add([(v, 0) for v in values], counts)
+
+    @staticmethod
+    def _renumber(book: ClassBook, classes: npt.NDArray[np.int64], extras: list[Any] | None) -> npt.NDArray[np.int64]:
+        if not extras:
+            return classes
+        irregular = classes >= book.first_extra
+        if not irregular.any():
+            return classes
+        table = book.extra(extras)
+        out = classes.copy()
+        out[irregular] = table[classes[irregular] - book.first_extra]
+        return out
+
+    def absorb(self, piece: "ValidationPiece", *, files_read: bool = False) -> None:
+        """Add what another observer found (see :meth:`piece`); ``files_read``: it read files
+        (a state's folders), so what it saw of them counts too (header, columns, complete)."""
+        for stem, tally in piece.files.items():
+            check = self.files[stem]
+            check.tally.merge(tally)
+            for column, n in piece.utf8_rows.get(stem, {}).items():
+                check.utf8_rows[column] = check.utf8_rows.get(column, 0) + n
+            seen = piece.seen.get(stem)
+            if files_read and seen is not None:
+                if check.header is None and seen.header is not None:
+                    check.header = list(seen.header)
+                check.columns |= set(seen.columns)
+                check.complete = check.complete and seen.complete
+        for name, tally in piece.cross.items():
+            self.cross[name].merge(tally)
+        if piece.combinations is not None:
+            self._absorb_combinations(piece.combinations)
+        for note in piece.skipped_cross:
+            if note not in self._skipped_cross:
+                self._skipped_cross.append(note)
+
+    def seen(self) -> "dict[str, FileSeen]":
+        """What this observer saw of each file (header, columns, every row read)."""
+        return {stem: FileSeen(tuple(c.header) if c.header is not None else None, frozenset(c.columns), c.complete)
+                for stem, c in self.files.items()}
 
     # --------------------------------------------------------------------------------- report
     def _collect(self) -> None:
         for job, future, tally in self._jobs:
-            try:
-                results = future.result()
-            except Exception as exc:  # noqa: BLE001 -- e.g. the second process died: evaluate here
-                log.warning("validation worker failed; evaluating in this process", error_type=type(exc).__name__)
-                results = _gx.evaluate(job)
-            for r in results:
-                tally.add(r.rule_id, r.success, r.counts, r.raised)
+            self._tally(job, future, tally)
         self._jobs.clear()
+        self._pending_rows = 0
 
     def close(self) -> None:
         self.evaluator.close()
@@ -610,6 +790,88 @@ class InputValidation:
                 f"the input is stored by state ({result.states_found} TABBLKST=<state> folders): records join "
                 "only within a state's folders, as the counting reads them")
         return report
+
+
+@dataclass(frozen=True)
+class FileSeen:
+    """What the blocks of a file saw: its header, the schema columns it has, whether every row
+    could be read (and was UTF-8) -- the cross-file rules need the whole file."""
+
+    header: tuple[str, ...] | None
+    columns: frozenset[str]
+    complete: bool
+
+    @staticmethod
+    def merge(pieces: "Sequence[FileSeen]") -> "FileSeen":
+        header = next((p.header for p in pieces if p.header is not None), None)
+        columns = frozenset().union(*(p.columns for p in pieces)) if pieces else frozenset()
+        return FileSeen(header, columns, all(p.complete for p in pieces))
+
+
+@dataclass
+class CombinationPiece:
+    """The distinct combinations one piece of a pass counted, to be evaluated with the others'.
+
+    Attributes:
+        files: Per file, each counter's columns, distinct combinations (classes) and row counts.
+        columns: Per file, the schema columns it has.
+        extras: Per file and column, the values of the irregular classes (their class is
+            ``book.first_extra`` + their index).
+        cross: Per cross-file suite, the frame's columns and each counter's combinations.
+    """
+
+    files: dict[str, list[tuple[tuple[str, ...], list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]]]
+    columns: dict[str, tuple[str, ...]]
+    extras: dict[str, dict[str, list[Any]]]
+    cross: dict[str, tuple[tuple[str, ...], list[tuple[tuple[str, ...], list[npt.NDArray[np.int64]],
+                                                        npt.NDArray[np.int64]]]]]
+
+
+@dataclass
+class ValidationPiece:
+    """What validating one piece of a pass found: rule tallies and row counts, and the
+    combinations it defers (:class:`CombinationPiece`)."""
+
+    files: dict[str, Tally]
+    cross: dict[str, Tally]
+    seen: dict[str, FileSeen]
+    utf8_rows: dict[str, dict[str, int]]
+    skipped_cross: list[str]
+    combinations: CombinationPiece | None = None
+
+
+def report_of_pieces(config_path: "ConfigFile | Path", data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
+                     report_dir: Path | None = None) -> ValidationReport:
+    """The validation report of a pass validated in pieces (on a cluster): the config's rules
+    evaluated here, every piece's tallies merged, the report written to ``report_dir/inputs``.
+
+    Args:
+        result: The pass's merged :class:`phsafe.counting.PassResult` (reading problems, rows
+            set aside).
+    """
+    config_file, load_failure = _config.load(config_path)
+    config, raw = config_file.config, config_file.document
+    state_list = _config.state_filter(config, raw)
+    states = usable_states(state_list)
+    sources, missing = locate(data_dir)
+    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
+    file_names["config"] = config_file.name
+    observer = InputValidation(file_names, evaluator(0), state_list, missing=set(FILES) - set(sources))
+    try:
+        config_run = observer.config(raw)
+        for stem in STEMS:
+            seen = FileSeen.merge([p.seen[stem] for p in pieces if stem in p.seen])
+            observer.files[stem].header = list(seen.header) if seen.header is not None else None
+            observer.files[stem].complete = seen.complete
+        for piece in pieces:
+            observer.absorb(piece)
+        observer._submit_accumulated()  # noqa: SLF001 -- the combinations of every piece, once
+        report = observer.report(result, config_run, load_failure, missing, states)
+        if report_dir is not None:
+            observer.write_report(report, Path(report_dir))
+    finally:
+        observer.close()
+    return report
 
 
 def _plain(suite: Suite, group: RuleGroup) -> bool:
@@ -682,3 +944,11 @@ def _explain_header(failure: Failure, stem: str, header: list[str] | None) -> Fa
     missing = tuple(n for n in expected if n not in header)
     return replace(failure, rule=f"{failure.rule}: {detail}" if detail else failure.rule,
                    columns=missing or failure.columns)
+
+
+def _job_rows(job: _gx.Job) -> int:
+    """Rows of a job's frame (what it holds in memory until it is answered)."""
+    data = job.data
+    if isinstance(data, list):
+        return len(data[0].classes) if data else 0
+    return len(data) if hasattr(data, "__len__") else 0

@@ -61,3 +61,92 @@ def test_us_flow_counts_on_dask(tmp_path):
     assert sum(n.startswith("measure-") for n in names) == len(TABLES)
     summary = state.result()
     _verify(Path(summary["ledger"]), Path(summary["outputs"]))
+
+
+@flow(name="test-dask-one-read")
+def _one_read(datasets: list[str], config: str, ledger: str, out: str) -> list[dict]:
+    """Validate and count the same national files on this process and on a LocalCluster of two
+    worker processes (blocks of 160 kB, ranges of 5,000 persons); what each found."""
+    from flows.counting import dask_task_runner
+
+    with dask_task_runner(None, 2) as runner:
+        return [_compare_one_read(data, config, ledger, f"{out}-{i}", runner) for i, data in enumerate(datasets)]
+
+
+def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> dict:  # noqa: ANN001
+    from flows.counting import validate_and_count_on_dask
+
+    options = engine.PrivateRunOptions(ledger=Path(ledger), non_confidential=True)
+    run, cfg = engine.begin_private_run(Path(config), Path(data), Path(out), options)
+    run = dataclasses.replace(run, truncation_key=bytes(range(16)))
+    run.run_dir.mkdir(parents=True)
+    local, local_report = engine.validate_and_count(run)
+    spilled = []
+    import phsafe.spill
+
+    made = phsafe.spill.SpillArea.path.fget
+
+    def watch(area):  # type: ignore[no-untyped-def]
+        spilled.append(made(area))
+        return spilled[-1]
+
+    phsafe.spill.SpillArea.path = property(watch)  # type: ignore[method-assign]
+    try:
+        on_dask, dask_report = validate_and_count_on_dask(run, cfg, max_persons=5000, block_bytes=160_000,
+                                                          runner=runner)
+    finally:
+        phsafe.spill.SpillArea.path = property(made)  # type: ignore[method-assign]
+    assert local_report.to_text() == dask_report.to_text()
+    assert local_report.failures == dask_report.failures
+    assert spilled and all(p.is_relative_to(run.run_dir) and not p.exists() for p in spilled)
+    if local is None:
+        assert on_dask is None
+        return {"ok": False, "report": dask_report.to_text()}
+    assert on_dask.content == local.content
+    for table in TABLES:
+        for level, cube in local[table].by_level.items():
+            np.testing.assert_array_equal(cube, on_dask[table].by_level[level], err_msg=f"{table} {level}")
+    return {"ok": True, "report": dask_report.to_text()}
+
+
+def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path):
+    """Validation and counting from the same blocks on the cluster: the local pass's report and
+    exact counts -- with the state filter setting records aside, and with broken records."""
+    import json
+    import shutil
+
+    config = tmp_path / "config.json"
+    raw = json.loads((DEMO_US / "config.json").read_text())
+    raw["state_filter"] = ["01", "06", "36", "48"]  # the District's records are set aside
+    config.write_text(json.dumps(raw))
+    bad = tmp_path / "bad"
+    shutil.copytree(DEMO_US, bad)
+    persons = (bad / "persons.csv").read_text().splitlines(keepends=True)
+    fields = persons[len(persons) // 2].rstrip("\n").split(",")
+    fields[5] = "99"  # a RELSHIP outside the code list, mid-file
+    persons[len(persons) // 2] = ",".join(fields) + "\n"
+    (bad / "persons.csv").write_text("".join(persons))
+    good, broken = _one_read([str(DEMO_US), str(bad)], str(config), str(tmp_path / "l.jsonl"), str(tmp_path / "out"))
+    assert good["ok"] and "set aside" in good["report"], good["report"]
+    assert not broken["ok"] and "persons.csv [RELSHIP]" in broken["report"], broken["report"]
+
+
+def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path):
+    from flows.sdhc import us_flow
+
+    from tests._ledgers import new_ledger
+
+    ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
+    state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
+                    ledger=str(ledger), new_version_reason="the demo's records", validate_inputs=True,
+                    counting="dask", dask_workers=2, partition_persons=1500, return_state=True)
+    assert state.is_completed(), state.message
+    from tests.flows.test_flows import _task_run_names, _verify
+
+    names = _task_run_names(state.state_details.flow_run_id)
+    assert {"read-geo-1", "read-units-1", "read-persons-1"} <= set(names), names
+    assert sum(n.startswith("count-range-") for n in names) >= 2
+    assert not any(n.startswith("validate-inputs") for n in names)  # no second read of the inputs
+    summary = state.result()
+    _verify(Path(summary["ledger"]), Path(summary["outputs"]))
+    assert not (Path(summary["work_folder"]) / "spill").exists()

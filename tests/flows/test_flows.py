@@ -367,8 +367,21 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
     assert "raise it with the flow parameter lifetime_cap and the flow parameter cap_reason" in state.message
 
 
+def test_a_memory_limit_too_small_is_refused_before_any_spend(tmp_path):
+    """The flow's memory_limit reaches the preflight: inputs that cannot be read within it are
+    refused in one message naming the flow parameter, before the ledger's first INTENT."""
+    from flows.sdhc import us_flow
+
+    state = us_flow(**_params(tmp_path, "us", memory_limit="1M"), return_state=True)
+    assert state.is_failed()
+    assert "memory limit" in state.message and "the flow parameter memory_limit" in state.message
+    assert "No privacy-loss budget was spent." in state.message
+    assert [e["kind"] for e in _ledger_entries(tmp_path / "us-ledger.jsonl")] == ["LEDGER_INIT"]
+
+
 @pytest.mark.parametrize(("parameter", "value"), [("lifetime_cap", "a lot"), ("lifetime_cap", -1),
-                                                  ("counting", "gpu"), ("dask_workers", 0)])
+                                                  ("counting", "gpu"), ("dask_workers", 0),
+                                                  ("memory_limit", "8 gigs"), ("memory_limit", "0G")])
 def test_parameters_are_typed(tmp_path, parameter, value):
     from flows.sdhc import us_flow
 
@@ -389,6 +402,7 @@ def test_parameter_schema_has_numbers_and_choices():
     assert cap_types == {"number", "null"}
     assert properties["counting"]["enum"] == ["local", "dask"]
     assert {s.get("type") for s in properties["dask_workers"]["anyOf"]} == {"integer", "null"}
+    assert any(s.get("type") == "string" and s.get("pattern") for s in properties["memory_limit"]["anyOf"])
     rehearsal = parameter_schema(rehearsal_flow).model_dump_for_openapi()["properties"]
     assert rehearsal["persons"]["type"] == "integer" and rehearsal["persons"]["minimum"] == 1
     assert rehearsal["input_format"]["enum"] == ["csv", "parquet", "parquet-partitioned"]

@@ -338,10 +338,10 @@ def test_validation_shows_each_file_of_each_released_state_read(datasets: dict[s
         report = validate_inputs(config_path, datasets["parquet-partitioned"], progress=progress)
     assert report.ok, report.to_text()
     released = len(STATES) - 1  # Alaska's folders are set aside, not read
-    assert any(line.startswith(f"phsafe: read, check and join: {3 * released} files -- done in ")
+    assert any(line.startswith(f"phsafe: read, check and join: {3 * released} files, geo ") and " kB" in line
                for line in lines), lines
 
     lines.clear()
     with progress.stage("validate"):
         assert validate_inputs(config_path, datasets["csv"], progress=progress).ok
-    assert any(line.startswith("phsafe: read, check and join: 3 files -- done in ") for line in lines), lines
+    assert any(line.startswith("phsafe: read, check and join: 3 files, geo.csv ") for line in lines), lines

@@ -62,3 +62,23 @@ def test_refusals_name_each_option_as_the_front_ends_spell_it(option: str) -> No
     flows = {name: spelling.name or name for name, spelling in on_flows()}
     if field in flows:
         assert FLOW_PARAMETERS.get(option, option).split("=")[0] == flows[field]
+
+
+def test_the_memory_limit_is_typed_as_a_size_on_every_front_end() -> None:
+    # Flows: text such as "8G" (a pattern in the flow's signature refuses what is not a positive
+    # size before the run starts); the engine gets bytes.
+    flow = {p.name: p for p in flow_parameters()}["memory_limit"]
+    pydantic = pytest.importorskip("pydantic")
+    adapter = pydantic.TypeAdapter(flow.annotation)
+    assert adapter.validate_python("8G") == "8G" and adapter.validate_python(None) is None
+    for bad in ("8 gigs", "0G", "-1G", ""):
+        with pytest.raises(pydantic.ValidationError):
+            adapter.validate_python(bad)
+    given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "output_root": "o", "ledger": "l",
+                                            "memory_limit": "1.5G"})
+    assert given.options().memory_limit == 3 << 29
+    # Command line: bytes, refused in one usage line when not a size.
+    ctx = private.make_context("private", ["c.json", "d", "out", "--memory-limit", "512M"], resilient_parsing=True)
+    assert ctx.params["memory_limit"] == 512 << 20
+    with pytest.raises(click.BadParameter, match="not a size"):
+        private.make_context("private", ["c.json", "d", "out", "--memory-limit", "8X"])

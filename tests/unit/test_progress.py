@@ -89,6 +89,35 @@ def test_rich_progress_prints_finished_stages() -> None:
     assert "an info event" not in text and "the error" not in text
 
 
+def test_byte_tasks_show_sizes_rates_and_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input file being read: plain lines while it runs (percent, rate, time left) and a
+    rounded size with its rate when done -- never the exact number of bytes."""
+    import phsafe.progress as progress_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: clock[0])
+    lines: list[str] = []
+    progress = PlainProgress(lines.append)
+    total = 7_578_433_623
+    with progress.stage("read"), progress.task("persons.csv", total=total, unit="bytes") as task:
+        for _ in range(40):  # 95 MB a second for 40 seconds
+            clock[0] += 1.0
+            task.advance(95_000_000)
+    running = [line for line in lines if "% read" in line]
+    assert running == ["phsafe: persons.csv: 38% read, 95 MB/s, about 49.8 s left"], lines
+    assert lines[-1].startswith("phsafe: read: persons.csv 3.8 GB at 95 MB/s -- done in ")
+    assert not any(str(total) in line or f"{total:,}" in line or "3800000000" in line for line in lines)
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
+    rich = RichProgress(console)
+    with rich, rich.stage("read"), rich.task("geo.csv", total=6_868_017_986, unit="bytes") as task:
+        task.advance(2_100_000_000)
+        rich._bars.refresh()
+        live = console.export_text(clear=False)
+    assert "geo.csv" in live and "2.1/6.9 GB" in live
+    assert "✓ read (geo.csv 2.1 GB" in console.export_text()
+
+
 def test_null_progress_shows_nothing_but_quiet_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     _work(NULL)
     assert capsys.readouterr().err == ""
@@ -132,13 +161,15 @@ def test_quiet_and_verbose_mean_the_same_on_the_group_and_the_command(tmp_path: 
 def test_validate_and_private_show_the_input_files_read(tmp_path: Path) -> None:
     validated = _invoke("validate", DEMO_US / "config.json", DEMO_US)
     assert validated.exit_code == 0, validated.stderr
-    assert "phsafe: read, check and join: 3 files -- done in " in validated.stderr
+    # the files read, then each input's size (rounded) and the rate it was read at
+    assert "phsafe: read, check and join: 3 files, geo.csv " in validated.stderr
+    assert "units.csv " in validated.stderr and "persons.csv " in validated.stderr
     assert "phsafe: evaluate the rules (Great Expectations) -- done in " in validated.stderr
     assert "phsafe: validate the config and the inputs -- done in " in validated.stderr
     private = _invoke("private", DEMO_US / "config.json", DEMO_US, tmp_path / "out",
                       "--ledger", tmp_path / "ledger.jsonl", "--non-confidential")
     assert private.exit_code == 0, private.stderr
-    assert "phsafe: read, check, join and count: 3 files -- done in " in private.stderr
+    assert "phsafe: read, check, join and count: 3 files, geo.csv " in private.stderr
     assert "phsafe: evaluate the rules (Great Expectations) -- done in " in private.stderr
     assert "measurements -- done in " in private.stderr
 

@@ -210,9 +210,19 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     reads: dict[str, int] = collections.Counter()
     open_csv, parquet_file = pacsv.open_csv, pq.ParquetFile
 
-    def counted_open_csv(path, *args, **kwargs):  # type: ignore[no-untyped-def]
-        reads[str(path)] += 1
-        return open_csv(path, *args, **kwargs)
+    opened: list[str] = []
+
+    class HashingReader(reader._HashingReader):
+        """The reader opens CSV files itself (to hash them and show its position), just before it
+        hands them to the parser: remember which."""
+
+        def __init__(self, path, *args, **kwargs):  # type: ignore[no-untyped-def]
+            super().__init__(path, *args, **kwargs)
+            opened.append(str(path))
+
+    def counted_open_csv(source, *args, **kwargs):  # type: ignore[no-untyped-def]
+        reads[opened.pop() if isinstance(source, reader.pa.PythonFile) else str(source)] += 1
+        return open_csv(source, *args, **kwargs)
 
     class CountedParquetFile(parquet_file):  # type: ignore[misc,valid-type]
         def __init__(self, source, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -223,6 +233,7 @@ def _count_reads(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
             reads[self._counted_path] += 1
             return super().iter_batches(*args, **kwargs)
 
+    monkeypatch.setattr(reader, "_HashingReader", HashingReader)
     monkeypatch.setattr(reader.pacsv, "open_csv", counted_open_csv)
     monkeypatch.setattr(reader.pq, "ParquetFile", CountedParquetFile)
     return reads
