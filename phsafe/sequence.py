@@ -265,6 +265,9 @@ def _already_published(run: PrivateRun, recorded: Any) -> RunResult:
             checkpoint = json.loads(manifest.read_text(encoding="utf-8")).get("checkpoint")
         except (OSError, ValueError):
             checkpoint = None
+    if recorded.output_path and Path(recorded.output_path).is_dir():
+        # Stopped between recording the publication and writing the release's log files.
+        engine.write_release_log_files(engine.open_ledger(run.ledger), run.run_id, Path(recorded.output_path))
     log.info("already published: nothing to do", run_id=run.run_id, output=recorded.output_path)
     return RunResult(run.run_id, Path(recorded.output_path or run.output_dir), dict(recorded.outputs or {}),
                      None, {}, run.ledger, run.run_dir, [], checkpoint, recorded.attempt, already_published=True,

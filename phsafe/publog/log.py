@@ -117,6 +117,11 @@ class PublicLog:
             raise LedgerError(f"the public log's signer key {key} is missing; restore it from the ledger's backup")
         return cls(ledger)
 
+    @property
+    def projected(self) -> int:
+        """Entries the ledger projects, as of the last :meth:`sync`."""
+        return len(self._projector.entries)
+
     # -- keys ---------------------------------------------------------------------------------
 
     def signer(self) -> Ed25519Signer:
