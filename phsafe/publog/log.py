@@ -177,9 +177,11 @@ class PublicLog:
             LogDirectory.recover(self.path)  # an interrupted append: cut or complete it
             return LogDirectory.open(self.path)
 
-    def sync(self, lines: list[bytes]) -> bool:
+    def sync(self, lines: list[bytes], *, deep: bool = False) -> bool:
         """Bring the log in step with the ledger whose verified lines are ``lines``.
 
+        A log whose size and checkpoint match the projection is taken as it is, unless ``deep``:
+        then its entries are compared with the projection too (before every spend).
         Returns whether anything was appended or signed.
 
         Raises:
@@ -188,7 +190,7 @@ class PublicLog:
         for line in lines[self._projector.fed:]:
             self._projector.feed_line(line)
         expected = self._projector.entries
-        if self._hashed_size() == len(expected) and self._checkpoint_size() == len(expected):
+        if not deep and self._hashed_size() == len(expected) and self._checkpoint_size() == len(expected):
             return False
         try:
             with self._open() as folder:
@@ -203,14 +205,20 @@ class PublicLog:
                         "it was changed or belongs to another ledger -- the ledger is not used until this is resolved")
                 if have < len(expected):
                     folder.append(expected[have:])
+                elif self._checkpoint_size() == have:
+                    return False  # (deep) in step and signed
                 checkpoint = folder.sign_checkpoint(self.signer())
                 policy = read_witness_policy(self.ledger)
                 if policy is not None:
                     checkpoint, _ = self._cosign(folder, checkpoint, policy)
                 folder.publish_checkpoint(checkpoint)
-        except (StoreError, OSError) as exc:
-            raise LedgerError(f"could not bring the public log {self.path} in step with the ledger: {exc}; "
-                              "it is caught up on the ledger's next use (or `phsafe ledger repair`)") from None
+        except StoreError as exc:
+            raise LedgerError(f"the public log {self.path} is not the projection of the ledger ({exc}); it was "
+                              "changed or damaged -- the ledger is not used until it is restored") from None
+        except OSError as exc:
+            raise LedgerError(f"could not bring the public log {self.path} in step with the ledger: "
+                              f"{exc.strerror or exc}; it is caught up on the ledger's next use (or `phsafe ledger "
+                              "repair`)") from None
         return True
 
     def _cosign(self, folder: LogDirectory, checkpoint: bytes, policy: WitnessPolicy) -> tuple[bytes, list[str]]:
@@ -232,7 +240,8 @@ class PublicLog:
         return merged, refusals
 
     def require_witnesses(self, lines: list[bytes]) -> int:
-        """The log in step and its checkpoint cosigned by the ledger's witness quorum (if any).
+        """The log in step (its entries compared with the projection) and its checkpoint
+        cosigned by the ledger's witness quorum (if any). Called before every spend.
 
         Returns how many witnesses cosigned (0 without a witness policy).
 
@@ -240,7 +249,7 @@ class PublicLog:
             ForkRefused: Fewer than the quorum cosigned -- this ledger is not the history the
                 witnesses know (a copy or a rolled-back ledger), or they cannot be reached.
         """
-        self.sync(lines)
+        self.sync(lines, deep=True)
         policy = read_witness_policy(self.ledger)
         if policy is None:
             return 0
