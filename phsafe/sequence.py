@@ -230,11 +230,13 @@ def _continuation(job: ReleaseJob, dataset: str, ledger: Path) -> tuple[str | No
     from phsafe.ledger import RunStatus
 
     if job.resume_run_id:
-        if job.orchestration is not None and ledger.is_file():
+        if ledger.is_file():
             earlier = engine.open_ledger(ledger).run(job.resume_run_id)
-            if (earlier is not None and earlier.status is RunStatus.FINISHED
-                    and any(job.orchestration.started(a) for a in earlier.attempts)):
-                return earlier.run_id, True, earlier  # a retry of the flow run that finished it
+            if earlier is not None and earlier.status is RunStatus.FINISHED:
+                if job.orchestration is not None and any(job.orchestration.started(a) for a in earlier.attempts):
+                    return earlier.run_id, True, earlier  # a retry of the flow run that finished it
+                if _lacks_release_log_files(ledger, earlier):
+                    return earlier.run_id, True, earlier  # stopped before its log files were written
         return job.resume_run_id, True, None
     if job.orchestration is None or not ledger.is_file():
         return job.new_run_id, False, None
@@ -245,6 +247,16 @@ def _continuation(job: ReleaseJob, dataset: str, ledger: Path) -> tuple[str | No
     if latest.status is RunStatus.FINISHED:
         return latest.run_id, True, latest
     return latest.run_id, True, None
+
+
+def _lacks_release_log_files(ledger: Path, recorded: Any) -> bool:
+    """A finished run whose release folder is there but lacks its public log files (the run
+    stopped between recording its publication and writing them): completing it writes them."""
+    from phsafe.publog import RELEASE_LOG_FILES, log_path
+
+    folder = Path(recorded.output_path or "")
+    return (bool(recorded.output_path) and folder.is_dir() and log_path(ledger).is_dir()
+            and not all((folder / name).is_file() for name in RELEASE_LOG_FILES))
 
 
 def _retry_reason(job: ReleaseJob) -> str:
