@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -326,8 +327,10 @@ def test_a_changed_record_is_a_new_version_of_the_same_dataset(world: dict, tmp_
     # On a copy of the ledger (its cap is raised below; the other tests need it as it is).
     ledger = tmp_path / "enclave" / "ledger.jsonl"
     ledger.parent.mkdir()
-    for suffix in ("", ".key"):
+    for suffix in ("", ".key", ".log.key"):
         Path(f"{ledger}{suffix}").write_bytes(Path(f"{world['ledger']}{suffix}").read_bytes())
+    Path(f"{ledger}.log.key").chmod(0o600)
+    shutil.copytree(f"{world['ledger']}.public-log", f"{ledger}.public-log")  # the ledger's public log goes with it
     spent = intents(ledger)
     changed = tmp_path / "changed"
     changed.mkdir()
