@@ -75,10 +75,11 @@ def cosign_command(folder: Path, log: Path, out: Path | None) -> None:
     from phsafe.tlog import parse_checkpoint, parse_note, read_published_log, request_cosignature
     from phsafe.tlog.layout import CHECKPOINT_FILE
 
-    w = WitnessFolder(folder.absolute()).witness()
+    witness_folder = WitnessFolder(folder.absolute())
+    w = witness_folder.witness()
     checkpoint = (log / CHECKPOINT_FILE).read_bytes()
     origin = parse_checkpoint(parse_note(checkpoint)[0]).origin
-    verifier = w._logs.get(origin)  # noqa: SLF001 -- the witness's own list of logs
+    verifier = witness_folder.log_verifier(origin)
     if verifier is None:
         raise PHSafeError(f"this witness does not witness the log {origin!r} (phsafe witness trust)")
     published = read_published_log(log, verifier)

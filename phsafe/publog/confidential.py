@@ -18,7 +18,7 @@ from phsafe.errors import TlogError, VerificationFailure
 from phsafe.ledger.state import LedgerState
 from phsafe.publog.log import ENTRY_FILE, PROOF_FILE, log_key_path, log_path
 from phsafe.publog.projection import project, release_entry_index
-from phsafe.tlog import TransparencyLog, parse_tlog_proof, read_verifier_key, verify_checkpoint, verify_tlog_proof
+from phsafe.tlog import TransparencyLog, parse_note, parse_tlog_proof, read_verifier_key, verify_checkpoint, verify_tlog_proof
 from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, VERIFIER_KEY_FILE, decode_entries
 
 
@@ -51,10 +51,11 @@ def check_public_log(ledger: Path, state: LedgerState) -> list[str]:
     size = verified.checkpoint.size
     if size > len(whole) or TransparencyLog.of_entries(whole[:size]).root() != verified.checkpoint.root_hash:
         raise VerificationFailure(f"{where}/{CHECKPOINT_FILE}", f"its tree of {size} entries is not the log's")
+    others = sorted({s.name for s in parse_note(checkpoint)[1] if s.name != verifier.name})
     notes = [f"public log: {len(whole)} entries, exactly the projection of the ledger's public facts; "
              f"checkpoint of {size} entries signed by {verifier.name}"
-             + (f", cosigned by {len(verified.note.signatures) - 1} witness(es)" if len(verified.note.signatures) > 1
-                else "")]
+             + (f", with cosignatures by {', '.join(others)} (not checked here: give auditors the witness keys)"
+                if others else "")]
     if len(whole) < len(expected) or torn or size < len(whole):
         notes.append(f"public log: behind the ledger ({len(whole)} of {len(expected)} entries, checkpoint of {size}"
                      f"{', a torn last line' if torn else ''}): an append was interrupted; the ledger's next use "

@@ -75,6 +75,14 @@ class WitnessFolder:
             return
         write_verifier_key(target, log_vkey)
 
+    def log_verifier(self, origin: str):  # noqa: ANN201 -- an Ed25519Verifier, or None
+        """The verifier key of the log ``origin`` this witness witnesses, or None."""
+        for path in sorted((self.path / WITNESS_LOGS).glob("*.vkey")):
+            verifier = read_verifier_key(path)
+            if verifier.name == origin:
+                return verifier
+        return None
+
     def witness(self) -> Witness:
         """The :class:`~phsafe.tlog.Witness` this folder is (StoreError if unusable)."""
         if not self.path.is_dir():

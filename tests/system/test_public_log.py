@@ -314,3 +314,24 @@ def test_without_a_witness_audit_public_over_the_two_logs_reports_the_fork(world
     line = one_line(second)
     print(f"fork over two logs: {line}")
     assert second.returncode == 1 and "the log forked or rewrote its history" in line
+
+
+def test_witness_cosign_checks_consistency_with_what_it_cosigned(world: dict, tmp_path: Path) -> None:
+    witness2 = world["root"] / "witness2"
+    trusted = cli("witness", "trust", witness2, "--log-key", world["vkey"])
+    assert trusted.returncode == 0, trusted.stderr
+    log = tmp_path / "log"
+    shutil.copytree(world["log"], log)
+    cosigned = cli("witness", "cosign", witness2, log, "--out", tmp_path / "cosigned")
+    assert cosigned.returncode == 0, cosigned.stderr
+    note = (tmp_path / "cosigned").read_text()
+    assert "— witness2.test " in note and note.startswith((log / "checkpoint").read_text().split("\n\n")[0])
+    # The same log again: consistent (same size, same root); a rewritten one of the same size: refused.
+    assert cli("witness", "cosign", witness2, log).returncode == 0
+    lines = entries_of(log)
+    lines[1] = lines[1].replace(b'"reason":"', b'"reason":"rewritten: ', 1)
+    write_log(world, log, lines + [lines[-1]])
+    refused = cli("witness", "cosign", witness2, log)
+    line = error_line(refused)
+    print(f"witness cosign of a rewritten log: {line}")
+    assert refused.returncode == 1 and "refused to cosign" in line and "does not extend" in line
