@@ -143,9 +143,6 @@ def verify(
     if any(r.non_confidential for r in state.runs.values()):
         result.notes.append("note: the ledger holds runs declared non-confidential (cap not enforced)")
 
-    from phsafe.publog.confidential import check_public_log
-
-    result.notes.extend(check_public_log(Path(ledger), state))
     trusted = _load_public_key(public_key) if public_key is not None else None
     if trusted is not None and not checkpoints and outputs is None:
         raise VerificationFailure("--public-key", "needs --checkpoint or --outputs to check a signature against")
@@ -167,6 +164,9 @@ def verify(
             continue
         notes, _ = verify_outputs(state, place, trusted, key, expected_run=run.run_id, ledger=Path(ledger))
         result.notes.append(f"run {run.run_id}: its release at {place} matches the ledger")
+    from phsafe.publog.confidential import check_public_log
+
+    result.notes.extend(check_public_log(Path(ledger), state))  # last: entry-level failures name the entry first
     return result
 
 
@@ -393,9 +393,9 @@ def verify_outputs(
         if file_digest(outdir / rel) != files[rel]:
             raise VerificationFailure(rel, f"SHA-256 differs from the digest logged in {published}")
     notes.append(f"outputs: {len(run.outputs)} file digests match {published} of run {run_id}")
+    notes.extend(verify_tables(run, outdir, files))
     if ledger is not None:
         notes.append(check_release_log_files(ledger, state, outdir, run_id))
-    notes.extend(_verify_tables(run, outdir, files))
     return notes, run_id
 
 
@@ -421,7 +421,7 @@ def _levels_of(run: RunState, table: str) -> list[PopulationGroupLevel]:
     return [s.measurement.level for s in run.planned.values() if s.measurement.table == source]
 
 
-def _verify_tables(run: RunState, outdir: Path, files: Mapping[str, str], *, noisy_digests: bool = True) -> list[str]:
+def verify_tables(run: RunState, outdir: Path, files: Mapping[str, str], *, noisy_digests: bool = True) -> list[str]:
     """Every released cell against the run's plan (VARIANCE, NOISE_DISTRIBUTION, domains, the
     derived tables' sums) and, with ``noisy_digests``, the counts against the COMMITTED digests.
 

@@ -10,7 +10,7 @@ optionally the published log and witness keys:
    folder holds nothing else (besides the manifest and the two log files);
 3. every released cell's VARIANCE (and NOISE_DISTRIBUTION) is exactly what the logged plan
    implies -- budget, sensitivity and the noise it gives -- and every measured domain has the
-   logged number of cells (:func:`phsafe.audit.verify._verify_tables`, without the noisy
+   logged number of cells (:func:`phsafe.audit.verify.verify_tables`, without the noisy
    digests, which are confidential);
 
 and with ``--log``:
@@ -206,10 +206,10 @@ def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys:
         raise _fail(ENTRY_FILE, "its spends are not those of its plan")
     if any(s.get("times", 0) < 1 for s in spends):
         raise _fail(ENTRY_FILE, "a planned measurement of the release was never spent")
-    from phsafe.audit.verify import _verify_tables
+    from phsafe.audit.verify import verify_tables
 
     lines.extend(f"tables: {note.removeprefix('outputs: ')}"
-                 for note in _verify_tables(SimpleNamespace(planned=planned), out, files, noisy_digests=False))
+                 for note in verify_tables(SimpleNamespace(planned=planned), out, files, noisy_digests=False))
 
     if log is None:
         lines.append("log: not checked (give --log LOG to check the whole log and the privacy-loss statement)")
