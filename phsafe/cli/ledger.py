@@ -107,10 +107,11 @@ def repair_command(path: Path) -> None:
     repair = repair_ledger(path)
     from phsafe.engine import open_ledger
 
-    ledger = open_ledger(path)  # takes the lock: the public log is caught up with the ledger
-    if ledger.public_log is not None:
-        size = ledger.public_log.projected
-        click.echo(f"phsafe: the public log {ledger.public_log.path} is in step with the ledger ({size} entries)")
+    from phsafe.publog.log import log_path, repair_public_log
+
+    size = repair_public_log(open_ledger(path))
+    if size is not None:
+        click.echo(f"phsafe: the public log {log_path(path)} is in step with the ledger ({size} entries)")
     if repair is None:
         click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
         return

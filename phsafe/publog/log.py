@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from phsafe.errors import ForkRefused, LedgerError, MalformedError, StoreError, TlogError, WitnessRefusal
 from phsafe.publog.projection import Projector, release_entry_index
@@ -276,6 +277,17 @@ class PublicLog:
                 raise LedgerError(f"the public log has no release entry of run {run_id}")
             proof = folder.proof(index)
         return {ENTRY_FILE: entries[index], PROOF_FILE: format_tlog_proof(proof)}
+
+
+def repair_public_log(ledger: "Any") -> int | None:
+    """``phsafe ledger repair``'s part: under the ledger's lock, the public log recovered from an
+    interrupted append (a torn line cut, missing hashes computed) and compared with the
+    projection in full, then caught up. Returns its size, or None for a ledger without one."""
+    with ledger.locked() as state:
+        if ledger.public_log is None:
+            return None
+        ledger.public_log.sync(state.lines, deep=True)
+        return ledger.public_log.projected
 
 
 def write_release_files(outdir: Path, files: dict[str, bytes]) -> None:

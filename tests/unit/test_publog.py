@@ -262,3 +262,20 @@ def test_preflight_style_check_refuses_a_missing_or_loose_log_key(tmp_path: Path
     with pytest.raises(LedgerError, match="signer key .* is missing"):
         Ledger.open(ledger.path)
     assert PublicLog.for_ledger(tmp_path / "none.jsonl") is None
+
+
+def test_ledger_repair_cuts_a_torn_log_line_and_checks_the_whole_log(tmp_path: Path) -> None:
+    from phsafe.publog.log import repair_public_log
+
+    ledger = new_ledger(tmp_path)
+    start_run(ledger, PLAN, "run-1")
+    with open(log_path(ledger.path) / "entries", "ab") as f:
+        f.write(b'{"type":"spe')  # what a killed log append left
+    assert any("torn last line" in n for n in check_public_log(ledger.path, read_ledger(ledger.path)))
+    assert repair_public_log(Ledger.open(ledger.path)) == len(project(read_ledger(ledger.path).lines))
+    in_step(ledger.path)
+    # A changed entry is not "repaired": it is refused, and stays for someone to look at.
+    entries_file = log_path(ledger.path) / "entries"
+    entries_file.write_bytes(entries_file.read_bytes().replace(b'"reason":"first version"', b'"reason":"other"'))
+    with pytest.raises(LedgerError, match="not the projection of the ledger"):
+        repair_public_log(Ledger.open(ledger.path))
