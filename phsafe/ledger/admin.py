@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import BudgetError, LedgerError, os_reason
+from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
 from phsafe.ledger.format import FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now
 from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
 from phsafe.ledger.policy import cap_amount
@@ -99,6 +99,13 @@ def init_ledger(
                     (witnesses_path(path), "its witness list")):
         if os.path.lexists(p):
             raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")
+    if witness_quorum is not None and not witnesses:
+        raise LedgerError("a witness quorum needs witness folders (--witness DIR)")
+    for folder in witnesses:  # every witness is usable before anything is written
+        try:
+            WitnessFolder(Path(folder).absolute()).witness()
+        except (OSError, PHSafeError) as exc:
+            raise LedgerError(f"{folder} is not a usable witness folder (phsafe witness init): {exc}") from None
     entry: dict[str, Any] = {"seq": 0, "prev": GENESIS_HASH, "kind": EntryKind.LEDGER_INIT.value,
                              "time": now(), "run_id": None, **body}
     entry["hash"] = entry_hash(entry)

@@ -279,3 +279,13 @@ def test_ledger_repair_cuts_a_torn_log_line_and_checks_the_whole_log(tmp_path: P
     entries_file.write_bytes(entries_file.read_bytes().replace(b'"reason":"first version"', b'"reason":"other"'))
     with pytest.raises(LedgerError, match="not the projection of the ledger"):
         repair_public_log(Ledger.open(ledger.path))
+
+
+def test_init_refuses_a_witness_folder_that_is_not_one_and_writes_nothing(tmp_path: Path) -> None:
+    from phsafe.ledger import init_ledger
+
+    (tmp_path / "not-a-witness").mkdir()
+    with pytest.raises(LedgerError, match="is not a usable witness folder"):
+        init_ledger(tmp_path / "enclave" / "ledger.jsonl", lifetime_cap=PLAN.total, reason="r",
+                    witnesses=[tmp_path / "not-a-witness"])
+    assert not (tmp_path / "enclave").exists()
