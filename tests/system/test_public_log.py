@@ -107,6 +107,13 @@ def test_an_outsider_checks_the_release_the_log_and_the_statement(world: dict, t
     # The release alone, offline: nothing but itself and the log's key.
     alone = outsider(world, world["out"], None, tmp_path / "seen.json")
     assert alone.returncode == 0 and "log: not checked" in alone.stdout
+    # The same check from Python (phsafe.audit_public).
+    import phsafe
+
+    lines = phsafe.audit_public(world["out"], key=world["vkey"], log=world["log"],
+                                witness_keys=(world["root"] / "witness1" / "witness.vkey",),
+                                state_file=tmp_path / "seen.json")
+    assert any(line.startswith("dataset publog-test: 1 release(s)") for line in lines)
     # The confidential audit agrees, and the release folder holds exactly the two log files more.
     verified = cli("audit", "verify", world["ledger"], "--outputs", world["out"])
     assert verified.returncode == 0 and "exactly the projection" in verified.stdout, verified.stderr
