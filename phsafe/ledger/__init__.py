@@ -3,7 +3,8 @@
 The ledger is confidential: it stays inside the enclave with the data. What the public sees of it
 is a signed checkpoint (size and head hash), in each release's manifest a keyed lineage
 commitment, and the public privacy-loss log beside it -- the projection of its public facts,
-kept in step under its lock (:mod:`phsafe.publog`). Its format and rules are specified in :mod:`phsafe.ledger.format`'s docstring.
+kept in step under its lock (:mod:`phsafe.publog`). Its format and rules are specified in
+:mod:`phsafe.ledger.format`'s docstring.
 
 The rules read apart from the files: a check per entry kind over a state built in memory, and
 the file handling around it.

@@ -44,6 +44,7 @@ from typing import Any
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite, parse_exact, times
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import ForkError, LedgerRuleViolation, TlogError, VerificationFailure
+from phsafe.ledger.policy import convert
 from phsafe.publog.log import ENTRY_FILE, PROOF_FILE, RELEASE_LOG_FILES
 from phsafe.publog.projection import MANIFEST
 from phsafe.reader import file_digest
@@ -244,8 +245,9 @@ def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys:
         raise _fail(str(log), f"the release of run {run_id} is not in the log")
     was = (f"consistent with the checkpoint of {before.checkpoint.size} entries seen before"
            if before is not None else "first seen (kept to check the next one)")
-    lines.append(f"log: {size} entries hash to its checkpoint, signed by the log key{cosigned and ''}"
-                 f"{', cosigned by ' + ', '.join(published.checkpoint.cosigners) if published.checkpoint.cosigners else ''}; "
+    log_cosigners = published.checkpoint.cosigners
+    lines.append(f"log: {size} entries hash to its checkpoint, signed by the log key"
+                 f"{', cosigned by ' + ', '.join(log_cosigners) if log_cosigners else ''}; "
                  f"{was}; the release's checkpoint is a prefix of it")
 
     # 6. the privacy-loss statement
@@ -270,8 +272,6 @@ def statement(entries: Sequence[bytes], where: str = "log") -> dict[str, Dataset
         total: Amount = Fraction(0)
         for key, budget in run.budgets.items():
             n = run.spends[key] if run.status == "failed" else max(1, run.spends[key])
-            from phsafe.ledger.policy import convert
-
             total = add_amounts(total, times(convert(budget, run.defn, unit), n))
         return total
 
@@ -316,8 +316,7 @@ def statement(entries: Sequence[bytes], where: str = "log") -> dict[str, Dataset
                     raise bad(index, f"{kind} of run {e['run_id']}, which was never started in the log")
                 if kind == "spend":
                     spend = run.planned.get(e["key"])
-                    if spend is None or spend.record["budget"] != e["budget"] \
-                            or spend.record["sensitivity"] != e["sensitivity"] or spend.record["n_cells"] != e["n_cells"]:
+                    if spend is None or any(spend.record[f] != e[f] for f in ("budget", "sensitivity", "n_cells")):
                         raise bad(index, f"a spend of run {e['run_id']} that its plan does not hold ({e['key']})")
                     if run.status != "running":
                         raise bad(index, f"a spend of run {e['run_id']}, which had ended")
@@ -352,5 +351,6 @@ def statement(entries: Sequence[bytes], where: str = "log") -> dict[str, Dataset
         {"finished": s.releases, "running": s.open_runs, "failed": s.failed_runs}[run.status].append(run_id)
     for s in out.values():
         if enforced and amount_exceeds(s.spent, s.cap):
-            raise _fail(where, f"dataset {s.dataset} spent {format_exact(s.spent)}, above its cap {format_exact(s.cap)}")
+            raise _fail(where, f"dataset {s.dataset} spent {format_exact(s.spent)}, above its cap "
+                        f"{format_exact(s.cap)}")
     return out

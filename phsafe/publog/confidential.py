@@ -18,7 +18,14 @@ from phsafe.errors import TlogError, VerificationFailure
 from phsafe.ledger.state import LedgerState
 from phsafe.publog.log import ENTRY_FILE, PROOF_FILE, log_key_path, log_path
 from phsafe.publog.projection import project, release_entry_index
-from phsafe.tlog import TransparencyLog, parse_note, parse_tlog_proof, read_verifier_key, verify_checkpoint, verify_tlog_proof
+from phsafe.tlog import (
+    TransparencyLog,
+    parse_note,
+    parse_tlog_proof,
+    read_verifier_key,
+    verify_checkpoint,
+    verify_tlog_proof,
+)
 from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, VERIFIER_KEY_FILE, decode_entries
 
 
