@@ -342,3 +342,24 @@ def test_witness_cosign_checks_consistency_with_what_it_cosigned(world: dict, tm
     line = error_line(refused)
     print(f"witness cosign of a rewritten log: {line}")
     assert refused.returncode == 1 and "refused to cosign" in line and "does not extend" in line
+
+
+def test_audit_verify_allows_exactly_the_two_log_files(world: dict, tmp_path: Path) -> None:
+    """The confidential audit accepts the release's log entry and proof (written after the
+    publication was recorded, so not among its logged files) -- and only as what they must be."""
+    changed = tmp_path / "changed"
+    shutil.copytree(world["out"], changed)
+    entry = changed / "privacy-loss.entry"
+    entry.write_bytes(entry.read_bytes().replace(b'"spent":"', b'"spent":"0', 1))
+    refused = cli("audit", "verify", world["ledger"], "--outputs", changed)
+    assert refused.returncode == 1 and "privacy-loss.entry: is not the public log's release entry" in refused.stderr
+    extra = tmp_path / "extra"
+    shutil.copytree(world["out"], extra)
+    (extra / "privacy-loss.note").write_text("an unlogged file\n")
+    refused = cli("audit", "verify", world["ledger"], "--outputs", extra)
+    assert refused.returncode == 1 and "privacy-loss.note: is in the output directory but not in" in refused.stderr
+    alone = tmp_path / "alone"
+    shutil.copytree(world["out"], alone)
+    (alone / "privacy-loss.tlog-proof").unlink()
+    refused = cli("audit", "verify", world["ledger"], "--outputs", alone)
+    assert refused.returncode == 1 and "privacy-loss.tlog-proof: is missing beside its partner file" in refused.stderr
