@@ -14,7 +14,8 @@ The public API (names are loaded on first use, so ``import phsafe`` stays cheap)
     phsafe.verify_ledger("enclave/ledger.jsonl", outputs="release/")  # the auditor's check
 
 Runs and ledgers: :func:`validate`, :func:`init_ledger`, :func:`run_private`,
-:func:`run_nonprivate`, :func:`verify_ledger` (:mod:`phsafe.api`); the signing key pair:
+:func:`run_nonprivate`, :func:`verify_ledger`, :func:`audit_public` (an outsider's check of a
+release against the public privacy-loss log) (:mod:`phsafe.api`); the signing key pair:
 :func:`generate_signing_key` (:mod:`phsafe.signing`). Releases: :func:`read_release`,
 :func:`read_tables` (:mod:`phsafe.release`), :func:`postprocess_release`, :func:`read_estimates`.
 Planning and accuracy: :func:`plan`, :func:`run_accuracy`, :func:`synthesize` (synthetic inputs of
@@ -41,6 +42,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "run_private": ("phsafe.api", "run_private"),
     "run_nonprivate": ("phsafe.api", "run_nonprivate"),
     "verify_ledger": ("phsafe.api", "verify_ledger"),
+    "audit_public": ("phsafe.api", "audit_public"),
     "generate_signing_key": ("phsafe.signing", "generate_signing_key"),
     # releases
     "read_release": ("phsafe.release", "read_release"),

@@ -78,8 +78,11 @@ def init_ledger(
     reason: str,
     privacy_defn: str = "zcdp",
     non_confidential: bool = False,
+    witnesses: tuple[str | Path, ...] = (),
+    log_name: str | None = None,
 ) -> "Ledger":
-    """Create an audit ledger and its lineage key (``<path>.key``) with its policy.
+    """Create an audit ledger, its lineage key (``<path>.key``) and its public privacy-loss log
+    (``<path>.public-log/``, signed with ``<path>.log.key``) with its policy.
 
     Args:
         path: The ledger file (must not exist).
@@ -87,6 +90,9 @@ def init_ledger(
         reason: Why this policy (recorded).
         privacy_defn: ``"zcdp"`` or ``"puredp"``: the unit of caps and charges.
         non_confidential: A throwaway ledger for synthetic data.
+        witnesses: Witness folders (``phsafe witness init``) whose cosignature every run needs
+            before it spends (all of them).
+        log_name: The public log's name (default ``phsafe.privacy-loss/<ledger id>``).
     """
     from phsafe.config import PrivacyDefinition
     from phsafe.engine import code_version
@@ -95,7 +101,8 @@ def init_ledger(
     cap = _exact(lifetime_cap, "lifetime_cap")
     assert cap is not None
     return init(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
-                non_confidential=non_confidential, code_version=code_version())
+                non_confidential=non_confidential, code_version=code_version(),
+                witnesses=tuple(Path(w) for w in witnesses), log_name=log_name)
 
 
 def run_private(
@@ -232,3 +239,27 @@ def read_estimates(directory: str | Path, *, files: str = "census", labels: bool
     from phsafe.postprocess.reading import read_estimates as read
 
     return read(Path(directory), files=files, labels=labels, verify=verify)
+
+
+def audit_public(
+    out: str | Path,
+    *,
+    key: str | Path,
+    log: str | Path | None = None,
+    witness_keys: tuple[str | Path, ...] = (),
+    witness_quorum: int | None = None,
+    state_file: str | Path | None = None,
+) -> list[str]:
+    """The outsider's check (``phsafe audit public``), with public files only: the release's
+    proof, manifest and table digests and VARIANCE columns against the public log; with ``log``,
+    the whole log, its consistency with the checkpoint seen before (``state_file``) and each
+    dataset's privacy-loss statement. Returns what was verified, one line each.
+
+    Raises:
+        phsafe.audit.verify.VerificationFailure: The first check that fails.
+    """
+    from phsafe.publog.audit import audit_public as check
+
+    return check(Path(out), Path(key), log=Path(log) if log else None,
+                 witness_keys=tuple(Path(w) for w in witness_keys), quorum=witness_quorum,
+                 state_file=Path(state_file) if state_file else None)

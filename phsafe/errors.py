@@ -311,6 +311,14 @@ class StaleStateError(StoreError):
     """A checkpoint store's compare-and-swap found another value than the one expected."""
 
 
+class ForkRefused(BudgetError):
+    """The ledger's witnesses refuse its public log: it is not the history they cosigned.
+
+    A copy of the ledger made earlier, or a rolled-back one, cannot spend: nothing was spent
+    from it. Raised before a run's first INTENT (and before every later one).
+    """
+
+
 # --------------------------------------------------------------------------------------------
 # Operating-system errors in plain words
 # --------------------------------------------------------------------------------------------
