@@ -8,7 +8,9 @@ preflight, input validation, the nine measurements per dataset with the producti
 output validation, publication and a ledger checkpoint signed with a fresh Ed25519 key. Then it
 verifies each ledger offline against the published release and the public key, writes the
 auditor's (confidential) reports, shows that a second release of the same records is refused,
-and prints where everything is -- the public release apart from the confidential zone.
+publishes each ledger's public privacy-loss log (witnessed by a witness kept apart from the
+enclave) and checks each release as an outsider would (``phsafe audit public``: public files
+only), and prints where everything is -- the public release apart from the confidential zone.
 
 The demo data is synthetic, so each demo invocation gets its own folder and its own ledgers and
 can be repeated; inside each ledger the lifetime-budget rule applies exactly as for real data.
@@ -49,6 +51,12 @@ def _run(*args: str | Path) -> None:
     subprocess.run(cmd, check=True)
 
 
+def _run_shown(*args: str | Path) -> None:
+    """Run a command whose output is the point (the outsider's check): show the command too."""
+    print("$ phsafe " + " ".join(str(a) for a in args), flush=True)
+    subprocess.run([str(PHSAFE), *map(str, args)], check=True)
+
+
 def _section(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
@@ -65,12 +73,17 @@ def main() -> int:
     _run("keys", "generate", enclave / "keys")
     signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     ledgers = {label: enclave / label / "ledger.jsonl" for label in ("us", "pr")}
-    _section("1. The audit ledgers, made before any data is seen (phsafe ledger init)")
+    # The witness lives apart from the enclave (in production: another host or volume): it
+    # cosigns each ledger's public log only where it extends what it cosigned before.
+    witness = root / "witness"
+    _section("1. The witness, and the audit ledgers with their public logs, made before any data is seen")
+    _run("witness", "init", witness, "--name", "witness.demo.example")
     for label, ledger in ledgers.items():
         # The cap is the dataset's policy limit (room for more than one release): a second release
         # of the same records is refused by its own rule, not by the cap (step 4).
         _run("ledger", "init", ledger, "--lifetime-cap", "3",
-             "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit")
+             "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit",
+             "--log-name", f"demo.example/phsafe/privacy-loss/{label}", "--witness", witness)
     where = os.environ.get("PREFECT_API_URL") or "Prefect ephemeral mode (no server)"
     _section(f"2. The release flow (US and Puerto Rico) on the demo data, in {where}")
     summaries = release_flow(
@@ -97,14 +110,32 @@ def main() -> int:
     if again.returncode == 0:
         raise SystemExit("the second release was not refused")
 
+    _section("5. The public privacy-loss logs, published; an outsider checks each release with public files only")
+    import shutil
+
+    published_logs = public / "privacy-loss-logs"
+    shutil.copy(witness / "witness.vkey", public / "witness.vkey")
+    for label, summary in summaries.items():
+        ledger = Path(summary["ledger"])
+        shutil.copytree(f"{ledger}.public-log", published_logs / label)  # as a web server would serve it
+    outsider = root / "outsider"  # the auditor's own machine: the checkpoints they saw are kept here
+    for label, summary in summaries.items():
+        print(f"\n{label.upper()}:", flush=True)
+        _run_shown("audit", "public", summary["outputs"], "--key", published_logs / label / "log.vkey",
+                   "--log", published_logs / label, "--witness-key", public / "witness.vkey",
+                   "--state", outsider / "seen-checkpoints.json")
+
     print(f"\nDemo outputs: {root}")
     print(f"  PUBLIC (what is published)        {public}")
     for label, summary in summaries.items():
-        print(f"    {label.upper()} release (tables, data package, manifest)  {summary['outputs']}")
+        print(f"    {label.upper()} release (tables, data package, manifest, log entry and proof)  {summary['outputs']}")
+    print(f"    the public privacy-loss logs and the witness's key  {published_logs}  {public / 'witness.vkey'}")
+    print(f"  WITNESS (apart from the enclave)  {witness}")
     print(f"  CONFIDENTIAL (stays with the data) {enclave}")
     for label, summary in summaries.items():
         ledger = Path(summary["ledger"])
         print(f"    {label.upper()} audit ledger and lineage key  {ledger}  {ledger}.key")
+        print(f"    {label.upper()} public log's signing key      {ledger}.log.key")
         print(f"    {label.upper()} run work folder (validation reports, checkpoint)  {summary['work_folder']}")
         print(f"    {label.upper()} auditor's report             {ledger.parent / 'audit-report'}")
     for label, ledger in ledgers.items():

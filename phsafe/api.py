@@ -10,6 +10,8 @@ be strings, Decimals, Fractions or ints (never floats: budgets are exact).
 * :func:`run_nonprivate` -- exact ground-truth tables, for synthetic data only.
 * :func:`verify_ledger` -- the auditor's check of a ledger (and a release against it).
 * :func:`read_release` / :func:`read_tables` -- a release as pandas DataFrames, labelled.
+* :func:`read_estimates` -- the estimates of ``phsafe postprocess`` as DataFrames, labelled the same
+  way.
 * :func:`plan` -- budgets from MOE targets, or the MOEs of a config.
 """
 
@@ -23,6 +25,8 @@ from typing import TYPE_CHECKING
 from phsafe.errors import PHSafeError
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from phsafe.audit.verify import VerifyResult
     from phsafe.engine import RunResult
     from phsafe.ledger import Ledger
@@ -74,8 +78,11 @@ def init_ledger(
     reason: str,
     privacy_defn: str = "zcdp",
     non_confidential: bool = False,
+    witnesses: tuple[str | Path, ...] = (),
+    log_name: str | None = None,
 ) -> "Ledger":
-    """Create an audit ledger and its lineage key (``<path>.key``) with its policy.
+    """Create an audit ledger, its lineage key (``<path>.key``) and its public privacy-loss log
+    (``<path>.public-log/``, signed with ``<path>.log.key``) with its policy.
 
     Args:
         path: The ledger file (must not exist).
@@ -83,6 +90,9 @@ def init_ledger(
         reason: Why this policy (recorded).
         privacy_defn: ``"zcdp"`` or ``"puredp"``: the unit of caps and charges.
         non_confidential: A throwaway ledger for synthetic data.
+        witnesses: Witness folders (``phsafe witness init``) whose cosignature every run needs
+            before it spends (all of them).
+        log_name: The public log's name (default ``phsafe.privacy-loss/<ledger id>``).
     """
     from phsafe.config import PrivacyDefinition
     from phsafe.engine import code_version
@@ -91,7 +101,8 @@ def init_ledger(
     cap = _exact(lifetime_cap, "lifetime_cap")
     assert cap is not None
     return init(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
-                non_confidential=non_confidential, code_version=code_version())
+                non_confidential=non_confidential, code_version=code_version(),
+                witnesses=tuple(Path(w) for w in witnesses), log_name=log_name)
 
 
 def run_private(
@@ -198,3 +209,57 @@ def verify_ledger(
     return verify(Path(ledger), outputs=Path(outputs) if outputs else None,
                   public_key=Path(public_key) if public_key else None,
                   checkpoints=tuple(Path(c) for c in checkpoints))
+
+
+def read_estimates(directory: str | Path, *, files: str = "census", labels: bool = True,
+                   verify: bool = True) -> dict[str, "pd.DataFrame"]:
+    """Read the estimates ``phsafe postprocess`` wrote: table -> typed, labelled frame.
+
+    Labelled like :func:`read_release`: the code columns keep their codes as ordered categoricals
+    (the nation, then the states by FIPS code; ``*``, ``A`` ... ``I``; cells as integers) and,
+    with ``labels=True``, each is followed by ``<COLUMN>_LABEL`` ("Alabama", "Asian alone",
+    "Own child: in married couple family").
+
+    Args:
+        directory: The post-processing folder (``OUT-postprocessed``).
+        files: ``"census"`` -- the Census Bureau's estimate files, one frame per table PH1 ... PH8
+            with every level (nation, state) in one frame, in file order: ``GEOID`` (``1`` the
+            nation, the states' 2-digit FIPS codes), ``REGION_TYPE``, ``ITERATION_CODE``,
+            ``DATA_CELL``, then the files' columns; the count tables' ``PRED``, ``PRED_LO`` and
+            ``PRED_HI`` as integers (``Int64``; the files may write 100000 as ``1e+05``).
+            ``"ours"`` -- our own tables (``PH1_num`` ... ``PH8_denom`` with every released and
+            marginal cell's posterior summaries, and the averages ``PH1``, ``PH5``, ``PH8``).
+        labels: Add the ``<COLUMN>_LABEL`` columns.
+        verify: Check the SHA-256 of every file read against ``postprocess.json``.
+
+    Raises:
+        phsafe.release.ReleaseError: Not a post-processing folder, or a file differs from its
+            recorded digest.
+    """
+    from phsafe.postprocess.reading import read_estimates as read
+
+    return read(Path(directory), files=files, labels=labels, verify=verify)
+
+
+def audit_public(
+    out: str | Path,
+    *,
+    key: str | Path,
+    log: str | Path | None = None,
+    witness_keys: tuple[str | Path, ...] = (),
+    witness_quorum: int | None = None,
+    state_file: str | Path | None = None,
+) -> list[str]:
+    """The outsider's check (``phsafe audit public``), with public files only: the release's
+    proof, manifest and table digests and VARIANCE columns against the public log; with ``log``,
+    the whole log, its consistency with the checkpoint seen before (``state_file``) and each
+    dataset's privacy-loss statement. Returns what was verified, one line each.
+
+    Raises:
+        phsafe.audit.verify.VerificationFailure: The first check that fails.
+    """
+    from phsafe.publog.audit import audit_public as check
+
+    return check(Path(out), Path(key), log=Path(log) if log else None,
+                 witness_keys=tuple(Path(w) for w in witness_keys), quorum=witness_quorum,
+                 state_file=Path(state_file) if state_file else None)

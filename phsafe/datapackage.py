@@ -6,7 +6,10 @@ the ``|``-separated CSV (``<TABLE>/<TABLE>.csv``) and the Parquet copy
 (``parquet/<TABLE>.parquet``) -- with:
 
 * the columns in order, their types and constraints (codes as strings, counts as integers);
-* the primary key (``REGION_TYPE``, ``REGION_ID``, ``ITERATION_CODE``, ``<TABLE>_DATA_CELL``);
+* the primary key (``REGION_ID``, ``REGION_TYPE``, ``ITERATION_CODE``, ``<TABLE>_DATA_CELL``), in
+  the order of the columns: readers that turn the key into an index (``frictionless``'s
+  ``to_pandas``) pair each level with its column by position, and a key in another order swapped
+  ``REGION_ID`` and ``REGION_TYPE``;
 * the label of every code, as the field's ``categories`` (Data Package 2.0: a list of
   ``{"value": ..., "label": ...}``) and the same values as an ``enum`` constraint (read by
   Data Package 1.0 tools): ``REGION_ID`` (``1`` = United States, state FIPS -> state name),
@@ -132,7 +135,7 @@ def table_schema(table: str, frame: pd.DataFrame) -> dict[str, Any]:
                "The geography level of the row (spec §4): USA (REGION_ID 1; no USA rows in a Puerto Rico "
                "run) or STATE (REGION_ID is the state's FIPS code)."),
     ]
-    primary_key = ["REGION_TYPE", "REGION_ID"]
+    primary_key = ["REGION_ID", "REGION_TYPE"]  # column order (see the module docstring)
     if spec.has_iteration_column:
         codes = _unique(frame, "ITERATION_CODE", list(ITERATION_LABELS))
         fields.append(_coded(

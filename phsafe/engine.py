@@ -37,7 +37,7 @@ import shutil
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import structlog
@@ -433,12 +433,33 @@ def publish_private_run(
         manifest = public_manifest(run, config, plan, file_digests, checkpoint)
         release_files[MANIFEST] = publish_release(run.release_dir, run.output_dir, run.run_id, manifest)
     recorder.record_published(release_files, run.output_dir)
+    write_release_log_files(recorder.ledger, run.run_id, run.output_dir)
     final = recorder.checkpoint(signing_key)
     (run.run_dir / "checkpoint.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(run.store.directory, ignore_errors=True)
     shutil.rmtree(run.release_dir, ignore_errors=True)
     log.info("published", run_id=run.run_id, output=str(run.output_dir), files=len(release_files))
     return checkpoint
+
+
+def write_release_log_files(ledger: Any, run_id: str, output_dir: Path) -> bool:
+    """Give a recorded release its public log files (:data:`phsafe.publog.RELEASE_LOG_FILES`).
+
+    Written into the published folder once the ledger -- and so the public log -- records the
+    release: the exact bytes of the run's ``release`` entry and its ``privacy-loss.tlog-proof``
+    against the log's checkpoint, cosigned by the ledger's witness quorum when it has witnesses.
+    Returns False for a ledger without a public log (nothing to write).
+    """
+    from phsafe.publog import write_release_files
+
+    with ledger.locked():
+        if ledger.public_log is None:
+            return False
+        ledger.require_witnesses()
+        files = ledger.public_log.release_files(run_id)
+    write_release_files(output_dir, files)
+    log.info("the release's public log entry and proof are in place", output=str(output_dir))
+    return True
 
 
 def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> dict:

@@ -23,6 +23,8 @@ any :class:`PHSafeError` as one line (the command line exits 1; a flow run ends 
     ├── VerificationFailure           the auditor's check: the ledger, a checkpoint or an output
     │                                 does not hold up
     ├── PostprocessError              a release cannot be post-processed
+    │   └── EstimateChecksFailed      a check of the estimate files failed (a defect of
+    │                                 the post-processing: nothing was published)
     ├── ConfidentialityNotConfirmed   the accuracy experiment needs the data declared
     │                                 non-confidential
     ├── ReportFolderExists            a report folder already holds files
@@ -222,6 +224,10 @@ class PostprocessError(PHSafeError):
     """The output directory cannot be post-processed (missing, not private, corrupt)."""
 
 
+class EstimateChecksFailed(PostprocessError):
+    """A check of the estimate files failed: a defect of this code; nothing was published."""
+
+
 class ConfidentialityNotConfirmed(PHSafeError):
     """The accuracy experiment needs an explicit statement that the data is not confidential."""
 
@@ -303,6 +309,14 @@ class StoreError(TlogError):
 
 class StaleStateError(StoreError):
     """A checkpoint store's compare-and-swap found another value than the one expected."""
+
+
+class ForkRefused(BudgetError):
+    """The ledger's witnesses refuse its public log: it is not the history they cosigned.
+
+    A copy of the ledger made earlier, or a rolled-back one, cannot spend: nothing was spent
+    from it. Raised before a run's first INTENT (and before every later one).
+    """
 
 
 # --------------------------------------------------------------------------------------------

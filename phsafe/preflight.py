@@ -117,7 +117,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     """Check everything the run will need later, before any budget is spent.
 
     The ledger (a regular file this process can append to and fsync, its lock file, its lineage
-    key, its policy and kind), the dataset's lifetime cap for this plan (checked again, under the
+    key, its policy and kind, its public log's key and -- when it has witnesses -- their
+    cosignature of its public log as it is now), the dataset's lifetime cap for this plan (checked again, under the
     lock, when the run starts), the signing key (loads, is Ed25519, matches ``public_key``), the
     output folder (does not exist; its parent is a writable folder with room for the release; the
     staging name fits), and the run's work folder (created and fsynced; for a resume, the run and
@@ -144,6 +145,12 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     state = ledger.state
     assert state.policy is not None
     check_ledger_kind(state.policy, options.non_confidential)
+    with ledger.locked():
+        # The public log: its key readable, private and the log's; with witnesses, their quorum
+        # cosigns the log as it is now -- a copied or rolled-back ledger is refused here.
+        if ledger.public_log is not None:
+            ledger.public_log.check()
+            ledger.require_witnesses()
     if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
         raise PHSafeError("the ledger's file system has less than 1 MiB free: free space before running "
                           "(the ledger must be able to record every spend)")

@@ -230,11 +230,13 @@ def _continuation(job: ReleaseJob, dataset: str, ledger: Path) -> tuple[str | No
     from phsafe.ledger import RunStatus
 
     if job.resume_run_id:
-        if job.orchestration is not None and ledger.is_file():
+        if ledger.is_file():
             earlier = engine.open_ledger(ledger).run(job.resume_run_id)
-            if (earlier is not None and earlier.status is RunStatus.FINISHED
-                    and any(job.orchestration.started(a) for a in earlier.attempts)):
-                return earlier.run_id, True, earlier  # a retry of the flow run that finished it
+            if earlier is not None and earlier.status is RunStatus.FINISHED:
+                if job.orchestration is not None and any(job.orchestration.started(a) for a in earlier.attempts):
+                    return earlier.run_id, True, earlier  # a retry of the flow run that finished it
+                if _lacks_release_log_files(ledger, earlier):
+                    return earlier.run_id, True, earlier  # stopped before its log files were written
         return job.resume_run_id, True, None
     if job.orchestration is None or not ledger.is_file():
         return job.new_run_id, False, None
@@ -245,6 +247,16 @@ def _continuation(job: ReleaseJob, dataset: str, ledger: Path) -> tuple[str | No
     if latest.status is RunStatus.FINISHED:
         return latest.run_id, True, latest
     return latest.run_id, True, None
+
+
+def _lacks_release_log_files(ledger: Path, recorded: Any) -> bool:
+    """A finished run whose release folder is there but lacks its public log files (the run
+    stopped between recording its publication and writing them): completing it writes them."""
+    from phsafe.publog import RELEASE_LOG_FILES, log_path
+
+    folder = Path(recorded.output_path or "")
+    return (bool(recorded.output_path) and folder.is_dir() and log_path(ledger).is_dir()
+            and not all((folder / name).is_file() for name in RELEASE_LOG_FILES))
 
 
 def _retry_reason(job: ReleaseJob) -> str:
@@ -265,6 +277,9 @@ def _already_published(run: PrivateRun, recorded: Any) -> RunResult:
             checkpoint = json.loads(manifest.read_text(encoding="utf-8")).get("checkpoint")
         except (OSError, ValueError):
             checkpoint = None
+    if recorded.output_path and Path(recorded.output_path).is_dir():
+        # Stopped between recording the publication and writing the release's log files.
+        engine.write_release_log_files(engine.open_ledger(run.ledger), run.run_id, Path(recorded.output_path))
     log.info("already published: nothing to do", run_id=run.run_id, output=recorded.output_path)
     return RunResult(run.run_id, Path(recorded.output_path or run.output_dir), dict(recorded.outputs or {}),
                      None, {}, run.ledger, run.run_dir, [], checkpoint, recorded.attempt, already_published=True,

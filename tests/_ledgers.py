@@ -150,3 +150,20 @@ def craft(path: Path, kind: str, run_id: str | None, body: dict[str, Any]) -> di
     with open(path, "ab") as f:
         f.write(canonical_json(entry) + b"\n")
     return entry
+
+
+def rewind_public_log(ledger_path: Path) -> None:
+    """Empty the ledger's public log, as if no entry had reached it (its key stays).
+
+    For tests that tear the ledger's last write by hand: a real torn write never reached the
+    log (the log is written after the ledger's fsync), so the log must not hold it either. The
+    ledger's next use projects every complete entry again.
+    """
+    from phsafe.publog import log_path
+    from phsafe.tlog.files import FileHashStore
+
+    folder = log_path(ledger_path)
+    for name in ("entries", "hashes", "checkpoint"):
+        (folder / name).unlink(missing_ok=True)
+    (folder / "entries").write_bytes(b"")
+    FileHashStore.create(folder / "hashes").close()

@@ -151,7 +151,7 @@ def verify(
         result.notes.append(verify_checkpoint(state, cp, trusted, source=Path(path).name))
     checked: set[str] = set()
     if outputs is not None:
-        notes, run_id = verify_outputs(state, Path(outputs), trusted, key)
+        notes, run_id = verify_outputs(state, Path(outputs), trusted, key, ledger=Path(ledger))
         result.notes.extend(notes)
         checked.add(run_id)
     for run in state.runs.values():
@@ -162,8 +162,11 @@ def verify(
             result.notes.append(f"run {run.run_id}: published to {place}, not reachable from here "
                                 "(check it with --outputs)")
             continue
-        notes, _ = verify_outputs(state, place, trusted, key, expected_run=run.run_id)
+        notes, _ = verify_outputs(state, place, trusted, key, expected_run=run.run_id, ledger=Path(ledger))
         result.notes.append(f"run {run.run_id}: its release at {place} matches the ledger")
+    from phsafe.publog.confidential import check_public_log
+
+    result.notes.extend(check_public_log(Path(ledger), state))  # last: entry-level failures name the entry first
     return result
 
 
@@ -304,6 +307,7 @@ def verify_outputs(
     key: bytes | None = None,
     *,
     expected_run: str | None = None,
+    ledger: Path | None = None,
 ) -> tuple[list[str], str]:
     """Check a published output directory against the ledger (see the module docstring).
 
@@ -313,6 +317,9 @@ def verify_outputs(
         trusted: The auditor's public key, if any.
         key: The ledger's lineage key, if available: the manifest's lineage commitment is checked.
         expected_run: The run the folder must hold (when checking a recorded publication).
+        ledger: The ledger's path: the release's public log files (written after the
+            publication was recorded, so not among the logged files) are checked against its
+            public log. Without it they are refused like any unlogged file.
 
     Returns:
         Notes of what was verified, and the run id of the release.
@@ -367,10 +374,14 @@ def verify_outputs(
         notes.append(f"lineage: the manifest's commitment matches run {run_id}'s recorded dataset, fingerprint "
                      "and input digests under the ledger's lineage key")
 
+    from phsafe.publog import RELEASE_LOG_FILES
+    from phsafe.publog.confidential import check_release_log_files
+
+    besides = {MANIFEST, *RELEASE_LOG_FILES} if ledger is not None else {MANIFEST}
     on_disk = {
         p.relative_to(outdir).as_posix()
         for p in outdir.rglob("*")
-        if p.is_file() and p.relative_to(outdir).as_posix() != MANIFEST
+        if p.is_file() and p.relative_to(outdir).as_posix() not in besides
     }
     if manifest_logged is not None and file_digest(manifest_path) != manifest_logged:
         raise VerificationFailure(MANIFEST, f"SHA-256 differs from the digest logged in {published}")
@@ -382,7 +393,9 @@ def verify_outputs(
         if file_digest(outdir / rel) != files[rel]:
             raise VerificationFailure(rel, f"SHA-256 differs from the digest logged in {published}")
     notes.append(f"outputs: {len(run.outputs)} file digests match {published} of run {run_id}")
-    notes.extend(_verify_tables(run, outdir, files))
+    notes.extend(verify_tables(run, outdir, files))
+    if ledger is not None:
+        notes.append(check_release_log_files(ledger, state, outdir, run_id))
     return notes, run_id
 
 
@@ -408,7 +421,12 @@ def _levels_of(run: RunState, table: str) -> list[PopulationGroupLevel]:
     return [s.measurement.level for s in run.planned.values() if s.measurement.table == source]
 
 
-def _verify_tables(run: RunState, outdir: Path, files: Mapping[str, str]) -> list[str]:
+def verify_tables(run: RunState, outdir: Path, files: Mapping[str, str], *, noisy_digests: bool = True) -> list[str]:
+    """Every released cell against the run's plan (VARIANCE, NOISE_DISTRIBUTION, domains, the
+    derived tables' sums) and, with ``noisy_digests``, the counts against the COMMITTED digests.
+
+    Only ``run.planned`` is read unless ``noisy_digests``: ``phsafe audit public`` passes the plan
+    of the public log's release entry (which has no digests of noisy vectors)."""
     expected = _expected_tables(run)
     present = {rel.split("/")[0] for rel in files if rel.endswith(".csv")}
     for table in expected:
@@ -438,7 +456,7 @@ def _verify_tables(run: RunState, outdir: Path, files: Mapping[str, str]) -> lis
             seen[m.table].add((rt, rid, code, cell))
             _check_noise_columns(got, m.variance, m.distribution.value, rel, (rid, code, cell), m.key)
             counts.append(got.count)
-        if vector_digest(np.asarray(counts, dtype=np.int64)) != run.committed.get(m.key):
+        if noisy_digests and vector_digest(np.asarray(counts, dtype=np.int64)) != run.committed.get(m.key):
             raise VerificationFailure(
                 rel,
                 f"released counts of {m.key} do not hash to the noisy digest logged in entry "
@@ -482,7 +500,8 @@ def _verify_tables(run: RunState, outdir: Path, files: Mapping[str, str]) -> lis
         parquet = f"parquet/{table}.parquet"
         if parquet in files:
             _check_parquet(outdir / parquet, parquet, released[table])
-    return [f"outputs: {checked} measured and derived table levels match the logged variances and noisy digests"]
+    what = "the logged variances and noisy digests" if noisy_digests else "the VARIANCE the logged spends imply"
+    return [f"outputs: {checked} measured and derived table levels match {what}"]
 
 
 def _read_table(outdir: Path, table: str) -> _Released:

@@ -39,6 +39,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("phsafe.cli.ledger", "ledger"),
     ("phsafe.cli.keys", "keys"),
     ("phsafe.cli.audit", "audit"),
+    ("phsafe.cli.witness", "witness"),
     ("phsafe.cli.plan", "plan"),
     ("phsafe.cli.risk", "risk"),
     ("phsafe.cli.postprocess", "postprocess"),

@@ -34,17 +34,22 @@ _EXISTING = click.Path(exists=True, path_type=Path)
               help="Posterior draws per cell for the averages (post-processing).")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the post-processing simulations (default: random, shown in the report).")
+@click.option("--production/--no-production", "compare_production", default=True, show_default=True,
+              help="With post-processing: also estimate every trial by the Census Bureau's production method and "
+                   "compare the estimate files (coverage, interval length, out-of-bounds share).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @log_option
 @verbosity_options
 @handle_errors
 def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: int, non_confidential: bool,
-             with_postprocess: bool, draws: int, seed: int | None, no_plots: bool, log_file: Path | None) -> None:
+             with_postprocess: bool, draws: int, seed: int | None, compare_production: bool, no_plots: bool,
+             log_file: Path | None) -> None:
     """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
 
     Per table and level: mean and 90th-percentile absolute error against the non-private truth,
     empirical coverage of the stated 90% MOE, the truncation error on its own, and (with
-    post-processing) the coverage of the 90% credible intervals; Markdown, HTML, CSV and plots.
+    post-processing) the coverage of the 90% credible intervals and, per row of the Census
+    Bureau's estimate files, ours against the production's method; Markdown, HTML, CSV and plots.
     Refuses unless --non-confidential is given.
     """
     if not non_confidential:
@@ -60,7 +65,12 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
     with command_progress(log_file) as progress:
         result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
                               with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
-                              overwrite=overwrite, progress=progress)
+                              overwrite=overwrite, compare_production=compare_production, progress=progress)
     overall = result.metrics[result.metrics["TABLE"] == "ALL"].iloc[0]
+    note = ""
+    if len(result.comparison):
+        pooled = result.comparison[result.comparison["TABLE"] == "ALL"].set_index("METHOD")
+        note = "; estimate files' 90% interval coverage " + ", ".join(
+            f"{method} {pooled.loc[method, 'COVERAGE']:.3f}" for method in pooled.index)
     result_line(f"phsafe: accuracy report in {result.output_dir / 'report.html'} "
-                f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}, {result.seconds:.0f} s)")
+                f"(pooled MOE coverage {overall['MOE_COVERAGE']:.3f}{note}, {result.seconds:.0f} s)")

@@ -3,6 +3,9 @@
 ``phsafe audit verify LEDGER [--checkpoint FILE]... [--public-key KEY] [--outputs DIR]`` exits 0 only
 if everything holds; otherwise it prints the first failing entry or file and why, and exits 1.
 
+``phsafe audit public OUT --key VKEY [--log LOG] [--witness-key VKEY]...`` checks a release with
+public files only (:mod:`phsafe.publog.audit`); the same exit rule.
+
 ``phsafe audit report LEDGER [--out DIR] [--overwrite]`` writes ``audit_report.md`` and ``audit_report.html``
 (confidential; by default into ``audit-report/`` beside the ledger).
 """
@@ -52,6 +55,45 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
         raise SystemExit(1) from None
     for note in result.notes:
         click.echo(note)
+    click.echo("OK")
+
+
+@audit.command("public")
+@click.argument("out", type=_DIR)
+@click.option("--key", "key", type=_FILE, required=True, metavar="VKEY",
+              help="The public log's verifier key (one line), obtained from the publisher, not from OUT.")
+@click.option("--log", "log", type=_DIR, default=None, metavar="LOG",
+              help="A copy of the published log folder (checkpoint, entries): check the whole log, its "
+                   "consistency with the checkpoint seen before, and every dataset's privacy-loss statement.")
+@click.option("--witness-key", "witness_keys", type=_FILE, multiple=True, metavar="VKEY",
+              help="A witness's verifier key; may be repeated. Checkpoints need cosignatures from "
+                   "--witness-quorum of them (default: all).")
+@click.option("--witness-quorum", type=click.IntRange(min=0), default=None, metavar="K",
+              help="How many of the --witness-key witnesses must have cosigned (default: all of them).")
+@click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE", help="Where the last checkpoint seen of each log is kept "
+                                   "(default: $XDG_CONFIG_HOME/phsafe/public-log-checkpoints.json).")
+@handle_errors
+def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[Path, ...],
+                   witness_quorum: int | None, state_file: Path | None) -> None:
+    """Check the release OUT with public files only: what an outsider can verify.
+
+    The release's proof (its log entry is in the log, as a checkpoint signed by the log key --
+    and cosigned by the witnesses -- says), its manifest's and every table file's digest, and
+    that every VARIANCE is the one the logged spends imply. With --log, the whole log, its
+    consistency with the checkpoint seen before, and each dataset's statement: releases, total
+    spent, cap, left. Exits 0 only if everything holds; else prints one line and exits 1.
+    """
+    from phsafe.publog.audit import audit_public
+
+    try:
+        lines = audit_public(out, key, log=log, witness_keys=witness_keys, quorum=witness_quorum,
+                             state_file=state_file)
+    except VerificationFailure as exc:
+        click.echo(f"FAILED: {exc}", err=True)
+        raise SystemExit(1) from None
+    for line in lines:
+        click.echo(line)
     click.echo("OK")
 
 

@@ -27,12 +27,22 @@ def ledger() -> None:
               help="The unit of caps and charges.")
 @click.option("--non-confidential", is_flag=True,
               help="A throwaway ledger for synthetic data (caps not enforced; only non-confidential runs).")
+@click.option("--log-name", default=None, metavar="NAME",
+              help="The public log's name, its checkpoints' origin (default: phsafe.privacy-loss/<ledger id>).")
+@click.option("--witness", "witnesses", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              multiple=True, metavar="DIR",
+              help="A witness folder (phsafe witness init) whose cosignature every run needs before it "
+                   "spends; may be repeated.")
+@click.option("--witness-quorum", type=click.IntRange(min=1), default=None, metavar="K",
+              help="How many of the --witness folders must cosign (default: all).")
 @handle_errors
-def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool) -> None:
-    """Create the ledger PATH and its lineage key PATH.key, with its policy.
+def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool,
+                 log_name: str | None, witnesses: tuple[Path, ...], witness_quorum: int | None) -> None:
+    """Create the ledger PATH, its lineage key PATH.key and its public log PATH.public-log/.
 
-    Set the policy before any data is seen. Keep PATH.key with the ledger, inside the
-    enclave: it is needed to verify lineage and is never published.
+    Set the policy before any data is seen. Keep PATH.key and PATH.log.key (the public log's
+    signing key) with the ledger, inside the enclave: they are never published. Publish the
+    folder PATH.public-log/ and give auditors its verifier key, log.vkey.
     """
     from phsafe.config import PrivacyDefinition
 
@@ -43,7 +53,8 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
 
     made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
                        privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
-                       code_version=code_version())
+                       code_version=code_version(), log_name=log_name, witnesses=witnesses,
+                       witness_quorum=witness_quorum)
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
@@ -51,6 +62,17 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     click.echo(f"phsafe: created the {kind} ledger {made.path} (id {policy.ledger_id}): every dataset's lifetime "
                f"cap is {unit} {format_exact(policy.lifetime_cap)}")
     click.echo(f"phsafe: its lineage key is {key_path(made.path)} -- keep it with the ledger; never publish it")
+    from phsafe.publog import log_key_path, log_path, witnesses_path
+
+    click.echo(f"phsafe: its public privacy-loss log is {log_path(made.path)}/ -- publish this folder; its "
+               f"verifier key (give it to auditors) is {log_path(made.path) / 'log.vkey'}")
+    click.echo(f"phsafe: the log's signing key is {log_key_path(made.path)} -- keep it with the ledger; never publish it")
+    if witnesses:
+        click.echo(f"phsafe: every run needs the cosignature of the witnesses listed in {witnesses_path(made.path)} "
+                   "before it spends")
+    else:
+        click.echo("phsafe: no witness: a copy of this ledger could spend the cap again unnoticed until the logs "
+                   "are compared (see the README, 'Witnesses'); add one with --witness DIR at init")
 
 
 @ledger.command("raise-cap")
@@ -83,6 +105,13 @@ def repair_command(path: Path) -> None:
     from phsafe.ledger import repair_ledger
 
     repair = repair_ledger(path)
+    from phsafe.engine import open_ledger
+
+    from phsafe.publog.log import log_path, repair_public_log
+
+    size = repair_public_log(open_ledger(path))
+    if size is not None:
+        click.echo(f"phsafe: the public log {log_path(path)} is in step with the ledger ({size} entries)")
     if repair is None:
         click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
         return

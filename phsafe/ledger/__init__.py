@@ -1,8 +1,10 @@
 """The privacy-loss ledger: an append-only, hash-chained, durable record of every spend.
 
 The ledger is confidential: it stays inside the enclave with the data. What the public sees of it
-is a signed checkpoint (size and head hash) and, in each release's manifest, a keyed lineage
-commitment. Its format and rules are specified in :mod:`phsafe.ledger.format`'s docstring.
+is a signed checkpoint (size and head hash), in each release's manifest a keyed lineage
+commitment, and the public privacy-loss log beside it -- the projection of its public facts,
+kept in step under its lock (:mod:`phsafe.publog`). Its format and rules are specified in
+:mod:`phsafe.ledger.format`'s docstring.
 
 The rules read apart from the files: a check per entry kind over a state built in memory, and
 the file handling around it.

@@ -14,11 +14,11 @@ import fcntl
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import BudgetError, LedgerError, os_reason
+from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
 from phsafe.ledger.format import FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now
 from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
 from phsafe.ledger.policy import cap_amount
@@ -58,8 +58,13 @@ def init_ledger(
     privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP,
     non_confidential: bool = False,
     code_version: str = "unknown",
+    log_name: str | None = None,
+    witnesses: Sequence[Path] = (),
+    witness_quorum: int | None = None,
 ) -> Ledger:
-    """Create a ledger: its lineage key ``<path>.key`` (mode 0600) and the ``LEDGER_INIT`` entry.
+    """Create a ledger: its lineage key ``<path>.key`` (mode 0600), the ``LEDGER_INIT`` entry, and
+    its public privacy-loss log (:mod:`phsafe.publog`): the log key ``<path>.log.key`` (0600) and
+    the log folder ``<path>.public-log/`` with its verifier key ``log.vkey``.
 
     The only way a ledger comes to exist. The policy -- every dataset's lifetime cap, in the
     unit of ``privacy_defn`` -- is fixed here, before any data is seen; raising a dataset's cap
@@ -73,6 +78,11 @@ def init_ledger(
         non_confidential: A throwaway ledger for synthetic or public data (its caps are not
             enforced, and it takes only non-confidential runs).
         code_version: Recorded.
+        log_name: The public log's name (its checkpoints' origin); default
+            ``phsafe.privacy-loss/<ledger id>``.
+        witnesses: Witness folders (``phsafe witness init``) the ledger requires from now on:
+            each is told to witness the log and cosigns its first checkpoint here.
+        witness_quorum: How many of them must cosign (default: all).
 
     Raises:
         LedgerError: The ledger or its key file exists, or cannot be written.
@@ -81,9 +91,21 @@ def init_ledger(
     path = Path(path).absolute()
     key = new_lineage_key()
     body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version)
-    for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file")):
+    from phsafe.publog.log import create_public_log, default_log_name, log_key_path, log_path
+    from phsafe.publog.witness import WitnessFolder, witnesses_path, write_witness_policy
+
+    for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file"),
+                    (log_path(path), "its public log"), (log_key_path(path), "its public log's key"),
+                    (witnesses_path(path), "its witness list")):
         if os.path.lexists(p):
             raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")
+    if witness_quorum is not None and not witnesses:
+        raise LedgerError("a witness quorum needs witness folders (--witness DIR)")
+    for folder in witnesses:  # every witness is usable before anything is written
+        try:
+            WitnessFolder(Path(folder).absolute()).witness()
+        except (OSError, PHSafeError) as exc:
+            raise LedgerError(f"{folder} is not a usable witness folder (phsafe witness init): {exc}") from None
     entry: dict[str, Any] = {"seq": 0, "prev": GENESIS_HASH, "kind": EntryKind.LEDGER_INIT.value,
                              "time": now(), "run_id": None, **body}
     entry["hash"] = entry_hash(entry)
@@ -101,7 +123,16 @@ def init_ledger(
             raise
     except OSError as exc:
         raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
-    return Ledger.open(path)
+    vkey = create_public_log(path, log_name or default_log_name(body["ledger_id"]))
+    if witnesses:
+        for folder in witnesses:
+            WitnessFolder(Path(folder).absolute()).trust_log(vkey)
+        write_witness_policy(path, list(witnesses), witness_quorum)
+    ledger = Ledger.open(path)  # projects LEDGER_INIT into the log and signs its first checkpoint
+    if witnesses:
+        with ledger.locked():
+            ledger.require_witnesses()
+    return ledger
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,7 @@ class Ledger(LedgerFile):
             body.update(lifetime_cap=format_exact(cap), spent_before=format_exact(spent))
             items.append((EntryKind.RUN_STARTED, run_id, body))
             self.append_entries(items)
+            self.require_witnesses()  # a fork or a stale copy is refused here, before any INTENT
         return RunRecorder(self, run_id, plan)
 
     @staticmethod
@@ -340,6 +341,7 @@ class Ledger(LedgerFile):
                 resumed_body["orchestration"] = orchestration.record()
             items.append((EntryKind.RUN_RESUMED, run_id, resumed_body))
             self.append_entries(items)
+            self.require_witnesses()  # a fork or a stale copy is refused here, before any INTENT
             resumed = state.runs[run_id]
             attempt = resumed.attempt
             recorded = RunPlan(resumed.privacy_defn, tuple(s.measurement for s in resumed.planned.values()))
@@ -456,6 +458,7 @@ class RunRecorder:
                     f"resume the run with the cap raised to at least {format_exact(after)} "
                     f"({option('lifetime_cap')}) and the reason ({option('cap_reason')}); both are recorded."
                 )
+            self._ledger.require_witnesses()  # still the history the witnesses cosigned
             rec = run.planned[key].record
             entry = self._ledger.append_entries([(
                 EntryKind.INTENT, self.run_id,

@@ -24,6 +24,7 @@ from phsafe.ledger.replay import apply, apply_all
 from phsafe.ledger.state import LedgerState
 
 LOCK_SUFFIX = ".lock"
+_UNKNOWN = object()  # the ledger's public log has not been looked for yet
 
 
 def lock_path(path: Path) -> Path:
@@ -148,6 +149,7 @@ class LedgerFile:
         self._state = LedgerState()
         self._offset = 0
         self._mutex = threading.Lock()
+        self._public_log: Any = _UNKNOWN
 
     @classmethod
     def open(cls, path: Path) -> Self:
@@ -188,6 +190,7 @@ class LedgerFile:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 self._catch_up()
+                self._sync_public_log()
                 yield self._state
             finally:
                 os.close(fd)  # releases the flock
@@ -274,7 +277,31 @@ class LedgerFile:
             if fd >= 0:
                 os.close(fd)
         self._offset += len(data)
+        self._sync_public_log()
         return entries
+
+    # -- the public log (phsafe.publog): kept in step under this lock ------------------------
+
+    @property
+    def public_log(self) -> Any:
+        """The ledger's :class:`phsafe.publog.PublicLog`, or None (a ledger made without one)."""
+        if self._public_log is _UNKNOWN:
+            from phsafe.publog.log import PublicLog
+
+            self._public_log = PublicLog.for_ledger(self.path)
+        return self._public_log
+
+    def _sync_public_log(self) -> None:
+        if self.public_log is not None:
+            self.public_log.sync(self._state.lines)
+
+    def require_witnesses(self) -> int:
+        """With the lock held: the public log cosigned by the ledger's witness quorum (if any).
+
+        Raises:
+            ForkRefused: The witnesses refuse this ledger's history (a copy, a rollback).
+        """
+        return 0 if self.public_log is None else self.public_log.require_witnesses(self._state.lines)
 
     def _reload_quietly(self) -> None:
         try:

@@ -5,7 +5,9 @@
 MODE is ``kill`` (SIGKILL: the process vanishes) or ``raise`` (an exception the run handles as a
 failure). POINT is ``append:K`` (just after the K-th ledger append returned: the entries are
 durable, nothing after them happened) or ``renamed`` (just after the release was renamed into
-place, before the ledger recorded it).
+place, before the ledger recorded it), ``log-append:K`` (the K-th append to the public log, before
+it wrote anything: the ledger's entries are durable, the log is behind) or ``log-torn:K`` (the same,
+after half of its first entry line).
 """
 
 from __future__ import annotations
@@ -44,6 +46,26 @@ def main(argv: list[str]) -> int:
             return entries
 
         phsafe.ledger.Ledger.append_entries = append
+    elif point.startswith(("log-append:", "log-torn:")):
+        # The K-th append to the public log: stopped before it wrote anything (the ledger's
+        # entries are durable, the log is behind), or after half of its first entry line.
+        from phsafe.tlog.publication import LogDirectory
+
+        target, calls = int(point.split(":")[1]), []
+        original_log_append = LogDirectory.append
+
+        def log_append(self, entries):  # noqa: ANN001
+            calls.append(1)
+            if len(calls) == target:
+                if point.startswith("log-torn:"):
+                    with open(self.path / "entries", "ab") as f:
+                        f.write(entries[0][: len(entries[0]) // 2])
+                        f.flush()
+                        os.fsync(f.fileno())
+                _fail(mode)
+            return original_log_append(self, entries)
+
+        LogDirectory.append = log_append
     elif point == "renamed":
         original_publish = phsafe.engine.publish_release
 

@@ -21,6 +21,7 @@ from click.testing import CliRunner
 from phsafe import synthetic
 from phsafe.accuracy import (
     AVERAGE_METRIC_COLUMNS,
+    COMPARISON_COLUMNS,
     METRIC_COLUMNS,
     ConfidentialityNotConfirmed,
     noiseless_config,
@@ -111,6 +112,22 @@ def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Pat
     report = (out / "report.md").read_text()
     assert "MOE_COVERAGE" in report and "plots/coverage.png" in report
     assert "<img" in (out / "report.html").read_text()
+    # ours against the production's method, per row of the Census files
+    comparison = pd.read_csv(out / "comparison.csv")
+    assert list(comparison.columns) == list(COMPARISON_COLUMNS)
+    assert set(comparison["METHOD"]) == {"ours", "production"}
+    assert {("PH3", "state_A-G"), ("PH1", "usa_*"), ("PH8", "state_*"), ("ALL", "ALL")} <= set(
+        zip(comparison["TABLE"], comparison["LEVEL"]))
+    ours = comparison[comparison.METHOD == "ours"]
+    assert (ours["OUT_OF_BOUNDS"] == 0).all() and (ours["FAILED"] == 0).all()
+    assert comparison["COVERAGE"].between(0, 1).all() and (comparison["MEAN_LENGTH"] >= 0).all()
+    # tau = 2 here while the production bounds every average by 10: its averages can exceed tau
+    production = comparison[(comparison.METHOD == "production") & comparison.TABLE.isin(["PH1", "PH8"])]
+    assert production["OUT_OF_BOUNDS"].max() > 0
+    rows = pd.read_parquet(out / "comparison_rows.parquet")
+    assert set(rows["TRIAL"]) == {1, 2} and rows["TRUTH"].notna().any()
+    assert "production's method" in report and (out / "comparison_side_by_side.csv").is_file()
+    assert result.comparison is not None and len(result.comparison) == len(comparison)
 
 
 def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
@@ -125,10 +142,12 @@ def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
                                       "--non-confidential"])
     assert again.exit_code == 1 and "already holds files" in again.output and "--overwrite" in again.output
     replaced = CliRunner().invoke(main, ["-q", "accuracy", str(DEMO / "config.json"), str(DEMO), str(out),
-                                         "--trials", "1", "--non-confidential", "--no-plots", "--overwrite"])
+                                         "--trials", "1", "--non-confidential", "--no-plots", "--overwrite",
+                                         "--no-production"])
     assert replaced.exit_code == 0, replaced.output
     assert replaced.output == ""  # quiet: no progress, no result line
     assert (out / "metrics.csv").exists() and (out / "average_metrics.csv").exists()  # the new run's files
+    assert not (out / "comparison.csv").exists()  # --no-production
 
 
 @pytest.mark.slow
@@ -136,7 +155,7 @@ def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
     """Production budgets on the demo data: coverage of the stated MOE and of the credible
     intervals, pooled over 8 trials (about 11,700 cells; standard error about 0.003)."""
     result = run_accuracy(DEMO / "config.json", DEMO, tmp_path / "acc", trials=8, non_confidential=True,
-                          draws=1000, seed=2, plots=False)
+                          draws=1000, seed=2, plots=False, compare_production=False)
     overall = result.metrics.set_index("TABLE").loc["ALL"]
     averages = result.average_metrics.set_index("TABLE").loc["ALL"]
     print({"MOE": overall["MOE_COVERAGE"], "MOE vs truth": overall["MOE_COVERAGE_VS_TRUTH"],

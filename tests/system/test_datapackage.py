@@ -115,7 +115,9 @@ def test_package_is_in_the_manifest_and_labels_every_code(outputs: dict[str, Pat
             assert codes == list(ITERATION_LABELS)
         assert "1.645 * sqrt(VARIANCE)" in fields["VARIANCE"]["description"]
         assert [c["value"] for c in fields["NOISE_DISTRIBUTION"]["categories"]] == ["Discrete Gaussian"]
-        assert csv["schema"]["primaryKey"][-1] == cell
+        # The primary key in the order of the columns (a reader that indexes by it pairs them by position).
+        key = csv["schema"]["primaryKey"]
+        assert key == [c for c in fields if c in key] and key[0] == "REGION_ID" and key[-1] == cell
     assert by_name["ph3"]["schema"]["fields"][3]["categories"][1]["label"] == "Own child: in married couple family"
 
 
@@ -151,6 +153,44 @@ def test_descriptor_refuses_an_unlabelled_code() -> None:
     frame = pd.DataFrame({"REGION_ID": ["1"], "REGION_TYPE": ["USA"], "PH2_DATA_CELL": [14], "COUNT": [3]})
     with pytest.raises(ValueError, match="PH2_DATA_CELL: value.*without a label"):
         package_descriptor({"PH2": frame})
+
+
+@pytest.mark.parametrize("kind", ["private", "nonprivate", "pr"])
+def test_every_resource_reads_the_same_through_frictionless_and_read_tables(outputs: dict[str, Path],
+                                                                            kind: str) -> None:
+    """A data user's two ways in agree: ``frictionless``'s ``to_pandas()`` (which indexes each
+    resource by its primary key) and :func:`phsafe.release.read_tables` give, for every CSV and
+    Parquet resource, the columns in the schema's order, codes as strings with their leading
+    zeros (REGION_ID "1" the nation, "01" Alabama) and the declared types."""
+    out = outputs[kind]
+    ours = read_tables(out, labels=False)
+    package = frictionless.Package(out / DATAPACKAGE)
+    assert len(package.resources) == 2 * len(ours) == 22
+    for resource in package.resources:
+        table = next(t for t in OUTPUT_TABLES if resource.name in (t.lower(), t.lower() + "-parquet"))
+        fields = resource.schema.fields
+        frame = resource.to_pandas()
+        assert list(frame.index.names) == resource.schema.primary_key
+        frame = frame.reset_index()
+        assert list(frame.columns) == [f.name for f in fields] == list(ours[table].columns), resource.name
+        for f in fields:
+            column = frame[f.name]
+            if f.type == "integer":
+                assert column.dtype == "int64", (resource.name, f.name)
+            elif f.type == "number":
+                assert column.dtype == "float64", (resource.name, f.name)
+            else:
+                assert column.map(type).eq(str).all(), (resource.name, f.name)
+                assert set(column) <= set(f.constraints["enum"]), (resource.name, f.name)
+        assert set(frame["REGION_TYPE"]) <= {"USA", "STATE"}, resource.name  # not REGION_ID's values
+        assert frame["REGION_ID"].str.fullmatch(r"1|\d\d").all(), resource.name
+        expected = ours[table].astype({c: str for c in ours[table].columns if ours[table][c].dtype == "category"})
+        pd.testing.assert_frame_equal(frame.astype({c: str for c in expected.columns if expected[c].dtype == object}),
+                                      expected, check_dtype=False, obj=resource.name)
+    # The warning the README gives: a plain read turns "1" and "01" into the same number.
+    plain = pd.read_csv(out / "PH1_num" / "PH1_num.csv", sep="|")
+    as_text = pd.read_csv(out / "PH1_num" / "PH1_num.csv", sep="|", dtype={"REGION_ID": str})
+    assert as_text["REGION_ID"].str.len().max() == 2 and plain["REGION_ID"].dtype != object
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,15 @@ def test_the_digest_attack_finds_nothing_in_the_public_zone(world: dict, tmp_pat
     public = _public_tokens(world["out"])
     assert public, "the release holds hex strings (file digests, the checkpoint): the attack has material"
     assert attack.matches(public) == []
+    # The public privacy-loss log (every file of its folder, hashes included) and the release's
+    # log entry and proof are public too: the same attack finds nothing in them either.
+    from phsafe.publog import ENTRY_FILE, PROOF_FILE, log_path
+
+    assert (world["out"] / ENTRY_FILE).is_file() and (world["out"] / PROOF_FILE).is_file()
+    log_tokens = _public_tokens(log_path(world["ledger"]))
+    assert log_tokens, "the log names the manifest's SHA-256: the attack has material"
+    assert attack.matches(log_tokens) == []
+    assert attack.matches(public | log_tokens) == []
 
     # Control: publish what the old manifest published -- the plain input digests -- and the very
     # same attack recovers the hidden person.
@@ -215,6 +225,14 @@ def test_the_release_holds_only_public_facts(world: dict) -> None:
         assert digest not in text and digest[:16] not in text
     files = {p.relative_to(world["out"]).as_posix() for p in world["out"].rglob("*") if p.is_file()}
     assert not {f for f in files if "valid" in f or f.endswith((".jsonl", ".key", ".npy", ".log"))}
+    # The public log and the release's copy of its entry hold no confidential fact either.
+    from phsafe.publog import ENTRY_FILE, log_path
+
+    published = b"".join(p.read_bytes() for p in log_path(world["ledger"]).iterdir()) + \
+        (world["out"] / ENTRY_FILE).read_bytes()
+    for digest in [*run.input_digests.values(), run.fingerprint, run.truncation_key, run.config_digest]:
+        assert digest.encode() not in published and digest[:16].encode() not in published
+    assert str(world["ledger"].parent).encode() not in published
     # The audit report is confidential and says so; it lives beside the ledger.
     report = (world["root"] / "enclave" / "audit-report" / "audit_report.md").read_text()
     assert "CONFIDENTIAL" in report
@@ -309,8 +327,10 @@ def test_a_changed_record_is_a_new_version_of_the_same_dataset(world: dict, tmp_
     # On a copy of the ledger (its cap is raised below; the other tests need it as it is).
     ledger = tmp_path / "enclave" / "ledger.jsonl"
     ledger.parent.mkdir()
-    for suffix in ("", ".key"):
+    for suffix in ("", ".key", ".log.key"):
         Path(f"{ledger}{suffix}").write_bytes(Path(f"{world['ledger']}{suffix}").read_bytes())
+    Path(f"{ledger}.log.key").chmod(0o600)
+    shutil.copytree(f"{world['ledger']}.public-log", f"{ledger}.public-log")  # the ledger's public log goes with it
     spent = intents(ledger)
     changed = tmp_path / "changed"
     changed.mkdir()

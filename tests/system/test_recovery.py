@@ -2,14 +2,16 @@
 
 A private run is stopped -- SIGKILLed, or failed by an exception -- just after a ledger append
 chosen at random (the run's first record, any INTENT or COMMITTED, its publication record), or
-just after its release was renamed into place but before the ledger recorded it. Then:
+just after its release was renamed into place but before the ledger recorded it, or between a
+ledger append and its public log's append (before it, or in the middle of its line). Then:
 
 * the ledger verifies, and ``audit verify --outputs`` never vouches for a release the ledger
   did not record (an unrecorded folder under OUT is refused);
 * ``phsafe private ... --resume RUN_ID`` completes the run: it publishes (recording a release
   already in place rather than writing another), spends no committed measurement again, and
   spends again at most the one measurement whose INTENT had no COMMITTED (its noise may have been
-  drawn) -- and ``audit verify --outputs`` holds.
+  drawn) -- and ``audit verify --outputs`` holds;
+* the public log is then exactly the ledger's projection again, and ``audit public`` holds.
 """
 
 from __future__ import annotations
@@ -43,8 +45,11 @@ def _points() -> list[tuple[str, str]]:
     appends = 1 + 2 * len(plan.measurements) + 1  # start, INTENT/COMMITTED pairs, the publication record
     rng = random.Random(SEED)
     chosen = sorted({1, 2, 3, appends - 1, appends} | set(rng.sample(range(4, appends - 1), 4)))
+    log_appends = 1 + len(plan.measurements) + 1  # the start, each INTENT, the release (COMMITTED: none)
     return [(mode, f"append:{k}") for mode in ("kill", "raise") for k in chosen] + \
-           [("kill", "renamed"), ("raise", "renamed")]
+           [("kill", "renamed"), ("raise", "renamed")] + \
+           [("kill", f"log-append:{k}") for k in (1, rng.randrange(2, log_appends), log_appends)] + \
+           [("kill", f"log-torn:{rng.randrange(2, log_appends)}")]
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +94,12 @@ def test_a_run_stopped_anywhere_is_completed_without_new_noise(setup: dict, tmp_
         if not run.published:
             unvouched = _phsafe("audit", "verify", ledger, "--outputs", out)
             assert unvouched.returncode == 1 and "no OUTPUTS_PUBLISHED" in unvouched.stderr, label
-    if run.status.value == "finished":  # stopped after its last append: nothing left to do
-        assert point == f"append:{1 + 2 * len(run.planned) + 1}" and out.exists(), label
+    if run.status.value == "finished":  # stopped after its last ledger append
+        assert point in (f"append:{1 + 2 * len(run.planned) + 1}", f"log-append:{len(run.planned) + 2}"), label
+        assert out.exists(), label
+        # Only the release's public log files may be missing: completing the run writes them.
+        completed = _phsafe(*args, "--resume", run_id, "--resume-reason", "recovery test")
+        assert completed.returncode == 0, f"{label}: {completed.stderr[-3000:]}"
     else:
         assert not run.published, label
         assert f"run {run_id} spent" in verified.stdout and "published nothing" in verified.stdout, label
@@ -110,3 +119,11 @@ def test_a_run_stopped_anywhere_is_completed_without_new_noise(setup: dict, tmp_
     assert final.status.value == "finished" and final.output_path == str(out), label
     published = _phsafe("audit", "verify", ledger, "--outputs", out)
     assert published.returncode == 0, f"{label}: {published.stdout}{published.stderr}"
+    # The public log is in step with the ledger again -- exactly its projection, nothing behind --
+    # and the release checks out for an outsider.
+    assert "exactly the projection" in published.stdout and "behind the ledger" not in published.stdout, label
+    assert "privacy-loss.tlog-proof proves it" in published.stdout, label
+    log = Path(f"{ledger}.public-log")
+    outsider = _phsafe("audit", "public", out, "--key", log / "log.vkey", "--log", log,
+                       "--state", tmp_path / "seen.json")
+    assert outsider.returncode == 0, f"{label}: {outsider.stderr}"

@@ -213,6 +213,8 @@ class World:
         for p in self.root.iterdir():
             if p.is_file():
                 shutil.copy(p, root / p.name)
+            elif p.name.endswith(".public-log"):  # the ledger's public log goes with it
+                shutil.copytree(p, root / p.name)
         if with_outputs:
             shutil.copytree(self.out_a, root / "out-a1")
             return World(root)

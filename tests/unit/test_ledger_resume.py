@@ -40,7 +40,7 @@ from phsafe.ledger import (
 )
 from phsafe.noise import SpendReceipt, measure, vector_digest
 
-from tests._ledgers import DIGESTS_B, FP_A, FP_B, new_ledger
+from tests._ledgers import DIGESTS_B, FP_A, FP_B, new_ledger, rewind_public_log
 from tests._ledgers import start as start_run
 from tests.conftest import US_CONFIG
 
@@ -540,6 +540,7 @@ def tear_the_last_entry(ledger: Ledger, keep: int = 25) -> Ledger:
     data = ledger.path.read_bytes()
     last = data[:-1].rsplit(b"\n", 1)[-1]
     ledger.path.write_bytes(data[:len(data) - len(last) - 1 + keep])
+    rewind_public_log(ledger.path)  # the torn write never reached the public log
     repair = repair_ledger(ledger.path)
     assert repair is not None and repair.dropped_bytes == keep
     return Ledger.open(ledger.path)

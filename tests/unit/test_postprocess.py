@@ -1,13 +1,17 @@
 """Post-processing (:mod:`phsafe.postprocess`): exact posteriors, credible intervals, averages.
 
 * the noise pmfs are exact: the variance inversion of the geometric, the two-part convolutions;
-* the vectorized posterior summaries equal a brute-force computation; samples follow the
-  posterior; noiseless cells are point masses; the summation window's tail is below the bound;
+* the vectorized posterior summaries (mean, median, HPD and equal-tailed intervals, P(0)) equal
+  a brute-force computation; samples follow the posterior; noiseless cells are point masses; the
+  summation window's tail is below the bound;
 * coverage by simulation, with noise drawn by OpenDP (the samplers of the private runs): the
   stated 90% MOE (1.645 sigma) and the 90% credible intervals of counts and of averages cover
   the truth about 90% of the time (fast versions here; full simulations marked ``slow``);
 * ``postprocess`` takes only the output directory and opens nothing else: the input data is
   moved away, the reader is patched to fail, and every file opened is recorded.
+
+The estimate files, marginal cells, the constrained averages and the checks are tested in
+``test_estimates.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from click.testing import CliRunner
 from phsafe import postprocess as pp
 from phsafe.accounting import NoiseDistribution, geometric_variance, plan_run
 from phsafe.config import load_config
-from phsafe.postprocess import AVERAGES, NoiseModel, Posterior, average_table, geometric_q, posterior_for
+from phsafe.postprocess import RATIO_SHELLS, NoiseModel, Posterior, geometric_q, posterior_for, ratio_table
 from tests.conftest import PR_CONFIG, US_CONFIG
 
 DG = "Discrete Gaussian"
@@ -52,9 +56,9 @@ def opendp_noise(distribution: str, scale: float, size: int) -> np.ndarray:
     return np.asarray(m([0] * size), dtype=np.int64)
 
 
-def brute_force(model: NoiseModel, y: int) -> tuple[float, int, int, int, float]:
-    """Posterior mean, median, HPD interval and P(0) by direct summation on a huge window, with
-    the HPD set found by sorting."""
+def brute_force(model: NoiseModel, y: int) -> tuple[float, int, int, int, float, int, int]:
+    """Posterior mean, median, HPD interval, P(0) and the equal-tailed interval by direct
+    summation on a huge window, with the HPD set found by sorting."""
     sd = max(model.sd, 1.0)
     n = np.arange(0, max(y, 0) + int(80 * sd) + 200)
     if model.distribution is NoiseDistribution.DISCRETE_GAUSSIAN and model.parts == 1:
@@ -66,8 +70,11 @@ def brute_force(model: NoiseModel, y: int) -> tuple[float, int, int, int, float]
     cdf = np.cumsum(w)
     order = np.argsort(-w, kind="stable")
     k = int(np.argmax(np.cumsum(w[order]) >= 0.9))
-    inside = n[w >= w[order][k]]
-    return float(w @ n), int(n[np.argmax(cdf >= 0.5)]), int(inside.min()), int(inside.max()), float(w[0])
+    inside = n[w >= w[order][k] * (1 - 1e-9)]  # ties within round-off, as hpd_rows
+    # equal-tailed: Q(p) = min{n : P(N <= n) >= p}, so that P(N < Q(0.05)) < 0.05, P(N > Q(0.95)) <= 0.05
+    et = (int(n[np.argmax(cdf >= 0.05)]), int(n[np.argmax(cdf >= 0.95)]))
+    return (float(w @ n), int(n[np.argmax(cdf >= 0.5)]), int(inside.min()), int(inside.max()), float(w[0]),
+            *et)
 
 
 MODELS = [
@@ -147,9 +154,10 @@ def test_vectorized_summaries_equal_brute_force(model: NoiseModel) -> None:
     ys = np.array([-5000, -500, -40, -3, -1, 0, 1, 2, 5, 17, 40, 300, 10_000])
     s = posterior_for(model).summarize(ys)
     for i, y in enumerate(ys):
-        mean, median, lower, upper, p0 = brute_force(model, int(y))
+        mean, median, lower, upper, p0, et_lower, et_upper = brute_force(model, int(y))
         assert s.mean[i] == pytest.approx(mean, rel=1e-9, abs=1e-9), y
         assert (s.median[i], s.lower[i], s.upper[i]) == (median, lower, upper), y
+        assert (s.et_lower[i], s.et_upper[i]) == (et_lower, et_upper), y
         assert s.p_zero[i] == pytest.approx(p0, abs=1e-12), y
         assert 0 <= s.lower[i] <= s.median[i] <= s.upper[i]
         assert s.mean[i] >= 0
@@ -245,34 +253,46 @@ def test_credible_intervals_cover_about_90_percent_fast() -> None:
     assert 0.89 <= _count_coverage(DG, sigma, sigma**2, far) <= 0.915
 
 
-def _average_frames(num_truth: np.ndarray, den_truth: np.ndarray, sigma: float) -> tuple[pd.DataFrame, pd.DataFrame]:
-    g = den_truth.size
-    ids = [f"{i:05d}" for i in range(g)]
+def _average_frames(num_truth: np.ndarray, den_truth: np.ndarray, sigma: float, shell: str = "PH1",
+                    ids: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Private numerator and denominator tables of a ratio shell: truths plus OpenDP noise
+    (``den_truth`` has one column per denominator cell: 1 for PH1/PH5, 2 for PH8's cells 2, 3)."""
+    g = den_truth.shape[0]
+    ids = ids or [f"{i:05d}" for i in range(g)]
+    num_table, den_table = RATIO_SHELLS[shell].numerator, RATIO_SHELLS[shell].denominator
 
     def frame(table: str, cells: list[int], truth: np.ndarray) -> pd.DataFrame:
         rows = len(cells) * g
-        noise = opendp_noise(DG, sigma, rows)
+        noise = opendp_noise(DG, sigma, rows) if sigma > 0 else np.zeros(rows, np.int64)
         return pd.DataFrame({
             "REGION_ID": np.repeat(ids, len(cells)), "REGION_TYPE": "STATE", "ITERATION_CODE": "*",
-            f"{table.upper()}_DATA_CELL": np.tile(cells, g), "COUNT": truth.ravel() + noise,
-            "NOISE_DISTRIBUTION": DG, "VARIANCE": sigma**2,
+            f"{table.upper()}_DATA_CELL": np.tile(cells, g), "COUNT": np.asarray(truth).ravel() + noise,
+            "NOISE_DISTRIBUTION": DG, "VARIANCE": float(sigma) ** 2,
         })
 
-    return frame("PH1_num", [2, 3], num_truth), frame("PH1_denom", [1], den_truth)
+    den_cells = [1] if RATIO_SHELLS[shell].shared_denominator else [2, 3]
+    return frame(num_table, [2, 3], num_truth), frame(den_table, den_cells, den_truth)
+
+
+def _households(rng: np.random.Generator, groups: int, lo: int, hi: int, tau: int = 10) -> tuple[np.ndarray, ...]:
+    """Truncated truths of PH1 groups: households, persons under 18 and 18 and over (>= 1 adult
+    per household, at most tau persons each)."""
+    den = rng.integers(lo, hi, groups)
+    kids = rng.binomial(den * 2, 0.3)
+    adults = np.minimum(den + rng.binomial(den, 0.8), tau * den - kids)
+    return den, kids, adults
 
 
 def test_average_intervals_cover_about_90_percent_fast() -> None:
     rng = np.random.default_rng(3)
-    groups, sigma = 1500, 10.0
-    den = rng.integers(5, 200, groups)
-    kids = rng.binomial(den * 3, 0.2)
-    adults = den + rng.binomial(den, 0.8)
-    num, denom = _average_frames(np.stack([kids, adults], 1), den, sigma)
-    out = average_table(AVERAGES["PH1"], num, denom, 1000, np.random.default_rng(4))
+    den, kids, adults = _households(rng, 300, 1, 200)
+    num, denom = _average_frames(np.stack([kids, adults], 1), den[:, None], 10.0)
+    out = ratio_table(RATIO_SHELLS["PH1"], num, denom, {"PH1_num": 10}, rng=np.random.default_rng(4))
     truth = np.stack([(kids + adults) / den, kids / den, adults / den], 1).ravel()
     covered = (out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])
+    # 900 intervals: binomial sd 0.01 around a coverage that is 0.90-0.92 here (slow test below)
     assert 0.87 <= covered.mean() <= 0.95
-    assert (out["P_DENOMINATOR_POSITIVE"] > 0).all()
+    assert (out["P_DENOMINATOR_POSITIVE"] > 0).all() and (out["METHOD"] == "exact").all()
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,25 +312,30 @@ def test_ph8_total_is_built_from_its_parts_and_zero_denominators_give_no_ratio()
     num = _noiseless("PH8_num", [("01", 2, 300), ("01", 3, 100), ("02", 2, 0), ("02", 3, 50), ("03", 2, 9)])
     den = _noiseless("PH8_denom", [("01", 2, 100), ("01", 3, 25), ("02", 2, 0), ("02", 3, 20),
                                    ("03", 2, 3), ("03", 3, 1)])
-    out = average_table(AVERAGES["PH8"], num, den, 10, np.random.default_rng(0)).set_index(["REGION_ID", "PH8_DATA_CELL"])
+    with pytest.raises(pp.PostprocessError, match="lacks a cell"):  # 03's numerator lacks cell 3
+        ratio_table(RATIO_SHELLS["PH8"], num, den, {"PH7": 10})
+    out = ratio_table(RATIO_SHELLS["PH8"], num.head(4), den.head(4), {"PH7": 10})
+    out = out.set_index(["REGION_ID", "PH8_DATA_CELL"])
     assert out.loc[("01", 1), "ESTIMATE"] == pytest.approx(400 / 125)
     assert out.loc[("01", 2), "ESTIMATE"] == pytest.approx(3.0)
     assert out.loc[("01", 3), "ESTIMATE"] == pytest.approx(4.0)
     assert out.loc[("01", 1), "CI90_LOWER"] == out.loc[("01", 1), "CI90_UPPER"] == pytest.approx(3.2)
     assert out.loc[("02", 1), "ESTIMATE"] == pytest.approx(50 / 20)
     assert math.isnan(out.loc[("02", 2), "ESTIMATE"]) and out.loc[("02", 2), "P_DENOMINATOR_POSITIVE"] == 0
+    assert out.loc[("02", 2), "METHOD"] == "undefined"
     assert out.loc[("02", 3), "ESTIMATE"] == pytest.approx(2.5)
-    assert "03" not in out.index.get_level_values(0)  # its numerator lacks cell 3
-    assert list(out.columns) == [c for c in ["REGION_TYPE", "ITERATION_CODE", *pp.AVERAGE_COLUMNS]]
+    assert list(out.columns) == ["REGION_TYPE", "ITERATION_CODE", *pp.ratios.NOISY_COLUMNS, "NOISE_DISTRIBUTION",
+                                 *pp.AVERAGE_COLUMNS]
 
 
 def test_ph1_cells_share_the_denominator() -> None:
     num = _noiseless("PH1_num", [("01", 2, 30), ("01", 3, 70)])
     den = _noiseless("PH1_denom", [("01", 1, 40)])
-    out = average_table(AVERAGES["PH1"], num, den, 5, np.random.default_rng(0))
+    out = ratio_table(RATIO_SHELLS["PH1"], num, den, {"PH1_num": 10})
     assert list(out["PH1_DATA_CELL"]) == [1, 2, 3]
     assert list(out["ESTIMATE"]) == pytest.approx([2.5, 0.75, 1.75])
     assert list(out["DENOMINATOR_ESTIMATE"]) == [40, 40, 40]
+    assert list(out["LOWER_BOUND"]) == [1, 0, 0] and list(out["UPPER_BOUND"]) == [10, 10, 10]
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +343,7 @@ def test_ph1_cells_share_the_denominator() -> None:
 # --------------------------------------------------------------------------------------------
 
 STATES = ["01", "06"]
+FAST_LIMIT = 2_000_000
 
 
 @pytest.fixture(scope="module")
@@ -344,14 +370,20 @@ def private_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_postprocess_writes_every_table_with_documented_columns(private_output: Path, tmp_path: Path) -> None:
     dest = tmp_path / "pp"
-    result = pp.postprocess(private_output, dest, draws=200, seed=5)
+    # Nation-level averages beyond 2 million lattice points are sampled here (the lattices
+    # themselves are tested against brute force in test_estimates.py): the test stays fast.
+    result = pp.postprocess(private_output, dest, draws=200, seed=5, exact_limit=FAST_LIMIT)
     assert result.destination == dest
     for table in ("PH1_num", "PH1_denom", "PH2", "PH3", "PH4", "PH5_num", "PH5_denom", "PH6", "PH7", "PH8_num",
                   "PH8_denom"):
         frame = pd.read_csv(dest / f"{table}.csv", sep="|", dtype={"REGION_ID": str})
         source = pd.read_csv(private_output / table / f"{table}.csv", sep="|", dtype={"REGION_ID": str})
         assert list(frame.columns) == list(source.columns) + list(pp.COUNT_COLUMNS)
-        assert len(frame) == len(source)
+        marginals = pp.shells.marginal_cells(table)
+        groups = len(source.drop_duplicates([c for c in ("REGION_ID", "REGION_TYPE", "ITERATION_CODE") if c in source]))
+        assert len(frame) == len(source) + groups * len(marginals)  # every released and marginal cell
+        released = frame.merge(source, on=list(source.columns), how="inner")
+        assert len(released) == len(source)
         assert (frame["CI90_LOWER"] >= 0).all() and (frame["ESTIMATE"] >= 0).all()
         assert (frame["CI90_LOWER"] <= frame["CI90_UPPER"]).all()
         parquet = pd.read_parquet(dest / f"{table}.parquet")
@@ -361,14 +393,16 @@ def test_postprocess_writes_every_table_with_documented_columns(private_output: 
         assert list(frame.columns) == [*pp.GROUP_KEYS, f"{name}_DATA_CELL", *pp.AVERAGE_COLUMNS]
         assert set(frame[f"{name}_DATA_CELL"]) == {1, 2, 3}
         ok = frame["ESTIMATE"].notna()
-        assert ((frame.loc[ok, "CI90_LOWER"] <= frame.loc[ok, "ESTIMATE"])
-                & (frame.loc[ok, "ESTIMATE"] <= frame.loc[ok, "CI90_UPPER"])).all()
-        assert (frame.loc[ok, "CI90_LOWER"] >= 0).all()
+        assert ok.all()  # noisy denominators: always a posterior
+        assert ((frame["CI90_LOWER"] <= frame["MEDIAN"]) & (frame["MEDIAN"] <= frame["CI90_UPPER"])).all()
+        assert ((frame["LOWER_BOUND"] <= frame["ESTIMATE"]) & (frame["ESTIMATE"] <= frame["UPPER_BOUND"])).all()
+        assert (frame["CI90_LOWER"] >= frame["LOWER_BOUND"]).all() and (frame["CI90_UPPER"] <= frame["UPPER_BOUND"]).all()
     meta = json.loads((dest / "postprocess.json").read_text())
     assert meta["seed"] == 5 and meta["draws"] == 200 and meta["source"]["run_id"]
+    assert meta["tau"] == json.loads(US_CONFIG.read_text())["tau"]  # from the release's manifest
     assert "CI90_LOWER" in (dest / "README.md").read_text()
     # same seed, same results
-    again = pp.postprocess(private_output, tmp_path / "pp2", draws=200, seed=5)
+    again = pp.postprocess(private_output, tmp_path / "pp2", draws=200, seed=5, exact_limit=FAST_LIMIT)
     assert (dest / "PH8.csv").read_bytes() == (again.destination / "PH8.csv").read_bytes()
 
 
@@ -383,7 +417,7 @@ def test_postprocess_never_reads_input_data(private_output: Path, tmp_path: Path
     for name in ("read_inputs", "locate_inputs", "input_digests"):
         if hasattr(phsafe.reader, name):
             monkeypatch.setattr(phsafe.reader, name, forbidden)
-    pp.postprocess(private_output, tmp_path / "warm", draws=20, seed=1)  # imports happen here
+    pp.postprocess(private_output, tmp_path / "warm", draws=20, seed=1, exact_limit=FAST_LIMIT)  # imports happen here
     opened: list[tuple[str, str]] = []
     active = [True]
 
@@ -398,7 +432,7 @@ def test_postprocess_never_reads_input_data(private_output: Path, tmp_path: Path
     sys.addaudithook(hook)
     dest = tmp_path / "dest"
     try:
-        pp.postprocess(private_output, dest, draws=20, seed=1)
+        pp.postprocess(private_output, dest, draws=20, seed=1, exact_limit=FAST_LIMIT)
     finally:
         active[0] = False
     root = private_output.resolve()
@@ -425,7 +459,7 @@ def test_postprocess_command_takes_only_the_output_directory(private_output: Pat
     assert [a.name for a in arguments] == ["output"]
     dest = tmp_path / "cli"
     result = CliRunner().invoke(main, ["postprocess", str(private_output), "--dest", str(dest), "--draws", "50",
-                                       "--seed", "3"])
+                                       "--seed", "3", "--exact-limit", str(FAST_LIMIT)])
     assert result.exit_code == 0, result.output
     assert (dest / "PH1.csv").is_file() and (dest / "PH1.parquet").is_file()
     again = CliRunner().invoke(main, ["postprocess", str(private_output), "--dest", str(dest)])
@@ -462,9 +496,10 @@ def test_many_rows_are_summarized_at_once() -> None:
     out = pp.summarize_table(frame, "PH3")
     for i in rng.choice(n, 25, replace=False):
         model = NoiseModel.of(DG, frame["VARIANCE"][i])
-        mean, median, lower, upper, _ = brute_force(model, int(frame["COUNT"][i]))
+        mean, median, lower, upper, _, et_lower, et_upper = brute_force(model, int(frame["COUNT"][i]))
         assert out["ESTIMATE"][i] == pytest.approx(mean, rel=1e-9)
         assert (out["CI90_LOWER"][i], out["CI90_UPPER"][i]) == (lower, upper)
+        assert (out["CI90_ET_LOWER"][i], out["CI90_ET_UPPER"][i]) == (et_lower, et_upper)
 
 
 # --------------------------------------------------------------------------------------------
@@ -522,16 +557,18 @@ def test_credible_interval_coverage_full_simulation() -> None:
 
 @pytest.mark.slow
 def test_average_coverage_full_simulation() -> None:
+    """The averages' 90% equal-tailed intervals on 1,500 groups (4,500 intervals), small and large
+    households counts, sigma 41 (the production's state-level PH1 sigma is 122)."""
     rng = np.random.default_rng(9)
-    groups, sigma = 4000, 41.345
+    groups, sigma = 1500, 41.345
     den = np.concatenate([rng.integers(1, 50, groups // 2), rng.integers(50, 3000, groups // 2)])
-    kids = rng.binomial(den * 3, 0.2)
-    adults = den + rng.binomial(den, 0.8)
-    num, denom = _average_frames(np.stack([kids, adults], 1), den, sigma)
-    out = average_table(AVERAGES["PH1"], num, denom, 2000, np.random.default_rng(10))
+    kids = rng.binomial(den * 2, 0.3)
+    adults = np.minimum(den + rng.binomial(den, 0.8), 10 * den - kids)
+    num, denom = _average_frames(np.stack([kids, adults], 1), den[:, None], sigma)
+    out = ratio_table(RATIO_SHELLS["PH1"], num, denom, {"PH1_num": 10}, rng=np.random.default_rng(10))
     truth = np.stack([(kids + adults) / den, kids / den, adults / den], 1).ravel()
     covered = ((out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])).to_numpy()
     small = np.repeat(den < 50, 3)
     print({"pooled": covered.mean(), "small denominators": covered[small].mean(), "large": covered[~small].mean()})
-    assert 0.88 <= covered.mean() <= 0.95
-    assert 0.86 <= covered[~small].mean() <= 0.95
+    assert 0.88 <= covered.mean() <= 0.94
+    assert 0.87 <= covered[~small].mean() <= 0.94

@@ -30,7 +30,12 @@ released COUNT minus the reference; MOE = 1.645 sqrt(VARIANCE), as
   own, truncated exact counts against the truth (mean, max, share of cells affected);
 * with post-processing: ``CI90_COVERAGE`` (credible interval contains the truncated exact
   count), ``CI90_COVERAGE_VS_TRUTH``, ``CI90_MEAN_WIDTH``, ``ESTIMATE_MAE`` (posterior mean
-  against the truth); and for the averages PH1, PH5, PH8 the same against the exact ratios.
+  against the truth); and for the averages PH1, PH5, PH8 the same against the exact ratios;
+* with post-processing and ``compare_production``: our Census-layout estimate files against the
+  Census Bureau's production method on the same noisy tables -- coverage of the 90% intervals,
+  mean interval length, share outside the logical bounds, share the production could not fit
+  (:mod:`phsafe.accuracy.comparison`, :mod:`phsafe.accuracy.production`) -- in
+  ``comparison.csv``, ``comparison_side_by_side.csv`` and the report.
 """
 
 from __future__ import annotations
@@ -50,14 +55,24 @@ from phsafe.errors import ConfidentialityNotConfirmed, PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, cell_column
 from phsafe.postprocess import (
-    AVERAGES,
     GROUP_KEYS,
+    RATIO_SHELLS,
     NoiseModel,
     cell_parts,
     posterior_for,
     postprocess,
     read_private_outputs,
 )
+from phsafe.accuracy.comparison import (
+    COMPARISON_COLUMNS,
+    compare_trial,
+    comparison_metrics,
+    read_estimate_files,
+    side_by_side,
+    truncated_truth,
+)
+from phsafe.accuracy.levels import COVERAGE_INTERVAL, coverage_interval, level_of, level_order
+from phsafe.accuracy.production import production_files
 from phsafe.tables import OUTPUT_TABLES
 
 if TYPE_CHECKING:
@@ -83,26 +98,6 @@ AVERAGE_METRIC_COLUMNS = (
     "TABLE", "LEVEL", "CELLS", "TRIALS", "UNDEFINED", "MAE", "P90_ABS_ERROR", "CI90_COVERAGE", "CI90_COVERAGE_LOW",
     "CI90_COVERAGE_HIGH", "CI90_COVERAGE_VS_TRUTH", "CI90_MEAN_WIDTH", "MEAN_P_DENOMINATOR_POSITIVE",
 )
-COVERAGE_INTERVAL = 0.95
-"""Confidence level of the Wilson score interval reported with each empirical coverage."""
-
-
-def coverage_interval(covered: int, n: int, level: float = COVERAGE_INTERVAL) -> tuple[float, float]:
-    """The Wilson score interval of a coverage of ``covered`` out of ``n`` (scipy.stats).
-
-    Unlike coverage +- 2 standard errors it stays inside [0, 1] and is not empty at a coverage
-    of 0 or 1, which matters with few trials or few cells. Treats the n cells x trials as
-    independent: the noise is, the truncation error of cells of one trial is not.
-
-    Returns:
-        (low, high); (nan, nan) when n is 0.
-    """
-    if n == 0:
-        return math.nan, math.nan
-    from scipy.stats import binomtest
-
-    ci = binomtest(int(covered), int(n)).proportion_ci(confidence_level=level, method="wilson")
-    return float(ci.low), float(ci.high)
 
 
 @dataclass
@@ -113,6 +108,8 @@ class AccuracyResult:
         output_dir: The experiment directory.
         metrics: Per table x level metrics (:data:`METRIC_COLUMNS`).
         average_metrics: Per average table x level metrics (empty without post-processing).
+        comparison: Our estimate files against the production's method, per table x level x
+            method (:data:`phsafe.accuracy.comparison.COMPARISON_COLUMNS`; empty without it).
         files: Report files written (relative to ``output_dir``).
         seconds: Wall time.
     """
@@ -122,6 +119,7 @@ class AccuracyResult:
     average_metrics: pd.DataFrame
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    comparison: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 # --------------------------------------------------------------------------------------------
@@ -145,14 +143,6 @@ def noiseless_config(config_path: Path, destination: Path) -> Path:
                         levels[key] = math.inf
     destination.write_text(json.dumps(raw, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     return destination
-
-
-_ITERATION_LEVEL = {"*": "*", **{c: "A-G" for c in "ABCDEFG"}, "H": "H,I", "I": "H,I"}
-
-
-def level_of(region_type: pd.Series, iteration_code: pd.Series) -> pd.Series:
-    """The config key of each row's population-group level, e.g. ``state_A-G``."""
-    return region_type.str.lower() + "_" + iteration_code.map(_ITERATION_LEVEL)
 
 
 def _read_nonprivate(directory: Path, table: str) -> pd.DataFrame | None:
@@ -188,7 +178,7 @@ def _exact_ratios(counts: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Exact averages (numerator / denominator, NaN where the denominator is 0) from count tables
     holding KEYS + COUNT (cells missing from a table count 0)."""
     parts = []
-    for spec in AVERAGES.values():
+    for spec in RATIO_SHELLS.values():
         if spec.numerator not in counts or spec.denominator not in counts:
             continue
         num = counts[spec.numerator].pivot_table(index=list(GROUP_KEYS), columns="CELL", values="COUNT", aggfunc="sum")
@@ -222,6 +212,7 @@ def run_accuracy(
     seed: int | None = None,
     plots: bool = True,
     overwrite: bool = False,
+    compare_production: bool = True,
     progress: "Progress | None" = None,
 ) -> AccuracyResult:
     """Run the accuracy experiment (see the module docstring) and write its report.
@@ -238,6 +229,9 @@ def run_accuracy(
         seed: Seed of the post-processing simulations (trial t uses seed + t); random if None.
         plots: Write the PNG plots (matplotlib).
         overwrite: Empty an ``output_dir`` that already holds files (otherwise it is refused).
+        compare_production: With post-processing, also estimate every trial by the Census
+            Bureau's production method (:mod:`phsafe.accuracy.production`) and compare the two
+            (:mod:`phsafe.accuracy.comparison`).
         progress: Where to report the stages and the trials (:mod:`phsafe.progress`).
 
     Raises:
@@ -272,6 +266,7 @@ def run_accuracy(
 
     cells: list[pd.DataFrame] = []
     averages: list[pd.DataFrame] = []
+    compared: list[pd.DataFrame] = []
     for folder in ("trials", "truncated"):  # a private run publishes into an existing folder
         (output_dir / folder).mkdir(exist_ok=True)
     with progress.stage("private runs and their truncated exact counts"), \
@@ -299,6 +294,12 @@ def run_accuracy(
             if post is not None:
                 exact_ratios = _exact_ratios({t: f[[*KEYS, "COUNT"]] for t, f in exact.items()})
                 averages.append(_trial_averages(trial, post, exact_ratios, truth_ratios))
+                if compare_production:
+                    task.update(trial - 1, item=f"trial {trial}: the production's method")
+                    tables, facts = read_private_outputs(output_dir / "trials" / name)
+                    theirs = production_files(tables, np.random.default_rng([seed, trial]))
+                    compared.append(compare_trial(trial, read_estimate_files(post), theirs,
+                                                  truncated_truth(exact, exact_ratios), facts.get("tau") or {}))
             task.update(trial, item="")
 
     with progress.stage("metrics, plots and report"):
@@ -306,12 +307,15 @@ def run_accuracy(
         avg = pd.concat(averages, ignore_index=True) if averages else pd.DataFrame()
         metrics = table_metrics(frame)
         average_metrics = average_table_metrics(avg) if len(avg) else pd.DataFrame(columns=AVERAGE_METRIC_COLUMNS)
+        rows = pd.concat(compared, ignore_index=True) if compared else pd.DataFrame()
+        comparison = comparison_metrics(rows) if len(rows) else pd.DataFrame(columns=list(COMPARISON_COLUMNS))
         seconds = time.perf_counter() - started
         files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
                              data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
-                             with_postprocess=with_postprocess, draws=draws, seed=seed)
+                             with_postprocess=with_postprocess, draws=draws, seed=seed, comparison=comparison,
+                             comparison_rows=rows)
     log.info("accuracy report written", output=str(output_dir), trials=trials, seconds=round(seconds, 1))
-    return AccuracyResult(output_dir, metrics, average_metrics, files, seconds)
+    return AccuracyResult(output_dir, metrics, average_metrics, files, seconds, comparison)
 
 
 def _trial_cells(
@@ -355,7 +359,7 @@ def _trial_cells(
 
 def _trial_averages(trial: int, post: Path, exact: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     parts = []
-    for name in AVERAGES:
+    for name in RATIO_SHELLS:
         path = post / f"{name}.csv"
         if not path.is_file():
             continue
@@ -377,11 +381,6 @@ def _trial_averages(trial: int, post: Path, exact: pd.DataFrame, truth: pd.DataF
 # --------------------------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------------------------
-
-
-def _level_order(levels: pd.Series) -> pd.Series:
-    order = {k: i for i, k in enumerate(("usa_*", "usa_A-G", "usa_H,I", "state_*", "state_A-G", "state_H,I"))}
-    return levels.map(order).fillna(99)
 
 
 def table_metrics(cells: pd.DataFrame) -> pd.DataFrame:
@@ -436,7 +435,7 @@ def table_metrics(cells: pd.DataFrame) -> pd.DataFrame:
     for (table, level), g in c.groupby(["TABLE", "LEVEL"], sort=False):
         rows.append({"TABLE": table, "LEVEL": level, **summarize(g)})
     out = pd.DataFrame(rows)
-    out = out.sort_values(by=["TABLE", "LEVEL"], key=lambda s: s.map(table_rank) if s.name == "TABLE" else _level_order(s))
+    out = out.sort_values(by=["TABLE", "LEVEL"], key=lambda s: s.map(table_rank) if s.name == "TABLE" else level_order(s))
     out = pd.concat([out, pd.DataFrame([{"TABLE": "ALL", "LEVEL": "ALL", **summarize(c)}])], ignore_index=True)
     out["CELLS"] = out["CELLS"].astype(np.int64)
     return out.reindex(columns=list(METRIC_COLUMNS))
@@ -474,7 +473,7 @@ def average_table_metrics(avg: pd.DataFrame) -> pd.DataFrame:
     for (table, level), g in avg.groupby(["TABLE", "LEVEL"], sort=False):
         rows.append({"TABLE": table, "LEVEL": level, **summarize(g)})
     out = pd.DataFrame(rows)
-    out = out.sort_values(by=["TABLE", "LEVEL"], key=lambda s: s if s.name == "TABLE" else _level_order(s))
+    out = out.sort_values(by=["TABLE", "LEVEL"], key=lambda s: s if s.name == "TABLE" else level_order(s))
     out = pd.concat([out, pd.DataFrame([{"TABLE": "ALL", "LEVEL": "ALL", **summarize(avg)}])], ignore_index=True)
     return out.reindex(columns=list(AVERAGE_METRIC_COLUMNS))
 
@@ -663,6 +662,8 @@ def write_report(
     with_postprocess: bool,
     draws: int,
     seed: int,
+    comparison: pd.DataFrame | None = None,
+    comparison_rows: pd.DataFrame | None = None,
 ) -> list[str]:
     """Write ``metrics.csv``, ``average_metrics.csv``, ``cells.parquet``, ``averages.parquet``,
     ``plots/*.png``, ``report.md`` and ``report.html``; returns the files written."""
@@ -676,6 +677,14 @@ def write_report(
         if len(avg):
             avg.to_parquet(directory / "averages.parquet", index=False)
             files.append("averages.parquet")
+    has_comparison = comparison is not None and len(comparison) > 0
+    if has_comparison:
+        comparison.to_csv(directory / "comparison.csv", index=False, lineterminator="\n")
+        side_by_side(comparison).to_csv(directory / "comparison_side_by_side.csv", index=False, lineterminator="\n")
+        files += ["comparison.csv", "comparison_side_by_side.csv"]
+        if comparison_rows is not None and len(comparison_rows):
+            comparison_rows.to_parquet(directory / "comparison_rows.parquet", index=False)
+            files.append("comparison_rows.parquet")
     images = _plots(directory / "plots", cells, avg, metrics, average_metrics) if plots else []
     files.extend(images)
 
@@ -713,6 +722,17 @@ def write_report(
             "counts; `UNDEFINED`: cells (x trials) whose exact denominator is 0 or whose posterior had no draw with "
             "a positive denominator; `MAE`: |median ratio - true ratio|.",
         ]))
+    if has_comparison:
+        doc.add(Heading(2, "Estimate files: ours against the production's method"),
+                Para("Every row of the Census Bureau's estimate files (internal and marginal cells, the averages), "
+                     "from the same noisy tables: ours as `phsafe postprocess` writes them (exact discrete "
+                     "posterior, equal-tailed 90% interval) and the production's continuous method "
+                     "(`phsafe.accuracy.production`, re-implemented for this comparison only). Coverage: the "
+                     "interval holds the truncated truth; out of bounds: an estimate or interval end outside the "
+                     "logical bounds (count >= 0; average in [1, tau], families' total [2, tau], parts [0, tau]) "
+                     "or not finite; failed: the production's sampler could not start (its run would stop)."),
+                _table(side_by_side(comparison)),
+                _table(comparison))
     if images:
         doc.add(Heading(2, "Plots"), *[Image(p, p) for p in images])
     doc.add(Heading(2, "Notes"), Bullets([

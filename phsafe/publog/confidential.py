@@ -1,0 +1,102 @@
+"""The confidential audit's checks of the public log: it is exactly the projection of the ledger.
+
+Used by ``phsafe audit verify`` (which holds the ledger): the log's entries must be the
+projection (:mod:`.projection`) of the verified ledger, byte for byte; its checkpoint must be
+signed by the log key and be a tree head of those entries; a release folder's log files must
+be its run's ``release`` entry and a proof of it that verifies.
+
+A log *behind* the ledger is the trace of a process stopped between its ledger append and its
+log append (the ledger is written first); it is reported, not failed -- the next use of the
+ledger (or ``phsafe ledger repair``) catches it up. Anything else is a failure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phsafe.errors import TlogError, VerificationFailure
+from phsafe.ledger.state import LedgerState
+from phsafe.publog.log import ENTRY_FILE, PROOF_FILE, log_key_path, log_path
+from phsafe.publog.projection import project, release_entry_index
+from phsafe.tlog import (
+    TransparencyLog,
+    parse_note,
+    parse_tlog_proof,
+    read_verifier_key,
+    verify_checkpoint,
+    verify_tlog_proof,
+)
+from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, VERIFIER_KEY_FILE, decode_entries
+
+
+def check_public_log(ledger: Path, state: LedgerState) -> list[str]:
+    """Notes on the ledger's public log; VerificationFailure if it is not the projection."""
+    folder = log_path(ledger)
+    if not folder.exists() and not log_key_path(ledger).exists():
+        return ["public log: none (the ledger was made before public logs; nothing of it can be checked "
+                "outside the enclave)"]
+    where = str(folder)
+    try:
+        verifier = read_verifier_key(folder / VERIFIER_KEY_FILE)
+        checkpoint = (folder / CHECKPOINT_FILE).read_bytes()
+        data = (folder / ENTRIES_FILE).read_bytes()
+    except (OSError, TlogError) as exc:
+        raise VerificationFailure(where, f"cannot be read ({exc})") from None
+    try:
+        verified = verify_checkpoint(checkpoint, verifier)
+    except TlogError as exc:
+        raise VerificationFailure(f"{where}/{CHECKPOINT_FILE}", f"does not verify with the log key ({exc})") from None
+    expected = project(state.lines)
+    whole, torn = decode_entries(data)
+    for index, (got, want) in enumerate(zip(whole, expected)):
+        if got != want:
+            raise VerificationFailure(f"{where}/{ENTRIES_FILE}",
+                                      f"entry {index} is not the projection of the ledger's public facts")
+    if len(whole) > len(expected):
+        raise VerificationFailure(f"{where}/{ENTRIES_FILE}", f"holds {len(whole)} entries; the ledger projects "
+                                  f"{len(expected)}: it records what the ledger does not")
+    size = verified.checkpoint.size
+    if size > len(whole) or TransparencyLog.of_entries(whole[:size]).root() != verified.checkpoint.root_hash:
+        raise VerificationFailure(f"{where}/{CHECKPOINT_FILE}", f"its tree of {size} entries is not the log's")
+    others = sorted({s.name for s in parse_note(checkpoint)[1] if s.name != verifier.name})
+    notes = [f"public log: {len(whole)} entries, exactly the projection of the ledger's public facts; "
+             f"checkpoint of {size} entries signed by {verifier.name}"
+             + (f", with cosignatures by {', '.join(others)} (not checked here: give auditors the witness keys)"
+                if others else "")]
+    if len(whole) < len(expected) or torn or size < len(whole):
+        notes.append(f"public log: behind the ledger ({len(whole)} of {len(expected)} entries, checkpoint of {size}"
+                     f"{', a torn last line' if torn else ''}): an append was interrupted; the ledger's next use "
+                     "or `phsafe ledger repair` catches it up")
+    return notes
+
+
+def check_release_log_files(ledger: Path, state: LedgerState, outdir: Path, run_id: str) -> str:
+    """A release folder's log entry and proof: its run's ``release`` entry, proved in the log."""
+    folder = log_path(ledger)
+    present = [name for name in (ENTRY_FILE, PROOF_FILE) if (outdir / name).is_file()]
+    if not present:
+        if folder.exists():
+            return (f"public log: the release has no {ENTRY_FILE}/{PROOF_FILE} yet (stopped after recording it); "
+                    "resuming or retrying the run writes them")
+        return "public log: none"
+    if len(present) == 1:
+        missing = ({ENTRY_FILE, PROOF_FILE} - set(present)).pop()
+        raise VerificationFailure(missing, "is missing beside its partner file")
+    expected = project(state.lines)
+    index = release_entry_index(expected, run_id)
+    entry = (outdir / ENTRY_FILE).read_bytes()
+    if index is None or entry != expected[index]:
+        raise VerificationFailure(ENTRY_FILE, f"is not the public log's release entry of run {run_id}")
+    try:
+        verifier = read_verifier_key(folder / VERIFIER_KEY_FILE)
+        proof = parse_tlog_proof((outdir / PROOF_FILE).read_bytes())
+        verified = verify_tlog_proof(proof, entry, verifier)
+    except (OSError, TlogError) as exc:
+        raise VerificationFailure(PROOF_FILE, f"does not prove the entry in the public log ({exc})") from None
+    size = verified.checkpoint.size
+    if proof.index != index or size > len(expected) \
+            or TransparencyLog.of_entries(expected[:size]).root() != verified.checkpoint.root_hash:
+        raise VerificationFailure(PROOF_FILE, "proves the entry against a checkpoint that is not a tree head of the "
+                                  "ledger's projection")
+    return (f"public log: {ENTRY_FILE} is entry {index}, the projection of run {run_id}'s release; "
+            f"{PROOF_FILE} proves it in the checkpoint of {verified.checkpoint.size} entries")
