@@ -50,7 +50,9 @@ from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.noise import check_privacy_map, measure
-from phsafe.outputs import MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, write_tables
+from phsafe.outputs import (
+    MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, release_strays, write_tables,
+)
 from phsafe.preflight import Preflight, estimated_release_bytes, existing_release_of, preflight
 from phsafe.private_run import (
     DatasetBudget,
@@ -436,6 +438,13 @@ def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> di
         if not path.is_file() or file_digest(path) != digest:
             raise OutputExistsError(f"{run.output_dir} holds an incomplete release of run {run.run_id} ({rel}); "
                                     f"choose a new output folder ({option('output')})")
+    # The same check as a first publish (only tables, data package and manifest), and nothing
+    # beside what this run wrote: a file planted in the folder is never recorded as released.
+    stray = release_strays(run.output_dir, set(file_digests) | {MANIFEST})
+    if stray:
+        raise OutputExistsError(f"{run.output_dir} holds {stray}, which is not part of run {run.run_id}'s release: "
+                                "the release was not recorded; remove what is not the release from the folder, "
+                                f"or remove the folder, and resume (or choose a new output folder, {option('output')})")
     return manifest
 
 

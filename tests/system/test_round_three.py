@@ -1,0 +1,54 @@
+"""Reliability round three (issue 22): what an insider, a typo and Ctrl-C could still do.
+
+Each test drives the command line as an operator types it and checks what the operator sees (one
+``phsafe: error:`` line, no traceback) and what the ledger holds afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from phsafe.ledger import read_ledger
+from tests._ledgers import new_ledger
+from tests.system.test_reliability import CONFIG, DEMO_US, FIRST, ONE_RUN, REPO, cli, entries, error_line, private
+
+PLANTED = "LISTING.csv"  # made-up identifiers and values, dropped into a release folder by an insider
+
+
+def _stop_after_rename(out: Path, ledger: Path) -> str:
+    """A run killed after its release folder was renamed into place, before the ledger recorded it."""
+    args = ["private", CONFIG, DEMO_US, out, "--ledger", ledger, "--no-validate", *FIRST]
+    stopped = subprocess.run([sys.executable, "-m", "tests.system._fault_driver", "kill", "renamed", "--",
+                              *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert stopped.returncode != 0 and out.is_dir(), stopped.stderr[-2000:]
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert not run.published
+    return run_id
+
+
+def test_resume_does_not_record_a_file_planted_in_the_release_folder(tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    run_id = _stop_after_rename(out, ledger)
+    (out / PLANTED).write_text("MAFID,NAME\n100000001,Jane Doe\n")
+    resume = ["--resume", run_id, "--resume-reason", "the host rebooted"]
+
+    refused = private(out, ledger, "--no-validate", *resume)
+    assert refused.returncode == 1
+    line = error_line(refused)
+    assert PLANTED in line and "not part of run" in line and "not recorded" in line, line
+    run = read_ledger(ledger).runs[run_id]
+    assert not run.published and run.status.value == "failed"
+    assert "OUTPUTS_PUBLISHED" not in {e["kind"] for e in entries(ledger)}
+    assert cli("audit", "verify", ledger, "--outputs", out).returncode == 1  # never vouched for
+
+    (out / PLANTED).unlink()  # the operator removes what is not the release, and resumes
+    done = private(out, ledger, "--no-validate", *resume)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_ledger(ledger).runs[run_id].published
+    verified = cli("audit", "verify", ledger, "--outputs", out)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert json.loads((out / "manifest.json").read_text())["run_id"] == run_id
