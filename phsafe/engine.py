@@ -45,7 +45,7 @@ import structlog
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, load_config
 from phsafe.counting import Counts, exact_counts
-from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option
+from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words, option
 from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
@@ -452,7 +452,7 @@ def failure_reason(exc: BaseException) -> str:
     """A short, value-free reason for the ledger: our own error's first line, else the class."""
     if isinstance(exc, PHSafeError):
         return (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
-    return type(exc).__name__
+    return cause_in_words(exc)
 
 
 @dataclass(frozen=True)

@@ -190,8 +190,10 @@ def code_version() -> str:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
         ).stdout.strip()
+        # --no-optional-locks: reading the version never writes the checkout's index (a run under
+        # a file-size limit, or killed, must not leave a stale index.lock behind).
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

@@ -13,7 +13,9 @@ from pathlib import Path
 
 from phsafe.ledger import read_ledger
 from tests._ledgers import new_ledger
-from tests.system.test_reliability import CONFIG, DEMO_US, FIRST, ONE_RUN, REPO, cli, entries, error_line, private
+from tests.system.test_reliability import (
+    CONFIG, DEMO_US, FIRST, ONE_RUN, REPO, _limit_file_size, cli, entries, error_line, private,
+)
 
 PLANTED = "LISTING.csv"  # made-up identifiers and values, dropped into a release folder by an insider
 
@@ -52,3 +54,14 @@ def test_resume_does_not_record_a_file_planted_in_the_release_folder(tmp_path: P
     verified = cli("audit", "verify", ledger, "--outputs", out)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert json.loads((out / "manifest.json").read_text())["run_id"] == run_id
+
+
+def test_a_file_size_limit_during_validation_is_named(tmp_path: Path):
+    """EFBIG while the validation writes its report: the cause in words, not a class name."""
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    proc = private(out, ledger, *FIRST, preexec_fn=_limit_file_size(20_000))
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert "file too large (EFBIG)" in line and "(OSError)" not in line, line
+    assert not out.exists() and not [e for e in entries(ledger) if e["kind"] == "INTENT"]
