@@ -129,7 +129,11 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         RunStatus, check_ledger_file, check_ledger_kind, init_ledger, load_signing_key, plan_charge,
     )
 
+    from phsafe.ledger.format import operator_text
+
     options = run.options
+    for name in ("new_version", "re_release", "cap_reason", "resume_reason"):
+        operator_text(getattr(options, name), option(name))  # a reason too long is refused now, not cut later
     created = False
     if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
         init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",

@@ -19,7 +19,9 @@ from typing import Any, Mapping
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import BudgetError, LedgerError, os_reason
-from phsafe.ledger.format import FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now
+from phsafe.ledger.format import (
+    FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now, operator_text,
+)
 from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
 from phsafe.ledger.policy import cap_amount
 from phsafe.ledger.replay import apply, replay
@@ -30,7 +32,7 @@ from phsafe.ledger.store import check_ledger_file, lock_path, write_new_file
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
                  non_confidential: bool, key: bytes, code_version: str) -> dict[str, Any]:
-    reason = clean_text(reason)
+    reason = operator_text(reason, "--reason")
     if not reason:
         raise LedgerError("give the reason for the ledger's policy (--reason TEXT); it is recorded")
     cap = cap_amount(lifetime_cap)

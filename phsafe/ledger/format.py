@@ -351,9 +351,26 @@ def is_safe_relpath(rel: Any) -> bool:
 
 
 def clean_text(text: str) -> str:
-    """A single printable line of at most 500 characters (what the ledger accepts)."""
+    """A single printable line of at most 500 characters (what the ledger accepts).
+
+    For the package's own fixed messages (a failure's reason); an operator's text goes through
+    :func:`operator_text`, which refuses what is too long instead of cutting it."""
     cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text)).strip()
     return cleaned[:MAX_TEXT]
+
+
+def operator_text(text: str | None, what: str) -> str:
+    """An operator's reason as the ledger records it: one printable line (other characters
+    become spaces); "" when none. ``what`` names it in the refusal (``--cap-reason``).
+
+    Raises:
+        LedgerError: It is longer than :data:`MAX_TEXT` characters: refused, never cut.
+    """
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text or "")).strip()
+    if len(cleaned) > MAX_TEXT:
+        raise LedgerError(f"{what} is {len(cleaned)} characters long; the ledger records at most {MAX_TEXT} "
+                          "(never cut): shorten it")
+    return cleaned
 
 
 # --------------------------------------------------------------------------------------------

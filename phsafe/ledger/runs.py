@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
 from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
-from phsafe.ledger.format import EntryKind, clean_text, planned_item
+from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
 from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
 from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
 from phsafe.ledger.state import LedgerState, Orchestration, RunState, RunStatus
@@ -42,8 +42,9 @@ class Ledger(LedgerFile):
 
     # -- datasets -----------------------------------------------------------------------------
 
-    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None):
-        reason = clean_text(reason or "")
+    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None,
+                        what: str = "the reason"):
+        reason = operator_text(reason, what)
         current = state.dataset_cap(dataset)
         if not amount_exceeds(cap, current):
             raise BudgetError(
@@ -68,7 +69,17 @@ class Ledger(LedgerFile):
         check_dataset_name(dataset)
         with self.locked() as state:
             self._needs_policy(state)
-            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason)])[0]
+            known = state.dataset_states.get(dataset)
+            if not (known and known.versions) and not any(r.dataset == dataset for r in state.runs.values()):
+                names = sorted({n for n, d in state.dataset_states.items() if d.versions}
+                               | {r.dataset for r in state.runs.values() if r.dataset})
+                listed = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "none yet"
+                raise LedgerError(
+                    f"the ledger {self.path} knows no dataset {dataset!r} (its datasets: {listed}): check the name; "
+                    f"a new dataset's cap is raised by its first run ({option('lifetime_cap')} with "
+                    f"{option('cap_reason')})"
+                )
+            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason, "--reason")])[0]
 
     def _needs_policy(self, state: LedgerState) -> Policy:
         if state.policy is None:
@@ -159,7 +170,7 @@ class Ledger(LedgerFile):
             cap = state.dataset_cap(dataset)
             if cap_raise is not None:
                 cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1]))
+                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1], option("cap_reason")))
             owner = state.fingerprints.get(fingerprint)
             if owner is not None and owner != dataset:
                 raise BudgetError(
@@ -167,7 +178,7 @@ class Ledger(LedgerFile):
                     f"records cannot be released under a second name ({dataset!r}); run them as {owner!r}"
                 )
             if owner is None:
-                if not new_version or not clean_text(new_version):
+                if not operator_text(new_version, option("new_version")):
                     known = state.dataset_states.get(dataset)
                     seen = (f"it has {len(known.versions)} declared version(s), and these records match none"
                             if known and known.versions else "it has no declared version yet")
@@ -177,7 +188,7 @@ class Ledger(LedgerFile):
                         "in the ledger); if they belong to another dataset, run them under its name"
                     )
                 items.append((EntryKind.DATASET_VERSION, None, {
-                    "dataset": dataset, "fingerprint": fingerprint, "reason": clean_text(new_version)}))
+                    "dataset": dataset, "fingerprint": fingerprint, "reason": operator_text(new_version, option("new_version"))}))
             declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
             if declared:
                 body["re_release"] = declared
@@ -207,7 +218,7 @@ class Ledger(LedgerFile):
         claims = state.release_claims(dataset, fingerprint, besides=besides)
         if not claims:
             return None  # the one release of these records: nothing to declare
-        reason = clean_text(reason or "")
+        reason = operator_text(reason, option("re_release"))
         if reason or policy.non_confidential or (resuming is not None and resuming.re_release):
             return reason or None
         other = claims[0]
@@ -280,7 +291,7 @@ class Ledger(LedgerFile):
             BudgetError: A bad cap raise, or the dataset's odometer with the run reserved again
                 would exceed its cap. Nothing is appended.
         """
-        reason = clean_text(reason)
+        reason = operator_text(reason, option("resume_reason"))
         if not reason:
             raise LedgerError(f"give the reason for resuming run {run_id} ({option('resume_reason')}); it is recorded")
         with self.locked() as state:
@@ -318,7 +329,7 @@ class Ledger(LedgerFile):
             cap = state.cap_of(run)
             if cap_raise is not None:
                 cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1]))
+                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1], option("cap_reason")))
             after = state.resume_odometer(run)
             if not run.non_confidential and amount_exceeds(after, cap):
                 raise BudgetError(

@@ -65,3 +65,18 @@ def test_a_file_size_limit_during_validation_is_named(tmp_path: Path):
     line = error_line(proc)
     assert "file too large (EFBIG)" in line and "(OSError)" not in line, line
     assert not out.exists() and not [e for e in entries(ledger) if e["kind"] == "INTENT"]
+
+
+def test_a_reason_over_the_limit_is_refused_before_reading_and_never_cut(tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    proc = private(out, ledger, "--new-version", "w" * 5000, "--no-validate")
+    assert proc.returncode == 1
+    line = error_line(proc)
+    assert line == "phsafe: error: --new-version is 5000 characters long; the ledger records at most 500 (never cut): " \
+                   "shorten it", line
+    assert "count" not in proc.stderr  # refused in the preflight, before the inputs are read
+    assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"]
+    raised = cli("ledger", "raise-cap", ledger, "--dataset", "cef2020-uss", "--to", "2", "--reason", "memo")
+    assert raised.returncode == 1 and "knows no dataset 'cef2020-uss'" in error_line(raised)
+    assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"]

@@ -750,8 +750,14 @@ def test_raised_cap_needs_a_reason_which_is_recorded(tmp_path: Path) -> None:
     assert [(c.seq, c.reason) for c in ds.raises] == [(raised["seq"], "approved re-release, memo 42")]
 
 
+def _known(ledger: Ledger, dataset: str = DATASET, **kw: Any) -> Ledger:
+    """``dataset`` declared in ``ledger`` (its first version, by a run that failed before spending)."""
+    start(ledger, PLAN, f"declare-{dataset}", dataset=dataset, **kw).fail("declared for the test")
+    return ledger
+
+
 def test_a_cap_is_only_ever_raised(tmp_path: Path) -> None:
-    ledger = new_ledger(tmp_path, cap=1)
+    ledger = _known(new_ledger(tmp_path, cap=1))
     size = ledger.path.stat().st_size
     for cap in (Fraction(1), Fraction(1, 2)):
         with pytest.raises(BudgetError, match="only ever raised"):
@@ -774,12 +780,50 @@ def test_a_cap_is_only_ever_raised(tmp_path: Path) -> None:
     state = read_ledger(ledger.path)
     assert state.dataset_cap(DATASET) == 2 and state.dataset_cap("other") == 1
     # A non-confidential ledger may raise to Infinity.
-    synthetic = new_ledger(tmp_path, cap=1, non_confidential=True, name="synthetic.jsonl")
+    synthetic = _known(new_ledger(tmp_path, cap=1, non_confidential=True, name="synthetic.jsonl"),
+                       non_confidential=True)
     assert synthetic.raise_cap(DATASET, INFINITE, "demo")["lifetime_cap"] == "Infinity"
 
 
-def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) -> None:
+def test_raise_cap_needs_a_dataset_the_ledger_knows_and_a_reason_that_fits(tmp_path: Path) -> None:
+    """A typo in --dataset is refused, not recorded as a cap of a dataset nobody runs; a reason
+    over 500 characters is refused whole, never cut."""
     ledger = new_ledger(tmp_path, cap=1)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="knows no dataset 'test-data' .its datasets: none yet.: check the name"):
+        ledger.raise_cap(DATASET, Fraction(2), "memo")
+    _known(ledger)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="knows no dataset 'test-dta' .its datasets: test-data."):
+        ledger.raise_cap("test-dta", Fraction(2), "memo")
+    with pytest.raises(LedgerError, match="--reason is 5000 characters long; the ledger records at most 500 "
+                                          r"\(never cut\): shorten it"):
+        ledger.raise_cap(DATASET, Fraction(2), "x" * 5000)
+    assert ledger.path.stat().st_size == size
+    assert ledger.raise_cap(DATASET, Fraction(2), "y" * 500)["reason"] == "y" * 500
+
+
+def test_operator_reasons_over_the_limit_are_refused_not_cut(tmp_path: Path) -> None:
+    long = "r" * 501
+    with pytest.raises(LedgerError, match="--reason is 501 characters long"):
+        init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1),
+                    reason=long)
+    assert not (tmp_path / "l.jsonl").exists()
+    ledger = new_ledger(tmp_path, cap=1)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="--new-version is 501 characters long"):
+        start(ledger, PLAN, "run-1", new_version=long)
+    with pytest.raises(LedgerError, match="--cap-reason is 501 characters long"):
+        start(ledger, PLAN, "run-1", cap_raise=(Fraction(3), long))
+    assert ledger.path.stat().st_size == size
+    start(ledger, PLAN, "run-1").fail("stopped")
+    with pytest.raises(LedgerError, match="--resume-reason is 501 characters long"):
+        ledger.resume_run("run-1", config_digest="c" * 64, dataset=DATASET, fingerprint=FP_A, code_version="t",
+                          reason=long)
+
+
+def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) -> None:
+    ledger = _known(new_ledger(tmp_path, cap=1))
     ledger.raise_cap(DATASET, Fraction(2), "memo 1")
     data = ledger.path.read_bytes()
     for body, match in (
@@ -792,7 +836,7 @@ def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) 
     ):
         ledger.path.write_bytes(data)
         craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, **body})
-        rejected(ledger.path, 2, "CAP_RAISED", match)
+        rejected(ledger.path, len(data.splitlines()), "CAP_RAISED", match)
     ledger.path.write_bytes(data)
     craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, "lifetime_cap": "3", "reason": "memo 2"})
     assert read_ledger(ledger.path).dataset_cap(DATASET) == 3  # the crafting itself is sound
