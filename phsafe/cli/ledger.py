@@ -84,7 +84,7 @@ def repair_command(path: Path) -> None:
 
     repair = repair_ledger(path)
     if repair is None:
-        click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
+        click.echo(f"phsafe: {path} ends in a complete entry and verifies; nothing to repair")
         return
     click.echo(f"phsafe: dropped {repair.dropped_bytes} bytes of an incomplete entry (SHA-256 "
                f"{repair.dropped_sha256[:16]}...), recorded as entry {repair.seq} (TAIL_REPAIRED); runs can resume")

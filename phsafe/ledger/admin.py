@@ -27,7 +27,7 @@ from phsafe.ledger.policy import cap_amount
 from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
-from phsafe.ledger.store import check_ledger_file, lock_path, write_new_file
+from phsafe.ledger.store import check_ledger_file, lock_path, not_a_ledger, write_new_file
 
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
@@ -106,6 +106,18 @@ def init_ledger(
     return Ledger.open(path)
 
 
+def _damaged(path: Path, exc: LedgerError) -> LedgerError:
+    """What ``repair`` found when a complete entry breaks a rule: not an interrupted write."""
+    if exc.seq == 0 and exc.kind is None:
+        return not_a_ledger(path, exc)
+    return LedgerError(
+        f"cannot repair the ledger {path}: its entry {exc.seq} is damaged ({exc.reason}). Only an "
+        "incomplete last entry (an interrupted write) can be repaired; a complete entry that breaks a "
+        "rule means the file was altered (tampering) or the disk corrupted it. Nothing was changed: "
+        "restore the ledger from its backup, and have the auditors compare the two"
+    )
+
+
 @dataclass(frozen=True)
 class Repair:
     """What :func:`repair_ledger` did: the bytes it dropped and the entry that records it."""
@@ -123,11 +135,14 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
     SHA-256. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
 
     Returns:
-        What was dropped, or None if the ledger ends in a complete entry (nothing to repair).
+        What was dropped, or None if the ledger ends in a complete entry and verifies (nothing
+        to repair).
 
     Raises:
-        LedgerError: The ledger is missing or unwritable, a complete entry breaks a rule (that is
-            not a torn write: nothing is changed), or it holds no complete entry.
+        LedgerError: The ledger is missing, empty, not a ledger or unwritable; a complete entry
+            breaks a rule (damage in the middle, not a torn write: the message names the entry and
+            says to restore the ledger from its backup; nothing is changed); or it holds no
+            complete entry.
     """
     path = Path(path)
     check_ledger_file(path)
@@ -135,10 +150,13 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         data = path.read_bytes()
-        if not data or data.endswith(b"\n"):
-            return None
         cut = data.rfind(b"\n") + 1
-        state = replay(data[:cut])
+        try:
+            state = replay(data[:cut])
+        except LedgerError as exc:
+            raise _damaged(path, exc) from None
+        if data.endswith(b"\n"):
+            return None
         if state.size == 0:
             raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
                               "and its key file, and run `phsafe ledger init` again")

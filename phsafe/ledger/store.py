@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Self
 
-from phsafe.errors import LedgerError, os_reason
+from phsafe.errors import LedgerError, TornTailError, os_reason
 from phsafe.ledger.format import EntryKind, canonical_json, entry_hash, now
 from phsafe.ledger.replay import apply, apply_all
 from phsafe.ledger.state import LedgerState
@@ -56,11 +56,15 @@ def check_ledger_file(path: Path, *, write: bool = True) -> None:
         LedgerError: Saying what is wrong and what to do.
     """
     path = Path(path)
-    if regular_file(path, "the ledger") is None:
+    st = regular_file(path, "the ledger")
+    if st is None:
         raise LedgerError(
             f"the ledger {path} does not exist. A ledger is created once, before any data is seen: "
             f"`phsafe ledger init {path} --lifetime-cap RHO --reason TEXT`"
         )
+    if st.st_size == 0:
+        raise LedgerError(f"{path} is empty (0 bytes; entry 0: missing): it is not a ledger, which always holds at "
+                          "least the entry that created it. Give the right file, or restore the ledger from its backup")
     lock = lock_path(path)
     lock_exists = regular_file(lock, "the ledger's lock file") is not None
     try:
@@ -124,8 +128,19 @@ def read_ledger(path: Path) -> LedgerState:
     except OSError as exc:
         raise LedgerError(f"cannot read the ledger {path}: {os_reason(exc)}") from None
     state = LedgerState()
-    apply_all(state, data)
+    try:
+        apply_all(state, data)
+    except LedgerError as exc:
+        raise not_a_ledger(path, exc) from None
     return state
+
+
+def not_a_ledger(path: Path, exc: LedgerError) -> LedgerError:
+    """``exc``, or -- when the file's very first line is no ledger entry -- that it is not a ledger."""
+    if exc.seq != 0 or isinstance(exc, TornTailError) or exc.kind is not None:
+        return exc
+    return LedgerError(f"{path} is not a ledger: its first line (entry 0) is not a ledger entry ({exc.reason}). Give the "
+                       "right file, or restore the ledger from its backup")
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +231,10 @@ class LedgerFile:
         def advance(line: bytes) -> None:
             self._offset += len(line) + 1
 
-        apply_all(self._state, data, advance)
+        try:
+            apply_all(self._state, data, advance)
+        except LedgerError as exc:
+            raise (not_a_ledger(self.path, exc) if self._offset == 0 else exc) from None
 
     def _reload(self) -> None:
         """Forget the in-memory state and replay the file (after a failed append)."""

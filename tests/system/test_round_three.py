@@ -80,3 +80,55 @@ def test_a_reason_over_the_limit_is_refused_before_reading_and_never_cut(tmp_pat
     raised = cli("ledger", "raise-cap", ledger, "--dataset", "cef2020-uss", "--to", "2", "--reason", "memo")
     assert raised.returncode == 1 and "knows no dataset 'cef2020-uss'" in error_line(raised)
     assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"]
+
+
+def _ledger_with_entries(tmp_path: Path) -> Path:
+    from phsafe.accounting import plan_run
+    from phsafe.config import load_config
+    from tests._ledgers import start
+
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN)
+    plan = plan_run(load_config(CONFIG))
+    start(ledger, plan, "run-1").fail("stopped before spending")
+    start(ledger, plan, "run-2", re_release="again").fail("stopped before spending")
+    return ledger.path
+
+
+def test_repair_of_a_ledger_damaged_in_the_middle_says_what_it_found(tmp_path: Path):
+    ledger = _ledger_with_entries(tmp_path)
+    lines = ledger.read_bytes().splitlines(keepends=True)
+    assert len(lines) >= 5
+    lines[2] = lines[2].replace(b'"kind":"RUN_STARTED"', b'"kind":"RUN_STARTEE"')  # one byte rotted, mid-ledger
+    damaged = b"".join(lines)
+    for tail in (b"", b'{"seq":9,"ki'):  # ends in a complete entry; or in a torn one besides
+        ledger.write_bytes(damaged + tail)
+        repaired = cli("ledger", "repair", ledger)
+        assert repaired.returncode == 1, repaired.stdout + repaired.stderr
+        line = error_line(repaired)
+        for phrase in ("entry 2 is damaged", "tampering", "disk corrupted it", "Nothing was changed",
+                       "restore the ledger from its backup"):
+            assert phrase in line, line
+        assert ledger.read_bytes() == damaged + tail  # untouched
+    verified = cli("audit", "verify", ledger)
+    assert verified.returncode == 1 and "entry 2" in verified.stdout + verified.stderr
+
+
+def test_an_empty_or_foreign_file_is_refused_as_a_ledger_by_every_command(tmp_path: Path):
+    key = tmp_path / "key"
+    real = new_ledger(tmp_path / "real", cap=ONE_RUN).path
+    key.write_bytes((real.parent / (real.name + ".key")).read_bytes())
+    for name, content, phrase in (("empty.jsonl", b"", "is empty (0 bytes; entry 0: missing): it is not a ledger"),
+                                  ("geo.jsonl", (DEMO_US / "geo.csv").read_bytes()[:300],
+                                   "is not a ledger: its first line (entry 0) is not a ledger entry")):
+        path = tmp_path / name
+        path.write_bytes(content)
+        out = tmp_path / "out"
+        for args in (["audit", "verify", path], ["audit", "verify", path, "--lineage-key", key],
+                     ["ledger", "repair", path],
+                     ["ledger", "raise-cap", path, "--dataset", "cef2020-us", "--to", "3", "--reason", "memo"],
+                     ["private", CONFIG, DEMO_US, out, "--ledger", path, *FIRST, "--no-validate"]):
+            proc = cli(*args)
+            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert phrase in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
+            assert "OK" not in proc.stdout.split(), (args, proc.stdout)
+        assert path.read_bytes() == content and not out.exists()

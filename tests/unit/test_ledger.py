@@ -636,7 +636,8 @@ def test_repair_never_touches_a_broken_complete_line(tmp_path: Path) -> None:
     lines[1] = lines[1].replace(b'"reason":"first version"', b'"reason":"first versioN"')
     broken = b"\n".join(lines)
     ledger.path.write_bytes(broken)
-    assert repair_ledger(ledger.path) is None
+    with pytest.raises(LedgerError, match="entry 1 is damaged .* restore the ledger from its backup"):
+        repair_ledger(ledger.path)  # damage in the middle, though the ledger ends in a complete entry
     assert ledger.path.read_bytes() == broken
     ledger.path.write_bytes(broken + b'{"seq":3,')
     with pytest.raises(LedgerError, match="entry 1") as info:
