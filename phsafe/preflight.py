@@ -126,8 +126,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     """
     from phsafe.amounts import add_amounts, amount_exceeds, format_exact
     from phsafe.ledger import (
-        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, load_signing_key, plan_charge,
+        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, key_path, load_signing_key, plan_charge,
     )
+    from phsafe.ledger.store import check_private, make_private_folders
 
     from phsafe.ledger.format import operator_text
 
@@ -141,6 +142,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         log.info("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
         created = True
     check_ledger_file(run.ledger)
+    check_private(run.ledger, "the ledger")
+    check_private(key_path(run.ledger), "the ledger's lineage key")
     ledger = open_ledger(run.ledger)
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state
@@ -191,7 +194,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if not republish:
         _check_output_dir(run, needed)
     try:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_folders(run.run_dir)  # confidential: its measurements, reports and staging
     except OSError as exc:
         raise PHSafeError(f"cannot create the run's work folder {run.run_dir}: {os_reason(exc)} "
                           f"(choose another with {option('work_dir')})") from None

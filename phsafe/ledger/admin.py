@@ -27,7 +27,9 @@ from phsafe.ledger.policy import cap_amount
 from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
-from phsafe.ledger.store import check_ledger_file, lock_path, not_a_ledger, write_new_file
+from phsafe.ledger.store import (
+    PRIVATE_FILE, check_ledger_file, lock_path, make_private_folders, not_a_ledger, write_new_file,
+)
 
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
@@ -91,15 +93,15 @@ def init_ledger(
     entry["hash"] = entry_hash(entry)
     apply(LedgerState(), canonical_json(entry))  # the same rules as every reader applies
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_folders(path.parent)
         write_lineage_key(path, key)
         try:
-            write_new_file(path, canonical_json(entry) + b"\n", 0o600)
+            write_new_file(path, canonical_json(entry) + b"\n", PRIVATE_FILE)
+            write_new_file(lock_path(path), b"", PRIVATE_FILE)  # 0600 from the start, not at first use
         except BaseException:
-            # Both files were created here (O_EXCL): a failed init leaves nothing behind.
-            if path.exists():
-                path.unlink()
-            key_path(path).unlink(missing_ok=True)
+            # Every file was created here (O_EXCL): a failed init leaves nothing behind.
+            for made in (path, lock_path(path), key_path(path)):
+                made.unlink(missing_ok=True)
             raise
     except OSError as exc:
         raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
@@ -146,7 +148,7 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
     """
     path = Path(path)
     check_ledger_file(path)
-    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         data = path.read_bytes()

@@ -84,6 +84,38 @@ def check_ledger_file(path: Path, *, write: bool = True) -> None:
         raise LedgerError(f"cannot {'append to' if write else 'read'} the ledger {path}: {os_reason(exc)}") from None
 
 
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+
+
+def make_private_folders(folder: Path) -> None:
+    """Create ``folder`` and any missing parent, each of mode 0700 (whatever the umask); existing
+    folders are left as they are."""
+    folder = Path(folder)
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=PRIVATE_FOLDER)
+        except FileExistsError:
+            continue
+        os.chmod(path, PRIVATE_FOLDER)
+
+
+def check_private(path: Path, what: str) -> None:
+    """Refuse a confidential file (the ledger, its lineage key) that others may read or write.
+
+    Raises:
+        LedgerError: One line saying what to run to fix it.
+    """
+    st = regular_file(path, what)
+    if st is not None and st.st_mode & 0o077:
+        raise LedgerError(f"{what} {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}); it is "
+                          f"confidential: make it private to its owner with `chmod 600 {path}`, then run again")
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -96,6 +128,7 @@ def write_new_file(path: Path, data: bytes, mode: int) -> None:
     """Create ``path`` (it must not exist), write ``data``, fsync it and its folder."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        os.fchmod(fd, mode)  # exactly ``mode``: the umask neither loosens nor tightens it
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -197,7 +230,7 @@ class LedgerFile:
         """Hold the process lock and the file lock, with the state caught up with the file."""
         with self._mutex:
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
             except OSError as exc:
                 raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
             try:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from phsafe.ledger import read_ledger
 from tests._ledgers import new_ledger
 from tests.system.test_reliability import (
@@ -132,3 +134,34 @@ def test_an_empty_or_foreign_file_is_refused_as_a_ledger_by_every_command(tmp_pa
             assert phrase in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
             assert "OK" not in proc.stdout.split(), (args, proc.stdout)
         assert path.read_bytes() == content and not out.exists()
+
+
+def test_ledger_files_are_private_and_a_run_refuses_them_open_to_others(tmp_path: Path):
+    import os
+    import stat
+
+    folder = tmp_path / "enclave" / "ledgers"
+    ledger = folder / "us.jsonl"
+    made = cli("ledger", "init", ledger, "--lifetime-cap", ONE_RUN, "--reason", "policy memo",
+               preexec_fn=lambda: os.umask(0o002))  # a permissive umask must not loosen the modes
+    assert made.returncode == 0, made.stderr
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    key, lock = folder / "us.jsonl.key", folder / "us.jsonl.lock"
+    assert (mode(ledger), mode(key), mode(lock)) == (0o600, 0o600, 0o600)
+    assert mode(folder) == mode(folder.parent) == 0o700
+
+    out = tmp_path / "out"
+    for path, what, loose in ((key, "the ledger's lineage key", 0o644), (ledger, "the ledger", 0o666)):
+        path.chmod(loose)
+        proc = private(out, ledger, *FIRST, "--no-validate")
+        assert proc.returncode == 1
+        line = error_line(proc)
+        assert line == (f"phsafe: error: {what} {path} is open to others (mode {loose:04o}); it is confidential: "
+                        f"make it private to its owner with `chmod 600 {path}`, then run again"), line
+        assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"] and not out.exists()
+        path.chmod(0o600)
+    done = private(out, ledger, *FIRST, "--no-validate")
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run_id,) = read_ledger(ledger).runs
+    assert mode(folder / "runs") == mode(folder / "runs" / run_id) == 0o700
+
