@@ -165,3 +165,37 @@ def test_ledger_files_are_private_and_a_run_refuses_them_open_to_others(tmp_path
     (run_id,) = read_ledger(ledger).runs
     assert mode(folder / "runs") == mode(folder / "runs" / run_id) == 0o700
 
+
+STRUCTURAL = {  # bad-input case -> what the one line says, with --no-validate
+    "duplicate_mafid_units": "units.csv, column MAFID: every MAFID is unique in units",
+    "duplicate_mafid_geo": "geo.csv, column MAFID: every MAFID is unique in geo",
+    "orphan_person": "persons.csv, column MAFID: every person's MAFID is in units",
+    "unit_without_geo": "units.csv, column MAFID: every unit's MAFID is in geo",
+    "geo_without_unit": "geo.csv, column MAFID: every geo MAFID is in units",
+    "two_householders": "units.csv, column persons.RELSHIP: every household has exactly one householder",
+    "no_householder": "units.csv, column persons.RELSHIP: every household has exactly one householder",
+    "bad_code": "units.csv, column TEN: must be one of",
+    "age_out_of_range": "persons.csv, column QAGE: must be between 0 and 115",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STRUCTURAL))
+def test_no_validate_still_refuses_broken_structure_before_any_spend(name: str, tmp_path: Path):
+    from phsafe.engine import PrivateRunOptions
+    from phsafe.errors import InputError
+    from phsafe.sequence import run_private
+    from tests.system._bad_inputs import CASES, base_dataset, build
+
+    (case,) = [c for c in CASES if c.name == name]
+    data = tmp_path / "data"
+    dataset = build(case, base_dataset(), data)
+    ledger = new_ledger(tmp_path / "ledger", cap="10").path
+    out = tmp_path / "out"
+    options = PrivateRunOptions(ledger=ledger, new_version="records", validate_inputs=False)
+    with pytest.raises(InputError) as refused:
+        run_private(data / "config.json", data, out, options)
+    message = str(refused.value)
+    assert message.startswith(STRUCTURAL[name]) and "\n" not in message, message
+    assert not any(secret in message for secret in case.secrets)
+    assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"] and not out.exists()
+    del dataset
