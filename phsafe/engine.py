@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import structlog
 
+from phsafe import interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, load_config
 from phsafe.counting import Counts, exact_counts
@@ -283,6 +284,7 @@ def measure_table(
     reusable = attempt.reusable
     outcomes = []
     for m in plan.for_table(table):
+        interrupt.check()  # a safe point: a stop request never lets another spend begin
         with structlog.contextvars.bound_contextvars(table=m.table, level=m.level.config_key):
             status = "noiseless" if m.is_noiseless else "drawn"
             if m.key in reusable and store.load(m.key, reusable[m.key], m.n_cells) is not None:
@@ -450,7 +452,7 @@ def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> di
 
 def failure_reason(exc: BaseException) -> str:
     """A short, value-free reason for the ledger: our own error's first line, else the class."""
-    if isinstance(exc, PHSafeError):
+    if isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
         return (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
     return cause_in_words(exc)
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 import structlog
 
-from phsafe import engine
+from phsafe import engine, interrupt
 from phsafe.engine import (
     ExactCounts,
     LedgerAttempt,
@@ -280,7 +280,12 @@ def _measure(table: str, run: PrivateRun, plan: "RunPlan", counts: ExactCounts, 
 
 def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseException:
     """``exc`` with how to complete the run if it spent; ``spend_status`` attached either way."""
-    failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
+    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend:
+        failed: BaseException = interrupt.RunInterrupted(
+            f"{exc} -- {engine.resume_hint(run, status)}" if status.spent
+            else f"{exc}; no budget was spent: run again when ready", could_spend=True)
+    else:
+        failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
     try:
         failed.spend_status = status  # type: ignore[attr-defined]
         failed.resume_hint = engine.resume_hint(run, status) if status.spent else None  # type: ignore[attr-defined]
@@ -341,10 +346,12 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
         if counts is None:  # validation failed: nothing spent
             raise ValidationFailed("input", _validation_text(hooks, report, run), report)
         digests = runner.run(DIGEST_INPUTS, engine.fingerprint_inputs, run.data_dir)
+        interrupt.spending()  # from here on a stop request waits for the next safe point
         attempt = runner.run(OPEN_LEDGER_RUN, _open_ledger_run, run, plan, digests, counts)
         outcomes = [o for found in runner.map(MEASURE, _measure, list(TABLES), run, plan, counts, attempt,
                                               total=len(plan.measurements)) for o in found]
         del counts
+        interrupt.check()
         files = runner.run(WRITE_TABLES, engine.write_private_outputs, run, config, plan)
         if options.validate_outputs:
             report = runner.run(VALIDATE_OUTPUTS, engine.check_outputs, run, config)
@@ -352,6 +359,7 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
                 hooks.validated(run, "output", report)
             if not report.ok:
                 raise ValidationFailed("output", _validation_text(hooks, report, run), report)
+        interrupt.check()
         checkpoint = runner.run(PUBLISH, engine.publish_private_run, run, config, plan, files, attempt)
     except BaseException as exc:
         if attempt is not None and plan is not None:

@@ -199,3 +199,45 @@ def test_no_validate_still_refuses_broken_structure_before_any_spend(name: str, 
     assert not any(secret in message for secret in case.secrets)
     assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"] and not out.exists()
     del dataset
+
+
+def _signalled(mode: str, point: str, out: Path, ledger: Path, *extra: str) -> subprocess.CompletedProcess:
+    args = ["private", CONFIG, DEMO_US, out, "--ledger", ledger, "--no-validate", *FIRST, *extra]
+    return subprocess.run([sys.executable, "-m", "tests.system._fault_driver", mode, point, "--", *map(str, args)],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+
+
+@pytest.mark.parametrize("mode", ["sigint", "sigterm"])
+def test_a_signal_while_measuring_stops_at_a_safe_point_and_says_how_to_resume(mode: str, tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    stopped = _signalled(mode, "append:6", out, ledger)  # after RUN_STARTED and a few spends
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    text = stopped.stdout + stopped.stderr
+    assert "Traceback" not in text and "Exception ignored" not in text and "KeyboardInterrupt" not in text, text
+    lines = [line for line in stopped.stderr.splitlines() if line.startswith("phsafe: interrupted:")]
+    assert len(lines) == 1 and not [line for line in stopped.stderr.splitlines() if "error" in line], stopped.stderr
+    (run_id, run), = read_ledger(ledger).runs.items()
+    signal_name = "Ctrl-C (SIGINT)" if mode == "sigint" else "SIGTERM"
+    assert lines[0].startswith(f"phsafe: interrupted: stopped by {signal_name} at a safe point"), lines[0]
+    assert f"--resume {run_id} --resume-reason TEXT" in lines[0], lines[0]
+    # No INTENT after the request: the one in flight was committed, and nothing was left dangling.
+    assert run.status.value == "failed" and run.intents and set(run.intents) == set(run.reusable)
+    assert len(run.intents) <= 3
+    assert not out.exists() and cli("audit", "verify", ledger).returncode == 0
+    resumed = private(out, ledger, "--no-validate", "--resume", run_id, "--resume-reason", "operator stopped it")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    final = read_ledger(ledger).runs[run_id]
+    assert all(len(final.intents[k]) == 1 for k in run.intents)  # nothing committed was spent again
+    assert cli("audit", "verify", ledger, "--outputs", out).returncode == 0
+
+
+def test_ctrl_c_before_any_spend_stops_at_once_with_nothing_to_resume(tmp_path: Path):
+    ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
+    out = tmp_path / "out"
+    stopped = _signalled("sigint", "reading", out, ledger)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "Aborted" not in stopped.stderr, stopped.stderr
+    (line,) = [x for x in stopped.stderr.splitlines() if x.startswith("phsafe: interrupted:")]
+    assert "before any budget was spent" in line and "--resume" not in line, line
+    assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"] and not out.exists()
