@@ -197,6 +197,13 @@ def content_fingerprint(run: PrivateRun, counts: ExactCounts) -> str:
     return counts.content.commit(open_ledger(run.ledger).lineage_key())
 
 
+def records_sketch(run: PrivateRun, counts: ExactCounts) -> dict:
+    """The keyed sketch of the records (:mod:`phsafe.overlap`), for the confidential ledger only."""
+    from phsafe.overlap import keyed_sketch
+
+    return keyed_sketch(counts.content, open_ledger(run.ledger).lineage_key())
+
+
 # --------------------------------------------------------------------------------------------
 # The ledger run and the measurements
 # --------------------------------------------------------------------------------------------
@@ -217,7 +224,8 @@ class LedgerAttempt:
     reusable: dict[str, str]
 
 
-def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str) -> LedgerAttempt:
+def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str,
+                       sketch: dict | None = None) -> LedgerAttempt:
     """Start the run in the ledger (dataset, version and lifetime cap checked under the lock),
     or resume it.
 
@@ -238,7 +246,8 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             config_digest=run.config_sha256, input_digests=input_digests_, code_version=run.code_version,
             truncation_key_hex=run.truncation_key.hex(), non_confidential=options.non_confidential,
             validated=options.validate_inputs, new_version=new_version, cap_raise=cap_raise,
-            re_release=options.re_release, orchestration=run.orchestration,
+            re_release=options.re_release, orchestration=run.orchestration, sketch=sketch,
+            overlap_reason=options.overlap_reason,
         )
         return LedgerAttempt(1, {})
     recorder = ledger.resume_run(

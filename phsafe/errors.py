@@ -361,6 +361,7 @@ OPTIONS: dict[str, str] = {
     "resume": "--resume",
     "resume_reason": "--resume-reason",
     "re_release": "--re-release",
+    "overlap_reason": "--overlap-reason",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
     "output": "OUT",

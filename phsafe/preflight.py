@@ -133,7 +133,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     from phsafe.ledger.format import operator_text
 
     options = run.options
-    for name in ("new_version", "re_release", "cap_reason", "resume_reason"):
+    for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
         operator_text(getattr(options, name), option(name))  # a reason too long is refused now, not cut later
     created = False
     if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):

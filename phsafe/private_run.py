@@ -71,6 +71,9 @@ class PrivateRunOptions:
         truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
             only: a chosen key must not depend on the data.
         resume_reason: Why a failed run is resumed (recorded in the ledger).
+        overlap_reason: Why records that overlap another dataset's (beyond 1%) are a new version of
+            this dataset, e.g. a disjoint population (recorded). Without it such a run is refused
+            before any spend.
         re_release: Why records that another run released (or is releasing) are released again
             (recorded in the ledger). Without it such a run is refused before any spend.
     """
@@ -90,6 +93,7 @@ class PrivateRunOptions:
     truncation_key: str | None = None
     resume_reason: str | None = None
     re_release: str | None = None
+    overlap_reason: str | None = None
 
 
 @dataclass

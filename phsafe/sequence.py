@@ -391,7 +391,8 @@ def _preflight(run: PrivateRun, config: "PHSafeConfig", plan: "RunPlan") -> Priv
 def _open_ledger_run(run: PrivateRun, plan: "RunPlan", digests: dict[str, str], counts: ExactCounts) -> LedgerAttempt:
     """Start the run in the ledger (dataset, content version, one release per version, lifetime
     cap) or resume it; what earlier attempts committed."""
-    return engine.open_run_in_ledger(run, plan, digests, engine.content_fingerprint(run, counts))
+    return engine.open_run_in_ledger(run, plan, digests, engine.content_fingerprint(run, counts),
+                                     engine.records_sketch(run, counts))
 
 
 def run_private(

@@ -44,6 +44,19 @@ Policy, datasets and versions
     same records cannot be released under a second name. ``CAP_RAISED`` (name, new cap, reason)
     raises one dataset's cap above the policy cap; caps are never lowered.
 
+Overlap between datasets
+    A ``DATASET_VERSION`` of a confidential ledger may carry ``sketch``: a keyed sketch of the
+    version's person records (:mod:`phsafe.overlap`: the number of records and sorted 64-bit
+    HMAC tags, under the lineage key, of a consistent sample of them), recorded by every run that
+    declares a version. Its estimated share of records that another dataset's declared versions
+    also hold must not exceed 1% (:data:`phsafe.overlap.OVERLAP_LIMIT`) -- else the records are a
+    version of that dataset and run under its name and cap -- unless the entry carries
+    ``overlap``: ``{"dataset": the other dataset with the largest share, "share": that share in
+    percent, "reason": why these records are another dataset, e.g. a disjoint population}``. An
+    ``overlap`` where no share exceeds the limit is refused, as is one that names another
+    dataset or share than the sketches give: the ledger records a relation exactly when there is
+    one. The sketches are confidential like the fingerprints: never published.
+
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
     writer reads (and verifies) whatever other processes appended since it last looked, appends its
@@ -284,6 +297,7 @@ FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
 OPTIONAL_FIELDS: dict[EntryKind, frozenset[str]] = {
+    EntryKind.DATASET_VERSION: frozenset({"sketch", "overlap"}),
     EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
     EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
 }

@@ -34,6 +34,7 @@ from phsafe.amounts import (
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import LedgerRuleViolation
 from phsafe.iterations import PopulationGroupLevel
+from phsafe.overlap import OVERLAP_LIMIT, overlap_share, percent, sketch_problem
 from phsafe.ledger.format import (
     FORMAT,
     NAME,
@@ -190,13 +191,62 @@ def check_dataset_version(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     reason = e["reason"]
     if not is_text(reason) or not reason.strip():
         raise LedgerRuleViolation("a dataset version needs a reason (a non-empty short string)")
+    sketch, overlap = e.get("sketch"), e.get("overlap")
+    check_overlap(state, name, sketch, overlap, non_confidential=policy.non_confidential)
 
     def commit() -> None:
         ds = state.dataset_states.setdefault(name, DatasetState(name, policy.lifetime_cap))
-        ds.versions.append(DatasetVersion(e["seq"], e["time"], fp, reason))
+        ds.versions.append(DatasetVersion(e["seq"], e["time"], fp, reason, sketch, overlap))
         state.fingerprints[fp] = name
 
     return commit
+
+
+def check_overlap(state: LedgerState, name: str, sketch: Any, overlap: Any, *, non_confidential: bool) -> None:
+    """A new version's sketch, and ``overlap`` exactly when its records overlap another dataset's
+    beyond the limit (see "Overlap between datasets")."""
+    if sketch is None:
+        if overlap is not None:
+            raise LedgerRuleViolation("overlap is declared without a sketch of the records")
+        return
+    if non_confidential:
+        raise LedgerRuleViolation("a non-confidential ledger records no sketch")
+    problem = sketch_problem(sketch)
+    if problem:
+        raise LedgerRuleViolation(problem)
+    found = largest_overlap(state, name, sketch)
+    if found is None:
+        if overlap is not None:
+            raise LedgerRuleViolation("overlap is declared, but these records overlap no other dataset's beyond "
+                                      f"{percent(OVERLAP_LIMIT)}")
+        return
+    other, share = found
+    if overlap is None:
+        raise LedgerRuleViolation(f"about {percent(share)} of these records are also in dataset {other!r}: a version "
+                                  "whose records overlap another dataset's must declare overlap")
+    if not isinstance(overlap, Mapping) or set(overlap) != {"dataset", "share", "reason"}:
+        raise LedgerRuleViolation("overlap must be an object with dataset, share and reason")
+    if overlap["dataset"] != other or overlap["share"] != percent(share):
+        raise LedgerRuleViolation(f"overlap names dataset {overlap['dataset']!r} at {overlap['share']!r}; the sketches "
+                                  f"give {other!r} at {percent(share)!r}")
+    if not is_text(overlap["reason"]) or not overlap["reason"].strip():
+        raise LedgerRuleViolation("overlap needs a reason (a non-empty short string)")
+
+
+def largest_overlap(state: LedgerState, name: str, sketch: Mapping[str, Any]) -> tuple[str, Fraction] | None:
+    """The other dataset whose declared versions share the largest part of ``sketch``'s records,
+    and that share -- when it exceeds the limit; else None."""
+    best: tuple[str, Fraction] | None = None
+    for other, ds in sorted(state.dataset_states.items()):
+        if other == name:
+            continue
+        for version in ds.versions:
+            if version.sketch is None:
+                continue
+            share = overlap_share(sketch, version.sketch)
+            if share > OVERLAP_LIMIT and (best is None or share > best[1]):
+                best = (other, share)
+    return best
 
 
 def check_tail_repaired(state: LedgerState, e: Mapping[str, Any]) -> Commit:

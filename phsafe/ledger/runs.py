@@ -15,6 +15,8 @@ from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
 from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
 from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
+from phsafe.ledger.rules import largest_overlap
+from phsafe.overlap import OVERLAP_LIMIT, percent
 from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
 from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
 from phsafe.ledger.state import LedgerState, Orchestration, RunState, RunStatus
@@ -109,6 +111,8 @@ class Ledger(LedgerFile):
         cap_raise: tuple[Amount, str | None] | None = None,
         re_release: str | None = None,
         orchestration: Orchestration | None = None,
+        sketch: Mapping[str, Any] | None = None,
+        overlap_reason: str | None = None,
     ) -> "RunRecorder":
         """Check the dataset, its version and its lifetime cap, and record RUN_STARTED, atomically.
 
@@ -133,6 +137,10 @@ class Ledger(LedgerFile):
                 or is releasing (recorded). Ignored, and not recorded, when no other run claims
                 them.
             orchestration: The flow run that runs this attempt (recorded).
+            sketch: The keyed sketch of the records (:func:`phsafe.overlap.keyed_sketch`),
+                recorded with a new version of a confidential ledger's dataset.
+            overlap_reason: Why records that overlap another dataset's beyond the limit are a
+                version of this dataset (recorded with the overlap; refused where none).
 
         Raises:
             AlreadyReleasedError: Another run released these records, or is releasing them, and
@@ -187,8 +195,14 @@ class Ledger(LedgerFile):
                         f"new version of {dataset!r}, say so and why with {option('new_version')} (recorded "
                         "in the ledger); if they belong to another dataset, run them under its name"
                     )
-                items.append((EntryKind.DATASET_VERSION, None, {
-                    "dataset": dataset, "fingerprint": fingerprint, "reason": operator_text(new_version, option("new_version"))}))
+                version: dict[str, Any] = {"dataset": dataset, "fingerprint": fingerprint,
+                                           "reason": operator_text(new_version, option("new_version"))}
+                if sketch is not None and not non_confidential:
+                    version["sketch"] = dict(sketch)
+                    relation = self._overlap_field(state, dataset, sketch, overlap_reason)
+                    if relation is not None:
+                        version["overlap"] = relation
+                items.append((EntryKind.DATASET_VERSION, None, version))
             declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
             if declared:
                 body["re_release"] = declared
@@ -210,6 +224,27 @@ class Ledger(LedgerFile):
             items.append((EntryKind.RUN_STARTED, run_id, body))
             self.append_entries(items)
         return RunRecorder(self, run_id, plan)
+
+    @staticmethod
+    def _overlap_field(state: LedgerState, dataset: str, sketch: Mapping[str, Any],
+                       reason: str | None) -> dict[str, str] | None:
+        """The ``overlap`` to record with a new version, or None; refuses an undeclared overlap."""
+        found = largest_overlap(state, dataset, sketch)
+        reason = operator_text(reason, option("overlap_reason"))
+        if found is None:
+            if reason:
+                raise BudgetError(f"{option('overlap_reason')} is given, but these records overlap no other dataset's "
+                                  f"beyond {percent(OVERLAP_LIMIT)}: nothing to declare (remove it)")
+            return None
+        other, share = found
+        if not reason:
+            raise BudgetError(
+                f"about {percent(share)} of these records are also in dataset {other!r} (more than "
+                f"{percent(OVERLAP_LIMIT)}): if they are a new version of {other!r}, run them as {other!r} "
+                f"({option('dataset')} {other} {option('new_version')} REASON: its cap applies); if they are "
+                f"another population, say why with {option('overlap_reason')} (recorded in the ledger)"
+            )
+        return {"dataset": other, "share": percent(share), "reason": reason}
 
     @staticmethod
     def _re_release_field(state: LedgerState, policy: Policy, dataset: str, fingerprint: str,

@@ -311,6 +311,7 @@ def test_a_changed_record_is_a_new_version_of_the_same_dataset(world: dict, tmp_
     ledger.parent.mkdir()
     for suffix in ("", ".key"):
         Path(f"{ledger}{suffix}").write_bytes(Path(f"{world['ledger']}{suffix}").read_bytes())
+        Path(f"{ledger}{suffix}").chmod(0o600)  # confidential: a copy stays private to its owner
     spent = intents(ledger)
     changed = tmp_path / "changed"
     changed.mkdir()

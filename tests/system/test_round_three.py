@@ -241,3 +241,43 @@ def test_ctrl_c_before_any_spend_stops_at_once_with_nothing_to_resume(tmp_path: 
     (line,) = [x for x in stopped.stderr.splitlines() if x.startswith("phsafe: interrupted:")]
     assert "before any budget was spent" in line and "--resume" not in line, line
     assert [e["kind"] for e in entries(ledger)] == ["LEDGER_INIT"] and not out.exists()
+
+
+def test_near_identical_records_under_a_new_name_are_refused_unless_the_relation_is_declared(tmp_path: Path):
+    import csv
+
+    ledger = new_ledger(tmp_path / "ledger", cap="2.6").path
+    demo = DEMO_US.parent
+    for label in ("us", "pr"):  # disjoint: both keep working in one ledger
+        ran = private(tmp_path / f"out-{label}", ledger, "--no-validate", "--new-version", "first",
+                      config=demo / label / "config.json", data=demo / label)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+    copy = tmp_path / "copy"  # the US records with one person removed, under a new dataset name
+    copy.mkdir()
+    for stem in ("units", "geo"):
+        (copy / f"{stem}.csv").write_bytes((DEMO_US / f"{stem}.csv").read_bytes())
+    with open(DEMO_US / "persons.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    roommate = next(i for i, row in enumerate(rows) if row[rows[0].index("RELSHIP")] == "34")
+    with open(copy / "persons.csv", "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows(rows[:roommate] + rows[roommate + 1:])
+    config = json.loads(CONFIG.read_text())
+    config["dataset"] = "another-name"
+    (copy / "config.json").write_text(json.dumps(config))
+    before = entries(ledger)
+
+    refused = private(tmp_path / "out-copy", ledger, "--no-validate", "--new-version", "fresh records",
+                      config=copy / "config.json", data=copy)
+    assert refused.returncode == 1
+    line = error_line(refused)
+    assert "of these records are also in dataset 'demo-us'" in line and "--overlap-reason" in line, line
+    assert entries(ledger) == before and not (tmp_path / "out-copy").exists()
+
+    declared = private(tmp_path / "out-copy", ledger, "--no-validate", "--new-version", "fresh records",
+                       "--overlap-reason", "a disjoint population, memo 7", config=copy / "config.json", data=copy)
+    assert declared.returncode == 0, declared.stderr[-2000:]
+    (version,) = [e for e in entries(ledger) if e["kind"] == "DATASET_VERSION" and e["dataset"] == "another-name"]
+    assert version["overlap"]["dataset"] == "demo-us" and version["overlap"]["reason"].startswith("a disjoint")
+    assert cli("audit", "verify", ledger).returncode == 0
+    published = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "out-copy").rglob("*.json"))
+    assert version["sketch"]["tags"][0] not in published and '"sketch"' not in published  # never published
