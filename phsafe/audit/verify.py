@@ -103,6 +103,9 @@ def verify(
         result.notes.append(f"policy: {kind} ledger {p.ledger_id}, every dataset's cap {format_exact(p.lifetime_cap)} "
                             f"({_unit(p.privacy_defn)}) set at entry {p.seq}; lineage key "
                             + ("checked" if key is not None else "not available here (lineage not checked)"))
+        if p.ledger_cap is not None:
+            result.notes.append(f"ledger-wide cap {format_exact(p.ledger_cap)} ({_unit(p.privacy_defn)}) over all "
+                                "datasets together: every start, resume and re-spend was within it")
     unit = state.unit
     for account, runs in state.datasets().items():
         run_unit = unit or (PrivacyDefinition.ZCDP if any(r.privacy_defn is PrivacyDefinition.ZCDP for r in runs)
@@ -117,6 +120,12 @@ def verify(
             f"{label}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(account, run_unit))} "
             f"({_unit(run_unit)}){extra}; every start was within its cap"
         )
+    for name, ds in sorted(state.dataset_states.items()):
+        for version in ds.versions:
+            if version.overlap is not None:
+                result.notes.append(
+                    f"entry {version.seq}: dataset {name}'s version overlaps dataset {version.overlap['dataset']}'s "
+                    f"records ({version.overlap['share']}), declared: {version.overlap['reason']}")
     for repair in state.repairs:
         result.notes.append(f"entry {repair.seq}: an interrupted write of {repair.dropped_bytes} bytes was dropped "
                             f"(TAIL_REPAIRED, SHA-256 {repair.dropped_sha256[:16]}...)")

@@ -27,8 +27,11 @@ def ledger() -> None:
               help="The unit of caps and charges.")
 @click.option("--non-confidential", is_flag=True,
               help="A throwaway ledger for synthetic data (caps not enforced; only non-confidential runs).")
+@click.option("--ledger-cap", default=None, metavar="RHO",
+              help="Optional: a cap on all datasets' spends together (never raised).")
 @handle_errors
-def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool) -> None:
+def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool,
+                 ledger_cap: str | None) -> None:
     """Create the ledger PATH and its lineage key PATH.key, with its policy.
 
     Set the policy before any data is seen. Keep PATH.key with the ledger, inside the
@@ -43,13 +46,14 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
 
     made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
                        privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
-                       code_version=code_version())
+                       code_version=code_version(), ledger_cap=parse_amount(ledger_cap, "--ledger-cap"))
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
     kind = "non-confidential (throwaway)" if policy.non_confidential else "confidential"
     click.echo(f"phsafe: created the {kind} ledger {made.path} (id {policy.ledger_id}): every dataset's lifetime "
-               f"cap is {unit} {format_exact(policy.lifetime_cap)}")
+               f"cap is {unit} {format_exact(policy.lifetime_cap)}"
+               + (f"; all datasets together: {format_exact(policy.ledger_cap)}" if policy.ledger_cap is not None else ""))
     click.echo(f"phsafe: its lineage key is {key_path(made.path)} -- keep it with the ledger; never publish it")
 
 

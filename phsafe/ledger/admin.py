@@ -33,7 +33,8 @@ from phsafe.ledger.store import (
 
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
-                 non_confidential: bool, key: bytes, code_version: str) -> dict[str, Any]:
+                 non_confidential: bool, key: bytes, code_version: str,
+                 ledger_cap: Amount | None = None) -> dict[str, Any]:
     reason = operator_text(reason, "--reason")
     if not reason:
         raise LedgerError("give the reason for the ledger's policy (--reason TEXT); it is recorded")
@@ -42,7 +43,14 @@ def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefiniti
         raise BudgetError("an Infinity lifetime cap is allowed only for a non-confidential ledger")
     if cap == 0:
         raise BudgetError("the lifetime cap must be positive")
+    extra: dict[str, Any] = {}
+    if ledger_cap is not None:
+        total = cap_amount(ledger_cap)
+        if non_confidential or is_infinite(total) or total == 0:
+            raise BudgetError("a ledger-wide cap is a positive number, for a confidential ledger only")
+        extra["ledger_cap"] = format_exact(total)
     return {
+        **extra,
         "ledger_id": uuid.uuid4().hex,
         "format": FORMAT,
         "privacy_defn": privacy_defn.value,
@@ -62,6 +70,7 @@ def init_ledger(
     privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP,
     non_confidential: bool = False,
     code_version: str = "unknown",
+    ledger_cap: Amount | None = None,
 ) -> Ledger:
     """Create a ledger: its lineage key ``<path>.key`` (mode 0600) and the ``LEDGER_INIT`` entry.
 
@@ -77,6 +86,7 @@ def init_ledger(
         non_confidential: A throwaway ledger for synthetic or public data (its caps are not
             enforced, and it takes only non-confidential runs).
         code_version: Recorded.
+        ledger_cap: A cap on all datasets' spends together (optional; never raised).
 
     Raises:
         LedgerError: The ledger or its key file exists, or cannot be written.
@@ -84,7 +94,7 @@ def init_ledger(
     """
     path = Path(path).absolute()
     key = new_lineage_key()
-    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version)
+    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version, ledger_cap)
     for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file")):
         if os.path.lexists(p):
             raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")

@@ -57,6 +57,10 @@ Overlap between datasets
     dataset or share than the sketches give: the ledger records a relation exactly when there is
     one. The sketches are confidential like the fingerprints: never published.
 
+    ``LEDGER_INIT`` may also fix ``ledger_cap``: a cap on the spends of all the ledger's datasets
+    together (their odometers summed), checked wherever a dataset's cap is -- a run's start, a
+    resume, a re-spend. Unlike a dataset's cap it is never raised.
+
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
     writer reads (and verifies) whatever other processes appended since it last looked, appends its
@@ -297,6 +301,7 @@ FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
 OPTIONAL_FIELDS: dict[EntryKind, frozenset[str]] = {
+    EntryKind.LEDGER_INIT: frozenset({"ledger_cap"}),
     EntryKind.DATASET_VERSION: frozenset({"sketch", "overlap"}),
     EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
     EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
@@ -429,7 +434,8 @@ def parse_line(line: bytes, *, seq: int, prev: str, first_format: bool) -> dict[
         except ValueError:
             raise LedgerRuleViolation(f"unknown kind {kind_text!r}") from None
         expected = COMMON_FIELDS | body_fields(kind_enum, first_format=first_format)
-        optional = frozenset() if first_format else OPTIONAL_FIELDS.get(kind_enum, frozenset())
+        policy_entry = kind_enum in (EntryKind.LEDGER_INIT, EntryKind.LEDGER_MIGRATED)  # sets the format itself
+        optional = frozenset() if first_format and not policy_entry else OPTIONAL_FIELDS.get(kind_enum, frozenset())
         for name in optional & set(entry):
             if entry[name] is None:
                 raise LedgerRuleViolation(f"{name} is null: an optional field is left out, never written as null")

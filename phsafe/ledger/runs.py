@@ -15,7 +15,7 @@ from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
 from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
 from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
-from phsafe.ledger.rules import largest_overlap
+from phsafe.ledger.rules import largest_overlap, ledger_total_after
 from phsafe.overlap import OVERLAP_LIMIT, percent
 from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
 from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
@@ -220,6 +220,14 @@ class Ledger(LedgerFile):
                     f"with {option('lifetime_cap')} and say why with {option('cap_reason')} (both are recorded "
                     "in the ledger)."
                 )
+            if not non_confidential and policy.ledger_cap is not None:
+                total = ledger_total_after(state, dataset, need)
+                if amount_exceeds(total, policy.ledger_cap):
+                    raise BudgetError(
+                        f"privacy-loss budget refused by the ledger-wide cap {format_exact(policy.ledger_cap)} "
+                        f"(set at ledger init, over all datasets): with this run's {format_exact(probe)} all "
+                        f"datasets would have spent {format_exact(total)}. Spends are never refunded"
+                    )
             body.update(lifetime_cap=format_exact(cap), spent_before=format_exact(spent))
             items.append((EntryKind.RUN_STARTED, run_id, body))
             self.append_entries(items)

@@ -278,6 +278,7 @@ def test_near_identical_records_under_a_new_name_are_refused_unless_the_relation
     assert declared.returncode == 0, declared.stderr[-2000:]
     (version,) = [e for e in entries(ledger) if e["kind"] == "DATASET_VERSION" and e["dataset"] == "another-name"]
     assert version["overlap"]["dataset"] == "demo-us" and version["overlap"]["reason"].startswith("a disjoint")
-    assert cli("audit", "verify", ledger).returncode == 0
+    verified = cli("audit", "verify", ledger)
+    assert verified.returncode == 0 and "version overlaps dataset demo-us's records" in verified.stdout
     published = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "out-copy").rglob("*.json"))
     assert version["sketch"]["tags"][0] not in published and '"sketch"' not in published  # never published

@@ -1501,3 +1501,30 @@ def test_replay_checks_the_overlap_of_every_declared_version(tmp_path: Path) -> 
     craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-copy", "fingerprint": FP_B, "reason": "x",
                                                  "sketch": near, "overlap": relation})
     assert read_ledger(ledger.path).dataset_states["cef-copy"].versions[0].overlap == relation
+
+
+def test_a_ledger_wide_cap_bounds_all_datasets_together(tmp_path: Path) -> None:
+    """Issue 22: the cap is per dataset name; ``ledger init --ledger-cap`` adds one over them all,
+    enforced by the API and by replay (audit verify)."""
+    with pytest.raises(BudgetError, match="confidential ledger only"):
+        init_ledger(tmp_path / "nc.jsonl", lifetime_cap=INFINITE, reason="demo", non_confidential=True,
+                    ledger_cap=Fraction(1))
+    ledger = init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1), reason="policy",
+                         ledger_cap=Fraction(3, 4))
+    assert ledger.state.policy.ledger_cap == Fraction(3, 4)
+    rec = start(ledger, PLAN, "a-1", dataset="cef-a")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out-a")
+    size = ledger.path.stat().st_size
+    with pytest.raises(BudgetError, match=r"refused by the ledger-wide cap 0.75 .* all datasets would have spent 1\b"):
+        start(ledger, PLAN, "b-1", dataset="cef-b", fingerprint=FP_B)
+    assert ledger.path.stat().st_size == size
+    # Forced past the API, the same start is rejected on replay.
+    data = ledger.path.read_bytes()
+    first = of_kind(ledger.path, "RUN_STARTED")[0]
+    craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-b", "fingerprint": FP_B, "reason": "x"})
+    entry = craft(ledger.path, "RUN_STARTED", "b-1", body_of(first, dataset="cef-b", fingerprint=FP_B,
+                                                               spent_before="0"))
+    rejected(ledger.path, entry["seq"], "RUN_STARTED", r"run exceeds the ledger-wide cap: all datasets' spends "
+                                                       r"would be 1 > ledger cap 0.75")
+    ledger.path.write_bytes(data)
