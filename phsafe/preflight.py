@@ -128,9 +128,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     from phsafe.ledger import (
         RunStatus, check_ledger_file, check_ledger_kind, init_ledger, key_path, load_signing_key, plan_charge,
     )
-    from phsafe.ledger.store import check_private, make_private_folders
-
     from phsafe.ledger.format import operator_text
+    from phsafe.ledger.store import check_private, make_private_folders
 
     options = run.options
     for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
