@@ -43,7 +43,7 @@ _U64 = np.uint64
 _MASK = (1 << 64) - 1
 _CHUNK = 1 << 20  # records mixed at a time: temporaries stay in the CPU caches
 COMMIT_DOMAIN = b"phsafe-content-fingerprint-v1\x00"
-SAMPLE_SIZE = 2048
+SAMPLE_SIZE = 512
 """Person-record hashes kept for the overlap sketch (:mod:`phsafe.overlap`)."""
 
 # Lane constants: each lane mixes ``word XOR lane`` (and chains further words the same way).

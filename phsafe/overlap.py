@@ -10,7 +10,7 @@ datasets").
 
 The sketch (bottom-k, a consistent sample): the :data:`~phsafe.fingerprint.SAMPLE_SIZE` least
 distinct person-record hashes (the fingerprint's first lane, computed in the pass that counts),
-each then keyed -- HMAC-SHA256 under the ledger's lineage key, cut to 64 bits -- and stored as a
+each then keyed -- HMAC-SHA256 under the ledger's lineage key, cut to 48 bits -- and stored as a
 sorted list, with the number of person records. A record two datasets share has the same tag in
 both sketches whenever its hash is below both sketches' largest; so the number of shared tags,
 scaled by the larger dataset's size over ``k``, estimates the number of shared records, and
@@ -33,12 +33,14 @@ __all__ = ["OVERLAP_LIMIT", "SKETCH_DOMAIN", "keyed_sketch", "overlap_share", "s
 OVERLAP_LIMIT = Fraction(1, 100)
 """The share of a new version's person records that may also be another dataset's, undeclared."""
 SKETCH_DOMAIN = b"phsafe-overlap-sketch-v1\x00"
-_TAG = re.compile(r"^[0-9a-f]{16}$")
+TAG_HEX = 12
+"""Hex digits of a tag (48 bits: chance collisions between sketches stay below one in a million)."""
+_TAG = re.compile(r"^[0-9a-f]{%d}$" % TAG_HEX)
 
 
 def keyed_sketch(content: ContentDigest, key: bytes) -> dict[str, Any]:
     """The sketch recorded with a content version: ``{"records", "size", "tags"}`` (see above)."""
-    tags = sorted(hmac.new(key, SKETCH_DOMAIN + v.to_bytes(8, "big"), hashlib.sha256).hexdigest()[:16]
+    tags = sorted(hmac.new(key, SKETCH_DOMAIN + v.to_bytes(8, "big"), hashlib.sha256).hexdigest()[:TAG_HEX]
                   for v in content.sample)
     return {"records": content.persons, "size": SAMPLE_SIZE, "tags": tags}
 
@@ -53,7 +55,7 @@ def sketch_problem(sketch: Any) -> str | None:
     if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1):
         return "sketch.size must be a positive integer"
     if not isinstance(tags, list) or not all(isinstance(t, str) and _TAG.match(t) for t in tags):
-        return "sketch.tags must be a list of 16-hex-digit tags"
+        return f"sketch.tags must be a list of {TAG_HEX}-hex-digit tags"
     if tags != sorted(set(tags)) or len(tags) > min(size, records):
         return "sketch.tags must be sorted, distinct and at most min(size, records)"
     return None

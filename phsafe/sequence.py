@@ -367,8 +367,9 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
             if status.spent:
                 log.debug("run failed after spending; its committed measurements are kept for a resume",
                           run_id=run.run_id, run_dir=str(run.run_dir))
-        else:  # before the ledger run opened: a resumed run may have spent in earlier attempts
-            status = engine.spend_status(run)
+        else:  # before the ledger run opened: a resumed run may have spent in earlier attempts; a
+            # new run has not (no measurement starts before it opens), whatever the ledger's state
+            status = engine.spend_status(run) if run.resume else SpendStatus(run.run_id)
         failed = _failure(exc, run, status)
         if hooks.ended is not None:
             hooks.ended(run, plan, None, failed)

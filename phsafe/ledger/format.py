@@ -46,7 +46,7 @@ Policy, datasets and versions
 
 Overlap between datasets
     A ``DATASET_VERSION`` of a confidential ledger may carry ``sketch``: a keyed sketch of the
-    version's person records (:mod:`phsafe.overlap`: the number of records and sorted 64-bit
+    version's person records (:mod:`phsafe.overlap`: the number of records and sorted 48-bit
     HMAC tags, under the lineage key, of a consistent sample of them), recorded by every run that
     declares a version. Its estimated share of records that another dataset's declared versions
     also hold must not exceed 1% (:data:`phsafe.overlap.OVERLAP_LIMIT`) -- else the records are a

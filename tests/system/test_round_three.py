@@ -124,6 +124,7 @@ def test_an_empty_or_foreign_file_is_refused_as_a_ledger_by_every_command(tmp_pa
                                    "is not a ledger: its first line (entry 0) is not a ledger entry")):
         path = tmp_path / name
         path.write_bytes(content)
+        path.chmod(0o600)
         out = tmp_path / "out"
         for args in (["audit", "verify", path], ["audit", "verify", path, "--lineage-key", key],
                      ["ledger", "repair", path],
@@ -133,6 +134,7 @@ def test_an_empty_or_foreign_file_is_refused_as_a_ledger_by_every_command(tmp_pa
             assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
             assert phrase in proc.stdout + proc.stderr, (args, proc.stdout, proc.stderr)
             assert "OK" not in proc.stdout.split(), (args, proc.stdout)
+            assert "spent budget" not in proc.stderr and "--resume" not in proc.stderr, proc.stderr  # nothing spent
         assert path.read_bytes() == content and not out.exists()
 
 
