@@ -358,7 +358,7 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
     from phsafe import engine
     from phsafe.errors import BudgetError, option
 
-    def refuse(run, plan, digests, fingerprint):
+    def refuse(run, plan, digests, fingerprint, sketch=None):
         raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
 
     monkeypatch.setattr(engine, "open_run_in_ledger", refuse)
