@@ -52,7 +52,7 @@ from prefect.states import Failed, State
 from flows._logging import configure_once
 from phsafe import engine, logs
 from phsafe.config import PHSafeConfig
-from phsafe.errors import ConfigError, PHSafeError, front_end, os_reason
+from phsafe.errors import ConfigError, PHSafeError, cause_in_words, front_end
 from phsafe.ledger import Orchestration
 from phsafe.parameters import PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, on_flows
 from phsafe.sequence import LocalCounter, ReleaseHooks, ReleaseJob, run_release
@@ -118,8 +118,7 @@ def failure_message(exc: BaseException) -> str:
         text = str(exc)
     elif isinstance(exc, OSError):
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
-        text = (f"operating-system error: {os_reason(exc)}{where}" if exc.errno is not None
-                else f"operating-system error ({type(exc).__name__}){where}")
+        text = f"operating-system error: {cause_in_words(exc)}{where}"
     else:  # a bug: its type, never its message (which may quote a value); frames are in the log file
         text = f"internal error: {type(exc).__name__} (its frames are in the run's log file)"
     status = getattr(exc, "spend_status", None)

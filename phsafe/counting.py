@@ -74,6 +74,7 @@ import pyarrow.parquet as pq
 from phsafe.config import PHSafeConfig
 from phsafe.errors import InputError
 from phsafe.fingerprint import ContentDigest, content_digest
+from phsafe.invariants import check_structure
 from phsafe.logs import get_logger
 from phsafe import memory
 from phsafe.memory import (
@@ -1196,6 +1197,9 @@ class InputPass:
             with totals("fingerprint"):
                 data = prepared(join, units.columns, persons.columns, states,
                                 require_geo=part.label if part.state is not None else None)
+                if self.observer is None:  # unvalidated: the structure the counting needs, still
+                    check_structure(join, units.columns, persons.columns, {
+                        s: self.files[s].name + (f" ({part.label})" if part.state is not None else "") for s in STEMS})
                 content = content_digest(data.persons, data.person_state, data.units, data.unit_state,
                                          states, not_tabulated=NOT_TABULATED)
             with totals("truncate, join and count" if self.counting.key is not None else "join and count"):

@@ -42,15 +42,18 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import structlog
 
+from phsafe import interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
 from phsafe.counting import Counts, check_pass_memory, exact_counts
-from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, option
+from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words, option
 from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.noise import check_privacy_map, measure
-from phsafe.outputs import MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, write_tables
+from phsafe.outputs import (
+    MANIFEST, Publication, nonprivate_tables, private_tables, publish_release, release_strays, write_tables,
+)
 from phsafe.preflight import Preflight, estimated_release_bytes, existing_release_of, preflight
 from phsafe.private_run import (
     DatasetBudget,
@@ -211,6 +214,13 @@ def content_fingerprint(run: PrivateRun, counts: ExactCounts) -> str:
     return counts.content.commit(open_ledger(run.ledger).lineage_key())
 
 
+def records_sketch(run: PrivateRun, counts: ExactCounts) -> dict:
+    """The keyed sketch of the records (:mod:`phsafe.overlap`), for the confidential ledger only."""
+    from phsafe.overlap import keyed_sketch
+
+    return keyed_sketch(counts.content, open_ledger(run.ledger).lineage_key())
+
+
 # --------------------------------------------------------------------------------------------
 # The ledger run and the measurements
 # --------------------------------------------------------------------------------------------
@@ -231,7 +241,8 @@ class LedgerAttempt:
     reusable: dict[str, str]
 
 
-def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str) -> LedgerAttempt:
+def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str,
+                       sketch: dict | None = None) -> LedgerAttempt:
     """Start the run in the ledger (dataset, version and lifetime cap checked under the lock),
     or resume it.
 
@@ -252,7 +263,8 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             config_digest=run.config_sha256, input_digests=input_digests_, code_version=run.code_version,
             truncation_key_hex=run.truncation_key.hex(), non_confidential=options.non_confidential,
             validated=options.validate_inputs, new_version=new_version, cap_raise=cap_raise,
-            re_release=options.re_release, orchestration=run.orchestration,
+            re_release=options.re_release, orchestration=run.orchestration, sketch=sketch,
+            overlap_reason=options.overlap_reason,
         )
         return LedgerAttempt(1, {})
     recorder = ledger.resume_run(
@@ -298,6 +310,7 @@ def measure_table(
     reusable = attempt.reusable
     outcomes = []
     for m in plan.for_table(table):
+        interrupt.check()  # a safe point: a stop request never lets another spend begin
         with structlog.contextvars.bound_contextvars(table=m.table, level=m.level.config_key):
             status = "noiseless" if m.is_noiseless else "drawn"
             if m.key in reusable and store.load(m.key, reusable[m.key], m.n_cells) is not None:
@@ -474,14 +487,21 @@ def _check_existing_release(run: PrivateRun, file_digests: dict[str, str]) -> di
         if not path.is_file() or file_digest(path) != digest:
             raise OutputExistsError(f"{run.output_dir} holds an incomplete release of run {run.run_id} ({rel}); "
                                     f"choose a new output folder ({option('output')})")
+    # The same check as a first publish (only tables, data package and manifest), and nothing
+    # beside what this run wrote: a file planted in the folder is never recorded as released.
+    stray = release_strays(run.output_dir, set(file_digests) | {MANIFEST})
+    if stray:
+        raise OutputExistsError(f"{run.output_dir} holds {stray}, which is not part of run {run.run_id}'s release: "
+                                "the release was not recorded; remove what is not the release from the folder, "
+                                f"or remove the folder, and resume (or choose a new output folder, {option('output')})")
     return manifest
 
 
 def failure_reason(exc: BaseException) -> str:
     """A short, value-free reason for the ledger: our own error's first line, else the class."""
-    if isinstance(exc, PHSafeError):
+    if isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
         return (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
-    return type(exc).__name__
+    return cause_in_words(exc)
 
 
 @dataclass(frozen=True)

@@ -324,6 +324,31 @@ class ForkRefused(BudgetError):
 # --------------------------------------------------------------------------------------------
 
 
+def cause_in_words(exc: BaseException) -> str:
+    """Why ``exc`` happened, in words and without its message (which may quote a value).
+
+    An operating-system error by :func:`os_reason` (``file too large (EFBIG)``), running out of
+    memory as such; anything else is a defect, named as one with its type.
+    """
+    if isinstance(exc, OSError):
+        return os_reason(exc) if exc.errno is not None or exc.strerror else "an operating-system error without a code"
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(exc, UnicodeEncodeError):
+        return "not ASCII text"
+    if type(exc).__name__ == "JSONDecodeError":
+        return "not valid JSON"
+    if type(exc).__name__ == "Error" and type(exc).__module__ == "binascii":
+        return "not valid base64"
+    if type(exc).__name__ in ("ArrowInvalid", "ArrowIOError"):
+        return "not a valid Parquet file"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted by the operator"
+    return f"an internal error ({type(exc).__name__})"
+
+
 def os_reason(exc: OSError) -> str:
     """An OSError in plain words, with its errno name (e.g. ``no space left on device (ENOSPC)``).
 
@@ -358,6 +383,7 @@ OPTIONS: dict[str, str] = {
     "resume": "--resume",
     "resume_reason": "--resume-reason",
     "re_release": "--re-release",
+    "overlap_reason": "--overlap-reason",
     "no_validate": "--no-validate",
     "work_dir": "--work-dir",
     "memory_limit": "--memory-limit",

@@ -43,6 +43,8 @@ _U64 = np.uint64
 _MASK = (1 << 64) - 1
 _CHUNK = 1 << 20  # records mixed at a time: temporaries stay in the CPU caches
 COMMIT_DOMAIN = b"phsafe-content-fingerprint-v1\x00"
+SAMPLE_SIZE = 512
+"""Person-record hashes kept for the overlap sketch (:mod:`phsafe.overlap`)."""
 
 # Lane constants: each lane mixes ``word XOR lane`` (and chains further words the same way).
 _LANES = (_U64(0x9E3779B97F4A7C15), _U64(0xD1B54A32D192ED03))
@@ -81,17 +83,31 @@ def _pack(columns: Columns, rows: slice | npt.NDArray[np.integer], fields: tuple
     return word
 
 
-def _lane_sums(tag: np.uint64, words: list[npt.NDArray[np.uint64]]) -> list[int]:
-    """For each lane: the sum modulo 2^64 of mix(... mix(mix(tag ^ lane) ^ w0) ... ^ wk)."""
+def _lane_sums(tag: np.uint64, words: list[npt.NDArray[np.uint64]], *, smallest: int = 0,
+               least: set[int] | None = None) -> list[int]:
+    """For each lane: the sum modulo 2^64 of mix(... mix(mix(tag ^ lane) ^ w0) ... ^ wk). With
+    ``smallest``: the ``smallest`` least distinct record hashes of the first lane are added to
+    ``least`` (which keeps its ``smallest`` least)."""
     sums = []
     with np.errstate(over="ignore"):
-        for lane in _LANES:
+        for i, lane in enumerate(_LANES):
             h = np.full(len(words[0]), _mix(np.array([tag ^ lane], dtype=np.uint64))[0], dtype=np.uint64)
             for w in words:
                 h ^= w
                 _mix(h)
             sums.append(int(h.sum(dtype=np.uint64)))
+            if i == 0 and smallest and least is not None:
+                kept = sorted(least | set(_least(h, smallest).tolist()))[:smallest]
+                least.clear()
+                least.update(kept)
     return sums
+
+
+def _least(values: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.uint64]:
+    """The ``k`` least distinct ``values``, sorted."""
+    if len(values) > 4 * k:
+        values = np.partition(values, 4 * k)[: 4 * k]  # k distinct among them unless duplicates abound
+    return np.unique(values)[:k]
 
 
 @dataclass(frozen=True)
@@ -103,16 +119,22 @@ class ContentDigest:
         persons: Number of tabulated person records.
         units: Number of tabulated unit records.
         lanes: One sum modulo 2^64 per mixing function.
+        sample: The :data:`SAMPLE_SIZE` least distinct person-record hashes (first lane), a
+            consistent sample of the person records: two datasets' samples hold the same hash
+            for a record they share, below either's largest. Only ever leaves the process keyed
+            (:mod:`phsafe.overlap`).
     """
 
     persons: int = 0
     units: int = 0
     lanes: tuple[int, ...] = (0,) * len(_LANES)
+    sample: tuple[int, ...] = ()
 
     def __add__(self, other: "ContentDigest") -> "ContentDigest":
+        merged = tuple(sorted(set(self.sample) | set(other.sample))[:SAMPLE_SIZE])
         return ContentDigest(
             self.persons + other.persons, self.units + other.units,
-            tuple((a + b) & _MASK for a, b in zip(self.lanes, other.lanes)),
+            tuple((a + b) & _MASK for a, b in zip(self.lanes, other.lanes)), merged,
         )
 
     def __repr__(self) -> str:  # the lanes are a plain function of the data: never shown
@@ -149,6 +171,7 @@ def content_digest(
     codes = np.zeros(256, dtype=np.uint64)
     codes[: len(states)] = [int(s) for s in states]
     lanes = [0] * len(_LANES)
+    sample: set[int] = set()
     n_persons = n_units = 0
     for tag, cols, state, fields in ((_PERSON_TAG, persons, person_state, (PERSON_FIELDS,)),
                                      (_UNIT_TAG, units, unit_state, UNIT_FIELDS)):
@@ -157,9 +180,10 @@ def content_digest(
             chunk = rows[start : start + _CHUNK]
             code = codes[state[chunk]]
             words = [_pack(cols, chunk, f, code if i == len(fields) - 1 else None) for i, f in enumerate(fields)]
-            lanes = [(a + b) & _MASK for a, b in zip(lanes, _lane_sums(tag, words))]
+            sums = _lane_sums(tag, words, smallest=SAMPLE_SIZE if tag is _PERSON_TAG else 0, least=sample)
+            lanes = [(a + b) & _MASK for a, b in zip(lanes, sums)]
         if tag is _PERSON_TAG:
             n_persons = len(rows)
         else:
             n_units = len(rows)
-    return ContentDigest(n_persons, n_units, tuple(lanes))
+    return ContentDigest(n_persons, n_units, tuple(lanes), tuple(sorted(sample)))

@@ -227,12 +227,31 @@ def public_files(directory: Path) -> list[str]:
     """
     allowed = {f"{t}/{t}.csv" for t in OUTPUT_TABLES} | {f"parquet/{t}.parquet" for t in OUTPUT_TABLES}
     allowed |= {DATAPACKAGE, MANIFEST}
-    files = sorted(p.relative_to(directory).as_posix() for p in Path(directory).rglob("*") if not p.is_dir())
-    stray = [f for f in files if f not in allowed]
+    stray = release_strays(Path(directory), allowed)
     if stray:
-        raise PHSafeError(f"the release folder holds {stray[0]}, which is not a public file (tables, data package, "
+        raise PHSafeError(f"the release folder holds {stray}, which is not a public file (tables, data package, "
                           "manifest): nothing was published")
-    return files
+    return sorted(p.relative_to(directory).as_posix() for p in Path(directory).rglob("*") if not p.is_dir())
+
+
+def release_strays(directory: Path, allowed: set[str]) -> str | None:
+    """The first entry of ``directory`` (relative path) that is not one of the ``allowed`` regular
+    files: any other file, a symbolic link, a device or pipe, or a folder holding none of them.
+    None when the folder holds exactly allowed files (in their folders)."""
+    directory = Path(directory)
+    for root, folders, files in os.walk(directory, followlinks=False):
+        here = Path(root)
+        for name in sorted(folders):
+            if (here / name).is_symlink():
+                return (here / name).relative_to(directory).as_posix()
+        for name in sorted(files):
+            path = here / name
+            rel = path.relative_to(directory).as_posix()
+            if rel not in allowed or path.is_symlink() or not path.is_file():
+                return rel
+        if here != directory and not any(a.startswith(here.relative_to(directory).as_posix() + "/") for a in allowed):
+            return here.relative_to(directory).as_posix() + "/"
+    return None
 
 
 def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *, move: bool = False) -> str:

@@ -147,6 +147,10 @@ class PrivateRunParameters(BaseModel):
         None, description="Why records the dataset already released (or is releasing) are released again "
                           "(recorded; the lifetime cap still applies). Without it such a run is refused before "
                           "any spend.")
+    overlap_reason: Annotated[str | None, CommandLine(("--overlap-reason",), metavar="REASON"), OnFlows()] = Field(
+        None, description="Why records that overlap another dataset's (beyond 1%) are a version of this dataset "
+                          "and not of that one, e.g. a disjoint population (recorded). Without it such a run is "
+                          "refused before any spend.")
     signing_key: Annotated[Path | None, CommandLine(("--signing-key",), "existing_file", metavar="PEM"),
                            OnFlows(annotation=str | None)] = Field(
         None, description="Ed25519 private key (PEM) that signs the ledger checkpoints.")

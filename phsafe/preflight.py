@@ -129,10 +129,14 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     """
     from phsafe.amounts import add_amounts, amount_exceeds, format_exact
     from phsafe.ledger import (
-        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, load_signing_key, plan_charge,
+        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, key_path, load_signing_key, plan_charge,
     )
+    from phsafe.ledger.format import operator_text
+    from phsafe.ledger.store import check_private, make_private_folders
 
     options = run.options
+    for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
+        operator_text(getattr(options, name), option(name))  # a reason too long is refused now, not cut later
     created = False
     if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
         init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
@@ -140,6 +144,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         log.info("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
         created = True
     check_ledger_file(run.ledger)
+    check_private(run.ledger, "the ledger")
+    check_private(key_path(run.ledger), "the ledger's lineage key")
     ledger = open_ledger(run.ledger)
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state
@@ -196,7 +202,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if not republish:
         _check_output_dir(run, needed)
     try:
-        run.run_dir.mkdir(parents=True, exist_ok=True)
+        make_private_folders(run.run_dir)  # confidential: its measurements, reports and staging
     except OSError as exc:
         raise PHSafeError(f"cannot create the run's work folder {run.run_dir}: {os_reason(exc)} "
                           f"(choose another with {option('work_dir')})") from None

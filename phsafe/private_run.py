@@ -71,6 +71,9 @@ class PrivateRunOptions:
         truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
             only: a chosen key must not depend on the data.
         resume_reason: Why a failed run is resumed (recorded in the ledger).
+        overlap_reason: Why records that overlap another dataset's (beyond 1%) are a new version of
+            this dataset, e.g. a disjoint population (recorded). Without it such a run is refused
+            before any spend.
         re_release: Why records that another run released (or is releasing) are released again
             (recorded in the ledger). Without it such a run is refused before any spend.
         memory_limit: Bytes the input pass may use (default: half of this machine's memory);
@@ -94,6 +97,7 @@ class PrivateRunOptions:
     resume_reason: str | None = None
     re_release: str | None = None
     memory_limit: int | None = None
+    overlap_reason: str | None = None
 
 
 @dataclass
@@ -194,8 +198,10 @@ def code_version() -> str:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
         ).stdout.strip()
+        # --no-optional-locks: reading the version never writes the checkout's index (a run under
+        # a file-size limit, or killed, must not leave a stale index.lock behind).
         dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
             capture_output=True, text=True, timeout=5,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):

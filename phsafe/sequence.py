@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
 import structlog
 
-from phsafe import engine
+from phsafe import engine, interrupt
 from phsafe.engine import (
     ExactCounts,
     LedgerAttempt,
@@ -295,7 +295,12 @@ def _measure(table: str, run: PrivateRun, plan: "RunPlan", counts: ExactCounts, 
 
 def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseException:
     """``exc`` with how to complete the run if it spent; ``spend_status`` attached either way."""
-    failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
+    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend:
+        failed: BaseException = interrupt.RunInterrupted(
+            f"{exc} -- {engine.resume_hint(run, status)}" if status.spent
+            else f"{exc}; no budget was spent: run again when ready", could_spend=True)
+    else:
+        failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
     try:
         failed.spend_status = status  # type: ignore[attr-defined]
         failed.resume_hint = engine.resume_hint(run, status) if status.spent else None  # type: ignore[attr-defined]
@@ -357,10 +362,12 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
             raise ValidationFailed("input", _validation_text(hooks, report, run), report)
         # CSV inputs were hashed as they were read: the digests of the very bytes counted.
         digests = runner.run(DIGEST_INPUTS, engine.fingerprint_inputs, run.data_dir, counts.input_digests)
+        interrupt.spending()  # from here on a stop request waits for the next safe point
         attempt = runner.run(OPEN_LEDGER_RUN, _open_ledger_run, run, plan, digests, counts)
         outcomes = [o for found in runner.map(MEASURE, _measure, list(TABLES), run, plan, counts, attempt,
                                               total=len(plan.measurements)) for o in found]
         del counts
+        interrupt.check()
         files = runner.run(WRITE_TABLES, engine.write_private_outputs, run, config, plan)
         if options.validate_outputs:
             report = runner.run(VALIDATE_OUTPUTS, engine.check_outputs, run, config)
@@ -368,6 +375,7 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
                 hooks.validated(run, "output", report)
             if not report.ok:
                 raise ValidationFailed("output", _validation_text(hooks, report, run), report)
+        interrupt.check()
         checkpoint = runner.run(PUBLISH, engine.publish_private_run, run, config, plan, files, attempt)
     except BaseException as exc:
         if attempt is not None and plan is not None:
@@ -375,8 +383,9 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
             if status.spent:
                 log.debug("run failed after spending; its committed measurements are kept for a resume",
                           run_id=run.run_id, run_dir=str(run.run_dir))
-        else:  # before the ledger run opened: a resumed run may have spent in earlier attempts
-            status = engine.spend_status(run)
+        else:  # before the ledger run opened: a resumed run may have spent in earlier attempts; a
+            # new run has not (no measurement starts before it opens), whatever the ledger's state
+            status = engine.spend_status(run) if run.resume else SpendStatus(run.run_id)
         failed = _failure(exc, run, status)
         if hooks.ended is not None:
             hooks.ended(run, plan, None, failed)
@@ -399,7 +408,8 @@ def _preflight(run: PrivateRun, config: "PHSafeConfig", plan: "RunPlan") -> Priv
 def _open_ledger_run(run: PrivateRun, plan: "RunPlan", digests: dict[str, str], counts: ExactCounts) -> LedgerAttempt:
     """Start the run in the ledger (dataset, content version, one release per version, lifetime
     cap) or resume it; what earlier attempts committed."""
-    return engine.open_run_in_ledger(run, plan, digests, engine.content_fingerprint(run, counts))
+    return engine.open_run_in_ledger(run, plan, digests, engine.content_fingerprint(run, counts),
+                                     engine.records_sketch(run, counts))
 
 
 def run_private(

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from phsafe.errors import PHSafeError
+from phsafe.errors import PHSafeError, os_reason
 
 PRIVATE_KEY_NAME = "signing-key.pem"
 PUBLIC_KEY_NAME = "public-key.pem"
@@ -78,7 +78,7 @@ def generate_signing_key(folder: str | Path) -> SigningKeyPair:
             folder.mkdir(mode=0o700, parents=True)
             os.chmod(folder, 0o700)  # whatever the umask
     except OSError as exc:
-        raise PHSafeError(f"cannot create the folder {folder}: {(exc.strerror or type(exc).__name__).lower()}") from None
+        raise PHSafeError(f"cannot create the folder {folder}: {os_reason(exc)}") from None
 
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
@@ -102,7 +102,7 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
     except FileExistsError:
         raise PHSafeError(f"{path} already exists: a signing key is never overwritten") from None
     except OSError as exc:
-        raise PHSafeError(f"cannot create {path}: {(exc.strerror or type(exc).__name__).lower()}") from None
+        raise PHSafeError(f"cannot create {path}: {os_reason(exc)}") from None
     try:
         os.fchmod(fd, mode)  # exactly this mode, whatever the umask
         view = memoryview(data)

@@ -34,7 +34,7 @@ import numpy as np
 from phsafe.config import PrivacyDefinition
 from phsafe.domain import USA_REGION_ID, Domain
 from phsafe.amounts import format_exact
-from phsafe.errors import LedgerError, VerificationFailure
+from phsafe.errors import LedgerError, VerificationFailure, cause_in_words
 from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
 from phsafe.ledger import (
     LedgerState,
@@ -103,6 +103,9 @@ def verify(
         result.notes.append(f"policy: {kind} ledger {p.ledger_id}, every dataset's cap {format_exact(p.lifetime_cap)} "
                             f"({_unit(p.privacy_defn)}) set at entry {p.seq}; lineage key "
                             + ("checked" if key is not None else "not available here (lineage not checked)"))
+        if p.ledger_cap is not None:
+            result.notes.append(f"ledger-wide cap {format_exact(p.ledger_cap)} ({_unit(p.privacy_defn)}) over all "
+                                "datasets together: every start, resume and re-spend was within it")
     unit = state.unit
     for account, runs in state.datasets().items():
         run_unit = unit or (PrivacyDefinition.ZCDP if any(r.privacy_defn is PrivacyDefinition.ZCDP for r in runs)
@@ -117,6 +120,12 @@ def verify(
             f"{label}: {len(runs)} run(s), lifetime spend {format_exact(state.dataset_spent(account, run_unit))} "
             f"({_unit(run_unit)}){extra}; every start was within its cap"
         )
+    for name, ds in sorted(state.dataset_states.items()):
+        for version in ds.versions:
+            if version.overlap is not None:
+                result.notes.append(
+                    f"entry {version.seq}: dataset {name}'s version overlaps dataset {version.overlap['dataset']}'s "
+                    f"records ({version.overlap['share']}), declared: {version.overlap['reason']}")
     for repair in state.repairs:
         result.notes.append(f"entry {repair.seq}: an interrupted write of {repair.dropped_bytes} bytes was dropped "
                             f"(TAIL_REPAIRED, SHA-256 {repair.dropped_sha256[:16]}...)")
@@ -221,7 +230,7 @@ def _load_checkpoint_file(path: Path) -> Mapping[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise VerificationFailure(path.name, f"is not a readable JSON file ({type(exc).__name__})") from None
+        raise VerificationFailure(path.name, f"is not a readable JSON file ({cause_in_words(exc)})") from None
     if isinstance(data, dict) and "checkpoint" in data and "ledger_size" not in data:
         data = data["checkpoint"]  # a manifest: use its checkpoint
     if not isinstance(data, dict):
@@ -281,7 +290,7 @@ def verify_checkpoint(
         sig = base64.b64decode(signature, validate=True)
         key = serialization.load_pem_public_key(embedded.encode("ascii"))
     except (ValueError, UnicodeEncodeError) as exc:
-        raise VerificationFailure(where, f"signature or public key is malformed ({type(exc).__name__})") from None
+        raise VerificationFailure(where, f"signature or public key is malformed ({cause_in_words(exc)})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise VerificationFailure(where, "public_key is not an Ed25519 key")
     if trusted is not None and _raw(key) != _raw(trusted):
@@ -328,7 +337,7 @@ def verify_outputs(
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise VerificationFailure(str(manifest_path), f"cannot be read as JSON ({type(exc).__name__})") from None
+        raise VerificationFailure(str(manifest_path), f"cannot be read as JSON ({cause_in_words(exc)})") from None
     if not isinstance(manifest, dict) or not {"run_id", "files", "checkpoint"} <= set(manifest):
         raise VerificationFailure(MANIFEST, "needs run_id, files and checkpoint")
     run_id, files = manifest["run_id"], manifest["files"]
@@ -616,7 +625,7 @@ def _check_parquet(path: Path, rel: str, csv_cells: _Released) -> None:
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:  # noqa: BLE001 -- any reader failure means an unreadable release
-        raise VerificationFailure(rel, f"cannot be read as Parquet ({type(exc).__name__})") from None
+        raise VerificationFailure(rel, f"cannot be read as Parquet ({cause_in_words(exc)})") from None
     cell_cols = [c for c in frame.columns if str(c).endswith("_DATA_CELL")]
     if len(cell_cols) != 1 or not {"REGION_ID", "COUNT"} <= set(frame.columns):
         raise VerificationFailure(rel, "columns differ from the CSV layout")

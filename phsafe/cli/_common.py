@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import click
 
 from phsafe import logs
+from phsafe.interrupt import RunInterrupted
 
 PATH = click.Path(path_type=Path)
 EXISTING = click.Path(exists=True, path_type=Path)
@@ -74,6 +75,10 @@ def fail(exc: BaseException, log_file: Path | None) -> None:
     from phsafe.errors import PHSafeError, os_reason
 
     log = logs.get_logger("phsafe.cli")
+    if isinstance(exc, RunInterrupted):
+        log.info("run interrupted", reason=str(exc).splitlines()[0])
+        click.echo(f"phsafe: interrupted: {exc}", err=True)
+        raise SystemExit(130)  # 128 + SIGINT, as shells report an interrupted command
     if isinstance(exc, PHSafeError):
         log.debug("run failed", error=str(exc).splitlines()[0] if str(exc) else "", error_type=type(exc).__name__)
         click.echo(f"phsafe: error: {exc}", err=True)
@@ -104,7 +109,7 @@ def handle_errors(command: F) -> F:
             return command(*args, **kwargs)
         except (click.ClickException, click.exceptions.Abort, click.exceptions.Exit):
             raise
-        except Exception as exc:  # noqa: BLE001 -- one line to the user, details to the log
+        except (Exception, RunInterrupted) as exc:  # noqa: BLE001 -- one line to the user, details to the log
             fail(exc, kwargs.get("log_file"))
 
     return run  # type: ignore[return-value]

@@ -35,9 +35,12 @@ def ledger() -> None:
                    "spends; may be repeated.")
 @click.option("--witness-quorum", type=click.IntRange(min=1), default=None, metavar="K",
               help="How many of the --witness folders must cosign (default: all).")
+@click.option("--ledger-cap", default=None, metavar="RHO",
+              help="Optional: a cap on all datasets' spends together (never raised).")
 @handle_errors
 def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool,
-                 log_name: str | None, witnesses: tuple[Path, ...], witness_quorum: int | None) -> None:
+                 log_name: str | None, witnesses: tuple[Path, ...], witness_quorum: int | None,
+                 ledger_cap: str | None) -> None:
     """Create the ledger PATH, its lineage key PATH.key and its public log PATH.public-log/.
 
     Set the policy before any data is seen. Keep PATH.key and PATH.log.key (the public log's
@@ -54,13 +57,15 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
                        privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
                        code_version=code_version(), log_name=log_name, witnesses=witnesses,
-                       witness_quorum=witness_quorum)
+                       witness_quorum=witness_quorum,
+                       ledger_cap=parse_amount(ledger_cap, "--ledger-cap"))
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
     kind = "non-confidential (throwaway)" if policy.non_confidential else "confidential"
     click.echo(f"phsafe: created the {kind} ledger {made.path} (id {policy.ledger_id}): every dataset's lifetime "
-               f"cap is {unit} {format_exact(policy.lifetime_cap)}")
+               f"cap is {unit} {format_exact(policy.lifetime_cap)}"
+               + (f"; all datasets together: {format_exact(policy.ledger_cap)}" if policy.ledger_cap is not None else ""))
     click.echo(f"phsafe: its lineage key is {key_path(made.path)} -- keep it with the ledger; never publish it")
     from phsafe.publog import log_key_path, log_path, witnesses_path
 
@@ -113,7 +118,7 @@ def repair_command(path: Path) -> None:
     if size is not None:
         click.echo(f"phsafe: the public log {log_path(path)} is in step with the ledger ({size} entries)")
     if repair is None:
-        click.echo(f"phsafe: {path} ends in a complete entry; nothing to repair")
+        click.echo(f"phsafe: {path} ends in a complete entry and verifies; nothing to repair")
         return
     click.echo(f"phsafe: dropped {repair.dropped_bytes} bytes of an incomplete entry (SHA-256 "
                f"{repair.dropped_sha256[:16]}...), recorded as entry {repair.seq} (TAIL_REPAIRED); runs can resume")

@@ -34,12 +34,13 @@ def private(validate_flag: bool, log_file: Path | None, **given: Any) -> None:
     if validate_flag and not given["validate_inputs"]:
         raise click.UsageError("give either --validate or --no-validate")
     start(log_file)
+    from phsafe.interrupt import stop_at_safe_points
     from phsafe.parameters import PrivateRunParameters
     from phsafe.sequence import run_private
 
     given["lifetime_cap"] = parse_amount(given["lifetime_cap"], "--lifetime-cap")
     parameters = PrivateRunParameters(**given)
-    with command_progress(log_file) as progress:
+    with stop_at_safe_points(), command_progress(log_file) as progress:
         result = run_private(parameters.config, parameters.data, parameters.output, parameters.options(),
                              progress=progress, run_id=parameters.resume_run_id,
                              resume=parameters.resume_run_id is not None)

@@ -19,18 +19,23 @@ from typing import Any, Mapping, Sequence
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
-from phsafe.ledger.format import FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now
+from phsafe.ledger.format import (
+    FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now, operator_text,
+)
 from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
 from phsafe.ledger.policy import cap_amount
 from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
-from phsafe.ledger.store import check_ledger_file, lock_path, write_new_file
+from phsafe.ledger.store import (
+    PRIVATE_FILE, check_ledger_file, lock_path, make_private_folders, not_a_ledger, write_new_file,
+)
 
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
-                 non_confidential: bool, key: bytes, code_version: str) -> dict[str, Any]:
-    reason = clean_text(reason)
+                 non_confidential: bool, key: bytes, code_version: str,
+                 ledger_cap: Amount | None = None) -> dict[str, Any]:
+    reason = operator_text(reason, "--reason")
     if not reason:
         raise LedgerError("give the reason for the ledger's policy (--reason TEXT); it is recorded")
     cap = cap_amount(lifetime_cap)
@@ -38,7 +43,14 @@ def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefiniti
         raise BudgetError("an Infinity lifetime cap is allowed only for a non-confidential ledger")
     if cap == 0:
         raise BudgetError("the lifetime cap must be positive")
+    extra: dict[str, Any] = {}
+    if ledger_cap is not None:
+        total = cap_amount(ledger_cap)
+        if non_confidential or is_infinite(total) or total == 0:
+            raise BudgetError("a ledger-wide cap is a positive number, for a confidential ledger only")
+        extra["ledger_cap"] = format_exact(total)
     return {
+        **extra,
         "ledger_id": uuid.uuid4().hex,
         "format": FORMAT,
         "privacy_defn": privacy_defn.value,
@@ -61,6 +73,7 @@ def init_ledger(
     log_name: str | None = None,
     witnesses: Sequence[Path] = (),
     witness_quorum: int | None = None,
+    ledger_cap: Amount | None = None,
 ) -> Ledger:
     """Create a ledger: its lineage key ``<path>.key`` (mode 0600), the ``LEDGER_INIT`` entry, and
     its public privacy-loss log (:mod:`phsafe.publog`): the log key ``<path>.log.key`` (0600) and
@@ -83,6 +96,7 @@ def init_ledger(
         witnesses: Witness folders (``phsafe witness init``) the ledger requires from now on:
             each is told to witness the log and cosigns its first checkpoint here.
         witness_quorum: How many of them must cosign (default: all).
+        ledger_cap: A cap on all datasets' spends together (optional; never raised).
 
     Raises:
         LedgerError: The ledger or its key file exists, or cannot be written.
@@ -90,7 +104,7 @@ def init_ledger(
     """
     path = Path(path).absolute()
     key = new_lineage_key()
-    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version)
+    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version, ledger_cap)
     from phsafe.publog.log import create_public_log, default_log_name, log_key_path, log_path
     from phsafe.publog.witness import WitnessFolder, witnesses_path, write_witness_policy
 
@@ -111,15 +125,15 @@ def init_ledger(
     entry["hash"] = entry_hash(entry)
     apply(LedgerState(), canonical_json(entry))  # the same rules as every reader applies
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_folders(path.parent)
         write_lineage_key(path, key)
         try:
-            write_new_file(path, canonical_json(entry) + b"\n", 0o600)
+            write_new_file(path, canonical_json(entry) + b"\n", PRIVATE_FILE)
+            write_new_file(lock_path(path), b"", PRIVATE_FILE)  # 0600 from the start, not at first use
         except BaseException:
-            # Both files were created here (O_EXCL): a failed init leaves nothing behind.
-            if path.exists():
-                path.unlink()
-            key_path(path).unlink(missing_ok=True)
+            # Every file was created here (O_EXCL): a failed init leaves nothing behind.
+            for made in (path, lock_path(path), key_path(path)):
+                made.unlink(missing_ok=True)
             raise
     except OSError as exc:
         raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
@@ -133,6 +147,18 @@ def init_ledger(
         with ledger.locked():
             ledger.require_witnesses()
     return ledger
+
+
+def _damaged(path: Path, exc: LedgerError) -> LedgerError:
+    """What ``repair`` found when a complete entry breaks a rule: not an interrupted write."""
+    if exc.seq == 0 and exc.kind is None:
+        return not_a_ledger(path, exc)
+    return LedgerError(
+        f"cannot repair the ledger {path}: its entry {exc.seq} is damaged ({exc.reason}). Only an "
+        "incomplete last entry (an interrupted write) can be repaired; a complete entry that breaks a "
+        "rule means the file was altered (tampering) or the disk corrupted it. Nothing was changed: "
+        "restore the ledger from its backup, and have the auditors compare the two"
+    )
 
 
 @dataclass(frozen=True)
@@ -152,22 +178,28 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
     SHA-256. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
 
     Returns:
-        What was dropped, or None if the ledger ends in a complete entry (nothing to repair).
+        What was dropped, or None if the ledger ends in a complete entry and verifies (nothing
+        to repair).
 
     Raises:
-        LedgerError: The ledger is missing or unwritable, a complete entry breaks a rule (that is
-            not a torn write: nothing is changed), or it holds no complete entry.
+        LedgerError: The ledger is missing, empty, not a ledger or unwritable; a complete entry
+            breaks a rule (damage in the middle, not a torn write: the message names the entry and
+            says to restore the ledger from its backup; nothing is changed); or it holds no
+            complete entry.
     """
     path = Path(path)
     check_ledger_file(path)
-    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         data = path.read_bytes()
-        if not data or data.endswith(b"\n"):
-            return None
         cut = data.rfind(b"\n") + 1
-        state = replay(data[:cut])
+        try:
+            state = replay(data[:cut])
+        except LedgerError as exc:
+            raise _damaged(path, exc) from None
+        if data.endswith(b"\n"):
+            return None
         if state.size == 0:
             raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
                               "and its key file, and run `phsafe ledger init` again")

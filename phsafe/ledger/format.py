@@ -44,6 +44,23 @@ Policy, datasets and versions
     same records cannot be released under a second name. ``CAP_RAISED`` (name, new cap, reason)
     raises one dataset's cap above the policy cap; caps are never lowered.
 
+Overlap between datasets
+    A ``DATASET_VERSION`` of a confidential ledger may carry ``sketch``: a keyed sketch of the
+    version's person records (:mod:`phsafe.overlap`: the number of records and sorted 48-bit
+    HMAC tags, under the lineage key, of a consistent sample of them), recorded by every run that
+    declares a version. Its estimated share of records that another dataset's declared versions
+    also hold must not exceed 1% (:data:`phsafe.overlap.OVERLAP_LIMIT`) -- else the records are a
+    version of that dataset and run under its name and cap -- unless the entry carries
+    ``overlap``: ``{"dataset": the other dataset with the largest share, "share": that share in
+    percent, "reason": why these records are another dataset, e.g. a disjoint population}``. An
+    ``overlap`` where no share exceeds the limit is refused, as is one that names another
+    dataset or share than the sketches give: the ledger records a relation exactly when there is
+    one. The sketches are confidential like the fingerprints: never published.
+
+    ``LEDGER_INIT`` may also fix ``ledger_cap``: a cap on the spends of all the ledger's datasets
+    together (their odometers summed), checked wherever a dataset's cap is -- a run's start, a
+    resume, a re-spend. Unlike a dataset's cap it is never raised.
+
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
     writer reads (and verifies) whatever other processes appended since it last looked, appends its
@@ -284,6 +301,8 @@ FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
 OPTIONAL_FIELDS: dict[EntryKind, frozenset[str]] = {
+    EntryKind.LEDGER_INIT: frozenset({"ledger_cap"}),
+    EntryKind.DATASET_VERSION: frozenset({"sketch", "overlap"}),
     EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
     EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
 }
@@ -351,9 +370,26 @@ def is_safe_relpath(rel: Any) -> bool:
 
 
 def clean_text(text: str) -> str:
-    """A single printable line of at most 500 characters (what the ledger accepts)."""
+    """A single printable line of at most 500 characters (what the ledger accepts).
+
+    For the package's own fixed messages (a failure's reason); an operator's text goes through
+    :func:`operator_text`, which refuses what is too long instead of cutting it."""
     cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text)).strip()
     return cleaned[:MAX_TEXT]
+
+
+def operator_text(text: str | None, what: str) -> str:
+    """An operator's reason as the ledger records it: one printable line (other characters
+    become spaces); "" when none. ``what`` names it in the refusal (``--cap-reason``).
+
+    Raises:
+        LedgerError: It is longer than :data:`MAX_TEXT` characters: refused, never cut.
+    """
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in str(text or "")).strip()
+    if len(cleaned) > MAX_TEXT:
+        raise LedgerError(f"{what} is {len(cleaned)} characters long; the ledger records at most {MAX_TEXT} "
+                          "(never cut): shorten it")
+    return cleaned
 
 
 # --------------------------------------------------------------------------------------------
@@ -398,7 +434,8 @@ def parse_line(line: bytes, *, seq: int, prev: str, first_format: bool) -> dict[
         except ValueError:
             raise LedgerRuleViolation(f"unknown kind {kind_text!r}") from None
         expected = COMMON_FIELDS | body_fields(kind_enum, first_format=first_format)
-        optional = frozenset() if first_format else OPTIONAL_FIELDS.get(kind_enum, frozenset())
+        policy_entry = kind_enum in (EntryKind.LEDGER_INIT, EntryKind.LEDGER_MIGRATED)  # sets the format itself
+        optional = frozenset() if first_format and not policy_entry else OPTIONAL_FIELDS.get(kind_enum, frozenset())
         for name in optional & set(entry):
             if entry[name] is None:
                 raise LedgerRuleViolation(f"{name} is null: an optional field is left out, never written as null")

@@ -32,6 +32,7 @@ class Policy:
         non_confidential: A throwaway ledger for synthetic or public data.
         key_id: Identifies the lineage key (``<ledger>.key``) without revealing it.
         seq: The entry that set the policy (0, or the ``LEDGER_MIGRATED`` entry).
+        ledger_cap: The cap on all datasets' spends together, if ``ledger init`` set one.
     """
 
     ledger_id: str
@@ -41,6 +42,7 @@ class Policy:
     non_confidential: bool
     key_id: str
     seq: int
+    ledger_cap: Amount | None = None
 
 
 def convert(budget: Amount, source: PrivacyDefinition, unit: PrivacyDefinition) -> Amount:

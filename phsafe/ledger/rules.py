@@ -34,6 +34,7 @@ from phsafe.amounts import (
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import LedgerRuleViolation
 from phsafe.iterations import PopulationGroupLevel
+from phsafe.overlap import OVERLAP_LIMIT, overlap_share, percent, sketch_problem
 from phsafe.ledger.format import (
     FORMAT,
     NAME,
@@ -100,9 +101,12 @@ def policy_fields(e: Mapping[str, Any]) -> tuple[PrivacyDefinition, Amount, str,
 def set_policy(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     """Check the policy fields; the commit makes them the ledger's policy."""
     defn, cap, reason, non_conf = policy_fields(e)
+    ledger_cap = amount_field(e, "ledger_cap") if "ledger_cap" in e else None
+    if ledger_cap is not None and (is_infinite(ledger_cap) or ledger_cap <= 0 or non_conf):
+        raise LedgerRuleViolation("ledger_cap must be a positive finite amount, in a confidential ledger only")
 
     def commit() -> None:
-        state.policy = Policy(e["ledger_id"], defn, cap, reason, non_conf, e["key_id"], e["seq"])
+        state.policy = Policy(e["ledger_id"], defn, cap, reason, non_conf, e["key_id"], e["seq"], ledger_cap)
 
     return commit
 
@@ -190,13 +194,83 @@ def check_dataset_version(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     reason = e["reason"]
     if not is_text(reason) or not reason.strip():
         raise LedgerRuleViolation("a dataset version needs a reason (a non-empty short string)")
+    sketch, overlap = e.get("sketch"), e.get("overlap")
+    check_overlap(state, name, sketch, overlap, non_confidential=policy.non_confidential)
 
     def commit() -> None:
         ds = state.dataset_states.setdefault(name, DatasetState(name, policy.lifetime_cap))
-        ds.versions.append(DatasetVersion(e["seq"], e["time"], fp, reason))
+        ds.versions.append(DatasetVersion(e["seq"], e["time"], fp, reason, sketch, overlap))
         state.fingerprints[fp] = name
 
     return commit
+
+
+def ledger_total_after(state: LedgerState, dataset: str, dataset_after: Amount) -> Amount:
+    """All datasets' spends together once ``dataset``'s odometer is ``dataset_after``."""
+    unit = needs_policy(state).privacy_defn
+    others: Amount = Fraction(0)
+    for run in state.runs.values():
+        if run.account != dataset:
+            others = add_amounts(others, run.charge(unit))
+    return add_amounts(others, dataset_after)
+
+
+def check_ledger_cap(state: LedgerState, dataset: str, dataset_after: Amount, what: str) -> None:
+    """The ledger-wide cap, if ``ledger init`` set one, admits ``dataset``'s odometer at ``dataset_after``."""
+    policy = needs_policy(state)
+    if policy.ledger_cap is None or policy.non_confidential:
+        return
+    total = ledger_total_after(state, dataset, dataset_after)
+    if amount_exceeds(total, policy.ledger_cap):
+        raise LedgerRuleViolation(f"{what} exceeds the ledger-wide cap: all datasets' spends would be "
+                                  f"{format_exact(total)} > ledger cap {format_exact(policy.ledger_cap)}")
+
+
+def check_overlap(state: LedgerState, name: str, sketch: Any, overlap: Any, *, non_confidential: bool) -> None:
+    """A new version's sketch, and ``overlap`` exactly when its records overlap another dataset's
+    beyond the limit (see "Overlap between datasets")."""
+    if sketch is None:
+        if overlap is not None:
+            raise LedgerRuleViolation("overlap is declared without a sketch of the records")
+        return
+    if non_confidential:
+        raise LedgerRuleViolation("a non-confidential ledger records no sketch")
+    problem = sketch_problem(sketch)
+    if problem:
+        raise LedgerRuleViolation(problem)
+    found = largest_overlap(state, name, sketch)
+    if found is None:
+        if overlap is not None:
+            raise LedgerRuleViolation("overlap is declared, but these records overlap no other dataset's beyond "
+                                      f"{percent(OVERLAP_LIMIT)}")
+        return
+    other, share = found
+    if overlap is None:
+        raise LedgerRuleViolation(f"about {percent(share)} of these records are also in dataset {other!r}: a version "
+                                  "whose records overlap another dataset's must declare overlap")
+    if not isinstance(overlap, Mapping) or set(overlap) != {"dataset", "share", "reason"}:
+        raise LedgerRuleViolation("overlap must be an object with dataset, share and reason")
+    if overlap["dataset"] != other or overlap["share"] != percent(share):
+        raise LedgerRuleViolation(f"overlap names dataset {overlap['dataset']!r} at {overlap['share']!r}; the sketches "
+                                  f"give {other!r} at {percent(share)!r}")
+    if not is_text(overlap["reason"]) or not overlap["reason"].strip():
+        raise LedgerRuleViolation("overlap needs a reason (a non-empty short string)")
+
+
+def largest_overlap(state: LedgerState, name: str, sketch: Mapping[str, Any]) -> tuple[str, Fraction] | None:
+    """The other dataset whose declared versions share the largest part of ``sketch``'s records,
+    and that share -- when it exceeds the limit; else None."""
+    best: tuple[str, Fraction] | None = None
+    for other, ds in sorted(state.dataset_states.items()):
+        if other == name:
+            continue
+        for version in ds.versions:
+            if version.sketch is None:
+                continue
+            share = overlap_share(sketch, version.sketch)
+            if share > OVERLAP_LIMIT and (best is None or share > best[1]):
+                best = (other, share)
+    return best
 
 
 def check_tail_repaired(state: LedgerState, e: Mapping[str, Any]) -> Commit:
@@ -310,6 +384,7 @@ def check_run_started(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     if not policy.non_confidential and amount_exceeds(add_amounts(odometer, reserved), cap):
         raise LedgerRuleViolation(f"run exceeds dataset {name}'s lifetime cap: spent {format_exact(odometer)} + "
                                   f"planned {format_exact(reserved)} > cap {format_exact(cap)}")
+    check_ledger_cap(state, name, add_amounts(odometer, reserved), "run")
 
     def commit() -> None:
         state.runs[run.run_id] = run
@@ -359,6 +434,8 @@ def check_intent(state: LedgerState, e: Mapping[str, Any]) -> Commit:
             f"re-spending {key} exceeds the lifetime cap: the dataset's odometer would be "
             f"{format_exact(after)} > cap {format_exact(cap)}"
         )
+    if after is not None:
+        check_ledger_cap(state, run.dataset or "", after, f"re-spending {key}")
 
     def commit() -> None:
         run.intents.setdefault(key, []).append(e["seq"])
@@ -563,6 +640,7 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
             f"resumed run exceeds the lifetime cap: the dataset's odometer with the run reserved "
             f"again is {format_exact(after)} > cap {format_exact(cap)}"
         )
+    check_ledger_cap(state, run.dataset or "", after, "resumed run")
     raised = state.dataset_states.get(run.dataset or "")
     return resume_commit(e, run, cap, raised.cap_reason if raised else None)
 

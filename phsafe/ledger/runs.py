@@ -14,7 +14,9 @@ from typing import Any, Mapping
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
 from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
-from phsafe.ledger.format import EntryKind, clean_text, planned_item
+from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
+from phsafe.ledger.rules import largest_overlap, ledger_total_after
+from phsafe.overlap import OVERLAP_LIMIT, percent
 from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
 from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
 from phsafe.ledger.state import LedgerState, Orchestration, RunState, RunStatus
@@ -42,8 +44,9 @@ class Ledger(LedgerFile):
 
     # -- datasets -----------------------------------------------------------------------------
 
-    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None):
-        reason = clean_text(reason or "")
+    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None,
+                        what: str = "the reason"):
+        reason = operator_text(reason, what)
         current = state.dataset_cap(dataset)
         if not amount_exceeds(cap, current):
             raise BudgetError(
@@ -68,7 +71,17 @@ class Ledger(LedgerFile):
         check_dataset_name(dataset)
         with self.locked() as state:
             self._needs_policy(state)
-            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason)])[0]
+            known = state.dataset_states.get(dataset)
+            if not (known and known.versions) and not any(r.dataset == dataset for r in state.runs.values()):
+                names = sorted({n for n, d in state.dataset_states.items() if d.versions}
+                               | {r.dataset for r in state.runs.values() if r.dataset})
+                listed = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "none yet"
+                raise LedgerError(
+                    f"the ledger {self.path} knows no dataset {dataset!r} (its datasets: {listed}): check the name; "
+                    f"a new dataset's cap is raised by its first run ({option('lifetime_cap')} with "
+                    f"{option('cap_reason')})"
+                )
+            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason, "--reason")])[0]
 
     def _needs_policy(self, state: LedgerState) -> Policy:
         if state.policy is None:
@@ -98,6 +111,8 @@ class Ledger(LedgerFile):
         cap_raise: tuple[Amount, str | None] | None = None,
         re_release: str | None = None,
         orchestration: Orchestration | None = None,
+        sketch: Mapping[str, Any] | None = None,
+        overlap_reason: str | None = None,
     ) -> "RunRecorder":
         """Check the dataset, its version and its lifetime cap, and record RUN_STARTED, atomically.
 
@@ -122,6 +137,10 @@ class Ledger(LedgerFile):
                 or is releasing (recorded). Ignored, and not recorded, when no other run claims
                 them.
             orchestration: The flow run that runs this attempt (recorded).
+            sketch: The keyed sketch of the records (:func:`phsafe.overlap.keyed_sketch`),
+                recorded with a new version of a confidential ledger's dataset.
+            overlap_reason: Why records that overlap another dataset's beyond the limit are a
+                version of this dataset (recorded with the overlap; refused where none).
 
         Raises:
             AlreadyReleasedError: Another run released these records, or is releasing them, and
@@ -159,7 +178,7 @@ class Ledger(LedgerFile):
             cap = state.dataset_cap(dataset)
             if cap_raise is not None:
                 cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1]))
+                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1], option("cap_reason")))
             owner = state.fingerprints.get(fingerprint)
             if owner is not None and owner != dataset:
                 raise BudgetError(
@@ -167,7 +186,7 @@ class Ledger(LedgerFile):
                     f"records cannot be released under a second name ({dataset!r}); run them as {owner!r}"
                 )
             if owner is None:
-                if not new_version or not clean_text(new_version):
+                if not operator_text(new_version, option("new_version")):
                     known = state.dataset_states.get(dataset)
                     seen = (f"it has {len(known.versions)} declared version(s), and these records match none"
                             if known and known.versions else "it has no declared version yet")
@@ -176,8 +195,14 @@ class Ledger(LedgerFile):
                         f"new version of {dataset!r}, say so and why with {option('new_version')} (recorded "
                         "in the ledger); if they belong to another dataset, run them under its name"
                     )
-                items.append((EntryKind.DATASET_VERSION, None, {
-                    "dataset": dataset, "fingerprint": fingerprint, "reason": clean_text(new_version)}))
+                version: dict[str, Any] = {"dataset": dataset, "fingerprint": fingerprint,
+                                           "reason": operator_text(new_version, option("new_version"))}
+                if sketch is not None and not non_confidential:
+                    version["sketch"] = dict(sketch)
+                    relation = self._overlap_field(state, dataset, sketch, overlap_reason)
+                    if relation is not None:
+                        version["overlap"] = relation
+                items.append((EntryKind.DATASET_VERSION, None, version))
             declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
             if declared:
                 body["re_release"] = declared
@@ -195,11 +220,40 @@ class Ledger(LedgerFile):
                     f"with {option('lifetime_cap')} and say why with {option('cap_reason')} (both are recorded "
                     "in the ledger)."
                 )
+            if not non_confidential and policy.ledger_cap is not None:
+                total = ledger_total_after(state, dataset, need)
+                if amount_exceeds(total, policy.ledger_cap):
+                    raise BudgetError(
+                        f"privacy-loss budget refused by the ledger-wide cap {format_exact(policy.ledger_cap)} "
+                        f"(set at ledger init, over all datasets): with this run's {format_exact(probe)} all "
+                        f"datasets would have spent {format_exact(total)}. Spends are never refunded"
+                    )
             body.update(lifetime_cap=format_exact(cap), spent_before=format_exact(spent))
             items.append((EntryKind.RUN_STARTED, run_id, body))
             self.append_entries(items)
             self.require_witnesses()  # a fork or a stale copy is refused here, before any INTENT
         return RunRecorder(self, run_id, plan)
+
+    @staticmethod
+    def _overlap_field(state: LedgerState, dataset: str, sketch: Mapping[str, Any],
+                       reason: str | None) -> dict[str, str] | None:
+        """The ``overlap`` to record with a new version, or None; refuses an undeclared overlap."""
+        found = largest_overlap(state, dataset, sketch)
+        reason = operator_text(reason, option("overlap_reason"))
+        if found is None:
+            if reason:
+                raise BudgetError(f"{option('overlap_reason')} is given, but these records overlap no other dataset's "
+                                  f"beyond {percent(OVERLAP_LIMIT)}: nothing to declare (remove it)")
+            return None
+        other, share = found
+        if not reason:
+            raise BudgetError(
+                f"about {percent(share)} of these records are also in dataset {other!r} (more than "
+                f"{percent(OVERLAP_LIMIT)}): if they are a new version of {other!r}, run them as {other!r} "
+                f"({option('dataset')} {other} {option('new_version')} REASON: its cap applies); if they are "
+                f"another population, say why with {option('overlap_reason')} (recorded in the ledger)"
+            )
+        return {"dataset": other, "share": percent(share), "reason": reason}
 
     @staticmethod
     def _re_release_field(state: LedgerState, policy: Policy, dataset: str, fingerprint: str,
@@ -208,7 +262,7 @@ class Ledger(LedgerFile):
         claims = state.release_claims(dataset, fingerprint, besides=besides)
         if not claims:
             return None  # the one release of these records: nothing to declare
-        reason = clean_text(reason or "")
+        reason = operator_text(reason, option("re_release"))
         if reason or policy.non_confidential or (resuming is not None and resuming.re_release):
             return reason or None
         other = claims[0]
@@ -281,7 +335,7 @@ class Ledger(LedgerFile):
             BudgetError: A bad cap raise, or the dataset's odometer with the run reserved again
                 would exceed its cap. Nothing is appended.
         """
-        reason = clean_text(reason)
+        reason = operator_text(reason, option("resume_reason"))
         if not reason:
             raise LedgerError(f"give the reason for resuming run {run_id} ({option('resume_reason')}); it is recorded")
         with self.locked() as state:
@@ -319,7 +373,7 @@ class Ledger(LedgerFile):
             cap = state.cap_of(run)
             if cap_raise is not None:
                 cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1]))
+                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1], option("cap_reason")))
             after = state.resume_odometer(run)
             if not run.non_confidential and amount_exceeds(after, cap):
                 raise BudgetError(

@@ -300,6 +300,10 @@ class DatasetVersion:
     time: str
     fingerprint: str
     reason: str
+    sketch: dict[str, Any] | None = None
+    """The keyed sketch of its person records (:mod:`phsafe.overlap`), when recorded."""
+    overlap: dict[str, Any] | None = None
+    """The declared relation to another dataset whose records it overlaps, when there is one."""
 
 
 @dataclass

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Self
 
-from phsafe.errors import LedgerError, os_reason
+from phsafe.errors import LedgerError, TornTailError, os_reason
 from phsafe.ledger.format import EntryKind, canonical_json, entry_hash, now
 from phsafe.ledger.replay import apply, apply_all
 from phsafe.ledger.state import LedgerState
@@ -57,11 +57,15 @@ def check_ledger_file(path: Path, *, write: bool = True) -> None:
         LedgerError: Saying what is wrong and what to do.
     """
     path = Path(path)
-    if regular_file(path, "the ledger") is None:
+    st = regular_file(path, "the ledger")
+    if st is None:
         raise LedgerError(
             f"the ledger {path} does not exist. A ledger is created once, before any data is seen: "
             f"`phsafe ledger init {path} --lifetime-cap RHO --reason TEXT`"
         )
+    if st.st_size == 0:
+        raise LedgerError(f"{path} is empty (0 bytes; entry 0: missing): it is not a ledger, which always holds at "
+                          "least the entry that created it. Give the right file, or restore the ledger from its backup")
     lock = lock_path(path)
     lock_exists = regular_file(lock, "the ledger's lock file") is not None
     try:
@@ -81,6 +85,38 @@ def check_ledger_file(path: Path, *, write: bool = True) -> None:
         raise LedgerError(f"cannot {'append to' if write else 'read'} the ledger {path}: {os_reason(exc)}") from None
 
 
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+
+
+def make_private_folders(folder: Path) -> None:
+    """Create ``folder`` and any missing parent, each of mode 0700 (whatever the umask); existing
+    folders are left as they are."""
+    folder = Path(folder)
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=PRIVATE_FOLDER)
+        except FileExistsError:
+            continue
+        os.chmod(path, PRIVATE_FOLDER)
+
+
+def check_private(path: Path, what: str) -> None:
+    """Refuse a confidential file (the ledger, its lineage key) that others may read or write.
+
+    Raises:
+        LedgerError: One line saying what to run to fix it.
+    """
+    st = regular_file(path, what)
+    if st is not None and st.st_mode & 0o077:
+        raise LedgerError(f"{what} {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}); it is "
+                          f"confidential: make it private to its owner with `chmod 600 {path}`, then run again")
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -93,6 +129,7 @@ def write_new_file(path: Path, data: bytes, mode: int) -> None:
     """Create ``path`` (it must not exist), write ``data``, fsync it and its folder."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
+        os.fchmod(fd, mode)  # exactly ``mode``: the umask neither loosens nor tightens it
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
@@ -125,8 +162,19 @@ def read_ledger(path: Path) -> LedgerState:
     except OSError as exc:
         raise LedgerError(f"cannot read the ledger {path}: {os_reason(exc)}") from None
     state = LedgerState()
-    apply_all(state, data)
+    try:
+        apply_all(state, data)
+    except LedgerError as exc:
+        raise not_a_ledger(path, exc) from None
     return state
+
+
+def not_a_ledger(path: Path, exc: LedgerError) -> LedgerError:
+    """``exc``, or -- when the file's very first line is no ledger entry -- that it is not a ledger."""
+    if exc.seq != 0 or isinstance(exc, TornTailError) or exc.kind is not None:
+        return exc
+    return LedgerError(f"{path} is not a ledger: its first line (entry 0) is not a ledger entry ({exc.reason}). Give the "
+                       "right file, or restore the ledger from its backup")
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,7 +232,7 @@ class LedgerFile:
         """Hold the process lock and the file lock, with the state caught up with the file."""
         with self._mutex:
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
             except OSError as exc:
                 raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
             try:
@@ -219,7 +267,10 @@ class LedgerFile:
         def advance(line: bytes) -> None:
             self._offset += len(line) + 1
 
-        apply_all(self._state, data, advance)
+        try:
+            apply_all(self._state, data, advance)
+        except LedgerError as exc:
+            raise (not_a_ledger(self.path, exc) if self._offset == 0 else exc) from None
 
     def _reload(self) -> None:
         """Forget the in-memory state and replay the file (after a failed append)."""

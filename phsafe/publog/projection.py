@@ -12,9 +12,11 @@ ledger entry           public ``type``      fields besides ``type`` and ``time``
 LEDGER_INIT            ``policy``           ``format`` (this log's, :data:`PUBLIC_FORMAT`),
                                             ``ledger_id``, ``privacy_defn`` (the unit of every
                                             cap and charge), ``lifetime_cap`` (every dataset's),
-                                            ``non_confidential``, ``reason``, ``code_version``
+                                            ``non_confidential``, ``reason``, ``code_version``,
+                                            ``ledger_cap`` (all datasets together; when set)
 DATASET_VERSION        ``dataset-version``  ``dataset``, ``version`` (1, 2, ... per dataset),
-                                            ``reason``
+                                            ``reason``, ``overlap`` (when declared: the other
+                                            ``dataset`` and the ``reason``, never the share)
 CAP_RAISED             ``cap-raised``       ``dataset``, ``lifetime_cap``, ``reason``
 TAIL_REPAIRED          ``ledger-repaired``  ``reason``
 RUN_STARTED            ``run-started``      ``run_id``, ``dataset``, ``privacy_defn``,
@@ -114,16 +116,24 @@ class Projector:
             raise LedgerError("the ledger was written before ledgers had a policy (it does not begin with "
                               "LEDGER_INIT): it has no public privacy-loss log")
         if kind is EntryKind.LEDGER_INIT:
-            return {**base, "type": "policy", "format": PUBLIC_FORMAT, "ledger_id": e["ledger_id"],
-                    "privacy_defn": e["privacy_defn"], "lifetime_cap": e["lifetime_cap"],
-                    "non_confidential": e["non_confidential"], "reason": e["reason"],
-                    "code_version": e["code_version"]}
+            policy = {**base, "type": "policy", "format": PUBLIC_FORMAT, "ledger_id": e["ledger_id"],
+                      "privacy_defn": e["privacy_defn"], "lifetime_cap": e["lifetime_cap"],
+                      "non_confidential": e["non_confidential"], "reason": e["reason"],
+                      "code_version": e["code_version"]}
+            if "ledger_cap" in e:  # the cap on all datasets together, when the policy has one
+                policy["ledger_cap"] = e["ledger_cap"]
+            return policy
         if kind is EntryKind.LEDGER_MIGRATED:  # never after LEDGER_INIT (the ledger's rules)
             raise LedgerError("a migrated ledger has no public privacy-loss log")
         if kind is EntryKind.DATASET_VERSION:
             self._versions[e["dataset"]] += 1
-            return {**base, "type": "dataset-version", "dataset": e["dataset"],
-                    "version": self._versions[e["dataset"]], "reason": e["reason"]}
+            version = {**base, "type": "dataset-version", "dataset": e["dataset"],
+                       "version": self._versions[e["dataset"]], "reason": e["reason"]}
+            if "overlap" in e:
+                # The declared relation is public; its measured share is not (a statistic of the
+                # confidential records, as the keyed sketches it comes from).
+                version["overlap"] = {"dataset": e["overlap"]["dataset"], "reason": e["overlap"]["reason"]}
+            return version
         if kind is EntryKind.CAP_RAISED:
             return {**base, "type": "cap-raised", "dataset": e["dataset"], "lifetime_cap": e["lifetime_cap"],
                     "reason": e["reason"]}

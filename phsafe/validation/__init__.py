@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from phsafe.errors import PHSafeError, ValidationMachineryError
+from phsafe.errors import PHSafeError, ValidationMachineryError, cause_in_words
 from phsafe.validation._report import Failure, ValidationReport
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
     except PHSafeError:
         raise
     except Exception as exc:  # noqa: BLE001 -- its message may hold a value: not chained
-        raise ValidationMachineryError(f"{stage} could not complete ({type(exc).__name__})") from None
+        raise ValidationMachineryError(f"{stage} could not complete: {cause_in_words(exc)}") from None
 
 
 def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,

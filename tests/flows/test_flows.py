@@ -358,7 +358,7 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
     from phsafe import engine
     from phsafe.errors import BudgetError, option
 
-    def refuse(run, plan, digests, fingerprint):
+    def refuse(run, plan, digests, fingerprint, sketch=None):
         raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
 
     monkeypatch.setattr(engine, "open_run_in_ledger", refuse)
@@ -523,3 +523,40 @@ def test_no_artifact_log_or_result_holds_a_plain_function_of_the_inputs(tmp_path
             tokens.update((token.lower(), token.lower()[:16]))
     assert tokens  # artifacts carry digests (of the noisy tables) and the checkpoint: material
     assert Attack(data, STATES, config).matches(tokens) == []
+
+
+def test_flow_retry_does_not_record_a_file_planted_in_the_release_folder(tmp_path, monkeypatch):
+    """A worker lost after the release was renamed into place, before the ledger recorded it; an
+    insider drops a file into the folder. Retry goes through the publish step's check: the folder
+    is refused, unrecorded; once it holds only the release, Retry records it."""
+    from flows.sdhc import us_flow
+    from phsafe import engine
+
+    ledger = tmp_path / "us-ledger.jsonl"
+    original = engine.publish_release
+
+    def lost_after_rename(*args, **kwargs):  # noqa: ANN002, ANN003
+        original(*args, **kwargs)
+        raise OSError(5, "Input/output error")  # the worker's disk failed right after the rename
+
+    monkeypatch.setattr(engine, "publish_release", lost_after_rename)
+    failed = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert failed.is_failed()
+    monkeypatch.undo()
+    (run_id,) = {e["run_id"] for e in _ledger_entries(ledger) if e["kind"] == "RUN_STARTED"}
+    out = tmp_path / "out" / run_id
+    assert (out / "manifest.json").is_file()
+    (out / "PH1_num" / "LISTING.csv").write_text("MAFID,NAME\n100000001,Jane Doe\n")
+
+    refused = retry(us_flow, failed)
+    assert refused.is_failed()
+    first_line = refused.message.splitlines()[0]
+    assert "PH1_num/LISTING.csv" in first_line and "not part of run" in first_line, refused.message
+    assert "OUTPUTS_PUBLISHED" not in {e["kind"] for e in _ledger_entries(ledger)}
+
+    (out / "PH1_num" / "LISTING.csv").unlink()
+    state = retry(us_flow, refused)
+    assert state.is_completed(), state.message
+    assert state.result()["measurements"]["drawn"] == 0
+    assert [e["kind"] for e in _ledger_entries(ledger)].count("OUTPUTS_PUBLISHED") == 1
+    _verify(ledger, out)

@@ -2,8 +2,9 @@
 
     python -m tests.system._fault_driver MODE POINT -- phsafe arguments...
 
-MODE is ``kill`` (SIGKILL: the process vanishes) or ``raise`` (an exception the run handles as a
-failure). POINT is ``append:K`` (just after the K-th ledger append returned: the entries are
+MODE is ``kill`` (SIGKILL: the process vanishes), ``raise`` (an exception the run handles as a
+failure), or ``sigint`` / ``sigterm`` (the signal an operator's Ctrl-C or a ``kill`` sends: the run
+goes on to its next safe point). POINT is ``append:K`` (just after the K-th ledger append returned: the entries are
 durable, nothing after them happened) or ``renamed`` (just after the release was renamed into
 place, before the ledger recorded it), ``log-append:K`` (the K-th append to the public log, before
 it wrote anything: the ledger's entries are durable, the log is behind) or ``log-torn:K`` (the same,
@@ -22,6 +23,9 @@ class Injected(RuntimeError):
 
 
 def _fail(mode: str) -> None:
+    if mode in ("sigint", "sigterm"):
+        os.kill(os.getpid(), signal.SIGINT if mode == "sigint" else signal.SIGTERM)
+        return
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise Injected("injected failure")
@@ -66,6 +70,14 @@ def main(argv: list[str]) -> int:
             return original_log_append(self, entries)
 
         LogDirectory.append = log_append
+    elif point == "reading":  # once the inputs are read, before the run can spend
+        original_digest = phsafe.engine.fingerprint_inputs
+
+        def digest(*a, **k):  # noqa: ANN001
+            _fail(mode)
+            return original_digest(*a, **k)
+
+        phsafe.engine.fingerprint_inputs = digest
     elif point == "renamed":
         original_publish = phsafe.engine.publish_release
 

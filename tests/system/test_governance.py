@@ -329,7 +329,7 @@ def test_a_changed_record_is_a_new_version_of_the_same_dataset(world: dict, tmp_
     ledger.parent.mkdir()
     for suffix in ("", ".key", ".log.key"):
         Path(f"{ledger}{suffix}").write_bytes(Path(f"{world['ledger']}{suffix}").read_bytes())
-    Path(f"{ledger}.log.key").chmod(0o600)
+        Path(f"{ledger}{suffix}").chmod(0o600)  # confidential: a copy stays private to its owner
     shutil.copytree(f"{world['ledger']}.public-log", f"{ledger}.public-log")  # the ledger's public log goes with it
     spent = intents(ledger)
     changed = tmp_path / "changed"

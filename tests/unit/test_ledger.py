@@ -638,7 +638,8 @@ def test_repair_never_touches_a_broken_complete_line(tmp_path: Path) -> None:
     lines[1] = lines[1].replace(b'"reason":"first version"', b'"reason":"first versioN"')
     broken = b"\n".join(lines)
     ledger.path.write_bytes(broken)
-    assert repair_ledger(ledger.path) is None
+    with pytest.raises(LedgerError, match="entry 1 is damaged .* restore the ledger from its backup"):
+        repair_ledger(ledger.path)  # damage in the middle, though the ledger ends in a complete entry
     assert ledger.path.read_bytes() == broken
     ledger.path.write_bytes(broken + b'{"seq":3,')
     with pytest.raises(LedgerError, match="entry 1") as info:
@@ -752,8 +753,14 @@ def test_raised_cap_needs_a_reason_which_is_recorded(tmp_path: Path) -> None:
     assert [(c.seq, c.reason) for c in ds.raises] == [(raised["seq"], "approved re-release, memo 42")]
 
 
+def _known(ledger: Ledger, dataset: str = DATASET, **kw: Any) -> Ledger:
+    """``dataset`` declared in ``ledger`` (its first version, by a run that failed before spending)."""
+    start(ledger, PLAN, f"declare-{dataset}", dataset=dataset, **kw).fail("declared for the test")
+    return ledger
+
+
 def test_a_cap_is_only_ever_raised(tmp_path: Path) -> None:
-    ledger = new_ledger(tmp_path, cap=1)
+    ledger = _known(new_ledger(tmp_path, cap=1))
     size = ledger.path.stat().st_size
     for cap in (Fraction(1), Fraction(1, 2)):
         with pytest.raises(BudgetError, match="only ever raised"):
@@ -776,12 +783,50 @@ def test_a_cap_is_only_ever_raised(tmp_path: Path) -> None:
     state = read_ledger(ledger.path)
     assert state.dataset_cap(DATASET) == 2 and state.dataset_cap("other") == 1
     # A non-confidential ledger may raise to Infinity.
-    synthetic = new_ledger(tmp_path, cap=1, non_confidential=True, name="synthetic.jsonl")
+    synthetic = _known(new_ledger(tmp_path, cap=1, non_confidential=True, name="synthetic.jsonl"),
+                       non_confidential=True)
     assert synthetic.raise_cap(DATASET, INFINITE, "demo")["lifetime_cap"] == "Infinity"
 
 
-def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) -> None:
+def test_raise_cap_needs_a_dataset_the_ledger_knows_and_a_reason_that_fits(tmp_path: Path) -> None:
+    """A typo in --dataset is refused, not recorded as a cap of a dataset nobody runs; a reason
+    over 500 characters is refused whole, never cut."""
     ledger = new_ledger(tmp_path, cap=1)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="knows no dataset 'test-data' .its datasets: none yet.: check the name"):
+        ledger.raise_cap(DATASET, Fraction(2), "memo")
+    _known(ledger)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="knows no dataset 'test-dta' .its datasets: test-data."):
+        ledger.raise_cap("test-dta", Fraction(2), "memo")
+    with pytest.raises(LedgerError, match="--reason is 5000 characters long; the ledger records at most 500 "
+                                          r"\(never cut\): shorten it"):
+        ledger.raise_cap(DATASET, Fraction(2), "x" * 5000)
+    assert ledger.path.stat().st_size == size
+    assert ledger.raise_cap(DATASET, Fraction(2), "y" * 500)["reason"] == "y" * 500
+
+
+def test_operator_reasons_over_the_limit_are_refused_not_cut(tmp_path: Path) -> None:
+    long = "r" * 501
+    with pytest.raises(LedgerError, match="--reason is 501 characters long"):
+        init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1),
+                    reason=long)
+    assert not (tmp_path / "l.jsonl").exists()
+    ledger = new_ledger(tmp_path, cap=1)
+    size = ledger.path.stat().st_size
+    with pytest.raises(LedgerError, match="--new-version is 501 characters long"):
+        start(ledger, PLAN, "run-1", new_version=long)
+    with pytest.raises(LedgerError, match="--cap-reason is 501 characters long"):
+        start(ledger, PLAN, "run-1", cap_raise=(Fraction(3), long))
+    assert ledger.path.stat().st_size == size
+    start(ledger, PLAN, "run-1").fail("stopped")
+    with pytest.raises(LedgerError, match="--resume-reason is 501 characters long"):
+        ledger.resume_run("run-1", config_digest="c" * 64, dataset=DATASET, fingerprint=FP_A, code_version="t",
+                          reason=long)
+
+
+def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) -> None:
+    ledger = _known(new_ledger(tmp_path, cap=1))
     ledger.raise_cap(DATASET, Fraction(2), "memo 1")
     data = ledger.path.read_bytes()
     for body, match in (
@@ -794,7 +839,7 @@ def test_replay_rejects_cap_raises_that_lower_or_have_no_reason(tmp_path: Path) 
     ):
         ledger.path.write_bytes(data)
         craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, **body})
-        rejected(ledger.path, 2, "CAP_RAISED", match)
+        rejected(ledger.path, len(data.splitlines()), "CAP_RAISED", match)
     ledger.path.write_bytes(data)
     craft(ledger.path, "CAP_RAISED", None, {"dataset": DATASET, "lifetime_cap": "3", "reason": "memo 2"})
     assert read_ledger(ledger.path).dataset_cap(DATASET) == 3  # the crafting itself is sound
@@ -1401,3 +1446,90 @@ def test_a_bad_signing_key_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(PHSafeError, match="is not a readable PEM public key"):
         ledger_mod.load_signing_key(pem, bad)
     assert ledger_mod.load_signing_key(pem) is not None
+
+
+def _sketch(tags: range, records: int | None = None) -> dict[str, Any]:
+    """A sketch as phsafe.overlap.keyed_sketch records it: the tags of the records' least hashes."""
+    listed = sorted(f"{t:012x}" for t in tags)
+    return {"records": len(listed) if records is None else records, "size": 512, "tags": listed}
+
+
+US = _sketch(range(512), 1000)  # 1000 person records; the sketch holds the 512 least
+NEAR = _sketch(range(1, 513), 999)  # the same records but one
+
+
+def test_records_that_overlap_another_dataset_need_a_declared_relation(tmp_path: Path) -> None:
+    """Issue 22: one person removed and a new name is not a new dataset with a fresh cap."""
+    from phsafe.overlap import overlap_share, percent
+
+    share = percent(overlap_share(NEAR, US))
+    assert share == "99.90%"
+    ledger = new_ledger(tmp_path, cap=1)
+    start(ledger, PLAN, "us-1", dataset="cef-us", sketch=US).fail("x")
+    start(ledger, PLAN, "pr-1", dataset="cef-pr", fingerprint=FP_B, sketch=_sketch(range(5000, 5400))).fail("x")
+    size = ledger.path.stat().st_size
+    with pytest.raises(BudgetError, match=r"about 99.90% of these records are also in dataset 'cef-us' .more than "
+                                          r"1.00%.: if they are a new version of 'cef-us', run them as 'cef-us'"):
+        start(ledger, PLAN, "copy-1", dataset="cef-copy", fingerprint="c3" * 32, sketch=NEAR)
+    assert ledger.path.stat().st_size == size
+    with pytest.raises(BudgetError, match="--overlap-reason is given, but these records overlap no other"):
+        start(ledger, PLAN, "new-1", dataset="cef-new", fingerprint="d4" * 32, sketch=_sketch(range(9000, 9500)),
+              overlap_reason="memo")
+    start(ledger, PLAN, "copy-1", dataset="cef-copy", fingerprint="c3" * 32, sketch=NEAR,
+          overlap_reason="a disjoint population, memo 7")
+    (version,) = read_ledger(ledger.path).dataset_states["cef-copy"].versions
+    assert version.overlap == {"dataset": "cef-us", "share": share, "reason": "a disjoint population, memo 7"}
+    # Up to 1% is allowed; exact while both datasets fit in a sketch, else scaled by the larger size.
+    assert overlap_share(_sketch(range(500)), _sketch(range(495, 995))) == Fraction(5, 500)
+    assert overlap_share(_sketch(range(512), 200_000), _sketch(range(502, 1014), 100_000)) == Fraction(10, 512)
+
+
+def test_replay_checks_the_overlap_of_every_declared_version(tmp_path: Path) -> None:
+    """audit verify: a version whose sketch overlaps another dataset's carries the relation, and
+    only then; a sketch of the wrong form is refused."""
+    ledger = new_ledger(tmp_path, cap=1)
+    start(ledger, PLAN, "us-1", dataset="cef-us", sketch=US).fail("x")
+    data = ledger.path.read_bytes()
+    relation = {"dataset": "cef-us", "share": "99.90%", "reason": "memo"}
+    for body, match in (
+        ({"sketch": NEAR}, "about 99.90% of these records are also in dataset 'cef-us'"),
+        ({"sketch": NEAR, "overlap": {**relation, "share": "50.00%"}}, "the sketches give 'cef-us' at '99.90%'"),
+        ({"sketch": _sketch(range(5000, 5100)), "overlap": relation}, "overlap no other dataset's beyond 1.00%"),
+        ({"sketch": {**NEAR, "tags": NEAR["tags"][::-1]}}, "sorted, distinct"),
+        ({"overlap": relation}, "overlap is declared without a sketch"),
+    ):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-copy", "fingerprint": FP_B, "reason": "x",
+                                                     **body})
+        rejected(ledger.path, len(data.splitlines()), "DATASET_VERSION", match)
+    ledger.path.write_bytes(data)
+    craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-copy", "fingerprint": FP_B, "reason": "x",
+                                                 "sketch": NEAR, "overlap": relation})
+    assert read_ledger(ledger.path).dataset_states["cef-copy"].versions[0].overlap == relation
+
+
+def test_a_ledger_wide_cap_bounds_all_datasets_together(tmp_path: Path) -> None:
+    """Issue 22: the cap is per dataset name; ``ledger init --ledger-cap`` adds one over them all,
+    enforced by the API and by replay (audit verify)."""
+    with pytest.raises(BudgetError, match="confidential ledger only"):
+        init_ledger(tmp_path / "nc.jsonl", lifetime_cap=INFINITE, reason="demo", non_confidential=True,
+                    ledger_cap=Fraction(1))
+    ledger = init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1), reason="policy",
+                         ledger_cap=Fraction(3, 4))
+    assert ledger.state.policy.ledger_cap == Fraction(3, 4)
+    rec = start(ledger, PLAN, "a-1", dataset="cef-a")
+    run_all(rec, PLAN)
+    publish(rec, tmp_path / "out-a")
+    size = ledger.path.stat().st_size
+    with pytest.raises(BudgetError, match=r"refused by the ledger-wide cap 0.75 .* all datasets would have spent 1\b"):
+        start(ledger, PLAN, "b-1", dataset="cef-b", fingerprint=FP_B)
+    assert ledger.path.stat().st_size == size
+    # Forced past the API, the same start is rejected on replay.
+    data = ledger.path.read_bytes()
+    first = of_kind(ledger.path, "RUN_STARTED")[0]
+    craft(ledger.path, "DATASET_VERSION", None, {"dataset": "cef-b", "fingerprint": FP_B, "reason": "x"})
+    entry = craft(ledger.path, "RUN_STARTED", "b-1", body_of(first, dataset="cef-b", fingerprint=FP_B,
+                                                               spent_before="0"))
+    rejected(ledger.path, entry["seq"], "RUN_STARTED", r"run exceeds the ledger-wide cap: all datasets' spends "
+                                                       r"would be 1 > ledger cap 0.75")
+    ledger.path.write_bytes(data)
