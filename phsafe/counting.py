@@ -995,15 +995,21 @@ class InputPass:
         if not out.any:
             return out
         for b in range(spilled.plan.buckets):
-            for encoded, _ in read_bucket(spilled.folder, "geo", b, ("MAFID", "TABBLKST")):
-                m, st = encoded["MAFID"], encoded["TABBLKST"]
-                kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
-                if st.kind is not None:
-                    kept |= st.kind != OK
-                if m.kind is not None:
-                    kept &= m.kind == OK
-                out.add_kept(m.values[kept])
+            for values in self._kept_geo_mafids(spilled, b):
+                out.add_kept(values)
         return out
+
+    def _kept_geo_mafids(self, spilled: "Spilled", bucket: int) -> Iterator[np.ndarray]:
+        """The well-formed MAFIDs of one geo bucket's rows that are kept (in a tabulated state,
+        or with a malformed state, which validation reports), batch by batch."""
+        for encoded, _ in read_bucket(spilled.folder, "geo", bucket, ("MAFID", "TABBLKST")):
+            m, st = encoded["MAFID"], encoded["TABBLKST"]
+            kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
+            if st.kind is not None:
+                kept |= st.kind != OK
+            if m.kind is not None:
+                kept &= m.kind == OK
+            yield m.values[kept]
 
     def _load_bucket(self, part: PassPart, spilled: "Spilled", bucket: int) -> tuple[PassPart, dict[str, object]]:
         """One bucket of a spilled partition, read back and joined (what :meth:`_partitions`
@@ -1252,14 +1258,7 @@ class InputPass:
         if not len(aside):
             return aside
         kept_too: list[np.ndarray] = []
-        for encoded, _ in read_bucket(spilled.folder, "geo", bucket, ("MAFID", "TABBLKST")):
-            m, st = encoded["MAFID"], encoded["TABBLKST"]
-            kept = self._state_index[st.values.astype(np.intp)] != NOT_TABULATED
-            if st.kind is not None:
-                kept |= st.kind != OK
-            if m.kind is not None:
-                kept &= m.kind == OK
-            values = m.values[kept]
+        for values in self._kept_geo_mafids(spilled, bucket):
             pos = np.minimum(np.searchsorted(aside, values), len(aside) - 1)
             kept_too.append(values[aside[pos] == values])
         if not kept_too:

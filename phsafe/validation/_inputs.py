@@ -105,6 +105,30 @@ def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_
                           memory_limit=memory_limit, spill_dir=spill_dir)[0]
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What a validation needs before it reads a row: the run's config read and its failure,
+    the state filter, the input files found and the names the report gives them."""
+
+    load_failure: Failure | None
+    raw: Any
+    state_list: list[str] | None
+    states: tuple[str, ...] | None
+    sources: dict[str, InputFile]
+    missing: Any
+    file_names: dict[str, str]
+
+    @classmethod
+    def of(cls, config_path: "ConfigFile | Path", data_dir: Path) -> "_Setup":
+        config_file, load_failure = _config.load(config_path)
+        raw = config_file.document
+        state_list = _config.state_filter(config_file.config, raw)
+        sources, missing = locate(data_dir)
+        file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
+        file_names["config"] = config_file.name
+        return cls(load_failure, raw, state_list, usable_states(state_list), sources, missing, file_names)
+
+
 def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting: Any, report_dir: Path | None = None,
                    stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
                    spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
@@ -118,13 +142,9 @@ def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting
     """
     from phsafe.counting import InputPass
 
-    config_file, load_failure = _config.load(config_path)
-    config, raw = config_file.config, config_file.document
-    state_list = _config.state_filter(config, raw)
-    states = usable_states(state_list)
-    sources, missing = locate(data_dir)
-    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_file.name
+    setup = _Setup.of(config_path, data_dir)
+    load_failure, raw, state_list, states = setup.load_failure, setup.raw, setup.state_list, setup.states
+    sources, missing, file_names = setup.sources, setup.missing, setup.file_names
     rows = sum(s.estimated_rows() for s in sources.values())
     observer = InputValidation(file_names, evaluator(rows), state_list, missing=set(FILES) - set(sources))
     try:
@@ -849,13 +869,9 @@ def report_of_pieces(config_path: "ConfigFile | Path", data_dir: Path, result: A
         result: The pass's merged :class:`phsafe.counting.PassResult` (reading problems, rows
             set aside).
     """
-    config_file, load_failure = _config.load(config_path)
-    config, raw = config_file.config, config_file.document
-    state_list = _config.state_filter(config, raw)
-    states = usable_states(state_list)
-    sources, missing = locate(data_dir)
-    file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
-    file_names["config"] = config_file.name
+    setup = _Setup.of(config_path, data_dir)
+    load_failure, raw, state_list, states = setup.load_failure, setup.raw, setup.state_list, setup.states
+    sources, missing, file_names = setup.sources, setup.missing, setup.file_names
     observer = InputValidation(file_names, evaluator(0), state_list, missing=set(FILES) - set(sources))
     try:
         config_run = observer.config(raw)
