@@ -247,9 +247,11 @@ class Ledger(LedgerFile):
             return None
         other, share = found
         if not reason:
+            # The share itself stays in the confidential ledger: this message reaches the flow
+            # run's state in the Prefect database, outside the enclave, and an estimate of how
+            # many records two datasets share is a statistic of the confidential records.
             raise BudgetError(
-                f"about {percent(share)} of these records are also in dataset {other!r} (more than "
-                f"{percent(OVERLAP_LIMIT)}): if they are a new version of {other!r}, run them as {other!r} "
+                f"more than {percent(OVERLAP_LIMIT)} of these records are also in dataset {other!r}: if they are a new version of {other!r}, run them as {other!r} "
                 f"({option('dataset')} {other} {option('new_version')} REASON: its cap applies); if they are "
                 f"another population, say why with {option('overlap_reason')} (recorded in the ledger)"
             )
