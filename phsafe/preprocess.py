@@ -275,7 +275,7 @@ class MafidBits:
 
 class AsideMafids:
     """The MAFIDs whose every geo row the state filter sets aside, over a partition that is
-    streamed rather than held (see :mod:`phsafe.spill`): their units and persons are set aside
+    streamed rather than held (see :mod:`phsafe.intake.spill`): their units and persons are set aside
     as they are read, exactly as :class:`Joiner` sets them aside from a partition's :class:`GeoSide`.
 
     Geo's set-aside rows are added as they stream (:meth:`add_aside`); once geo is read, the

@@ -78,7 +78,7 @@ class PrivateRunOptions:
             (recorded in the ledger). Without it such a run is refused before any spend.
         memory_limit: Bytes the input pass may use (default: half of this machine's memory);
             inputs too large for it are spilled in MAFID ranges to the run's work folder, and
-            inputs that cannot fit are refused in preflight (:func:`phsafe.counting.check_pass_memory`).
+            inputs that cannot fit are refused in preflight (:func:`phsafe.intake.check_pass_memory`).
     """
 
     ledger: Path | None = None

@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from phsafe.config import load_config
-from phsafe.counting import combine_counts, count_partition, exact_counts, plan_partitions
+from phsafe.counting import combine_counts
+from phsafe.intake import count_partition, exact_counts, plan_partitions, validate_inputs
 from phsafe.engine import PrivateRunOptions
 from phsafe.sequence import run_private
 from phsafe.errors import InputError
@@ -33,7 +34,6 @@ from phsafe.reader import input_digests, locate_inputs, read_inputs
 from phsafe.synthetic import synthesize
 from phsafe.tables import OUTPUT_TABLES, TABLES
 from phsafe.tabulate import TableCounts
-from phsafe.validation import validate_inputs
 
 from tests.conftest import US_CONFIG
 

@@ -16,7 +16,7 @@ from phsafe.errors import PHSafeError
 from phsafe.preprocess import AsideMafids, Joiner, geo_side
 from phsafe.reader import NULL, OK, Encoded
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN
-from phsafe.spill import SPILLED_COLUMNS, BucketPlan, SpillArea, SpillWriter, equal_width, plan_buckets, read_bucket
+from phsafe.intake.spill import SPILLED_COLUMNS, BucketPlan, SpillArea, SpillWriter, equal_width, plan_buckets, read_bucket
 
 GIB = 1 << 30
 
