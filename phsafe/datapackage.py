@@ -271,16 +271,3 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
     path.write_text(json.dumps(descriptor, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
-
-def read_descriptor(directory: Path) -> dict[str, Any]:
-    """The ``datapackage.json`` of an output folder, as a dict."""
-    return json.loads((Path(directory) / DATAPACKAGE).read_text(encoding="utf-8"))
-
-
-def field_labels(descriptor: Mapping[str, Any], table: str) -> dict[str, dict[Any, str]]:
-    """Column -> (code -> label) of ``table``'s coded columns, from a descriptor."""
-    for resource in descriptor.get("resources", []):
-        if resource.get("name") == resource_name(table, "parquet"):
-            return {f["name"]: {c["value"]: c["label"] for c in f["categories"]}
-                    for f in resource["schema"]["fields"] if "categories" in f}
-    raise KeyError(table)

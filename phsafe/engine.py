@@ -67,7 +67,6 @@ from phsafe.private_run import (
     StageTimer,
     begin_private_run,
     code_version,
-    config_digest,
     new_run_id,
     open_ledger,
     resolve_ledger,
@@ -83,7 +82,7 @@ if TYPE_CHECKING:
 __all__ = [
     # the run (phsafe.private_run) and its preflight (phsafe.preflight)
     "PrivateRunOptions", "PrivateRun", "RunResult", "StageTimer", "begin_private_run", "resolve_ledger",
-    "open_ledger", "new_run_id", "code_version", "config_digest", "LEDGER_ENV", "RUNS_DIR",
+    "open_ledger", "new_run_id", "code_version", "LEDGER_ENV", "RUNS_DIR",
     "NON_CONFIDENTIAL_DATASET", "Preflight", "preflight", "estimated_release_bytes",
     # the stages
     "ExactCounts", "exact_vector", "check_inputs", "fingerprint_inputs", "validate_and_count", "count_exact",

@@ -28,7 +28,6 @@ from phsafe.config import ConfigFile, PHSafeConfig, check_budget_policy, read_co
 from phsafe.errors import LedgerError, PHSafeError, option
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
-from phsafe.reader import file_digest
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
 if TYPE_CHECKING:
@@ -210,12 +209,6 @@ def code_version() -> str:
     if commit:
         version += f"+g{commit[:12]}" + (".dirty" if dirty else "")
     return version
-
-
-def config_digest(path: Path) -> str:
-    """The digest a run records for the config at ``path`` (a run takes it from its one read:
-    :attr:`phsafe.config.ConfigFile.sha256`)."""
-    return file_digest(Path(path))
 
 
 def _peak_rss_mib() -> int:

@@ -34,14 +34,11 @@ Example::
 or, from a shell::
 
     phsafe synth --persons 10M --states us --format parquet-partitioned --out big --seed 7
-    python -m phsafe.synthetic --persons 20000 --states 01,06 --out inputs --seed 7
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -1290,34 +1287,3 @@ def synthesize(directory: Path, n_persons: int, states: str | Sequence[str] = "u
     return SynthesisResult({targets[n]: codes for n, codes in datasets.items()}, written, n_units,
                            plan.entropy, time.perf_counter() - start)
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m phsafe.synthetic --persons N --states 01,06 --out DIR``.
-
-    Kept for scripts written before ``phsafe synth`` (which has the same options and more); it
-    writes with :func:`synthesize`, replacing existing inputs in ``--out``.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m phsafe.synthetic",
-        description="Generate consistent synthetic PHSafe inputs (persons, units, geo). "
-                    "See also: phsafe synth --help.")
-    parser.add_argument("--persons", type=int, required=True, help="number of persons")
-    parser.add_argument("--states", default="us",
-                        help="us, pr, all, or comma-separated 2-digit state FIPS codes")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--format", choices=FORMATS, default="csv")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed of the synthetic data (never used for privacy noise)")
-    parser.add_argument("--chunk-persons", type=int, default=DEFAULT_CHUNK_PERSONS)
-    args = parser.parse_args(argv)
-    try:
-        result = synthesize(args.out, args.persons, args.states, fmt=args.format, seed=args.seed,
-                            chunk_persons=args.chunk_persons, overwrite=True)
-    except ValueError as exc:
-        parser.error(str(exc))
-    print(f"wrote {result.n_persons} persons, {result.n_units} units to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

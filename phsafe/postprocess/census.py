@@ -74,10 +74,6 @@ def file_name(table: str, region_type: str, puerto_rico: bool) -> str:
     return f"{table}/estimates/{table}_{'PR_' if puerto_rico else ''}{level}_trunc_normal.csv"
 
 
-def all_file_names(puerto_rico: bool, region_types: tuple[str, ...] = ("USA", "STATE")) -> list[str]:
-    return [file_name(t, rt, puerto_rico) for t in ESTIMATE_TABLES for rt in region_types]
-
-
 def is_puerto_rico(frames: Mapping[str, pd.DataFrame]) -> bool:
     """A Puerto Rico release holds REGION_ID 72 only (spec §4: a separate run, no nation)."""
     regions = {str(r) for f in frames.values() for r in f["REGION_ID"].unique()}

@@ -48,7 +48,7 @@ from phsafe.postprocess.checks import (
     read_header,
     summarize_estimates,
 )
-from phsafe.postprocess.counts import COUNT_COLUMNS, HELPER_COLUMNS, count_estimates
+from phsafe.postprocess.counts import HELPER_COLUMNS, count_estimates
 from phsafe.postprocess.ratios import AVERAGE_COLUMNS, DEFAULT_DRAWS, DEFAULT_EXACT_LIMIT, ratio_table
 from phsafe.postprocess.shells import COUNT_SHELLS, RATIO_SHELLS
 from phsafe.postprocess.source import read_private_outputs

@@ -19,7 +19,6 @@ active set, shared by all groups) and the nearest feasible one kept.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,6 +105,3 @@ def production_feasible(poly: Polytope, z: Array) -> npt.NDArray[np.bool_]:
     _, shrunk_ok = project(z, poly.A, poly.lower + 0.5, poly.upper - 0.5)
     return rows_ok & shrunk_ok & np.all(np.isfinite(poly.upper), axis=1) & ~np.isnan(z).any(axis=1)
 
-
-def finite_or_nan(x: float) -> float:
-    return x if math.isfinite(x) else math.nan

@@ -43,11 +43,6 @@ def released_cells(table: str) -> tuple[int, ...]:
     return output_spec(table).basis_numbers
 
 
-def all_cells(table: str) -> tuple[int, ...]:
-    """Released and marginal cells of ``table``, in cell order."""
-    return tuple(sorted(set(released_cells(table)) | {c for c, _ in marginal_cells(table)}))
-
-
 @dataclass(frozen=True)
 class CountShell:
     """A count table of the estimates: the private table it models and its marginal cells."""

@@ -323,9 +323,14 @@ def test_write_parquet_round_trip(pr: SyntheticData, tmp_path: Path) -> None:
 
 
 def test_command_line(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from phsafe.cli import main
+
     out = tmp_path / "cli"
-    assert synthetic.main(["--persons", "300", "--states", "01,06", "--out", str(out),
-                           "--format", "parquet", "--seed", "3"]) == 0
+    result = CliRunner().invoke(main, ["synth", "--persons", "300", "--states", "01,06", "--out", str(out),
+                                       "--format", "parquet", "--seed", "3"])
+    assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["geo.parquet", "persons.parquet",
                                                      "synth.json", "units.parquet"]
     assert len(pd.read_parquet(out / "persons.parquet")) == 300
