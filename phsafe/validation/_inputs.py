@@ -224,7 +224,6 @@ class InputValidation:
         self.cross_counters: dict[str, list[ComboCounter]] = {}
         self.cross_groups: dict[str, list[RuleGroup]] = {}
         self._cross_columns: dict[str, list[str]] = {}
-        self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
         self._pending_rows = 0
         self._skipped_cross: list[str] = []
