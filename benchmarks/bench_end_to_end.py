@@ -114,6 +114,8 @@ def main() -> int:
     parser.add_argument("--phases", action="store_true",
                         help="also time `phsafe validate` alone and the private run without validation")
     parser.add_argument("--skip-read", action="store_true", help="no bare streaming read")
+    parser.add_argument("--no-read-after", action="store_true",
+                        help="one bare read, before the run (not again after it): the full US on a busy machine")
     parser.add_argument("--memory-limit", default=None, help="passed to phsafe private (e.g. 8G)")
     parser.add_argument("--keep", action="store_true", help="keep the run's outputs, ledger and log")
     args = parser.parse_args()
@@ -137,7 +139,7 @@ def main() -> int:
                  *_FIRST_RUN, "--log", str(work / f"run{attempt}.log"), *limit],
                 log=work / "private.out"))
         stages = _stages(work / f"run{args.repeat - 1}.log")
-        if not args.skip_read:
+        if not args.skip_read and not args.no_read_after:
             phases.append(run_phase("streaming read (after)", read))
         if args.phases:
             phases.append(run_phase("validate", [PHSAFE, "validate", str(args.config), str(data)],

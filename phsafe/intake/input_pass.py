@@ -359,6 +359,9 @@ class InputPass:
         for s in ("units", "persons"):
             self.result.set_aside[s] += aside.set_aside[s]
         totals.add(reading.timer)
+        # What the streaming held (parsed batches, the spill writers' buffers) goes back to the
+        # system before the buckets are counted: pyarrow's allocator keeps freed memory otherwise.
+        pa.default_memory_pool().release_unused()
         planned = self.memory.parts[part.label].buckets
         try:
             if self._workers is not None and part.state is None:
