@@ -113,6 +113,7 @@ def merge(pieces: Iterable[Piece], *, result: PassResult | None = None, validati
             validation.absorb(piece.validation, files_read=piece.read_files)
         if piece.count_error is not None and result.count_error is None:
             result.count_error = InputError(*piece.count_error)
+            result.counts = None  # the records cannot be counted: no count is kept
         if piece.counts is not None and result.count_error is None:
             result.add_counts(piece.counts)
         if each is not None:
