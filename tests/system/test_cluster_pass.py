@@ -5,7 +5,7 @@
   national CSV files (records set aside by the state filter, a broken record mid-file) and for
   data stored by state (a folder outside the state filter);
 * its pieces, merged in any order (:func:`phsafe.intake.conclude`, the one ``merge``), give the
-  same;
+  same (pieces made here: ``tests/unit/test_pieces.py``);
 * data stored by state is read once by the cluster pass too: each file opened for its data once;
 * without validation, a broken record stops the cluster pass with the one line the pass on one
   machine gives.
@@ -81,23 +81,32 @@ def plain_submit(call: PieceCall) -> Piece:
 
 
 @pytest.mark.parametrize("which", ["csv", "parquet-partitioned", "broken"])
-def test_cluster_pass_with_a_plain_submit_is_the_pass_on_one_machine(data: dict[str, Path], tmp_path: Path,
-                                                                     which: str) -> None:
+def test_cluster_pass_with_a_plain_submit_is_the_pass_on_one_machine_in_any_order(
+        data: dict[str, Path], tmp_path: Path, which: str) -> None:
     local, local_report = validated_counts(data["config"], data[which], SPECS, key=KEY)
     assert local_report is not None
     plan = _plan(data, which, tmp_path / "spill")
     assert plan.by_state == (which == "parquet-partitioned")
     submitted: list[str] = []
+    pieces: list[Piece] = []
 
     def submit(call: PieceCall) -> Piece:
         submitted.append(call.name)
-        return call()
+        pieces.append(call())
+        return pieces[-1]
 
     counts, report = run_cluster_pass(plan, submit)
     assert report is not None
     assert report.to_text() == local_report.to_text()
     assert report.failures == local_report.failures
     _same(local, counts, which)
+    # The same pieces merged in any order (conclude: the one merge, then the report).
+    for seed in (1, 2):
+        shuffled = list(pieces)
+        random.Random(seed).shuffle(shuffled)
+        again, again_report = conclude(plan, shuffled)
+        assert again_report is not None and again_report.to_text() == report.to_text()
+        _same(counts, again, f"{which}, shuffled {seed}")
     if which == "parquet-partitioned":
         assert sorted(n for n in submitted if n.startswith("count-")) == ["count-01", "count-06", "count-11"]
         assert submitted.count("layout-02") == 1  # the folder outside the filter: its layout only
@@ -110,25 +119,6 @@ def test_cluster_pass_with_a_plain_submit_is_the_pass_on_one_machine(data: dict[
         assert local is None and not report.ok and "persons.csv [RELSHIP]" in report.to_text()
     else:
         assert report.ok and counts is not None and counts.content.persons > 0
-
-
-@pytest.mark.parametrize("which", ["csv", "parquet-partitioned"])
-def test_pieces_merged_in_any_order_give_the_same(data: dict[str, Path], tmp_path: Path, which: str) -> None:
-    plan = _plan(data, which, tmp_path / "spill")
-    pieces: list[Piece] = []
-
-    def submit(call: PieceCall) -> Piece:
-        pieces.append(call())
-        return pieces[-1]
-
-    counts, report = run_cluster_pass(plan, submit)
-    assert report is not None and len(pieces) >= 4
-    for seed in (1, 2):
-        shuffled = list(pieces)
-        random.Random(seed).shuffle(shuffled)
-        again, again_report = conclude(plan, shuffled)
-        assert again_report is not None and again_report.to_text() == report.to_text()
-        _same(counts, again, f"shuffled {seed}")
 
 
 def test_data_stored_by_state_is_read_once(data: dict[str, Path], tmp_path: Path,
