@@ -59,7 +59,7 @@ BYTES_PER_ROW: Mapping[str, int] = {"persons": 72, "units": 88, "geo": 56}
 frames, counting temporaries); measured on synthetic national data with a margin."""
 MAX_BUCKET_PERSONS = 8_000_000
 """Buckets are no larger than this: larger ones use more memory and are no faster (the full US
-from national files, 331M persons: 42 buckets counted two at a time, each worker process holding
+from national files, 331M persons: 44 buckets counted two at a time, each worker process holding
 about 1 GiB)."""
 MIN_BUCKET_PERSONS = 1_000_000
 """Buckets are no smaller than this: the fixed cost of each would dominate."""
