@@ -76,7 +76,7 @@ def validate_and_count_on_dask(
     spill = SpillArea(run.run_dir / SPILL_FOLDER)  # empties what a killed attempt left
     try:
         plan = plan_cluster(run.config_file, run.data_dir, spill.path, specs=list(TABLES.values()),
-                            key=run.truncation_key, validate=run.options.validate_inputs,
+                            key=run.truncation_key, validate=run.parameters.validate_inputs,
                             block_bytes=block_bytes or BLOCK_BYTES, bucket_persons=max_persons)
         if plan is None:  # inputs the cluster cannot cut (e.g. one missing): the pass here says why
             counts, report = engine.validate_and_count(run)

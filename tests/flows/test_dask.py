@@ -11,6 +11,7 @@ import pytest
 from prefect import flow
 
 from phsafe import engine
+from phsafe.parameters import PrivateRunParameters
 from phsafe.tables import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,8 +26,9 @@ def _compare(data: str, config: str, ledger: str, out: str, validate: bool) -> d
     processes; the task runs' names and what each found."""
     from flows.counting import dask_task_runner, validate_and_count_on_dask
 
-    options = engine.PrivateRunOptions(ledger=Path(ledger), non_confidential=True, validate_inputs=validate)
-    run, cfg = engine.begin_private_run(Path(config), Path(data), Path(out), options)
+    parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
+                                      non_confidential=True, validate_inputs=validate)
+    run, cfg = engine.begin_private_run(parameters, run_id=engine.new_run_id(), output_dir=Path(out))
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))  # a preflight draws it fresh
     run.run_dir.mkdir(parents=True)
     local, local_report = engine.validate_and_count(run)
@@ -103,8 +105,9 @@ def _one_read(datasets: list[str], config: str, ledger: str, out: str) -> list[d
 def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> dict:  # noqa: ANN001
     from flows.counting import validate_and_count_on_dask
 
-    options = engine.PrivateRunOptions(ledger=Path(ledger), non_confidential=True)
-    run, cfg = engine.begin_private_run(Path(config), Path(data), Path(out), options)
+    parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
+                                      non_confidential=True)
+    run, cfg = engine.begin_private_run(parameters, run_id=engine.new_run_id(), output_dir=Path(out))
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))
     run.run_dir.mkdir(parents=True)
     local, local_report = engine.validate_and_count(run)
