@@ -66,7 +66,7 @@ def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate):
     state = _compare(str(data), str(tmp_path / "config.json"), str(tmp_path / "l.jsonl"), str(tmp_path / "out"),
                      validate, return_state=True)
     assert state.is_completed(), state.message
-    assert state.result()["compared"] > 1000
+    assert state.result()["compared"] > 100  # every cube cell of the two released states
     names = _task_run_names(state.state_details.flow_run_id)
     assert sorted(n for n in names if n.startswith("count-")) == ["count-01", "count-11"], names
     assert names.count("layout-02") == 1
