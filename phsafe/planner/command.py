@@ -11,6 +11,7 @@ from phsafe.planner.moe import DEFAULT_DIGITS
 from phsafe.planner.plan import DEFAULT_DELTA, Plan, plan_from_config, plan_from_targets
 from phsafe.planner.report import write_plan
 from phsafe.planner.targets import parse_state_filter, parse_tau, read_targets
+from phsafe.sensitivity import SensitivityBound
 
 
 def plan(
@@ -24,6 +25,7 @@ def plan(
     delta: float = DEFAULT_DELTA,
     out: str | Path | None = None,
     overwrite: bool = False,
+    sensitivity: SensitivityBound | str = SensitivityBound.PAPER,
 ) -> Plan:
     """Plan budgets for 90% MOE targets, or the MOEs of a config's budgets (``phsafe plan``).
 
@@ -44,6 +46,9 @@ def plan(
         delta: delta of the (epsilon, delta) conversions.
         out: Also write the plan there (:func:`write_plan`): config.json, plan.json, report, plots.
         overwrite: Replace the files of an existing ``out`` folder.
+        sensitivity: Targets only: ``"paper"`` (2 tau + 2 and 2, the production release's) or
+            ``"exact"`` (the proven sensitivities, ``docs/sensitivity.md``; the plan then holds the
+            paper's plan of the same targets for comparison). A config fixes its own.
 
     Raises:
         PlanningError: Neither or both of targets and config, or a bad target or tau.
@@ -63,7 +68,8 @@ def plan(
         states = parse_state_filter(state_filter) if isinstance(state_filter, str) else list(state_filter)
         result = plan_from_targets(table_targets, parse_tau(specs, base=file_tau),
                                    privacy_defn=PrivacyDefinition(privacy_defn), state_filter=states,
-                                   digits=digits, delta=delta, source=str(targets))
+                                   digits=digits, delta=delta, source=str(targets),
+                                   sensitivity=SensitivityBound(sensitivity))
     if out is not None:
         write_plan(result, out, overwrite=overwrite)
     return result

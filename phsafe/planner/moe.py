@@ -32,6 +32,8 @@ import math
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
+from phsafe.sensitivity import squared
+
 Z90 = Fraction(329, 200)
 """1.645, the two-sided 90% normal quantile as used by Table 10 and spec §6 (exact)."""
 
@@ -101,8 +103,13 @@ def fraction_text(x: Fraction, significant: int = 10) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def rho_for_moe(moe: Fraction | Decimal | int, delta: int) -> Fraction:
-    """rho = 1.645^2 Delta^2 / (2 MOE^2), exactly.
+def _delta_squared(delta: int | str) -> int:
+    """Delta^2 of an L2 sensitivity: an integer, or ``"sqrt(N)"`` (:mod:`phsafe.sensitivity`)."""
+    return squared(delta) if isinstance(delta, str) else delta * delta
+
+
+def rho_for_moe(moe: Fraction | Decimal | int, delta: int | str) -> Fraction:
+    """rho = 1.645^2 Delta^2 / (2 MOE^2), exactly (``delta`` may be ``"sqrt(N)"``: Delta^2 = N).
 
     Derivation: the discrete Gaussian of Algorithm 5 has sigma^2 = Delta^2 / (2 rho) and the
     Table 10 convention is MOE = 1.645 sigma; squaring, MOE^2 = 1.645^2 Delta^2 / (2 rho).
@@ -110,20 +117,20 @@ def rho_for_moe(moe: Fraction | Decimal | int, delta: int) -> Fraction:
     moe = _as_fraction(moe)
     if moe <= 0:
         raise ValueError("an MOE target must be positive")
-    return Z90**2 * delta**2 / (2 * moe**2)
+    return Z90**2 * _delta_squared(delta) / (2 * moe**2)
 
 
-def gaussian_sigma2(rho: Fraction | Decimal, delta: int) -> Fraction:
+def gaussian_sigma2(rho: Fraction | Decimal, delta: int | str) -> Fraction:
     """sigma^2 = Delta^2 / (2 rho), exactly."""
-    return Fraction(delta**2) / (2 * _as_fraction(rho))
+    return Fraction(_delta_squared(delta)) / (2 * _as_fraction(rho))
 
 
-def gaussian_moe(rho: Fraction | Decimal, delta: int) -> float:
+def gaussian_moe(rho: Fraction | Decimal, delta: int | str) -> float:
     """MOE = 1.645 sigma of the discrete Gaussian with budget ``rho`` and sensitivity ``delta``."""
     return 1.645 * math.sqrt(float(gaussian_sigma2(rho, delta)))
 
 
-def gaussian_moe_met(rho: Fraction | Decimal, delta: int, target: Fraction | Decimal | int) -> bool:
+def gaussian_moe_met(rho: Fraction | Decimal, delta: int | str, target: Fraction | Decimal | int) -> bool:
     """Exactly: is 1.645 sigma <= target, i.e. 1.645^2 Delta^2 / (2 rho) <= target^2?"""
     return Z90**2 * gaussian_sigma2(rho, delta) <= _as_fraction(target) ** 2
 

@@ -7,7 +7,10 @@ config, JSON, report and plots) is :mod:`phsafe.planner.report`'s.
 Totals are sums over levels (sequential composition, exact). Bounded-neighbour totals are twice
 the unbounded ones: for zCDP by the PHSafe paper §5.3 (Theorems 3 and 4: Algorithms 1 and 2
 satisfy bounded 2 rho-zCDP, better than the generic 4 rho); for pure DP because an arbitrary
-change of one record is a removal followed by an addition (group privacy of size 2). The
+change of one record is a removal followed by an addition (group privacy of size 2). With the
+exact sensitivities (config ``"sensitivity": "exact"``, ``docs/sensitivity.md``) a zCDP plan's
+bounded total is four times the unbounded one: every exact bounded sensitivity is twice the
+unbounded one (:func:`phsafe.sensitivity.bounded_factor`). The
 (epsilon, delta) figures of a zCDP total come from :mod:`phsafe.audit.report` (analytic bound and
 the Renyi bound minimised over alpha).
 """
@@ -38,6 +41,7 @@ from phsafe.planner.moe import (
     round_up,
 )
 from phsafe.schema import STATE_CODES
+from phsafe.sensitivity import SensitivityBound, bounded_factor, declared
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TABLES, TAU_TABLES
 
 DEFAULT_DELTA = 1e-10
@@ -56,7 +60,9 @@ class LevelPlan:
         table: Measured table.
         level: Population-group level.
         tau: Truncation threshold (person tables) or None.
-        sensitivity: Delta, from :func:`phsafe.accounting.sensitivity`.
+        sensitivity: Delta in the config's definition (L2 for zCDP, L1 for pure DP), from
+            :func:`phsafe.accounting.sensitivity`: an integer, or ``"sqrt(N)"`` for an exact L2
+            sensitivity.
         n_cells: Released cells of the level (regions x iteration codes x basis cells).
         moe_target: The MOE planned for (targets mode), else None.
         rho_exact: The exact rho with 1.645 sigma = the reference MOE (the target; from a
@@ -68,12 +74,15 @@ class LevelPlan:
         gaussian_halfwidth: Exact discrete 90% half-width of the discrete Gaussian at ``rho``.
         geometric_halfwidth: Exact discrete 90% half-width of the geometric at ``epsilon``.
         geometric_sd_moe: 1.645 sd of the geometric at ``epsilon`` (``accounting.moe90``).
+        l2_sensitivity: The L2 Delta the rho figures use (the same as ``sensitivity`` with the
+            paper's bound; with the exact one, the exact L2 sensitivity).
+        l1_sensitivity: The L1 Delta the epsilon figures use (likewise).
     """
 
     table: str
     level: PopulationGroupLevel
     tau: int | None
-    sensitivity: int
+    sensitivity: int | str
     n_cells: int
     moe_target: Fraction | None
     rho_exact: Fraction | None
@@ -83,6 +92,8 @@ class LevelPlan:
     gaussian_halfwidth: int | None
     geometric_halfwidth: int | None
     geometric_sd_moe: float | None
+    l2_sensitivity: int | str = 0
+    l1_sensitivity: int = 0
 
     @property
     def key(self) -> str:
@@ -91,7 +102,11 @@ class LevelPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """A complete plan: the config it describes (or writes) and every measured level."""
+    """A complete plan: the config it describes (or writes) and every measured level.
+
+    ``paper`` is, for targets planned with the exact sensitivities, the plan of the same targets
+    with the paper's bound (for comparison).
+    """
 
     mode: PlanMode
     privacy_defn: PrivacyDefinition
@@ -102,6 +117,16 @@ class Plan:
     delta: float
     source: str
     notes: tuple[str, ...] = ()
+    paper: "Plan | None" = None
+
+    @property
+    def bound(self) -> SensitivityBound:
+        """The sensitivity bound of the plan's config."""
+        return self.config.sensitivity
+
+    def bounded_factor(self, measure: str) -> Fraction:
+        """Bounded-neighbour loss over unbounded, for ``"rho"`` or ``"epsilon"``."""
+        return bounded_factor(self.bound, zcdp=measure == "rho")
 
     def budget_of(self, lp: LevelPlan) -> Decimal | None:
         """The level's budget in the plan's own privacy definition."""
@@ -139,20 +164,23 @@ def _level_plan(
     rho: Decimal | None = None,
     epsilon: Decimal | None = None,
 ) -> LevelPlan:
-    delta = sensitivity(table, config)
     spec = TABLES[table]
     tau = config.tau[spec.tau_key] if spec.tau_key else None
+    # zCDP figures use the L2 sensitivity, pure-DP ones the L1: the same with the paper's bound.
+    delta = declared(table, level, tau, config.sensitivity, l2=True)
+    delta1 = declared(table, level, tau, config.sensitivity, l2=False)
+    assert isinstance(delta1, int)
     rho_exact: Fraction | None = None
     if moe_target is not None:
         rho_exact = rho_for_moe(moe_target, delta)
         rho = round_up(rho_exact, digits)
-        epsilon = epsilon_for_halfwidth(math.floor(moe_target), delta, digits)
+        epsilon = epsilon_for_halfwidth(math.floor(moe_target), delta1, digits)
     elif rho is not None and rho != INFINITE:
         # From a zCDP budget: the pure-DP epsilon whose exact MOE is at most floor(1.645 sigma).
-        epsilon = epsilon_for_halfwidth(math.floor(gaussian_moe(rho, delta)), delta, digits)
+        epsilon = epsilon_for_halfwidth(math.floor(gaussian_moe(rho, delta)), delta1, digits)
     elif epsilon is not None and epsilon != INFINITE:
         # From a pure-DP budget: the rho with 1.645 sigma equal to the exact geometric MOE.
-        m = geometric_halfwidth(epsilon, delta)
+        m = geometric_halfwidth(epsilon, delta1)
         if m > 0:
             rho_exact = rho_for_moe(m, delta)
             rho = round_up(rho_exact, digits)
@@ -162,7 +190,7 @@ def _level_plan(
         table=table,
         level=level,
         tau=tau,
-        sensitivity=delta,
+        sensitivity=sensitivity(table, config, level),
         n_cells=n_cells,
         moe_target=moe_target,
         rho_exact=rho_exact,
@@ -171,22 +199,29 @@ def _level_plan(
         gaussian_moe=gaussian_moe(rho, delta) if finite_rho else (0.0 if rho == INFINITE else None),
         gaussian_halfwidth=(discrete_gaussian_halfwidth(gaussian_sigma2(rho, delta)) if finite_rho
                             else (0 if rho == INFINITE else None)),
-        geometric_halfwidth=(geometric_halfwidth(epsilon, delta) if finite_eps
+        geometric_halfwidth=(geometric_halfwidth(epsilon, delta1) if finite_eps
                              else (0 if epsilon == INFINITE else None)),
-        geometric_sd_moe=(geometric_sd_moe(epsilon, delta) if finite_eps
+        geometric_sd_moe=(geometric_sd_moe(epsilon, delta1) if finite_eps
                           else (0.0 if epsilon == INFINITE else None)),
+        l2_sensitivity=delta,
+        l1_sensitivity=delta1,
     )
 
 
-def _skeleton(privacy_defn: PrivacyDefinition, tau: Mapping[str, int], states: Sequence[str]) -> dict[str, Any]:
-    """A config mapping with the production key set and every budget 0."""
-    return {
+def _skeleton(privacy_defn: PrivacyDefinition, tau: Mapping[str, int], states: Sequence[str],
+              bound: SensitivityBound = SensitivityBound.PAPER) -> dict[str, Any]:
+    """A config mapping with the production key set and every budget 0 (and ``sensitivity``
+    when it is not the default)."""
+    raw: dict[str, Any] = {
         "privacy_budget": {t: {lv.config_key: Decimal(0) for lv in TABLE_LEVELS[t]} for t in MEASURED_TABLES},
         "tau": {t: tau[t] for t in TAU_TABLES},
         "state_filter": list(states),
         "reader": "csv",
         "privacy_defn": privacy_defn.value,
     }
+    if bound is not SensitivityBound.PAPER:
+        raw["sensitivity"] = bound.value
+    return raw
 
 
 def plan_from_targets(
@@ -198,6 +233,7 @@ def plan_from_targets(
     digits: int = DEFAULT_DIGITS,
     delta: float = DEFAULT_DELTA,
     source: str = "targets",
+    sensitivity: SensitivityBound = SensitivityBound.PAPER,
 ) -> Plan:
     """Budgets for MOE targets, and the config that spends them.
 
@@ -210,6 +246,9 @@ def plan_from_targets(
         digits: Significant digits of the budgets, rounded up.
         delta: delta of the (epsilon, delta) conversions.
         source: Where the targets came from (for the report).
+        sensitivity: The bound the config calibrates its noise to: the paper's (2 tau + 2, 2)
+            or the exact sensitivities (then the plan also holds, as ``paper``, the paper's plan
+            of the same targets).
 
     Raises:
         PlanningError: A person table lacks a tau, or the resulting config is invalid.
@@ -223,7 +262,7 @@ def plan_from_targets(
     states = list(state_filter) if state_filter is not None else sorted(STATE_CODES)
     notes: list[str] = []
     try:
-        base = parse_config(_skeleton(privacy_defn, tau, states))
+        base = parse_config(_skeleton(privacy_defn, tau, states, sensitivity))
     except ConfigError as exc:
         raise PlanningError(f"invalid plan: {exc}") from None
     kept = dict(targets)
@@ -235,7 +274,7 @@ def plan_from_targets(
                 f"Puerto Rico has no USA level: {len(dropped)} USA targets were not planned "
                 "(their budgets are 0)."
             )
-    raw = _skeleton(privacy_defn, tau, states)
+    raw = _skeleton(privacy_defn, tau, states, sensitivity)
     provisional: dict[tuple[str, PopulationGroupLevel], LevelPlan] = {}
     for (table, level), moe in kept.items():
         lp = _level_plan(table, level, base, 0, digits, moe_target=moe)
@@ -254,7 +293,12 @@ def plan_from_targets(
             lp.rho if privacy_defn is PrivacyDefinition.ZCDP else lp.epsilon
         )
         levels.append(replace(lp, n_cells=m.n_cells))
-    return Plan(PlanMode.TARGETS, privacy_defn, config, raw, tuple(levels), digits, delta, source, tuple(notes))
+    paper = None
+    if sensitivity is not SensitivityBound.PAPER:
+        paper = plan_from_targets(targets, tau, privacy_defn=privacy_defn, state_filter=state_filter, digits=digits,
+                                  delta=delta, source=source)
+    return Plan(PlanMode.TARGETS, privacy_defn, config, raw, tuple(levels), digits, delta, source, tuple(notes),
+                paper)
 
 
 def plan_from_config(
@@ -290,13 +334,15 @@ class TotalsRow:
     eps_renyi: tuple[float, float] | None = None
 
 
-def totals_row(measure: str, total: Fraction | Decimal | None, delta: float) -> TotalsRow:
-    """Bounded = 2 x unbounded; for rho also epsilon at ``delta`` (reusing the audit report's bounds)."""
+def totals_row(measure: str, total: Fraction | Decimal | None, delta: float, factor: Fraction = Fraction(2)
+               ) -> TotalsRow:
+    """Bounded = ``factor`` x unbounded (2; 4 for rho with the exact sensitivities:
+    :meth:`Plan.bounded_factor`); for rho also epsilon at ``delta`` (the audit report's bounds)."""
     from phsafe.audit.report import epsilon_analytic, epsilon_renyi
 
     if total is None:
         return TotalsRow(measure, None, None)
-    bounded = total if total == INFINITE else 2 * total
+    bounded = total if total == INFINITE else factor * total
     if measure != "rho":
         return TotalsRow(measure, total, bounded)
     u, b = float(total), float(bounded)

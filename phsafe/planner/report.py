@@ -15,6 +15,8 @@ from phsafe.iterations import PopulationGroupLevel
 from phsafe.planner.moe import decimal_text, fraction_text, gaussian_moe_met, geometric_halfwidth
 from phsafe.planner.plan import LevelPlan, Plan, PlanMode, totals_row
 from phsafe.schema import STATE_CODES
+from phsafe.sensitivity import SensitivityBound, squared
+from phsafe.sensitivity import value as sensitivity_value
 from phsafe.tables import MEASURED_TABLES
 
 CONFIG_JSON = "config.json"
@@ -85,6 +87,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "level": lp.level.config_key,
             "tau": lp.tau,
             "sensitivity": lp.sensitivity,
+            "sensitivity_l2": lp.l2_sensitivity,
+            "sensitivity_l1": lp.l1_sensitivity,
             "cells": lp.n_cells,
             "moe_target": None if lp.moe_target is None else amount_text(lp.moe_target),
             "rho_exact": None if lp.rho_exact is None else _exact_text(lp.rho_exact),
@@ -98,7 +102,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         }
 
     def totals(measure: str) -> dict[str, Any]:
-        row = totals_row(measure, plan.total(measure), plan.delta)
+        row = totals_row(measure, plan.total(measure), plan.delta, plan.bounded_factor(measure))
         out: dict[str, Any] = {
             "per_table": {t: None if v is None else amount_text(v, 16) for t, v in plan.table_totals(measure).items()},
             "unbounded": None if row.unbounded is None else amount_text(row.unbounded, 16),
@@ -120,28 +124,47 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "delta": plan.delta,
         "tau": dict(plan.config.tau),
         "state_filter": list(plan.config.state_filter),
+        "sensitivity": plan.bound.value,
         "levels": [level(lp) for lp in plan.levels],
         "totals": {"rho": totals("rho"), "epsilon": totals("epsilon")},
+        **({"paper_bound": _paper_json(plan)} if plan.paper is not None else {}),
         "notes": list(plan.notes),
     }
+
+
+def _paper_json(plan: Plan) -> dict[str, Any]:
+    """The same targets with the paper's bound: per level and in total, rho and epsilon."""
+    assert plan.paper is not None
+    out: dict[str, Any] = {"levels": {}, "totals": {}}
+    for lp in plan.paper.levels:
+        out["levels"][lp.key] = {"sensitivity": lp.sensitivity, "rho": amount_text(lp.rho),
+                                 "epsilon": amount_text(lp.epsilon)}
+    for measure in ("rho", "epsilon"):
+        paper, exact = plan.paper.total(measure), plan.total(measure)
+        out["totals"][measure] = {
+            "paper": amount_text(paper, 16), "exact": amount_text(exact, 16),
+            "paper_over_exact": None if not paper or not exact or INFINITE in (paper, exact)
+            else float(Fraction(paper) / Fraction(exact)),
+        }
+    return out
 
 
 def _moe_chart(plan: Plan, path: Path) -> Path:
     """MOE against rho (log-log) for each distinct Delta of the plan, with its levels marked."""
     from phsafe._plots import Series, line_chart
 
-    by_delta: dict[int, list[LevelPlan]] = {}
+    by_delta: dict[int | str, list[LevelPlan]] = {}
     for lp in plan.levels:
-        by_delta.setdefault(lp.sensitivity, []).append(lp)
+        by_delta.setdefault(lp.l2_sensitivity, []).append(lp)
     rhos = [float(lp.rho) for lp in plan.levels if lp.rho is not None and lp.rho != INFINITE]
     lo = min(rhos, default=1e-5) / 10
     hi = max(rhos, default=1.0) * 10
     grid = [lo * (hi / lo) ** (i / 120) for i in range(121)]
     series = []
-    for d, lps in sorted(by_delta.items()):
+    for d, lps in sorted(by_delta.items(), key=lambda item: squared(item[0])):
         taus = sorted({lp.tau for lp in lps if lp.tau is not None})
         label = f"tau = {', '.join(map(str, taus))} (Delta = {d})" if taus else f"unit tables (Delta = {d})"
-        series.append(Series(label, grid, [1.645 * d / math.sqrt(2 * r) for r in grid], "-"))
+        series.append(Series(label, grid, [1.645 * sensitivity_value(d) / math.sqrt(2 * r) for r in grid], "-"))
         pts = [(float(lp.rho), lp.gaussian_moe) for lp in lps
                if lp.rho is not None and lp.rho != INFINITE and lp.gaussian_moe]
         if pts:
@@ -157,7 +180,7 @@ def _moe_eps_chart(plan: Plan, path: Path) -> Path:
 
     by_delta: dict[int, list[LevelPlan]] = {}
     for lp in plan.levels:
-        by_delta.setdefault(lp.sensitivity, []).append(lp)
+        by_delta.setdefault(lp.l1_sensitivity, []).append(lp)
     eps = [float(lp.epsilon) for lp in plan.levels if lp.epsilon is not None and lp.epsilon != INFINITE]
     lo = min(eps, default=1e-3) / 5
     hi = max(eps, default=1.0) * 5
@@ -248,6 +271,7 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
         ["Privacy definition of the config", "zCDP (rho, discrete Gaussian)" if zcdp else "pure DP (epsilon, two-sided geometric)"],
         ["Run", run],
         ["tau", ", ".join(f"{t} {n}" for t, n in cfg.tau.items())],
+        ["Sensitivity", plan.bound.description],
         ["Budgets rounded up to", f"{plan.digits} significant digits"],
         ["delta for (epsilon, delta)", f"{plan.delta:g}"],
         ["Written config", f"`{files['config']}`" if "config" in files else "none (the input config is the plan)"],
@@ -257,8 +281,13 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
 
     doc.add(Heading(2, "How the margin of error is defined"), Bullets([
         "zCDP: MOE = 1.645 sigma with sigma^2 = Delta^2 / (2 rho), so rho = 1.645^2 Delta^2 / (2 MOE^2) "
-        "(PHSafe paper Table 10, spec §6, `phsafe.accounting` `moe90`). Delta = 2 tau + 2 for person "
-        "tables, 2 for unit tables.",
+        "(PHSafe paper Table 10, spec §6, `phsafe.accounting` `moe90`). "
+        + ("Delta = 2 tau + 2 for person tables, 2 for unit tables (the PHSafe paper's bound)."
+           if plan.bound is SensitivityBound.PAPER else
+           "Delta is the exact sensitivity of each measurement (`docs/sensitivity.md`): L2 for rho, "
+           "L1 for epsilon -- tau sqrt 2 and 2 tau where a unit change moves rows, sqrt 2 and 2 for PH1_num at *, "
+           "max(tau, sqrt 2) and max(tau, 2) for PH4 at *, sqrt 2 and 2 for the unit tables, 1 at their one-cell "
+           "levels. The table shows the config's (L2 for zCDP, L1 for pure DP)."),
         "Both noise distributions are integer-valued. Their exact 90% MOE is the smallest integer m "
         "with P(|X| <= m) >= 0.9 (half the width of the narrowest symmetric integer interval holding "
         "the noise with probability at least 90%).",
@@ -280,7 +309,7 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
     for lp in plan.levels:
         met = ""
         if lp.moe_target is not None:
-            ok = (gaussian_moe_met(lp.rho, lp.sensitivity, lp.moe_target) if zcdp and lp.rho is not None
+            ok = (gaussian_moe_met(lp.rho, lp.l2_sensitivity, lp.moe_target) if zcdp and lp.rho is not None
                   else lp.geometric_halfwidth is not None and lp.geometric_halfwidth <= math.floor(lp.moe_target))
             met = "yes" if ok else "NO"
         rows.append([
@@ -302,17 +331,22 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
 
     doc.add(Heading(2, "Totals per table"))
     rho_t, eps_t = plan.table_totals("rho"), plan.table_totals("epsilon")
+    f_rho, f_eps = plan.bounded_factor("rho"), plan.bounded_factor("epsilon")
+
+    def scaled(x: Fraction | Decimal | None, factor: Fraction) -> Fraction | Decimal | None:
+        return None if x is None else (x if x == INFINITE else factor * x)
+
     doc.add(Table(
-        ("Table", "rho unbounded", "rho bounded (2x)", "epsilon unbounded", "epsilon bounded (2x)"),
-        [[t, amount_text(rho_t[t], 12), amount_text(None if rho_t[t] is None else (rho_t[t] if rho_t[t] == INFINITE else 2 * rho_t[t]), 12),
-          amount_text(eps_t[t], 12), amount_text(None if eps_t[t] is None else (eps_t[t] if eps_t[t] == INFINITE else 2 * eps_t[t]), 12)]
+        ("Table", "rho unbounded", f"rho bounded ({f_rho}x)", "epsilon unbounded", f"epsilon bounded ({f_eps}x)"),
+        [[t, amount_text(rho_t[t], 12), amount_text(scaled(rho_t[t], f_rho), 12),
+          amount_text(eps_t[t], 12), amount_text(scaled(eps_t[t], f_eps), 12)]
          for t in rho_t],
     ))
 
     doc.add(Heading(2, "Totals of the run"))
     rows = []
     for m in ("rho", "epsilon"):
-        row = totals_row(m, plan.total(m), plan.delta)
+        row = totals_row(m, plan.total(m), plan.delta, plan.bounded_factor(m))
         own = " (this config)" if m == measure else " (equivalent, same MOEs)"
         if m == "rho":
             rows.append([f"zCDP rho{own}", amount_text(row.unbounded, 12), amount_text(row.bounded, 12),
@@ -324,13 +358,20 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
     doc.add(Table(("Measure", "Unbounded", "Bounded", f"epsilon at delta={plan.delta:g}, analytic (unb. / bounded)",
                    f"epsilon at delta={plan.delta:g}, Renyi (unb. / bounded)"), rows))
     doc.add(Para(
-        "Totals are exact sums over levels (sequential composition). Bounded = 2 x unbounded: for zCDP "
-        "by the PHSafe paper §5.3 (Theorems 3-4, bounded 2 rho rather than the generic 4 rho); for pure "
-        "DP because changing a record is removing one and adding one. (epsilon, delta): analytic "
+        "Totals are exact sums over levels (sequential composition). "
+        + ("Bounded = 2 x unbounded: for zCDP by the PHSafe paper §5.3 (Theorems 3-4, bounded 2 rho rather "
+           "than the generic 4 rho); for pure DP because changing a record is removing one and adding one. "
+           if plan.bound is SensitivityBound.PAPER else
+           "Bounded: 4 x unbounded for rho, 2 x for epsilon: with the exact sensitivities every bounded "
+           "sensitivity is twice the unbounded one (`docs/sensitivity.md`), where the paper's loose bound "
+           "leaves room for its 2 rho. ")
+        + "(epsilon, delta): analytic "
         "epsilon = rho + 2 sqrt(rho ln(1/delta)), and the Renyi bound inf over alpha > 1 of "
         "rho alpha + (ln(1/delta) + (alpha-1) ln(1-1/alpha) - ln alpha)/(alpha-1) (SafeTab paper eq. 7; "
         "Kazan-Reiter Theorem 3), both from `phsafe.audit.report`."
     ))
+    if plan.paper is not None:
+        doc.add(*_paper_blocks(plan))
     if "moe_chart" in files or "split_chart" in files:
         doc.add(Heading(2, "Plots"))
         if "moe_chart" in files:
@@ -340,3 +381,35 @@ def build_report(plan: Plan, files: Mapping[str, str]):  # type: ignore[no-untyp
         if "split_chart" in files:
             doc.add(Image(files["split_chart"], "budget split of the run"))
     return doc
+
+
+def _paper_blocks(plan: Plan) -> list[Any]:
+    """The same targets with the paper's bound, level by level and in total."""
+    from phsafe._plots import Heading, Para, Table
+
+    assert plan.paper is not None
+    paper = {lp.key: lp for lp in plan.paper.levels}
+    rows = []
+    for lp in plan.levels:
+        p = paper[lp.key]
+        ratio = "-" if not lp.rho or not p.rho else f"{float(Fraction(p.rho) / Fraction(lp.rho)):.3f}"
+        rows.append([lp.table, f"`{lp.level.config_key}`", amount_text(lp.moe_target), str(p.l2_sensitivity),
+                     str(lp.l2_sensitivity), amount_text(p.rho), amount_text(lp.rho), ratio])
+    totals = []
+    for measure in ("rho", "epsilon"):
+        a, b = plan.paper.total(measure), plan.total(measure)
+        ratio = "-" if not a or not b or INFINITE in (a, b) else f"{float(Fraction(a) / Fraction(b)):.3f}"
+        f_paper, f_exact = plan.paper.bounded_factor(measure), plan.bounded_factor(measure)
+        totals.append([measure, amount_text(a, 10), amount_text(b, 10), ratio,
+                       amount_text(None if a is None else f_paper * Fraction(a), 10),
+                       amount_text(None if b is None else f_exact * Fraction(b), 10)])
+    return [
+        Heading(2, "The same targets with the paper's bound"),
+        Para("Each level's MOE target met with the paper's sensitivity (2 tau + 2, 2) and with the exact one: "
+             "the budget each needs, and their ratio. Bounded totals: 2 x the paper's unbounded rho (its "
+             "Theorems 3-4), 4 x the exact one."),
+        Table(("Table", "Level", "MOE target", "Delta (paper)", "Delta (exact)", "rho (paper)", "rho (exact)",
+               "paper / exact"), rows),
+        Table(("Measure", "Unbounded, paper", "Unbounded, exact", "paper / exact", "Bounded, paper",
+               "Bounded, exact"), totals),
+    ]

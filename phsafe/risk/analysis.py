@@ -45,6 +45,7 @@ import numpy as np
 
 from phsafe.accounting import PlannedMeasurement, plan_run
 from phsafe.config import PHSafeConfig, PrivacyDefinition, load_config
+from phsafe.sensitivity import squared
 from phsafe.tables import TABLES, TableKind
 
 PRIORS: tuple[Fraction, ...] = (Fraction(1, 2), Fraction(1, 5), Fraction(1, 10), Fraction(1, 50))
@@ -78,13 +79,14 @@ class CellNoise:
     scale: Fraction | None = None
 
     @classmethod
-    def discrete_gaussian(cls, rho: Fraction | Decimal | str, sensitivity: int = 1) -> "CellNoise":
+    def discrete_gaussian(cls, rho: Fraction | Decimal | str, sensitivity: int | str = 1) -> "CellNoise":
         """The noise of a zCDP level: sigma^2 = Delta^2 / (2 rho). ``sensitivity=1`` takes
-        ``rho`` as the effective rho of the paper (eq. 11)."""
+        ``rho`` as the effective rho of the paper (eq. 11); an exact L2 sensitivity may be given
+        as ``"sqrt(N)"`` (:mod:`phsafe.sensitivity`)."""
         rho = Fraction(rho)
         if rho <= 0:
             raise ValueError("rho must be positive")
-        return cls(GAUSSIAN, sigma2=Fraction(sensitivity**2) / (2 * rho))
+        return cls(GAUSSIAN, sigma2=Fraction(squared(sensitivity)) / (2 * rho))
 
     @classmethod
     def geometric(cls, epsilon: Fraction | Decimal | str, sensitivity: int = 1) -> "CellNoise":
