@@ -184,3 +184,25 @@ def test_a_release_stating_another_bound_is_refused(world: dict, tmp_path: Path)
     with pytest.raises(SensitivityStatementError, match="manifest.json"):
         check_sensitivity_statement(out, {}, list(measurements))
     assert SensitivityBound.EXACT.value == "exact"
+
+
+def test_the_estimates_read_the_variance_and_the_bound(world: dict, tmp_path: Path) -> None:
+    """``phsafe postprocess`` checks every measured VARIANCE against the manifest's budget and
+    exact sensitivity, and records the bound with the estimates."""
+    made = cli("postprocess", world["out"], "--dest", tmp_path / "estimates", "--draws", "200", "--seed", "3")
+    assert made.returncode == 0, made.stderr[-2000:]
+    meta = json.loads((tmp_path / "estimates" / "postprocess.json").read_text())
+    assert meta["source"]["sensitivity"] == "exact"
+    # A copy whose manifest claims the paper's sensitivities for the same VARIANCE is refused.
+    import shutil
+
+    from phsafe.postprocess import PostprocessError, read_private_outputs
+
+    copy_dir = tmp_path / "copy"
+    shutil.copytree(world["out"], copy_dir)
+    manifest = json.loads((copy_dir / "manifest.json").read_text())
+    for m in manifest["measurements"]:
+        m["sensitivity"] = 22 if m["table"] == "PH1_num" else m["sensitivity"]
+    (copy_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(PostprocessError, match="PH1_num"):
+        read_private_outputs(copy_dir)
