@@ -199,20 +199,37 @@ def _table_description(table: str, private: bool) -> str:
 def sensitivity_property(plan: RunPlan) -> dict[str, Any]:
     """The descriptor's ``sensitivity``: the bound a private release's noise was calibrated to and
     every measurement's Delta (L2 for zCDP, L1 for pure DP; an integer or ``"sqrt(N)"``)."""
-    zcdp = plan.privacy_defn.value == "zcdp"
+    return _statement(plan.bound, plan.privacy_defn.value,
+                      [(m.table, m.level.config_key, m.sensitivity) for m in plan.measurements])
+
+
+def _statement(bound: SensitivityBound, privacy_defn: str, deltas: list[tuple[str, str, Any]]) -> dict[str, Any]:
     return {
-        "bound": plan.bound.value,
-        "description": plan.bound.description,
-        "proof": DOCUMENT if plan.bound is SensitivityBound.EXACT else "PHSafe paper, Lemma 6 and Theorems 1-2",
-        "norm": "L2" if zcdp else "L1",
-        "measurements": [{"table": m.table, "level": m.level.config_key, "delta": m.sensitivity}
-                         for m in plan.measurements],
+        "bound": bound.value,
+        "description": bound.description,
+        "proof": DOCUMENT if bound is SensitivityBound.EXACT else "PHSafe paper, Lemma 6 and Theorems 1-2",
+        "norm": "L2" if privacy_defn == "zcdp" else "L1",
+        "measurements": [{"table": t, "level": lv, "delta": d} for t, lv, d in deltas],
     }
 
 
-def package_descriptor(frames: Mapping[str, pd.DataFrame], plan: RunPlan | None = None) -> dict[str, Any]:
+def _statement_from_manifest(directory: Path) -> dict[str, Any] | None:
+    """The ``sensitivity`` property of a published release, rebuilt from its manifest (None for a
+    release whose manifest does not name its bound: written before it was stated)."""
+    try:
+        manifest = json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+        bound = SensitivityBound(manifest["config"]["sensitivity"])
+        deltas = [(m["table"], m["level"], m["sensitivity"]) for m in manifest["measurements"]]
+        return _statement(bound, manifest["privacy_defn"], deltas)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def package_descriptor(frames: Mapping[str, pd.DataFrame], plan: RunPlan | None = None, *,
+                       statement: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``datapackage.json`` descriptor of the output tables ``frames`` (table -> rows); for a
-    private release, ``plan`` adds which sensitivity its noise was calibrated to.
+    private release, ``plan`` (or its ``statement``, :func:`sensitivity_property`) adds which
+    sensitivity its noise was calibrated to.
 
     Raises:
         ValueError: A table is not an output table, mixes private and non-private layouts with
@@ -244,7 +261,11 @@ def package_descriptor(frames: Mapping[str, pd.DataFrame], plan: RunPlan | None 
     what = "private release" if private else "non-private tabulation (synthetic data; testing only)"
     calibrated = ""
     if private and plan is not None:
-        calibrated = (f"The noise of every measurement is calibrated to {plan.bound.description} "
+        statement = sensitivity_property(plan)
+    if not private:
+        statement = None
+    if statement is not None:
+        calibrated = (f"The noise of every measurement is calibrated to {statement['description']} "
                       "(property 'sensitivity'). ")
     descriptor = {
         "$schema": PROFILE,
@@ -263,8 +284,8 @@ def package_descriptor(frames: Mapping[str, pd.DataFrame], plan: RunPlan | None 
         "keywords": ["census", "S-DHC", "differential privacy", "PHSafe"],
         "resources": resources,
     }
-    if private and plan is not None:
-        descriptor["sensitivity"] = sensitivity_property(plan)
+    if statement is not None:
+        descriptor["sensitivity"] = statement
     return descriptor
 
 
@@ -278,6 +299,8 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
         frames: The tables as written (table -> rows); read back from the Parquet files of
             ``directory`` when None.
         plan: A private release's run plan: the descriptor states the sensitivity bound it used.
+            Without it (rebuilding a published release's descriptor from its files), the
+            statement comes from the release's manifest.
 
     Returns:
         The path written.
@@ -292,7 +315,8 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
     if frames is None:
         frames = {t: pd.read_parquet(p) for t in OUTPUT_TABLES
                   if (p := directory / "parquet" / f"{t}.parquet").is_file()}
-    descriptor = package_descriptor(frames, plan)
+    statement = None if plan is not None else _statement_from_manifest(directory)
+    descriptor = package_descriptor(frames, plan, statement=statement)
     report = frictionless.Package.validate_descriptor(descriptor)
     if not report.valid:
         raise ValueError("datapackage.json does not validate: "
