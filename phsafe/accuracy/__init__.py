@@ -8,6 +8,8 @@ released cell with the truth (:func:`run_accuracy`; the metrics are described in
   counts, post-processing and the production's method on each trial;
 * :mod:`phsafe.accuracy.metrics` -- per table x level metrics, pooled over trials (pure);
 * :mod:`phsafe.accuracy.comparison` -- our estimate files against the production's (pure);
+* :mod:`phsafe.accuracy.bounds` -- the paper's sensitivity bound against the exact one at the same
+  budgets (pure; :func:`compare_bounds` runs both experiments);
 * :mod:`phsafe.accuracy.production` -- the Census Bureau's production estimation method;
 * :mod:`phsafe.accuracy.levels` -- population-group levels of released rows, coverage intervals;
 * :mod:`phsafe.accuracy.report`, :mod:`phsafe.accuracy.plots` -- writing it all.
@@ -15,11 +17,15 @@ released cell with the truth (:func:`run_accuracy`; the metrics are described in
 
 from __future__ import annotations
 
+from phsafe.accuracy.bounds import BOUND_COMPARISON_COLUMNS, bound_comparison
 from phsafe.accuracy.comparison import COMPARISON_COLUMNS
 from phsafe.accuracy.experiment import (
     DEFAULT_ACCURACY_DRAWS,
     DEFAULT_TRIALS,
     AccuracyResult,
+    BoundComparisonResult,
+    compare_bounds,
+    config_with_bound,
     noiseless_config,
     run_accuracy,
 )
@@ -39,7 +45,8 @@ from phsafe.accuracy.report import write_report
 from phsafe.errors import ConfidentialityNotConfirmed
 
 __all__ = [
-    "AVERAGE_METRIC_COLUMNS", "COMPARISON_COLUMNS", "COVERAGE_INTERVAL", "DEFAULT_ACCURACY_DRAWS", "DEFAULT_TRIALS",
+    "AVERAGE_METRIC_COLUMNS", "BOUND_COMPARISON_COLUMNS", "BoundComparisonResult", "COMPARISON_COLUMNS",
+    "bound_comparison", "compare_bounds", "config_with_bound", "COVERAGE_INTERVAL", "DEFAULT_ACCURACY_DRAWS", "DEFAULT_TRIALS",
     "KEYS", "METRIC_COLUMNS", "MOE_Z", "NOMINAL", "AccuracyResult", "ConfidentialityNotConfirmed",
     "average_table_metrics", "coverage_interval", "interval_bars", "level_of", "level_order", "noiseless_config",
     "run_accuracy", "table_metrics", "write_report",

@@ -129,6 +129,15 @@ def noiseless_config(config_path: Path, destination: Path) -> Path:
     return destination
 
 
+def config_with_bound(config_path: Path, destination: Path, bound: str) -> Path:
+    """Write a copy of the config calibrated to ``bound`` (``"paper"`` or ``"exact"``), budgets
+    unchanged."""
+    raw = json.loads(Path(config_path).read_text(encoding="utf-8"))
+    raw["sensitivity"] = bound
+    destination.write_text(json.dumps(raw, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    return destination
+
+
 def _read_nonprivate(directory: Path, table: str) -> pd.DataFrame | None:
     path = directory / table / f"{table}.csv"
     if not path.is_file():
@@ -327,3 +336,70 @@ def _trial_averages(trial: int, post: Path, exact: pd.DataFrame, truth: pd.DataF
     frame.insert(0, "TRIAL", trial)
     frame["LEVEL"] = level_of(frame["REGION_TYPE"], frame["ITERATION_CODE"])
     return frame
+
+
+# --------------------------------------------------------------------------------------------
+# The paper's bound against the exact one
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BoundComparisonResult:
+    """What :func:`compare_bounds` produced: both experiments and their comparison
+    (:data:`phsafe.accuracy.bounds.BOUND_COMPARISON_COLUMNS`)."""
+
+    output_dir: Path
+    paper: AccuracyResult
+    exact: AccuracyResult
+    comparison: pd.DataFrame
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def compare_bounds(
+    config_path: Path,
+    data_dir: Path,
+    output_dir: Path,
+    *,
+    trials: int = DEFAULT_TRIALS,
+    non_confidential: bool = False,
+    with_postprocess: bool = True,
+    draws: int = DEFAULT_ACCURACY_DRAWS,
+    seed: int | None = None,
+    plots: bool = True,
+    overwrite: bool = False,
+    progress: "Progress | None" = None,
+) -> BoundComparisonResult:
+    """The accuracy experiment with the config's budgets calibrated to the paper's sensitivities
+    (``OUT/paper/``) and to the exact ones (``OUT/exact/``), and their comparison per table x
+    level (``sensitivity_comparison.csv``, ``.md``, ``.html``). Same data, same budgets, same
+    trials and post-processing seed; see :func:`run_accuracy` for everything else.
+
+    Raises:
+        ConfidentialityNotConfirmed: ``non_confidential`` is not True.
+    """
+    if non_confidential is not True:
+        raise ConfidentialityNotConfirmed(
+            "the accuracy experiment publishes many private releases of the same data and is for "
+            "synthetic or otherwise non-confidential data only; confirm with --non-confidential"
+        )
+    from phsafe._plots import report_folder
+    from phsafe.accuracy.bounds import bound_comparison
+    from phsafe.accuracy.report import write_bound_report
+
+    started = time.perf_counter()
+    output_dir = report_folder(Path(output_dir).absolute(), overwrite=overwrite)
+    if seed is None:
+        seed = secrets.randbits(62)
+    results: dict[str, AccuracyResult] = {}
+    for bound in ("paper", "exact"):
+        config = config_with_bound(Path(config_path), output_dir / f"config-{bound}.json", bound)
+        results[bound] = run_accuracy(config, Path(data_dir), output_dir / bound, trials=trials, non_confidential=True,
+                                      with_postprocess=with_postprocess, draws=draws, seed=seed, plots=plots,
+                                      compare_production=False, progress=progress)
+    frame = bound_comparison(results["paper"].metrics, results["exact"].metrics)
+    seconds = time.perf_counter() - started
+    files = write_bound_report(output_dir, frame, config_path=Path(config_path), data_dir=Path(data_dir),
+                               trials=trials, seconds=seconds)
+    log.info("sensitivity comparison written", output=str(output_dir), trials=trials, seconds=round(seconds, 1))
+    return BoundComparisonResult(output_dir, results["paper"], results["exact"], frame, files, seconds)

@@ -139,3 +139,37 @@ def write_report(
     doc.write(directory / "report.md", directory / "report.html")
     files += ["report.md", "report.html"]
     return files
+
+
+def write_bound_report(directory: Path, frame: pd.DataFrame, *, config_path: Path, data_dir: Path, trials: int,
+                       seconds: float) -> list[str]:
+    """Write ``sensitivity_comparison.csv``, ``.md`` and ``.html``: the paper's bound against the
+    exact one at the same budgets (:func:`phsafe.accuracy.bounds.bound_comparison`)."""
+    from phsafe._plots import Bullets, Document, Heading, Para, Table
+
+    frame.to_csv(directory / "sensitivity_comparison.csv", index=False, lineterminator="\n")
+    doc = Document("PHSafe accuracy: the paper's sensitivity against the exact one")
+    doc.add(Para("The same config, data and number of trials, with the noise calibrated to the PHSafe paper's "
+                 "sensitivity (2 tau + 2 for person tables, 2 for unit tables) and to the exact sensitivity of each "
+                 "measurement (`docs/sensitivity.md`): the budgets (unbounded rho) are the same, so is the privacy "
+                 "loss under unbounded neighbours. Synthetic or otherwise non-confidential data only."))
+    doc.add(Table(("Field", "Value"), [["config", f"`{config_path}`"], ["data (declared non-confidential)",
+                                                                          f"`{data_dir}`"],
+                                        ["trials per bound", str(trials)], ["wall time", f"{seconds:.1f} s"],
+                                        ["experiments", "`paper/`, `exact/` (each a full accuracy report)"]]))
+    shown = frame.copy()
+    cols = ["TABLE", "LEVEL", "CELLS", "MOE_PAPER", "MOE_EXACT", "MOE_RATIO", "COVERAGE_PAPER", "COVERAGE_EXACT",
+            "MAE_PAPER", "MAE_EXACT", "MAE_RATIO"]
+    if shown["CI90_COVERAGE_PAPER"].notna().any():
+        cols += ["CI90_COVERAGE_PAPER", "CI90_COVERAGE_EXACT", "CI90_WIDTH_RATIO"]
+    doc.add(Heading(2, "Per table and level"), _table(shown[cols]))
+    doc.add(Heading(2, "Notes"), Bullets([
+        "`MOE_*`: mean stated 90% margin of error, 1.645 sqrt(VARIANCE); `MOE_RATIO` exact / paper (the variance "
+        "ratio is its square). `COVERAGE_*`: share of cells with |COUNT - truncated exact count| <= MOE (the noise "
+        "only: what the MOE states), 95% Wilson intervals in the CSV. `MAE_*`: mean |COUNT - truth| (noise and "
+        "truncation). `CI90_*`: post-processed 90% credible intervals' coverage and width ratio.",
+        "Under bounded neighbours (one record changed) the exact calibration's loss is 4 rho, the paper's 2 rho: "
+        "see `docs/sensitivity.md`.",
+    ]))
+    doc.write(directory / "sensitivity_comparison.md", directory / "sensitivity_comparison.html")
+    return ["sensitivity_comparison.csv", "sensitivity_comparison.md", "sensitivity_comparison.html"]
