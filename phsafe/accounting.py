@@ -32,9 +32,6 @@ class NoiseDistribution(enum.Enum):
     TWO_SIDED_GEOMETRIC = "Two-Sided Geometric"
 
 
-UNIT_TABLE_SENSITIVITY = 2
-
-
 def sensitivity(table: str, config: PHSafeConfig, level: PopulationGroupLevel | None = None) -> Encoded:
     """The sensitivity ``config`` calibrates ``table`` (at ``level``) to, as the ledger writes it.
 
