@@ -346,7 +346,7 @@ def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) 
     frames = private_tables(config, plan, noisy)
     shutil.rmtree(run.release_dir, ignore_errors=True)  # an earlier attempt's, rewritten identically
     run.release_dir.mkdir(parents=True)
-    return write_tables(frames, run.release_dir)
+    return write_tables(frames, run.release_dir, plan=plan)
 
 
 def check_outputs(run: PrivateRun, config: PHSafeConfig):
@@ -378,7 +378,8 @@ def public_manifest(run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_d
         "privacy_defn": config.privacy_defn.value,
         "total_budget": budget_text(plan.total),
         "non_confidential": run.parameters.non_confidential,
-        "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau)},
+        "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau),
+                   "sensitivity": config.sensitivity.value},
         "measurements": [
             {"table": m.table, "level": m.level.config_key, "budget": budget_text(m.budget),
              "sensitivity": m.sensitivity, "variance": m.variance, "moe90": m.moe90, "cells": m.n_cells,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from phsafe.config import PrivacyDefinition
+from phsafe.datapackage import SensitivityStatementError, check_sensitivity_statement
 from phsafe.domain import USA_REGION_ID, Domain
 from phsafe.amounts import format_exact
 from phsafe.errors import LedgerError, VerificationFailure, cause_in_words
@@ -510,7 +511,11 @@ def verify_tables(run: RunState, outdir: Path, files: Mapping[str, str], *, nois
         if parquet in files:
             _check_parquet(outdir / parquet, parquet, released[table])
     what = "the logged variances and noisy digests" if noisy_digests else "the VARIANCE the logged spends imply"
-    return [f"outputs: {checked} measured and derived table levels match {what}"]
+    try:  # the release says which sensitivity bound it used: the plan's
+        bound = check_sensitivity_statement(outdir, files, [s.measurement for s in run.planned.values()])
+    except SensitivityStatementError as exc:
+        raise VerificationFailure(exc.file, exc.reason) from None
+    return [f"outputs: {checked} measured and derived table levels match {what}", f"outputs: {bound}"]
 
 
 def _read_table(outdir: Path, table: str) -> _Released:
