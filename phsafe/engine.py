@@ -36,10 +36,10 @@ import structlog
 from phsafe import interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
-from phsafe.counting import Counts, check_pass_memory, exact_counts
+from phsafe.counting import Counts
 from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words
 from phsafe.parameters import option
-from phsafe.intake import validated_counts
+from phsafe.intake import SPILL_FOLDER, check_pass_memory, exact_counts, validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.noise import check_privacy_map, measure
@@ -64,7 +64,6 @@ from phsafe.private_run import (
 )
 from phsafe.progress import budget_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
-from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 
@@ -143,7 +142,7 @@ class ExactCounts:
 def check_inputs(run: PrivateRun):
     """Validate the config and inputs on their own (``phsafe validate``'s check); the report.
     A run validates and counts in one read instead: :func:`validate_and_count`."""
-    from phsafe.validation import validate_inputs
+    from phsafe.intake import validate_inputs
 
     return validate_inputs(run.config_file, run.data_dir, report_dir=run.report_dir)
 
