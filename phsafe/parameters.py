@@ -235,7 +235,8 @@ class PrivateRunParameters(BaseModel):
     dask_workers: Annotated[int | None, OnFlows(annotation=PositiveCount | None)] = Field(
         None, description="Workers of the LocalCluster (default 2).")
     partition_persons: Annotated[int | None, OnFlows(annotation=PositiveCount | None)] = Field(
-        None, description="Cut partitions larger than this many persons into MAFID ranges.")
+        None, description="With counting=dask, the persons of a MAFID range of national files (default 8M); "
+                          "data stored by state is counted a state at a time.")
     memory_limit: Annotated[int | None, CommandLine(("--memory-limit",), "size", metavar="SIZE"),
                             OnFlows(annotation=MemorySize | None), InPython()] = Field(
         None, description="Memory the input pass may use, e.g. 8G or 512M (default: half of the machine's "

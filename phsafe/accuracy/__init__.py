@@ -40,7 +40,6 @@ from phsafe.accuracy.metrics import (
     table_metrics,
 )
 from phsafe.accuracy.plots import interval_bars
-from phsafe.accuracy.plots import interval_bars as _interval_bars  # the name earlier callers used
 from phsafe.accuracy.report import write_report
 from phsafe.errors import ConfidentialityNotConfirmed
 

@@ -20,7 +20,6 @@ The package:
   machine;
 * :mod:`~phsafe.intake.cluster` -- the pass as tasks for a cluster, and :func:`run_cluster_pass`,
   which runs them in their order with any ``submit`` (Prefect's on a Dask task runner);
-* :mod:`~phsafe.intake.partitions` -- counting cut into independent partitions (no validation).
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from phsafe.errors import ConfigError, InputError
 from phsafe.intake.cluster import ClusterPlan, PieceCall, conclude, plan_cluster, run_cluster_pass
 from phsafe.intake.input_pass import InputPass, plan_memory, plan_parts, smallest_limit
 from phsafe.intake.parts import PassPart, PassResult, StageTimer, no_timer
-from phsafe.intake.partitions import CountingPartition, count_partition, plan_partitions
 from phsafe.intake.pieces import Piece, merge
 from phsafe.intake.spill import SPILL_FOLDER, SpillArea
 from phsafe.intake.workers import WorkerProcesses
@@ -46,10 +44,9 @@ from phsafe.validation import ValidationReport, ValidationSetup, guarded
 if TYPE_CHECKING:
     from phsafe.progress import Progress
 
-__all__ = ["SPILL_FOLDER", "ClusterPlan", "CountingPartition", "InputPass", "PassPart", "PassResult", "Piece",
-           "PieceCall", "SpillArea", "StageTimer", "WorkerProcesses", "check_pass_memory", "conclude",
-           "count_partition", "exact_counts", "merge", "plan_cluster", "plan_partitions", "run_cluster_pass",
-           "validate_inputs", "validated_counts"]
+__all__ = ["SPILL_FOLDER", "ClusterPlan", "InputPass", "PassPart", "PassResult", "Piece", "PieceCall", "SpillArea",
+           "StageTimer", "WorkerProcesses", "check_pass_memory", "conclude", "exact_counts", "merge", "plan_cluster",
+           "run_cluster_pass", "validate_inputs", "validated_counts"]
 
 
 def validated_counts(

@@ -47,7 +47,7 @@ pass's process merges.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,10 +60,10 @@ from phsafe.errors import ConfigError, InputError
 from phsafe.intake.input_pass import count_bucket, count_state, piece_observer, piece_pass, plan_parts, spilled_of
 from phsafe.intake.parts import STEMS, AsideCollector, Block, ClusterPlan, Layout, LayoutCollector, PassPart
 from phsafe.intake.pieces import Piece, error_fields, merge
-from phsafe.intake.spill import BucketPlan, plan_buckets
+from phsafe.intake.spill import plan_buckets
 from phsafe.memory import BYTES_PER_ROW, MAX_BUCKET_PERSONS
 from phsafe.preprocess import AsideMafids, sorted_distinct
-from phsafe.reader import InputFile, SourceReader, csv_blocks, locate_inputs, parquet_blocks
+from phsafe.reader import SourceReader, csv_blocks, locate_inputs, parquet_blocks
 from phsafe.tables import TableSpec
 from phsafe.validation import (
     FileSeen,

@@ -29,7 +29,6 @@ from phsafe.risk.analysis import (
     released_values,
     risk_ratio,
 )
-from phsafe.risk.analysis import noise_pmf as _pmf  # the name earlier callers used
 from phsafe.risk.report import (
     PROBABILITY_FLOOR,
     REPORT_HTML,
@@ -41,7 +40,6 @@ from phsafe.risk.report import (
     risk_json,
     write_risk,
 )
-from phsafe.risk.report import probability_text as _prob  # the name earlier callers used
 
 __all__ = [
     "GAUSSIAN", "GEOMETRIC", "NONE", "PRIORS", "PROBABILITY_FLOOR", "QUANTILES", "REPORT_HTML", "REPORT_MD",

@@ -26,7 +26,7 @@ import pytest
 
 from phsafe.config import load_config
 from phsafe.counting import combine_counts
-from phsafe.intake import count_partition, exact_counts, plan_partitions, validate_inputs
+from phsafe.intake import exact_counts, validate_inputs
 from phsafe import run_private
 from phsafe.errors import InputError
 from phsafe.reader import input_digests, locate_inputs, read_inputs
@@ -108,46 +108,12 @@ def test_partitioned_and_unpartitioned_counts_are_identical(
     for fmt in ("parquet", "parquet-partitioned"):
         assert_same_counts(reference, exact_counts(config, datasets[fmt], SPECS, key=key), fmt)
 
-    # Whole states, states cut into MAFID ranges, and one CSV cut into MAFID ranges.
-    for fmt, max_persons, at_least in (("parquet-partitioned", None, 6), ("parquet-partitioned", 700, 10),
-                                       ("csv", 3_000, 3), ("parquet", 2_500, 4)):
-        parts = plan_partitions(config, datasets[fmt], max_persons=max_persons)
-        assert len(parts) >= at_least, (fmt, max_persons)
-        results = [count_partition(p, config, SPECS, key=key) for p in parts]
-        assert_same_counts(reference, combine_counts(results), f"{fmt} max_persons={max_persons}")
-
-
-def test_partitions_are_small_picklable_and_order_free(datasets: dict[str, Path], config_path: Path) -> None:
-    config = load_config(config_path)
-    parts = plan_partitions(config, datasets["parquet-partitioned"], max_persons=1_000)
-    assert {p.state for p in parts} == set(config.states)  # Alaska is outside the filter
-    assert any(p.mafid_range is not None for p in parts)  # California is sliced
-    blob = pickle.dumps(parts)
-    assert len(blob) < 200 * len(parts) * 10  # paths and ranges only
-    shipped = pickle.loads(blob)
-    random.Random(1).shuffle(shipped)
-    results = [pickle.loads(pickle.dumps(count_partition(p, config, SPECS, key=KEY))) for p in shipped]
-    assert_same_counts(exact_counts(config, datasets["csv"], SPECS, key=KEY), combine_counts(results), "shuffled")
-
-
-def test_a_state_partition_counts_only_its_state(datasets: dict[str, Path], config_path: Path) -> None:
-    config = load_config(config_path)
-    (part,) = [p for p in plan_partitions(config, datasets["parquet-partitioned"]) if p.state == "11"]
-    counts = count_partition(part, config, SPECS, key=KEY)
-    i = config.states.index("11")
-    for c in counts.values():
-        for cube in c.by_level.values():
-            others = np.delete(cube, i, axis=0)
-            assert not others.any() and cube[i].any()
-
 
 def test_no_released_state_in_the_data_counts_zeros(datasets: dict[str, Path], tmp_path: Path) -> None:
     raw = json.loads(US_CONFIG.read_text())
     raw["state_filter"] = ["05", "09"]
     (tmp_path / "c.json").write_text(json.dumps(raw))
     config = load_config(tmp_path / "c.json")
-    parts = plan_partitions(config, datasets["parquet-partitioned"])
-    assert [p.label for p in parts] == ["empty"]
     counts = exact_counts(config, datasets["parquet-partitioned"], SPECS, key=KEY)
     assert all(cube.shape[0] == 2 and not cube.any() for c in counts.values() for cube in c.by_level.values())
 
@@ -227,8 +193,9 @@ def test_a_mafid_in_two_states_is_rejected(datasets: dict[str, Path], config_pat
     wy["TABBLKST"] = "02"
     pq.write_table(pq.read_table(root / "geo" / "TABBLKST=02" / "part-0.parquet").schema.empty_table()
                    .from_pandas(wy, preserve_index=False), root / "geo" / "TABBLKST=02" / "part-1.parquet")
-    with pytest.raises(InputError, match="more than one state partition"):
-        plan_partitions(load_config(config_path), root)
+    with pytest.raises(InputError, match="more than one state") as refused:
+        exact_counts(load_config(config_path), root, SPECS, key=KEY)
+    assert "geo" in str(refused.value)
 
 
 @pytest.mark.parametrize("make_bad, rule", [

@@ -7,8 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from phsafe.accuracy import _interval_bars, coverage_interval
-from phsafe.risk import _prob
+from phsafe.accuracy import coverage_interval, interval_bars
+from phsafe.risk import probability_text
 
 
 @pytest.mark.parametrize("x, log10, text", [
@@ -19,7 +19,7 @@ from phsafe.risk import _prob
     (0.588860, None, "0.588860"),
 ])
 def test_probabilities_are_readable(x: float, log10: float | None, text: str) -> None:
-    assert _prob(x, log10) == text
+    assert probability_text(x, log10) == text
 
 
 def test_wilson_interval_stays_inside_0_1_and_is_not_empty_at_the_edges() -> None:
@@ -36,6 +36,6 @@ def test_coverage_error_bars_never_run_past_1() -> None:
     """Few trials, full coverage: +-2 SE would be 0 wide at 1.0 or past 1 near it; Wilson is not."""
     frame = pd.DataFrame({"MOE_COVERAGE": [1.0, 0.95]})
     frame["MOE_COVERAGE_LOW"], frame["MOE_COVERAGE_HIGH"] = zip(coverage_interval(4, 4), coverage_interval(19, 20))
-    below, above = _interval_bars(frame, "MOE_COVERAGE")
+    below, above = interval_bars(frame, "MOE_COVERAGE")
     assert ((frame["MOE_COVERAGE"] + above) <= 1.0 + 1e-12).all()
     assert ((frame["MOE_COVERAGE"] - below) >= 0.0).all() and below[0] > 0.3

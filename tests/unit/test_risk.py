@@ -108,7 +108,7 @@ def test_pmf_is_normalised_by_summation() -> None:
     # sigma^2 = 1/4: the discrete normaliser differs from sqrt(2 pi) sigma by ~1.4% (Poisson
     # summation: Z = sqrt(2 pi) sigma (1 + 2 e^(-2 pi^2 sigma^2) + ...)).
     noise = CellNoise.discrete_gaussian(Fraction(2))
-    pmf = risk._pmf(noise)
+    pmf = risk.noise_pmf(noise)
     z = math.fsum(math.exp(-2.0 * j * j) for j in range(-60, 61))
     assert pmf.probs.sum() == pytest.approx(1.0, abs=1e-15)
     assert risk.likelihood(noise, 0, 0) == pytest.approx(1 / z, rel=1e-14)
