@@ -4,7 +4,7 @@ VENV := .venv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test env clean bench chromium
+.PHONY: demo test test-fast env clean bench chromium
 
 env: $(STAMP)
 
@@ -20,6 +20,10 @@ demo: $(STAMP)
 
 test: $(STAMP) chromium
 	$(VENV)/bin/python -m pytest -n 2 --durations=15
+
+# The unit lane alone: no subprocess, no server, no command run end to end (under 2 minutes).
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 tests/unit
 
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
 # Installed when missing and we are root; otherwise those tests fail saying what to install.

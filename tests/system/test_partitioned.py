@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
-import random
 import shutil
 from pathlib import Path
 

@@ -16,44 +16,23 @@ The estimate files, marginal cells, the constrained averages and the checks are 
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 from phsafe import postprocess as pp
 from phsafe.accounting import NoiseDistribution, geometric_variance, plan_run
 from phsafe.config import load_config
 from phsafe.postprocess import RATIO_SHELLS, NoiseModel, Posterior, geometric_q, posterior_for, ratio_table
+from tests._noisy_tables import DG, GEO, average_frames, opendp_noise
 from tests.conftest import PR_CONFIG, US_CONFIG
-
-DG = "Discrete Gaussian"
-GEO = "Two-Sided Geometric"
 
 
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
-
-
-def opendp_noise(distribution: str, scale: float, size: int) -> np.ndarray:
-    """Noise from OpenDP's exact samplers, as in a private run (secure randomness, no seed)."""
-    import opendp.prelude as dp
-
-    dp.enable_features("contrib")
-    domain = dp.vector_domain(dp.atom_domain(T="i64"))
-    if distribution == DG:
-        m = dp.m.make_gaussian(domain, dp.l2_distance(T="i64"), scale=scale)
-    else:
-        m = dp.m.make_laplace(domain, dp.l1_distance(T="i64"), scale=scale)
-    return np.asarray(m([0] * size), dtype=np.int64)
 
 
 def brute_force(model: NoiseModel, y: int) -> tuple[float, int, int, int, float, int, int]:
@@ -253,27 +232,6 @@ def test_credible_intervals_cover_about_90_percent_fast() -> None:
     assert 0.89 <= _count_coverage(DG, sigma, sigma**2, far) <= 0.915
 
 
-def _average_frames(num_truth: np.ndarray, den_truth: np.ndarray, sigma: float, shell: str = "PH1",
-                    ids: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Private numerator and denominator tables of a ratio shell: truths plus OpenDP noise
-    (``den_truth`` has one column per denominator cell: 1 for PH1/PH5, 2 for PH8's cells 2, 3)."""
-    g = den_truth.shape[0]
-    ids = ids or [f"{i:05d}" for i in range(g)]
-    num_table, den_table = RATIO_SHELLS[shell].numerator, RATIO_SHELLS[shell].denominator
-
-    def frame(table: str, cells: list[int], truth: np.ndarray) -> pd.DataFrame:
-        rows = len(cells) * g
-        noise = opendp_noise(DG, sigma, rows) if sigma > 0 else np.zeros(rows, np.int64)
-        return pd.DataFrame({
-            "REGION_ID": np.repeat(ids, len(cells)), "REGION_TYPE": "STATE", "ITERATION_CODE": "*",
-            f"{table.upper()}_DATA_CELL": np.tile(cells, g), "COUNT": np.asarray(truth).ravel() + noise,
-            "NOISE_DISTRIBUTION": DG, "VARIANCE": float(sigma) ** 2,
-        })
-
-    den_cells = [1] if RATIO_SHELLS[shell].shared_denominator else [2, 3]
-    return frame(num_table, [2, 3], num_truth), frame(den_table, den_cells, den_truth)
-
-
 def _households(rng: np.random.Generator, groups: int, lo: int, hi: int, tau: int = 10) -> tuple[np.ndarray, ...]:
     """Truncated truths of PH1 groups: households, persons under 18 and 18 and over (>= 1 adult
     per household, at most tau persons each)."""
@@ -286,7 +244,7 @@ def _households(rng: np.random.Generator, groups: int, lo: int, hi: int, tau: in
 def test_average_intervals_cover_about_90_percent_fast() -> None:
     rng = np.random.default_rng(3)
     den, kids, adults = _households(rng, 300, 1, 200)
-    num, denom = _average_frames(np.stack([kids, adults], 1), den[:, None], 10.0)
+    num, denom = average_frames(np.stack([kids, adults], 1), den[:, None], 10.0)
     out = ratio_table(RATIO_SHELLS["PH1"], num, denom, {"PH1_num": 10}, rng=np.random.default_rng(4))
     truth = np.stack([(kids + adults) / den, kids / den, adults / den], 1).ravel()
     covered = (out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])
@@ -342,147 +300,6 @@ def test_ph1_cells_share_the_denominator() -> None:
 # The command on a real private output
 # --------------------------------------------------------------------------------------------
 
-STATES = ["01", "06"]
-FAST_LIMIT = 2_000_000
-
-
-@pytest.fixture(scope="module")
-def private_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A published private output of synthetic data with the production (US) budgets; the
-    input data is deleted afterwards, so nothing can read it."""
-    from phsafe import synthetic
-    from phsafe import run_private
-
-    root = tmp_path_factory.mktemp("pp")
-    data = root / "data"
-    synthetic.write(synthetic.generate(1500, STATES, seed=11), data)
-    raw = json.loads(US_CONFIG.read_text())
-    raw["state_filter"] = STATES
-    config = root / "config.json"
-    config.write_text(json.dumps(raw))
-    out = root / "out"
-    run_private(config, data, out, ledger=root / "ledger.jsonl", non_confidential=True)
-    shutil.rmtree(data)
-    config.unlink()
-    return out
-
-
-def test_postprocess_writes_every_table_with_documented_columns(private_output: Path, tmp_path: Path) -> None:
-    dest = tmp_path / "pp"
-    # Nation-level averages beyond 2 million lattice points are sampled here (the lattices
-    # themselves are tested against brute force in test_estimates.py): the test stays fast.
-    result = pp.postprocess(private_output, dest, draws=200, seed=5, exact_limit=FAST_LIMIT)
-    assert result.destination == dest
-    for table in ("PH1_num", "PH1_denom", "PH2", "PH3", "PH4", "PH5_num", "PH5_denom", "PH6", "PH7", "PH8_num",
-                  "PH8_denom"):
-        frame = pd.read_csv(dest / f"{table}.csv", sep="|", dtype={"REGION_ID": str})
-        source = pd.read_csv(private_output / table / f"{table}.csv", sep="|", dtype={"REGION_ID": str})
-        assert list(frame.columns) == list(source.columns) + list(pp.COUNT_COLUMNS)
-        marginals = pp.shells.marginal_cells(table)
-        groups = len(source.drop_duplicates([c for c in ("REGION_ID", "REGION_TYPE", "ITERATION_CODE") if c in source]))
-        assert len(frame) == len(source) + groups * len(marginals)  # every released and marginal cell
-        released = frame.merge(source, on=list(source.columns), how="inner")
-        assert len(released) == len(source)
-        assert (frame["CI90_LOWER"] >= 0).all() and (frame["ESTIMATE"] >= 0).all()
-        assert (frame["CI90_LOWER"] <= frame["CI90_UPPER"]).all()
-        parquet = pd.read_parquet(dest / f"{table}.parquet")
-        assert list(parquet.columns) == list(frame.columns) and len(parquet) == len(frame)
-    for name in ("PH1", "PH5", "PH8"):
-        frame = pd.read_csv(dest / f"{name}.csv", sep="|", dtype={"REGION_ID": str})
-        assert list(frame.columns) == [*pp.GROUP_KEYS, f"{name}_DATA_CELL", *pp.AVERAGE_COLUMNS]
-        assert set(frame[f"{name}_DATA_CELL"]) == {1, 2, 3}
-        ok = frame["ESTIMATE"].notna()
-        assert ok.all()  # noisy denominators: always a posterior
-        assert ((frame["CI90_LOWER"] <= frame["MEDIAN"]) & (frame["MEDIAN"] <= frame["CI90_UPPER"])).all()
-        assert ((frame["LOWER_BOUND"] <= frame["ESTIMATE"]) & (frame["ESTIMATE"] <= frame["UPPER_BOUND"])).all()
-        assert (frame["CI90_LOWER"] >= frame["LOWER_BOUND"]).all() and (frame["CI90_UPPER"] <= frame["UPPER_BOUND"]).all()
-    meta = json.loads((dest / "postprocess.json").read_text())
-    assert meta["seed"] == 5 and meta["draws"] == 200 and meta["source"]["run_id"]
-    assert meta["tau"] == json.loads(US_CONFIG.read_text())["tau"]  # from the release's manifest
-    assert "CI90_LOWER" in (dest / "README.md").read_text()
-    # same seed, same results
-    again = pp.postprocess(private_output, tmp_path / "pp2", draws=200, seed=5, exact_limit=FAST_LIMIT)
-    assert (dest / "PH8.csv").read_bytes() == (again.destination / "PH8.csv").read_bytes()
-
-
-def test_postprocess_never_reads_input_data(private_output: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the output directory is read: the data is gone, the reader fails if called, and an
-    audit hook sees every file opened by Python."""
-    import phsafe.reader
-
-    def forbidden(*args, **kwargs):
-        raise AssertionError("post-processing called the input reader")
-
-    for name in ("read_inputs", "locate_inputs", "input_digests"):
-        if hasattr(phsafe.reader, name):
-            monkeypatch.setattr(phsafe.reader, name, forbidden)
-    pp.postprocess(private_output, tmp_path / "warm", draws=20, seed=1, exact_limit=FAST_LIMIT)  # imports happen here
-    opened: list[tuple[str, str]] = []
-    active = [True]
-
-    def hook(event: str, args: tuple) -> None:
-        if active[0] and event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-            path = os.fsdecode(args[0])
-            mode = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
-            flags = args[2] if len(args) > 2 and isinstance(args[2], int) else 0
-            writing = any(c in mode for c in "wax+") or bool(flags & (os.O_WRONLY | os.O_RDWR))
-            opened.append((os.path.abspath(path), "w" if writing else "r"))
-
-    sys.addaudithook(hook)
-    dest = tmp_path / "dest"
-    try:
-        pp.postprocess(private_output, dest, draws=20, seed=1, exact_limit=FAST_LIMIT)
-    finally:
-        active[0] = False
-    root = private_output.resolve()
-    dest = dest.resolve()
-
-    def own_output(p: Path) -> bool:  # what postprocess wrote (read back to hash it), and fsyncs
-        return (p == dest.parent or p.is_relative_to(dest)
-                or any(part.startswith(".dest.partial-") for part in p.relative_to(dest.parent).parts[:1])
-                if p.is_relative_to(dest.parent) else False)
-
-    ignore = tuple(str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}) + ("/proc", "/sys", "/dev")
-    reads = {Path(p).resolve() for p, m in opened if m == "r" and not p.startswith(ignore)}
-    writes = {Path(p).resolve() for p, m in opened if m == "w"}
-    assert any(p.is_relative_to(root) for p in reads), "the audit hook saw no read of the outputs"
-    assert [p for p in reads if not (p.is_relative_to(root) or own_output(p))] == []
-    assert writes and [p for p in writes if not own_output(p) or p == dest.parent] == []
-
-
-def test_postprocess_command_takes_only_the_output_directory(private_output: Path, tmp_path: Path) -> None:
-    from phsafe.cli import main
-
-    command = main.commands["postprocess"]
-    arguments = [p for p in command.params if p.param_type_name == "argument"]
-    assert [a.name for a in arguments] == ["output"]
-    dest = tmp_path / "cli"
-    result = CliRunner().invoke(main, ["postprocess", str(private_output), "--dest", str(dest), "--draws", "50",
-                                       "--seed", "3", "--exact-limit", str(FAST_LIMIT)])
-    assert result.exit_code == 0, result.output
-    assert (dest / "PH1.csv").is_file() and (dest / "PH1.parquet").is_file()
-    again = CliRunner().invoke(main, ["postprocess", str(private_output), "--dest", str(dest)])
-    assert again.exit_code == 1 and "already exists" in again.output
-
-
-def test_postprocess_refuses_what_it_cannot_use(private_output: Path, tmp_path: Path) -> None:
-    with pytest.raises(pp.PostprocessError, match="outside the output directory"):
-        pp.postprocess(private_output, private_output / "pp")
-    with pytest.raises(pp.PostprocessError, match="does not exist"):
-        pp.postprocess(tmp_path / "missing", tmp_path / "x")
-    nonprivate = tmp_path / "np" / "PH2"
-    nonprivate.mkdir(parents=True)
-    (nonprivate / "PH2.csv").write_text("REGION_ID|REGION_TYPE|PH2_DATA_CELL|COUNT\n1|USA|1|5\n")
-    with pytest.raises(pp.PostprocessError, match="not a private output"):
-        pp.postprocess(tmp_path / "np", tmp_path / "y")
-    tampered = tmp_path / "tampered"
-    shutil.copytree(private_output, tampered)
-    with open(tampered / "PH2" / "PH2.csv", "a") as fh:
-        fh.write("\n")
-    with pytest.raises(pp.PostprocessError, match="SHA-256"):
-        pp.postprocess(tampered, tmp_path / "z")
-    assert not (tmp_path / "z").exists()
-
 
 def test_many_rows_are_summarized_at_once() -> None:
     rng = np.random.default_rng(0)
@@ -499,75 +316,3 @@ def test_many_rows_are_summarized_at_once() -> None:
         assert out["ESTIMATE"][i] == pytest.approx(mean, rel=1e-9)
         assert (out["CI90_LOWER"][i], out["CI90_UPPER"][i]) == (lower, upper)
         assert (out["CI90_ET_LOWER"][i], out["CI90_ET_UPPER"][i]) == (et_lower, et_upper)
-
-
-# --------------------------------------------------------------------------------------------
-# Full simulations (slow)
-# --------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_moe_coverage_full_simulation() -> None:
-    """OpenDP noise at every distinct production variance (zCDP) and at pure-DP scales."""
-    results = {}
-    for config in (US_CONFIG,):
-        for v in sorted({m.variance for m in plan_run(load_config(config)).measurements}):
-            z = opendp_noise(DG, math.sqrt(v), 30_000)
-            results[f"DG sigma={math.sqrt(v):.1f}"] = float((np.abs(z) <= 1.645 * math.sqrt(v)).mean())
-    for s in (2.0, 10.0, 55.0):
-        v = geometric_variance(s)
-        z = opendp_noise(GEO, s, 30_000)
-        results[f"geometric s={s}"] = float((np.abs(z) <= 1.645 * math.sqrt(v)).mean())
-    print(results)
-    for key, cov in results.items():
-        assert 0.888 <= cov <= 0.915, (key, cov)  # exact values 0.8975-0.9083, SE 0.0017
-
-
-@pytest.mark.slow
-def test_credible_interval_coverage_full_simulation() -> None:
-    """Count intervals for truths spread over the range where the boundary at 0 matters, and far
-    from it, for the discrete Gaussian (one and two parts) and the geometric."""
-    rng = np.random.default_rng(7)
-    results = {}
-    for distribution, scale, variance, parts in ((DG, 41.345, 41.345**2, 1), (DG, 3.0, 9.0, 1), (GEO, 12.0, geometric_variance(12.0), 1),
-                                                 (DG, 41.345, 2 * 41.345**2, 2)):
-        sd = math.sqrt(variance)
-        truths = np.concatenate([np.zeros(6000, np.int64), rng.integers(0, int(4 * sd) + 1, 24_000),
-                                 rng.integers(int(6 * sd), int(40 * sd), 10_000)])
-        noise = opendp_noise(distribution, scale, truths.size * parts).reshape(parts, -1).sum(0)
-        y = truths + noise
-        post = posterior_for(NoiseModel.of(distribution, variance, parts))
-        s = post.summarize(y)
-        hit = (s.lower <= truths) & (truths <= s.upper)
-        # Far from 0 the interval is y +- h: its coverage is exactly P(|Z| <= h) >= 0.9 (more
-        # for a small sigma, where the integers are coarse).
-        lo, hi = pp.hpd_rows(post.pmf)
-        exact_far = float(post.pmf[lo[0]: hi[0] + 1].sum())
-        key = f"{distribution} scale={scale} parts={parts}"
-        results[key] = (float(hit.mean()), float(hit[:6000].mean()), float(hit[6000:30_000].mean()),
-                        float(hit[30_000:].mean()), exact_far)
-    print(results)
-    for key, (pooled, zero, near, far, exact_far) in results.items():
-        assert 0.89 <= pooled <= 0.95, (key, pooled)
-        assert zero >= 0.89, (key, zero)
-        assert 0.88 <= near <= 0.96, (key, near)
-        assert 0.9 <= exact_far <= 0.94 and abs(far - exact_far) <= 0.012, (key, far, exact_far)
-
-
-@pytest.mark.slow
-def test_average_coverage_full_simulation() -> None:
-    """The averages' 90% equal-tailed intervals on 1,500 groups (4,500 intervals), small and large
-    households counts, sigma 41 (the production's state-level PH1 sigma is 122)."""
-    rng = np.random.default_rng(9)
-    groups, sigma = 1500, 41.345
-    den = np.concatenate([rng.integers(1, 50, groups // 2), rng.integers(50, 3000, groups // 2)])
-    kids = rng.binomial(den * 2, 0.3)
-    adults = np.minimum(den + rng.binomial(den, 0.8), 10 * den - kids)
-    num, denom = _average_frames(np.stack([kids, adults], 1), den[:, None], sigma)
-    out = ratio_table(RATIO_SHELLS["PH1"], num, denom, {"PH1_num": 10}, rng=np.random.default_rng(10))
-    truth = np.stack([(kids + adults) / den, kids / den, adults / den], 1).ravel()
-    covered = ((out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])).to_numpy()
-    small = np.repeat(den < 50, 3)
-    print({"pooled": covered.mean(), "small denominators": covered[small].mean(), "large": covered[~small].mean()})
-    assert 0.88 <= covered.mean() <= 0.94
-    assert 0.87 <= covered[~small].mean() <= 0.94

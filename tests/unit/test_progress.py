@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import io
-import json
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from rich.console import Console
 
 from phsafe._plots import ReportFolderExists, report_folder
-from phsafe.cli import main
 from phsafe.progress import NULL, NullProgress, PlainProgress, Progress, RichProgress, budget_text, for_stream
-from tests.conftest import PR_CONFIG, US_CONFIG
-
-REPO = Path(__file__).resolve().parents[2]
-DEMO_US = REPO / "demo" / "data" / "us"
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,93 +133,6 @@ def test_for_stream_picks_the_display() -> None:
 # --------------------------------------------------------------------------------------------
 # The command line: -q/-v, one error line, report folders
 # --------------------------------------------------------------------------------------------
-
-
-def _invoke(*args: object) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def test_quiet_and_verbose_mean_the_same_on_the_group_and_the_command(tmp_path: Path) -> None:
-    normal = _invoke("plan", "--from-config", US_CONFIG, "--out", tmp_path / "a")
-    assert normal.exit_code == 0
-    assert "phsafe: plan -- done in" in normal.stderr  # plain progress (not a terminal)
-    assert "total rho 1.257281 (bounded 2.514562)" in normal.stdout
-    for args in (["-q", "plan"], ["plan", "--quiet"]):
-        quiet = _invoke(*args, "--from-config", US_CONFIG, "--out", tmp_path / args[0].strip("-"))
-        assert quiet.exit_code == 0 and quiet.stdout == "" and quiet.stderr == ""
-    both = _invoke("-q", "plan", "--verbose", "--from-config", US_CONFIG, "--out", tmp_path / "c")
-    assert both.exit_code == 2 and "--quiet and --verbose" in both.stderr
-
-
-def test_validate_and_private_show_the_input_files_read(tmp_path: Path) -> None:
-    validated = _invoke("validate", DEMO_US / "config.json", DEMO_US)
-    assert validated.exit_code == 0, validated.stderr
-    # the files read, then each input's size (rounded) and the rate it was read at
-    assert "phsafe: read, check and join: 3 files, geo.csv " in validated.stderr
-    assert "units.csv " in validated.stderr and "persons.csv " in validated.stderr
-    assert "phsafe: evaluate the rules (Great Expectations) -- done in " in validated.stderr
-    assert "phsafe: validate the config and the inputs -- done in " in validated.stderr
-    private = _invoke("private", DEMO_US / "config.json", DEMO_US, tmp_path / "out",
-                      "--ledger", tmp_path / "ledger.jsonl", "--non-confidential")
-    assert private.exit_code == 0, private.stderr
-    assert "phsafe: read, check, join and count: 3 files, geo.csv " in private.stderr
-    assert "phsafe: evaluate the rules (Great Expectations) -- done in " in private.stderr
-    assert "measurements -- done in " in private.stderr
-
-
-def test_verbose_shows_log_events(tmp_path: Path) -> None:
-    private = tmp_path / "out"
-    from phsafe import run_private
-
-    run_private(DEMO_US / "config.json", DEMO_US, private, ledger=tmp_path / "ledger.jsonl", non_confidential=True)
-    quiet_log = _invoke("postprocess", private, "--dest", tmp_path / "pp1", "--draws", "20")
-    loud = _invoke("-v", "postprocess", private, "--dest", tmp_path / "pp2", "--draws", "20")
-    assert quiet_log.exit_code == loud.exit_code == 0
-    assert "postprocess written" not in quiet_log.stderr
-    assert "phsafe: postprocess written (destination=" in loud.stderr
-
-
-def test_a_failure_is_one_line(tmp_path: Path) -> None:
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    for args in (["postprocess", empty], ["-v", "postprocess", empty],
-                 ["plan", "--targets", REPO / "docs" / "table10_moe_targets.csv", "--out", tmp_path / "p"],
-                 ["risk", tmp_path / "missing.json"]):
-        result = _invoke(*args)
-        lines = result.stderr.strip().splitlines()
-        assert result.exit_code in (1, 2), result.stderr
-        errors = [line for line in lines if "error" in line.lower()]
-        assert len(errors) == 1, lines
-
-
-def test_report_commands_refuse_a_folder_with_files_unless_overwrite(tmp_path: Path) -> None:
-    out = tmp_path / "risk"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    refused = _invoke("risk", PR_CONFIG, "--out", out)
-    assert refused.exit_code == 1
-    assert refused.stderr.strip() == (f"phsafe: error: output folder {out} already holds files; "
-                                      "choose a new folder, or replace them with --overwrite")
-    assert (out / "notes.txt").exists() and not (out / "risk.json").exists()
-    replaced = _invoke("risk", PR_CONFIG, "--out", out, "--overwrite")
-    assert replaced.exit_code == 0, replaced.stderr
-    assert not (out / "notes.txt").exists() and json.loads((out / "risk.json").read_text())["levels"]
-    empty = tmp_path / "empty-plan"
-    empty.mkdir()
-    assert _invoke("plan", "--from-config", PR_CONFIG, "--out", empty).exit_code == 0  # empty: fine
-    again = _invoke("plan", "--from-config", PR_CONFIG, "--out", empty)
-    assert again.exit_code == 1 and "--overwrite" in again.stderr
-
-
-def test_validate_report_dir_is_a_new_folder(tmp_path: Path) -> None:
-    report = tmp_path / "report"
-    first = _invoke("validate", DEMO_US / "config.json", DEMO_US, "--report-dir", report)
-    assert first.exit_code == 0 and "inputs are valid" in first.stdout
-    second = _invoke("validate", DEMO_US / "config.json", DEMO_US, "--report-dir", report)
-    assert second.exit_code == 1 and "report folder" in second.stderr and "--overwrite" in second.stderr
-    third = _invoke("-q", "validate", DEMO_US / "config.json", DEMO_US, "--report-dir", report, "--overwrite")
-    assert third.exit_code == 0 and third.stdout == ""
-    assert (report / "inputs" / "index.html").exists()
 
 
 def test_report_folder_never_replaces_a_file(tmp_path: Path) -> None:

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from phsafe import synthetic
-from phsafe.synthetic import SyntheticData, generate, write
+from phsafe.cli.synth import parse_count
+from phsafe.synthetic import US_STATES, SyntheticData, generate, plan_chunks, resolve_states, synthesize, write
 
-US_STATES = ["01", "06", "36", "48", "11"]
 # The 50 states and DC: the state_filter of the production US run.
 PRODUCTION_STATES = [f"{c:02d}" for c in range(1, 57) if c not in {3, 7, 14, 43, 52}]
 
@@ -322,20 +322,6 @@ def test_write_parquet_round_trip(pr: SyntheticData, tmp_path: Path) -> None:
         pd.testing.assert_frame_equal(_as_strings(back), _as_strings(getattr(pr, name)))
 
 
-def test_command_line(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from phsafe.cli import main
-
-    out = tmp_path / "cli"
-    result = CliRunner().invoke(main, ["synth", "--persons", "300", "--states", "01,06", "--out", str(out),
-                                       "--format", "parquet", "--seed", "3"])
-    assert result.exit_code == 0, result.output
-    assert sorted(p.name for p in out.iterdir()) == ["geo.parquet", "persons.parquet",
-                                                     "synth.json", "units.parquet"]
-    assert len(pd.read_parquet(out / "persons.parquet")) == 300
-
-
 @pytest.mark.parametrize("column, before, after", [
     ("HHT2", "01", "02"),   # own child under 18 in a married couple "without children"
     ("CPLT", "1", "3"),     # married couple with an unmarried-partner CPLT
@@ -353,9 +339,6 @@ def test_checker_catches_inconsistency(us: SyntheticData, column: str, before: s
 # --------------------------------------------------------------------------------------------
 # synthesize: data of any size, chunk by chunk, in three formats
 # --------------------------------------------------------------------------------------------
-
-from phsafe.cli.synth import parse_count, synth  # noqa: E402
-from phsafe.synthetic import US_STATES, plan_chunks, resolve_states, synthesize  # noqa: E402
 
 TAU = 10  # the production tau of the person tables PH1_num, PH2, PH4, PH7
 
@@ -497,32 +480,7 @@ def test_parse_count() -> None:
             parse_count(bad)
 
 
-def test_synth_command(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    result = CliRunner().invoke(synth, ["--persons", "2k", "--out", str(tmp_path / "d"), "--states", "pr",
-                                        "--format", "parquet-partitioned", "--seed", "4", "--quiet"])
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "d" / "persons" / "TABBLKST=72" / "part-0.parquet").exists()
-    again = CliRunner().invoke(synth, ["--persons", "2k", "--out", str(tmp_path / "d"), "--states", "pr"])
-    assert again.exit_code == 1 and "--overwrite" in again.output
-    bad = CliRunner().invoke(synth, ["--persons", "10", "--out", str(tmp_path / "e"), "--states", "01,72"])
-    assert bad.exit_code == 2
-
-
 def test_synth_is_mounted_on_the_phsafe_command() -> None:
     from phsafe.cli import main as cli_main
 
     assert "synth" in cli_main.commands
-
-
-@pytest.mark.parametrize("fmt", ["csv", "parquet-partitioned"])
-def test_generated_data_passes_validation(tmp_path: Path, fmt: str) -> None:
-    from phsafe.intake import validate_inputs
-
-    from tests.conftest import PR_CONFIG, US_CONFIG
-
-    synthesize(tmp_path, 30_000, "all", fmt=fmt, seed=21)  # type: ignore[arg-type]
-    for name, config in (("us", US_CONFIG), ("pr", PR_CONFIG)):
-        report = validate_inputs(config, tmp_path / name)
-        assert report.ok, report.to_text()

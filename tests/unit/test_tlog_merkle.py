@@ -16,7 +16,6 @@ from phsafe.tlog.merkle import (
     EMPTY_ROOT,
     leaf_hash,
     node_hash,
-    root_from_inclusion_proof,
     stored_hash_count,
     stored_hash_index,
     tree_size_for_stored_count,

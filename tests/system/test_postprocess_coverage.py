@@ -1,0 +1,83 @@
+"""Long simulations of the estimates' coverage: the stated MOE, the credible intervals and the
+averages, over many noisy draws from OpenDP's samplers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from phsafe import postprocess as pp
+from phsafe.accounting import geometric_variance, plan_run
+from phsafe.config import load_config
+from phsafe.postprocess import RATIO_SHELLS, NoiseModel, posterior_for, ratio_table
+from tests._noisy_tables import DG, GEO, average_frames, opendp_noise
+from tests.conftest import US_CONFIG
+
+
+@pytest.mark.slow
+def test_moe_coverage_full_simulation() -> None:
+    """OpenDP noise at every distinct production variance (zCDP) and at pure-DP scales."""
+    results = {}
+    for config in (US_CONFIG,):
+        for v in sorted({m.variance for m in plan_run(load_config(config)).measurements}):
+            z = opendp_noise(DG, math.sqrt(v), 30_000)
+            results[f"DG sigma={math.sqrt(v):.1f}"] = float((np.abs(z) <= 1.645 * math.sqrt(v)).mean())
+    for s in (2.0, 10.0, 55.0):
+        v = geometric_variance(s)
+        z = opendp_noise(GEO, s, 30_000)
+        results[f"geometric s={s}"] = float((np.abs(z) <= 1.645 * math.sqrt(v)).mean())
+    print(results)
+    for key, cov in results.items():
+        assert 0.888 <= cov <= 0.915, (key, cov)  # exact values 0.8975-0.9083, SE 0.0017
+
+
+@pytest.mark.slow
+def test_credible_interval_coverage_full_simulation() -> None:
+    """Count intervals for truths spread over the range where the boundary at 0 matters, and far
+    from it, for the discrete Gaussian (one and two parts) and the geometric."""
+    rng = np.random.default_rng(7)
+    results = {}
+    for distribution, scale, variance, parts in ((DG, 41.345, 41.345**2, 1), (DG, 3.0, 9.0, 1), (GEO, 12.0, geometric_variance(12.0), 1),
+                                                 (DG, 41.345, 2 * 41.345**2, 2)):
+        sd = math.sqrt(variance)
+        truths = np.concatenate([np.zeros(6000, np.int64), rng.integers(0, int(4 * sd) + 1, 24_000),
+                                 rng.integers(int(6 * sd), int(40 * sd), 10_000)])
+        noise = opendp_noise(distribution, scale, truths.size * parts).reshape(parts, -1).sum(0)
+        y = truths + noise
+        post = posterior_for(NoiseModel.of(distribution, variance, parts))
+        s = post.summarize(y)
+        hit = (s.lower <= truths) & (truths <= s.upper)
+        # Far from 0 the interval is y +- h: its coverage is exactly P(|Z| <= h) >= 0.9 (more
+        # for a small sigma, where the integers are coarse).
+        lo, hi = pp.hpd_rows(post.pmf)
+        exact_far = float(post.pmf[lo[0]: hi[0] + 1].sum())
+        key = f"{distribution} scale={scale} parts={parts}"
+        results[key] = (float(hit.mean()), float(hit[:6000].mean()), float(hit[6000:30_000].mean()),
+                        float(hit[30_000:].mean()), exact_far)
+    print(results)
+    for key, (pooled, zero, near, far, exact_far) in results.items():
+        assert 0.89 <= pooled <= 0.95, (key, pooled)
+        assert zero >= 0.89, (key, zero)
+        assert 0.88 <= near <= 0.96, (key, near)
+        assert 0.9 <= exact_far <= 0.94 and abs(far - exact_far) <= 0.012, (key, far, exact_far)
+
+
+@pytest.mark.slow
+def test_average_coverage_full_simulation() -> None:
+    """The averages' 90% equal-tailed intervals on 1,500 groups (4,500 intervals), small and large
+    households counts, sigma 41 (the production's state-level PH1 sigma is 122)."""
+    rng = np.random.default_rng(9)
+    groups, sigma = 1500, 41.345
+    den = np.concatenate([rng.integers(1, 50, groups // 2), rng.integers(50, 3000, groups // 2)])
+    kids = rng.binomial(den * 2, 0.3)
+    adults = np.minimum(den + rng.binomial(den, 0.8), 10 * den - kids)
+    num, denom = average_frames(np.stack([kids, adults], 1), den[:, None], sigma)
+    out = ratio_table(RATIO_SHELLS["PH1"], num, denom, {"PH1_num": 10}, rng=np.random.default_rng(10))
+    truth = np.stack([(kids + adults) / den, kids / den, adults / den], 1).ravel()
+    covered = ((out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])).to_numpy()
+    small = np.repeat(den < 50, 3)
+    print({"pooled": covered.mean(), "small denominators": covered[small].mean(), "large": covered[~small].mean()})
+    assert 0.88 <= covered.mean() <= 0.94
+    assert 0.87 <= covered[~small].mean() <= 0.94
