@@ -55,11 +55,11 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from phsafe import synthetic
+    from phsafe.synthetic import synthesize
 
     root = tmp_path_factory.mktemp("crash")
     data = root / "data"
-    assert synthetic.main(["--persons", "2000", "--states", "01,02", "--out", str(data), "--seed", "3"]) == 0
+    synthesize(data, 2000, "01,02", seed=3)
     config = json.loads(US_CONFIG.read_text())
     config["state_filter"] = ["01", "02"]
     config["dataset"] = "crash-test"
