@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 from decimal import Decimal
 from fractions import Fraction
 
@@ -65,6 +66,9 @@ from phsafe.audit.empirical.checks import (
 )
 from phsafe.audit.empirical.mechanism import ReleaseMechanism
 from phsafe.audit.empirical.population import Records, TableRecords, free_mafids, generated_background
+
+if TYPE_CHECKING:
+    from phsafe.progress import Progress, Task
 
 __all__ = [
     "AuditSettings", "AuditResult", "Row", "TableAudit", "run_audit", "plan_audit", "audit_table", "conclude",
@@ -459,9 +463,14 @@ class _Scorer:
 
 
 def audit_table(settings: AuditSettings, plan: TablePlan, mechanism: ReleaseMechanism, salt: bytes,
-                background: Records | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> TableAudit:
-    """Run one table's audit: ``plan.runs`` runs of the mechanism on the table's canaries."""
+                background: Records | None = None, task: "Task | None" = None) -> TableAudit:
+    """Run one table's audit: ``plan.runs`` runs of the mechanism on the table's canaries.
+
+    Args:
+        salt: Key of the runs' truncation-key commitments (the same for every table of an audit).
+        background: The generated background (made from the seed if not given).
+        task: Advanced by one after each run (progress).
+    """
     wall, cpu = time.perf_counter(), time.process_time()
     table = plan.table
     config = settings.scaled_config(table)
@@ -501,8 +510,8 @@ def audit_table(settings: AuditSettings, plan: TablePlan, mechanism: ReleaseMech
         if checked < settings.release_checks:
             release_problems += _release_problems(mechanism, config, plan.measurements, release.noisy)
             checked += 1
-        if progress is not None:
-            progress(table, run + 1, plan.runs)
+        if task is not None:
+            task.advance()
     norms = {}
     for m in plan.measurements:
         key = m.level.config_key
@@ -798,28 +807,40 @@ def _worker(args: tuple) -> TableAudit:  # a process of the pool: one table
 
 
 def run_audit(settings: AuditSettings, mechanism: ReleaseMechanism | None = None,
-              progress: Callable[[str, int, int], None] | None = None) -> AuditResult:
+              progress: "Progress | None" = None) -> AuditResult:
     """Plan, run and conclude the audit of ``settings`` on ``mechanism`` (the release path).
 
     Args:
         mechanism: The mechanism under audit; the production release path by default (the
             command line never passes another).
-        progress: Called with (table, runs done, runs planned) after every run (one process).
+        progress: Shows the runs of each table (with workers: the tables done).
     """
     from datetime import datetime, timezone
 
+    from phsafe.progress import NULL
+
+    progress = progress or NULL
     mechanism = mechanism or ReleaseMechanism()
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     wall, cpu = time.perf_counter(), time.process_time()
-    plan = plan_audit(settings, mechanism)
+    with progress.stage("plan the audit"):
+        plan = plan_audit(settings, mechanism)
     salt = secrets.token_bytes(32)  # commitments comparable within this audit only; never stored
     if settings.workers > 1 and len(plan.tables) > 1:
-        with ProcessPoolExecutor(max_workers=settings.workers) as pool:
-            audits = list(pool.map(_worker, [(settings, t, mechanism, salt) for t in plan.tables]))
+        with progress.stage(f"audit {len(plan.tables)} tables in {settings.workers} processes"), \
+                progress.task("tables", total=len(plan.tables), unit="tables") as task, \
+                ProcessPoolExecutor(max_workers=settings.workers) as pool:
+            audits = []
+            for audit in pool.map(_worker, [(settings, t, mechanism, salt) for t in plan.tables]):
+                audits.append(audit)
+                task.advance(item=audit.plan.table)
         child_cpu = sum(a.cpu_seconds for a in audits)
     else:
         background = audit_background(settings)
-        audits = [audit_table(settings, t, mechanism, salt, background, progress) for t in plan.tables]
+        audits = []
+        for t in plan.tables:
+            with progress.stage(f"audit {t.table}"), progress.task(f"{t.table} runs", total=t.runs, unit="runs") as task:
+                audits.append(audit_table(settings, t, mechanism, salt, background, task))
         child_cpu = 0.0
     return conclude(plan, audits, mechanism, seconds=time.perf_counter() - wall,
                     cpu_seconds=time.process_time() - cpu + child_cpu, started=started)

@@ -243,14 +243,30 @@ def local_counts(spec: TableSpec, tau: int | None, template: Template, size: int
     return expected_counts(spec, tau, persons, units, np.zeros(1, dtype=np.int64), 1)
 
 
+def local_changes(spec: TableSpec, tau: int | None, templates: Sequence[Template], size: int) -> list[LocalChange]:
+    """Each template's change (in minus out) in one state, computed for all of them at once: the
+    oracle counts every candidate household as if it were alone in a state of its own."""
+    if not templates:
+        return []
+    cubes = []
+    for inside in (False, True):
+        parts = [household_records(t, size, inside, mafid=100_000_001 + i) for i, t in enumerate(templates)]
+        persons = {k: np.concatenate([p[k] for p, _ in parts]) for k in parts[0][0]}
+        units = {k: np.concatenate([u[k] for _, u in parts]) for k in parts[0][1]}
+        cubes.append(expected_counts(spec, tau, persons, units, np.arange(len(templates), dtype=np.int64),
+                                     len(templates)))
+    changes = []
+    for i in range(len(templates)):
+        change: LocalChange = {}
+        for level in spec.iteration_levels:
+            d = cubes[1][level][i] - cubes[0][level][i]
+            change[level] = {(int(c), int(k)): int(d[c, k]) for c, k in zip(*np.nonzero(d))}
+        changes.append(change)
+    return changes
+
+
 def local_change(spec: TableSpec, tau: int | None, template: Template, size: int) -> LocalChange:
-    out_counts = local_counts(spec, tau, template, size, False)
-    in_counts = local_counts(spec, tau, template, size, True)
-    change: LocalChange = {}
-    for level in spec.iteration_levels:
-        d = (in_counts[level] - out_counts[level])[0]
-        change[level] = {(int(c), int(k)): int(d[c, k]) for c, k in zip(*np.nonzero(d))}
-    return change
+    return local_changes(spec, tau, [template], size)[0]
 
 
 def _full_move(change: dict[tuple[int, int], int], step: int) -> bool:
@@ -333,6 +349,9 @@ def pack(table: str, levels: Sequence[PopulationGroupLevel], tau: int | None, n_
 
     pool = candidates(table)
     first_size = cycle[0]
+    for size in set(cycle):
+        for template, change in zip(pool, local_changes(spec, tau, pool, size)):
+            cache[(template, size)] = change
     full = _full_levels(levels, [change_of(t, first_size) for t in pool], step)
 
     # Per state (the same choice in every state): greedily, the candidate owning most levels.
