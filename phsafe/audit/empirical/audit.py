@@ -83,7 +83,7 @@ MAX_RUNS = {"quick": 12_000, "full": 400_000}
 MIN_RUNS = 30
 TARGET_RATIO = 0.5
 """The runs of a table are enough for epsilon_hat / epsilon >= this ..."""
-TARGET_POWER = 0.9
+TARGET_POWER = 0.97
 """... with this probability, for correct code (the whole-table row; planning figures)."""
 WHOLE_TABLE = "all"
 _SCORES_KEPT = 20_000  # test statistics kept per family and side, for the report's histograms
@@ -229,8 +229,12 @@ def _sigma(m: PlannedMeasurement) -> float:
     return float(m.geometric_scale)
 
 
-def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurement], tau: int | None
-              ) -> tuple[list[Family], list[tuple[str, str]]]:
+_PLANNING_ALPHA = 0.05 / 18
+"""The per-row alpha the choice of whole-table canaries plans with (the rows are not counted yet)."""
+
+
+def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurement], tau: int | None,
+              delta: float) -> tuple[list[Family], list[tuple[str, str]]]:
     by_key = {m.level.config_key: m for m in measurements}
     pure = measurements[0].privacy_defn is PrivacyDefinition.PUREDP if measurements else False
     step = reach_step(table, tau)
@@ -259,12 +263,28 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
                 "event_out": sum(p_out) / len(p_out)}
 
     families: list[Family] = []
-    whole = layout.whole_table()
-    if whole:
-        members = tuple(c.index for c in whole)
-        levels = tuple(m.level.config_key for m in measurements)
-        owned = {c.index: [k for k in levels if k in c.owns] for c in whole}
-        families.append(Family(table, WHOLE_TABLE, levels, members, tuple(mu_of(k, owned[k]) for k in members),
+    # The whole table: the canaries scored on every level whose cells they own. Canaries owning
+    # fewer levels have a smaller mu; pooling them adds trials but lowers the pooled mu. Which to
+    # pool is fixed here from the config and the canaries alone: the most mu-ful canaries, as
+    # many as make the fewest runs for the planning target (see :func:`_per_side_needed`).
+    levels = tuple(m.level.config_key for m in measurements)
+    owned = {c.index: [k for k in levels if k in c.owns] for c in layout.canaries if c.owns}
+    if owned:
+        mus = {k: mu_of(k, owned[k]) for k in owned}
+        strength = {k: (events([k], owned.__getitem__)["reach_epsilon"] if pure else mus[k]) for k in owned}
+        ranked = sorted(owned, key=lambda k: (-round(strength[k], 12), k))
+        best: tuple[float, int] | None = None
+        for size in sorted({i + 1 for i in range(len(ranked)) if i + 1 == len(ranked)
+                            or round(strength[ranked[i]], 12) != round(strength[ranked[i + 1]], 12)}):
+            members = ranked[:size]
+            trial = Family(table, WHOLE_TABLE, levels, tuple(members), tuple(mus[k] for k in members),
+                           **events(members, owned.__getitem__))
+            needed = _per_side_needed(trial, measurements, _PLANNING_ALPHA, delta, pure) / len(members)
+            if best is None or needed < best[0]:
+                best = (needed, size)
+        assert best is not None
+        members = tuple(sorted(ranked[:best[1]]))
+        families.append(Family(table, WHOLE_TABLE, levels, members, tuple(mus[k] for k in members),
                                **events(members, owned.__getitem__)))
     not_audited = []
     for m in measurements:
@@ -278,20 +298,20 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
         members = tuple(c.index for c in owners)
         families.append(Family(table, key, (key,), members, tuple(mu_of(k, [key]) for k in members),
                                **events(members, lambda _k, key=key: [key])))
-    if not whole:
-        not_audited.insert(0, (WHOLE_TABLE, "no canary owns every level the table's canaries can move"))
+    if not owned:
+        not_audited.insert(0, (WHOLE_TABLE, "no canary owns any level"))
     return families, not_audited
 
 
-def _runs_for(family: Family, measurements: Sequence[PlannedMeasurement], alpha_row: float, delta: float,
-              mode: str, pure: bool) -> int:
-    """Runs for epsilon_hat / epsilon >= TARGET_RATIO with probability TARGET_POWER (correct code).
+def _per_side_needed(family: Family, measurements: Sequence[PlannedMeasurement], alpha_row: float, delta: float,
+                     pure: bool) -> float:
+    """Trials per side for epsilon_hat / epsilon >= TARGET_RATIO with probability TARGET_POWER
+    (correct code; infinite if the canaries cannot reach it).
 
     Planning arithmetic (normal approximations of the Clopper-Pearson limits), fixed from the
-    config and the canaries before any run: the bound of a rate estimated from n trials moves by
-    about z sqrt(p (1 - p) / n), and mu (or epsilon) by that over the rate's derivative.
+    config and the canaries before any run: the limit of a rate estimated from n trials is about
+    z sqrt(p (1 - p) / n) from it, and mu (or epsilon) moves by that over the rate's derivative.
     """
-    per_side = len(family.members) / 2.0
     z = float(stats.norm.isf(alpha_row / 2))
     z_power = float(stats.norm.ppf(TARGET_POWER))
     if pure:
@@ -308,10 +328,16 @@ def _runs_for(family: Family, measurements: Sequence[PlannedMeasurement], alpha_
         p = float(stats.norm.cdf(-mu / 2))
         s = math.sqrt(p * (1 - p)) / float(stats.norm.pdf(mu / 2))
         spread = 2 * z * s + z_power * math.sqrt(2) * s
-    if gap <= 0:
+    return math.inf if gap <= 0 else (spread / gap) ** 2
+
+
+def _runs_for(family: Family, measurements: Sequence[PlannedMeasurement], alpha_row: float, delta: float,
+              mode: str, pure: bool) -> int:
+    """Runs for the planning target (:func:`_per_side_needed`), within the mode's limits."""
+    n = _per_side_needed(family, measurements, alpha_row, delta, pure)
+    if not math.isfinite(n):
         return MAX_RUNS[mode]
-    n = (spread / gap) ** 2
-    return int(min(MAX_RUNS[mode], max(MIN_RUNS, math.ceil(n / per_side))))
+    return int(min(MAX_RUNS[mode], max(MIN_RUNS, math.ceil(n / (len(family.members) / 2.0)))))
 
 
 def _mu_for_epsilon(epsilon: float, delta: float) -> float:
@@ -334,7 +360,7 @@ def plan_audit(settings: AuditSettings, mechanism: ReleaseMechanism | None = Non
             continue
         tau = settings.tau(table)
         layout = pack(table, [m.level for m in measurements], tau, len(config.states), first_mafid)
-        families, not_audited = _families(table, layout, measurements, tau)
+        families, not_audited = _families(table, layout, measurements, tau, settings.delta)
         tables.append(TablePlan(table, settings.scale(table), measurements, layout, tuple(families),
                                 tuple(not_audited), 0, MEASURED_TABLES.index(table)))
     whole = [(t.table, f.name) for t in tables for f in t.families if f.name == WHOLE_TABLE]
