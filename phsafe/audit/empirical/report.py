@@ -158,7 +158,7 @@ def _plots(result: AuditResult, out: Path) -> list[dict]:
 
 def _interval_plot(rows: list[Row], path: Path) -> dict:
     """Each row's [mu_lb, mu_ub] over its declared mu, with the reachable mu and 1 (declared)."""
-    fig = _figure(8.5, max(3.0, 0.28 * len(rows) + 1.4))
+    fig = _figure(8.5, max(3.4, 0.28 * len(rows) + 2.0))
     ax = fig.add_subplot(1, 1, 1)
     labels = []
     for i, r in enumerate(rows):
@@ -178,11 +178,12 @@ def _interval_plot(rows: list[Row], path: Path) -> dict:
     ax.set_yticklabels(labels[::-1], fontsize="small")
     ax.set_xlim(0, 2.05)
     ax.set_xlabel("mu / mu_declared")
-    ax.set_title("Bounds on the Gaussian-DP mu of each table and level")
+    ax.set_title("Bounds on the Gaussian-DP mu of each table and level", pad=22)
     ax.grid(True, axis="x", linewidth=0.3, alpha=0.6)
-    ax.legend(fontsize="small", loc="lower right")
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.legend(fontsize="small", loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    fig.savefig(path, format="png", bbox_inches="tight")
     return {"src": path.name, "alt": "mu bounds per table and level",
             "caption": "Each bar is the confidence interval [mu_lb, mu_ub] of a row, over its declared mu "
                        "(dashed line at 1: a bar starting right of it is a VIOLATION). The tick is the mu correct "
