@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._empirical import write_config
 from tests.flows.test_flows import _artifacts, _flow_run_id, _task_run_names
-from tests.system.test_empirical_audit_cli import _write_config
 
 pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 def test_the_flow_audits_the_release_path_and_shows_its_report(tmp_path: Path) -> None:
     from flows.empirical_audit import FOLDER, MARKER, empirical_audit_flow
 
-    config = _write_config(tmp_path / "config.json")
+    config = write_config(tmp_path / "config.json", ["01", "02", "04", "05"])
     work = tmp_path / "work"
     old = work / FOLDER / "empirical-audit-20260101T0300Z-00000001"  # an earlier week's audit
     old.mkdir(parents=True)

@@ -9,27 +9,21 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from click.testing import CliRunner
 
-from phsafe.audit.empirical.audit import PRODUCTION_US_CONFIG
 from phsafe.cli import main
 from phsafe.schema import FILES, ColumnKind
+from tests._empirical import write_config
 
 STATES = ["01", "02", "04", "05"]
 
 
-def _write_config(path: Path, **tau: int) -> Path:
-    raw = json.loads(json.dumps(PRODUCTION_US_CONFIG))
-    raw["state_filter"] = STATES
-    raw["tau"].update(tau)
-    raw["privacy_budget"] = {t: {k: float(Decimal(v)) for k, v in lv.items()} for t, lv in raw["privacy_budget"].items()}
-    path.write_text(json.dumps(raw))
-    return path
+def _write_config(path: Path) -> Path:
+    return write_config(path, STATES)
 
 
 def test_it_refuses_input_data_and_writes_nothing(tmp_path: Path) -> None:

@@ -20,32 +20,22 @@ statistical:
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
 
 import numpy as np
 import pytest
 
 from phsafe.audit.empirical import AuditSettings, report_json, run_audit
-from phsafe.audit.empirical.audit import PRODUCTION_US_CONFIG, QUICK_SCALES, plan_audit
+from phsafe.audit.empirical.audit import QUICK_SCALES, plan_audit
 from phsafe.audit.empirical.checks import FAIL
-from phsafe.config import parse_config
 from tests import _planted_bugs as bugs
+from tests._empirical import small_config
 
 STATES = ["01", "02", "04", "05", "06", "08", "09", "10", "11", "12", "13", "15"]
 
 
 def _config(privacy_defn: str = "zcdp", **tau: int):  # type: ignore[no-untyped-def]
-    raw = json.loads(json.dumps(PRODUCTION_US_CONFIG))
-    raw["state_filter"] = STATES
-    raw["tau"].update(tau)
-    raw["privacy_defn"] = privacy_defn
-    budgets = {t: {k: Decimal(v) for k, v in lv.items()} for t, lv in raw["privacy_budget"].items()}
-    if privacy_defn == "puredp":  # epsilons: 1 at the state levels of PH3, small elsewhere
-        budgets = {t: {k: Decimal("1") if k.startswith("state") else Decimal("0.05") for k in lv}
-                   for t, lv in budgets.items()}
-    raw["privacy_budget"] = budgets
-    return parse_config(raw)
+    return small_config(STATES, privacy_defn, **tau)
 
 
 def _settings(**changes) -> AuditSettings:  # type: ignore[no-untyped-def]
@@ -141,6 +131,10 @@ def test_the_plan_is_fixed_before_any_run() -> None:
         AuditSettings(tables=("PH5_num",))
     with pytest.raises(ValueError):
         AuditSettings(mode="slow")
+    noiseless = _config().model_copy(update={"privacy_budget": {
+        t: {lv: Decimal("Infinity") for lv in levels} for t, levels in _config().privacy_budget.items()}})
+    with pytest.raises(ValueError, match="Infinity"):
+        AuditSettings(config=noiseless)
 
 
 def test_the_seed_seeds_the_data_never_the_noise() -> None:

@@ -6,34 +6,27 @@ assertion must hold for every key, so there is no false-failure probability to s
 
 from __future__ import annotations
 
-import json
 import secrets
-from decimal import Decimal
 
 import numpy as np
 import pytest
 
-from phsafe.audit.empirical.audit import PRODUCTION_US_CONFIG, AuditSettings, audit_background, plan_audit, \
-    production_config
+from phsafe.audit.empirical.audit import AuditSettings, audit_background, plan_audit, production_config
 from phsafe.audit.empirical.canaries import candidates, household_records, pack, reach_step
 from phsafe.audit.empirical.mechanism import ReleaseMechanism
 from phsafe.audit.empirical.oracle import KeyDependentHousehold, expected_counts
 from phsafe.audit.empirical.population import TableRecords
-from phsafe.config import parse_config
 from phsafe.engine import exact_vector
 from phsafe.iterations import GeographyLevel
 from phsafe.tables import TABLES, TAU_TABLES
+from tests._empirical import small_config as _small_config
 from tests.conftest import US_CONFIG
 
 STATES = ["01", "02", "04"]
 
 
 def small_config(states=STATES, **tau):  # type: ignore[no-untyped-def]
-    raw = json.loads(json.dumps(PRODUCTION_US_CONFIG))
-    raw["state_filter"] = list(states)
-    raw["tau"].update(tau)
-    raw["privacy_budget"] = {t: {k: Decimal(v) for k, v in lv.items()} for t, lv in raw["privacy_budget"].items()}
-    return parse_config(raw)
+    return _small_config(list(states), **tau)
 
 
 def test_the_built_in_production_config_is_the_production_fixture() -> None:

@@ -165,6 +165,9 @@ class AuditSettings:
             raise ValueError("the budget scale must be positive")
         if self.runs is not None and self.runs < 2:
             raise ValueError("at least 2 runs")
+        if self.config.has_infinite_budget:
+            raise ValueError("the config has an Infinity budget (no noise): there is no privacy loss to audit "
+                             "there, and its exact counts would be released; give finite budgets")
 
     def scale(self, table: str) -> float:
         if self.budget_scale is not None:
@@ -624,8 +627,8 @@ class Row:
     canaries_per_run: int
     negatives: int
     positives: int
-    false_positives: int
-    false_negatives: int
+    false_positives: int  # pure DP: times the event happened without the canary
+    false_negatives: int  # pure DP: times the event happened with the canary
     mu_lb: float | None
     mu_ub: float | None
     mu_hat: float | None
@@ -658,8 +661,10 @@ class Row:
             "epsilon_ratio": num(self.ratio), "delta": self.delta, "budget_scale": self.budget_scale,
             "verdict": self.verdict, "runs": self.runs, "seconds": round(self.seconds, 3),
             "cpu_seconds": round(self.cpu_seconds, 3), "canaries_per_run": self.canaries_per_run,
-            "trials_out": self.negatives, "trials_in": self.positives, "false_positives": self.false_positives,
-            "false_negatives": self.false_negatives, "excess_threshold": num(self.excess_threshold),
+            "trials_out": self.negatives, "trials_in": self.positives,
+            **({"events_out": self.false_positives, "events_in": self.false_negatives} if self.mu_lb is None else
+               {"false_positives": self.false_positives, "false_negatives": self.false_negatives}),
+            "excess_threshold": num(self.excess_threshold),
             "weak_threshold": num(self.weak_threshold), "alpha": self.alpha,
         }
 
@@ -739,6 +744,13 @@ def _row(settings: AuditSettings, plan: AuditPlan, audit: TableAudit, tally: Fam
                epsilon_reach=epsilon_gdp(mu_reach, settings.delta), verdict=verdict)
 
 
+def _delta_squared(m: PlannedMeasurement) -> Fraction:
+    """The plan's sensitivity squared, exactly -- an integer Delta, or an exact L2 one carried as
+    its square (a plan calibrated to exact sensitivities)."""
+    squared = getattr(m, "sensitivity_squared", None)
+    return Fraction(squared if squared is not None else m.sensitivity ** 2)
+
+
 def white_box_checks(settings: AuditSettings, audits: Sequence[TableAudit], mechanism: ReleaseMechanism
                      ) -> list[Check]:
     """The checks made from inside: keys, sampler, noise scales, declared sensitivities."""
@@ -770,8 +782,8 @@ def white_box_checks(settings: AuditSettings, audits: Sequence[TableAudit], mech
                     bad.append(f"{m.key} ({label}): no noise")
                     continue
                 budget = Fraction(m.budget)
-                want = (math.sqrt(float(Fraction(m.sensitivity ** 2) / (2 * budget)))
-                        if m.privacy_defn is PrivacyDefinition.ZCDP else float(Fraction(m.sensitivity) / budget))
+                want = (math.sqrt(float(_delta_squared(m) / (2 * budget)))
+                        if m.privacy_defn is PrivacyDefinition.ZCDP else math.sqrt(float(_delta_squared(m))) / float(budget))
                 got = mechanism.noise_scale(m)
                 seen += 1
                 if not abs(got - want) <= 1e-9 * want:
@@ -784,8 +796,9 @@ def white_box_checks(settings: AuditSettings, audits: Sequence[TableAudit], mech
     for a in audits:
         for m in a.plan.measurements:
             norm = a.canary_norms.get(m.level.config_key, 0.0)
-            if norm > m.sensitivity + 1e-9:
-                short.append(f"{m.key}: Delta {m.sensitivity} < a neighbour's change {norm:.4g}")
+            delta = math.sqrt(float(_delta_squared(m)))
+            if norm > delta * (1 + 1e-12):
+                short.append(f"{m.key}: Delta {delta:.4g} < a neighbour's change {norm:.4g}")
     checks.append(Check("sensitivity covers a neighbour", "white-box", "*", "*", FAIL if short else PASS,
                         "every declared Delta is at least the change of a real pair of neighbours (the canaries)"
                         if not short else "; ".join(short[:4])))

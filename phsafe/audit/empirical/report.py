@@ -18,7 +18,8 @@ opens offline.
      "not_audited": [...], "canaries": {...}}
 
 A bound that is infinite (``mu_ub`` when no false positive was seen) is ``null``; pure-DP rows
-have ``null`` mu fields and ``delta`` 0.
+have ``null`` mu fields, ``delta`` 0, and count their tail event (``events_out``, ``events_in``)
+where zCDP rows count errors (``false_positives``, ``false_negatives``).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def _row_view(row: Row) -> dict:
         "mu_declared": _fmt(row.mu_declared), "epsilon_hat": _fmt(row.epsilon_hat),
         "epsilon_declared": _fmt(row.epsilon_declared), "ratio": _fmt(row.ratio), "verdict": row.verdict,
         "seconds": f"{row.seconds:,.0f}", "pure": pure, "ok": row.verdict == "PASS",
-        "epsilon_reach": _fmt(row.epsilon_reach),
+        "epsilon_reach": _fmt(row.epsilon_reach), "epsilon_ub": _fmt(row.epsilon_ub),
     }
 
 
