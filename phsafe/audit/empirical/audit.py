@@ -54,7 +54,6 @@ from scipy import stats
 
 from phsafe.accounting import PlannedMeasurement
 from phsafe.config import PHSafeConfig, PrivacyDefinition, parse_config
-from phsafe.iterations import GeographyLevel
 from phsafe.tables import DERIVED_TABLES, MEASURED_TABLES, TABLES, TableKind
 
 from phsafe.audit.empirical.bounds import (
@@ -268,8 +267,9 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
     families: list[Family] = []
     # The whole table: the canaries scored on every level whose cells they own. Canaries owning
     # fewer levels have a smaller mu; pooling them adds trials but lowers the pooled mu. Which to
-    # pool is fixed here from the config and the canaries alone: the most mu-ful canaries, as
-    # many as make the fewest runs for the planning target (see :func:`_per_side_needed`).
+    # pool is fixed here from the config and the canaries alone: the canaries of largest mu, as
+    # many as make the fewest runs for the planning target (see :func:`_per_side_needed`); all of
+    # them if no choice reaches the target.
     levels = tuple(m.level.config_key for m in measurements)
     owned = {c.index: [k for k in levels if k in c.owns] for c in layout.canaries if c.owns}
     if owned:
@@ -286,7 +286,7 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
             if best is None or needed < best[0]:
                 best = (needed, size)
         assert best is not None
-        members = tuple(sorted(ranked[:best[1]]))
+        members = tuple(sorted(ranked[:best[1]] if math.isfinite(best[0]) else ranked))
         families.append(Family(table, WHOLE_TABLE, levels, members, tuple(mus[k] for k in members),
                                **events(members, owned.__getitem__)))
     not_audited = []
@@ -831,6 +831,12 @@ def conclude(plan: AuditPlan, audits: Sequence[TableAudit], mechanism: ReleaseMe
             "runs": audit.runs,
         }
     checks += white_box_checks(settings, audits, mechanism)
+    independence = [c for c in checks if c.name == "noise independence"]
+    failed = [f"{c.table} {c.level}" for c in independence if c.status == FAIL]
+    checks.append(Check("noise independent across cells", "white-box", "*", "*", FAIL if failed else PASS,
+                        (f"residuals correlated at {', '.join(failed[:6])}" if failed else
+                         f"no correlation of neighbouring cells or consecutive runs at {len(independence)} levels "
+                         "(the noise independence checks)")))
     return AuditResult(settings, rows, checks, not_audited, canaries, tallies, seconds, cpu_seconds, started,
                        opendp_version())
 
