@@ -33,7 +33,8 @@ from pydantic import Field
 
 from flows._logging import configure_once
 from flows.sdhc import flow_run_name, run_id_for
-from phsafe.errors import PHSafeError, front_end
+from phsafe.errors import PHSafeError
+from phsafe.parameters import front_end
 from tasks import empirical_audit as t
 
 log = structlog.get_logger("flows.empirical_audit")
