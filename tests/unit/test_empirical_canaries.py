@@ -1,0 +1,117 @@
+"""The empirical audit's neighbours: key-invariant canaries, their packing, the auditor's oracle.
+
+The truncation keys here are random (``secrets``), as the release path draws them; every
+assertion must hold for every key, so there is no false-failure probability to state.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+
+from phsafe.audit.empirical.audit import AuditSettings, audit_background, plan_audit, production_config
+from phsafe.audit.empirical.canaries import candidates, household_records, pack, reach_step
+from phsafe.audit.empirical.mechanism import ReleaseMechanism
+from phsafe.audit.empirical.oracle import KeyDependentHousehold, expected_counts
+from phsafe.audit.empirical.population import TableRecords
+from phsafe.engine import exact_vector
+from phsafe.iterations import GeographyLevel
+from phsafe.tables import TABLES, TAU_TABLES
+from tests._empirical import small_config as _small_config
+from tests.conftest import US_CONFIG
+
+STATES = ["01", "02", "04"]
+
+
+def small_config(states=STATES, **tau):  # type: ignore[no-untyped-def]
+    return _small_config(list(states), **tau)
+
+
+def test_the_built_in_production_config_is_the_production_fixture() -> None:
+    from phsafe.config import load_config
+
+    assert production_config() == load_config(US_CONFIG)
+
+
+@pytest.mark.parametrize("table", TAU_TABLES)
+def test_canaries_exact_counts_do_not_depend_on_the_truncation_key(table: str) -> None:
+    """100 fresh keys: the release path's exact vectors are always the auditor's (oracle) ones."""
+    config = small_config()
+    settings = AuditSettings(config=config, tables=(table,), background_persons=400, seed=7)
+    plan = plan_audit(settings).tables[0]
+    background = audit_background(settings)
+    from phsafe.audit.empirical.audit import _renumbered  # noqa: PLC0415 -- the audit's own layout step
+
+    records = TableRecords(background, _renumbered(plan.layout, background), config.states, plan.measurements,
+                           settings.tau(table))
+    mechanism = ReleaseMechanism()
+    rng = np.random.default_rng(11)
+    included = rng.integers(0, 2, records.n_canaries).astype(bool)
+    inputs = records.inputs(included)
+    want = records.expected(included)
+    # The canaries really are above tau: without the key-invariance, truncation would matter.
+    assert any(c.size >= 3 * settings.tau(table) - 1 for c in plan.layout.canaries)
+    for _ in range(100):
+        counts = mechanism.exact_counts(inputs, config, table, secrets.token_bytes(16))
+        for m in plan.measurements:
+            assert np.array_equal(exact_vector(m, counts), want[m.level.config_key]), m.key
+
+
+def test_the_oracle_refuses_a_household_whose_counts_depend_on_the_key() -> None:
+    # A lone parent with tau own children and an under-18 grandchild: tau + 1 persons of PH3's
+    # universe in two different cells -- which tau are kept depends on the key.
+    template = candidates("PH3")[0]
+    persons, units = household_records(template, 6, False, mafid=100_000_001)
+    persons = {k: np.append(v, v[-1]) for k, v in persons.items()}
+    persons["RELSHIP"][-1] = 30
+    with pytest.raises(KeyDependentHousehold):
+        expected_counts(TABLES["PH3"], 6, persons, units, np.zeros(1, dtype=np.int64), 1)
+    # At or below tau persons, nothing is truncated: counted as they are.
+    cubes = expected_counts(TABLES["PH3"], 7, persons, units, np.zeros(1, dtype=np.int64), 1)
+    assert cubes[TABLES["PH3"].iteration_levels[0]].sum() == 7
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_packing_gives_each_canary_cells_no_other_canary_owns(table: str) -> None:
+    config = production_config()
+    measurements = ReleaseMechanism().plan(config, table)
+    tau = config.tau[TABLES[table].tau_key] if TABLES[table].tau_key else None
+    layout = pack(table, [m.level for m in measurements], tau, len(config.states), 800_000_001)
+    step = reach_step(table, tau)
+    for m in measurements:
+        key = m.level.config_key
+        owned: set[int] = set()
+        for canary in layout.owners(key):
+            change = layout.change[canary.index][key]
+            # The most one neighbour can move a level: -step in one cell, +step in another.
+            assert sorted(change.values()) == [-step, step], (key, canary.template.name)
+            assert not owned & set(change), (key, canary.template.name)
+            owned |= set(change)
+            assert all(0 <= c < m.n_cells for c in change)
+    # Many canaries per run at the state levels; the nation's cells are shared, so few there.
+    states = len(config.states)
+    for m in measurements:
+        owners = len(layout.owners(m.level.config_key))
+        if m.level.geography is GeographyLevel.STATE and owners:
+            assert owners >= states
+        if m.level.geography is GeographyLevel.USA:
+            assert owners <= 14
+    assert len(layout.whole_table()) >= states
+
+
+def test_a_canary_moves_the_household_at_every_level_it_can() -> None:
+    """PH3's first canary: own children of a lone mother, then a married couple's (HHT2 06 -> 01,
+    CPLT 5 -> 1, HHT 3 -> 1): tau children move cells at the total, race and Hispanic levels."""
+    config = small_config()
+    measurements = ReleaseMechanism().plan(config, "PH3")
+    layout = pack("PH3", [m.level for m in measurements], 6, len(config.states), 800_000_001)
+    first = layout.canaries[0]
+    assert first.template.unit_out.hht2 == 6 and first.template.unit_in.hht2 == 1
+    assert (first.template.unit_in.cplt, first.template.unit_in.hht) == (1, 1)
+    assert {m.level.config_key for m in measurements} == set(first.owns)
+    persons_in, units_in = household_records(first.template, first.size, True, 100_000_001)
+    persons_out, _ = household_records(first.template, first.size, False, 100_000_001)
+    assert len(persons_in["MAFID"]) == len(persons_out["MAFID"]) + 1
+    assert units_in["FINAL_POP"][0] == len(persons_in["MAFID"]) and units_in["NPF"][0] == len(persons_in["MAFID"])
