@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from phsafe import durable
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
@@ -28,7 +29,7 @@ from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
 from phsafe.ledger.store import (
-    PRIVATE_FILE, check_ledger_file, lock_path, make_private_folders, not_a_ledger, write_new_file,
+    PRIVATE_FILE, check_ledger_file, lock_path, make_private_folders, not_a_ledger,
 )
 
 
@@ -128,8 +129,8 @@ def init_ledger(
         make_private_folders(path.parent)
         write_lineage_key(path, key)
         try:
-            write_new_file(path, canonical_json(entry) + b"\n", PRIVATE_FILE)
-            write_new_file(lock_path(path), b"", PRIVATE_FILE)  # 0600 from the start, not at first use
+            durable.create(path, canonical_json(entry) + b"\n", mode=PRIVATE_FILE)
+            durable.create(lock_path(path), b"", mode=PRIVATE_FILE)  # 0600 from the start, not at first use
         except BaseException:
             # Every file was created here (O_EXCL): a failed init leaves nothing behind.
             for made in (path, lock_path(path), key_path(path)):

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Self
 
+from phsafe import durable
 from phsafe.errors import LedgerError, TornTailError, os_reason
 from phsafe.ledger.format import EntryKind, canonical_json, entry_hash, now
 from phsafe.ledger.replay import apply, apply_all
@@ -115,28 +116,6 @@ def check_private(path: Path, what: str) -> None:
     if st is not None and st.st_mode & 0o077:
         raise LedgerError(f"{what} {path} is open to others (mode {stat.S_IMODE(st.st_mode):04o}); it is "
                           f"confidential: make it private to its owner with `chmod 600 {path}`, then run again")
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_new_file(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` (it must not exist), write ``data``, fsync it and its folder."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # exactly ``mode``: the umask neither loosens nor tightens it
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(path.parent)
 
 
 def read_ledger(path: Path) -> LedgerState:
@@ -307,18 +286,11 @@ class LedgerFile:
             self._reload()
             raise LedgerError(f"cannot append to the ledger {self.path}: {os_reason(exc)}") from None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            durable.append(fd, data, end=self._offset)
         except OSError as exc:
             cause = os_reason(exc)
-            try:
-                os.ftruncate(fd, self._offset)
-                os.fsync(fd)
-                left = "nothing of it was kept"
-            except OSError:
-                left = "the ledger may end in an incomplete entry: run `phsafe ledger repair LEDGER`"
+            left = ("the ledger may end in an incomplete entry: run `phsafe ledger repair LEDGER`"
+                    if isinstance(exc, durable.TornAppend) else "nothing of it was kept")
             os.close(fd)
             fd = -1
             self._reload_quietly()

@@ -12,9 +12,9 @@
       {"format": "phsafe-tlog-checkpoints/1", "checkpoints": {"<origin>": "<signed checkpoint>"}}
 
   Compare-and-swap holds an exclusive ``flock`` on ``<file>.lock`` (a separate file, because the
-  JSON file's inode changes) while it reads, compares and replaces the file: a temporary file in
-  the same folder, ``fsync``, ``rename`` over the old one, ``fsync`` of the folder. A reader sees
-  the old file or the new one, never a mixture; a crash leaves the old one.
+  JSON file's inode changes) while it reads, compares and replaces the file
+  (:func:`phsafe.durable.replace`): a reader sees the old file or the new one, never a mixture;
+  a crash leaves one of them.
 - Key files: a signer key (``PRIVATE+KEY+...``, :mod:`.keys`) is written once, created with mode
   0600 (never over an existing file), and read only if it is a regular file no one but its owner
   may read; a verifier key file is one public line.
@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from phsafe import durable
 from phsafe.errors import MalformedError, StaleStateError, StoreError
 from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
@@ -41,54 +42,17 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def fsync_folder(path: Path) -> None:
-    """Make a folder's entries (a new or renamed file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def write_new_file(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` with ``mode`` (it must not exist), write ``data``, fsync it and its folder."""
-    path = Path(path)
+    """Create ``path`` with ``mode`` (it must not exist), durably (:func:`phsafe.durable.create`).
+
+    Raises:
+        StoreError: Something is at ``path`` already: it is never overwritten.
+        OSError: It cannot be written.
+    """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        durable.create(path, data, mode=mode)
     except FileExistsError:
         raise StoreError(f"{path} exists already; it is never overwritten") from None
-    try:
-        os.fchmod(fd, mode)  # the umask does not loosen or tighten what is asked
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_folder(path.parent)
-
-
-def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` atomically with ``data`` (temporary file, fsync, rename, fsync folder)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(temporary, path)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,13 +129,11 @@ class FileHashStore:
         data = b"".join(hashes)
         if len(data) != HASH_SIZE * len(hashes):
             raise ValueError("every stored hash is 32 bytes")
-        _write_all(self._fd, data)
-        os.fsync(self._fd)
+        durable.append(self._fd, data, end=self.byte_size())
 
     def truncate(self, count: int) -> None:
         """Cut the file back to its first ``count`` hashes (recovery from a torn append)."""
-        os.ftruncate(self._fd, count * HASH_SIZE)
-        os.fsync(self._fd)
+        durable.truncate(self._fd, count * HASH_SIZE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,7 +181,7 @@ class FileCheckpointStore:
                 raise StaleStateError(f"the stored checkpoint of {origin} in {self.path} changed meanwhile")
             checkpoints[origin] = bytes(new).decode("utf-8")
             document = {"format": CHECKPOINTS_FORMAT, "checkpoints": dict(sorted(checkpoints.items()))}
-            replace_file(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         finally:
             os.close(lock_fd)  # releases the lock
 

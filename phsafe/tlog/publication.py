@@ -31,7 +31,8 @@ from pathlib import Path
 
 from phsafe.tlog.checkpoint import Checkpoint, parse_checkpoint, sign_checkpoint
 from phsafe.errors import StoreError
-from phsafe.tlog.files import FileHashStore, fsync_folder, replace_file, write_new_file, write_verifier_key
+from phsafe import durable
+from phsafe.tlog.files import FileHashStore, write_new_file, write_verifier_key
 from phsafe.tlog.layout import (
     CHECKPOINT_FILE,
     ENTRIES_FILE,
@@ -79,7 +80,7 @@ class LogDirectory:
         FileHashStore.create(path / HASHES_FILE).close()
         if verifier_key is not None:
             write_verifier_key(path / VERIFIER_KEY_FILE, verifier_key)
-        fsync_folder(path.parent)
+        durable.fsync_folder(path.parent)
         return cls.open(path)
 
     @classmethod
@@ -112,8 +113,7 @@ class LogDirectory:
         if torn:
             fd = os.open(path / ENTRIES_FILE, os.O_WRONLY)
             try:
-                os.ftruncate(fd, len(data) - torn)
-                os.fsync(fd)
+                durable.truncate(fd, len(data) - torn)
             finally:
                 os.close(fd)
             done.append(f"cut a torn last entry line of {torn} bytes")
@@ -170,10 +170,7 @@ class LogDirectory:
         self._interrupted = True
         fd = os.open(self.path / ENTRIES_FILE, os.O_WRONLY | os.O_APPEND)
         try:
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            durable.append(fd, lines)
         finally:
             os.close(fd)
         self._hashes.append_hashes(hashes)
@@ -200,7 +197,7 @@ class LogDirectory:
         previous = self.checkpoint()
         if previous is not None and parse_checkpoint(parse_note(previous)[0]).size > stated.size:
             raise StoreError(f"the log in {self.path} has a checkpoint larger than size {stated.size} already")
-        replace_file(self.path / CHECKPOINT_FILE, bytes(message))
+        durable.replace(self.path / CHECKPOINT_FILE, bytes(message))
 
     def sign_checkpoint(self, signer: Signer, *, origin: str | None = None) -> bytes:
         """Sign a checkpoint of all entries with the log's key (origin: the key's name); not
