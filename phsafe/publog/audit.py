@@ -50,6 +50,7 @@ from phsafe.publog.projection import MANIFEST
 from phsafe.reader import file_digest
 from phsafe.tlog import (
     CosignatureVerifier,
+    ALG_ED25519,
     Ed25519Verifier,
     FileCheckpointStore,
     SeenCheckpoints,
@@ -111,7 +112,7 @@ def _log_key(path: Path) -> Ed25519Verifier:
         verifier = read_verifier_key(path)
     except TlogError as exc:
         raise _fail(str(path), f"is not a verifier key ({exc})") from None
-    if not isinstance(verifier, Ed25519Verifier):
+    if verifier.alg != ALG_ED25519:
         raise _fail(str(path), "is a witness key, not a log key (give the log's key with --key)")
     return verifier
 

@@ -39,7 +39,7 @@ from phsafe.tlog import LogDirectory, generate_keys, parse_checkpoint, parse_not
 from phsafe.tlog.files import write_signer_key
 from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, HASHES_FILE, VERIFIER_KEY_FILE, decode_entries
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
-from phsafe.tlog.note import Ed25519Signer, check_key_name
+from phsafe.tlog.note import ALG_ED25519, Ed25519Signer, check_key_name
 from phsafe.tlog.proof import format_tlog_proof
 
 LOG_SUFFIX = ".public-log"
@@ -131,7 +131,7 @@ class PublicLog:
                 signer = read_signer_key(log_key_path(self.ledger))
             except StoreError as exc:
                 raise LedgerError(f"the public log's key: {exc}") from None
-            if not isinstance(signer, Ed25519Signer):
+            if signer.alg != ALG_ED25519:
                 raise LedgerError(f"{log_key_path(self.ledger)} is not a log key (Ed25519 note signatures)")
             self._signer = signer
         return self._signer
