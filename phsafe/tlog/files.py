@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -34,6 +35,7 @@ from phsafe import durable
 from phsafe.errors import MalformedError, StaleStateError, StoreError
 from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
+from phsafe.tlog.state import SeenLog
 
 CHECKPOINTS_FORMAT = "phsafe-tlog-checkpoints/1"
 
@@ -103,6 +105,9 @@ class FileHashStore:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def fileno(self) -> int:
+        return self._fd
 
     def byte_size(self) -> int:
         return os.fstat(self._fd).st_size
@@ -184,6 +189,72 @@ class FileCheckpointStore:
             durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         finally:
             os.close(lock_fd)  # releases the lock
+
+
+class FileSeenLogs:
+    """A :class:`~phsafe.tlog.state.SeenLogStore` in one JSON file, for a client (``audit public``)::
+
+        {"format": "phsafe-seen-logs/1",
+         "logs": {"<origin>": {"checkpoint": "<signed checkpoint>", "leaf_hashes": "<base64>"}}}
+
+    Replaced like :class:`FileCheckpointStore` (lock file, :func:`phsafe.durable.replace`). A
+    ``phsafe-tlog-checkpoints/1`` file (written before leaf hashes were kept) is read as
+    checkpoints without leaf hashes and rewritten in this format at the next update.
+    """
+
+    FORMAT = "phsafe-seen-logs/1"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def _read(self) -> dict[str, SeenLog]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StoreError(f"cannot read the checkpoints seen, {self.path}: {_reason(exc)}") from None
+        try:
+            document = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise StoreError(f"the checkpoints seen, {self.path}, are not JSON") from None
+        kind = document.get("format") if isinstance(document, dict) else None
+        if kind == CHECKPOINTS_FORMAT and isinstance(document.get("checkpoints"), dict):
+            return {origin: SeenLog(text.encode("utf-8")) for origin, text in document["checkpoints"].items()
+                    if isinstance(origin, str) and isinstance(text, str)}
+        logs = document.get("logs") if isinstance(document, dict) else None
+        if kind != self.FORMAT or not isinstance(logs, dict):
+            raise StoreError(f"{self.path} is not a {self.FORMAT} document")
+        out = {}
+        for origin, record in logs.items():
+            try:
+                out[origin] = SeenLog(record["checkpoint"].encode("utf-8"),
+                                      base64.b64decode(record.get("leaf_hashes") or "", validate=True))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                raise StoreError(f"{self.path}: the record of {origin} is not a checkpoint and its leaf hashes") from None
+        return out
+
+    def load(self, origin: str) -> SeenLog | None:
+        return self._read().get(origin)
+
+    def replace(self, origin: str, expected: bytes | None, new: SeenLog) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            logs = self._read()
+            current = logs.get(origin)
+            if (None if current is None else current.checkpoint) != expected:
+                raise StaleStateError(f"the kept checkpoint of {origin} in {self.path} changed meanwhile")
+            logs[origin] = new
+            document = {"format": self.FORMAT, "logs": {
+                o: {"checkpoint": log.checkpoint.decode("utf-8"),
+                    "leaf_hashes": base64.b64encode(log.leaf_hashes).decode("ascii")}
+                for o, log in sorted(logs.items())}}
+            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        finally:
+            os.close(lock_fd)
 
 
 # --------------------------------------------------------------------------------------------

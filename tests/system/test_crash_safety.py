@@ -41,6 +41,7 @@ from phsafe.accounting import plan_run
 from phsafe.config import PrivacyDefinition, load_config, parse_config
 from phsafe.errors import BudgetError
 from phsafe.ledger import Ledger, RunStatus, key_path, read_ledger
+from phsafe.publog import open_ledger
 
 from tests._ledgers import new_ledger
 from tests.conftest import US_CONFIG
@@ -151,7 +152,7 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     big = plan_run(parse_config(raw))
     assert big.total + expected > Fraction(CAP) >= big.total
     with pytest.raises(BudgetError, match=f"already spent {_decimal(expected)}"):
-        Ledger.open(copy).start_run(run_id="too-much", plan=big, dataset="crash-test", fingerprint=runs[0].fingerprint,
+        open_ledger(copy).start_run(run_id="too-much", plan=big, dataset="crash-test", fingerprint=runs[0].fingerprint,
                                     config_digest="c" * 64, input_digests=runs[0].input_digests, code_version="test",
                                     truncation_key_hex="00" * 16, re_release="one run too many")
 
