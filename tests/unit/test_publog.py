@@ -406,3 +406,98 @@ def test_ledger_repair_cuts_a_torn_log_line_and_checks_the_whole_log(tmp_path: P
     entries_file.write_bytes(entries_file.read_bytes().replace(b'"reason":"first version"', b'"reason":"other"'))
     with pytest.raises(LedgerError, match="not the projection of the ledger"):
         repair_ledger(ledger.path)
+
+
+# --------------------------------------------------------------------------------------------
+# Ledgers of format 2 (a log beside them, not bound): bound by `ledger migrate`
+# --------------------------------------------------------------------------------------------
+
+
+def format_2_ledger(tmp_path: Path, *, folder_witness: bool = False) -> Path:
+    """A ledger as `ledger init` made them before the binding: LEDGER_INIT of format 2, its lineage
+    key, its log folder and key beside it (and, then, maybe a list of witness folders)."""
+    from fractions import Fraction
+
+    from phsafe.config import PrivacyDefinition
+    from phsafe.ledger.admin import new_ledger_id, policy_body
+    from phsafe.ledger.keys import new_lineage_key, write_lineage_key
+    from phsafe.publog.log import create_log_files, default_log_name
+    from tests._ledgers import craft
+
+    path = tmp_path / "old" / "ledger.jsonl"
+    path.parent.mkdir(parents=True)
+    key = new_lineage_key()
+    body = policy_body(Fraction(10) * PLAN.total, "the old policy", PrivacyDefinition.ZCDP, False, key, "v-old",
+                       ledger_id=new_ledger_id())
+    body["format"] = 2
+    path.write_bytes(b"")
+    craft(path, "LEDGER_INIT", None, body)
+    path.chmod(0o600)
+    write_lineage_key(path, key)
+    create_log_files(path, default_log_name(body["ledger_id"]))
+    if folder_witness:
+        witnesses_path(path).write_text(json.dumps({"format": "phsafe-witnesses/1", "quorum": 1,
+                                                    "witnesses": [str(tmp_path / "a-witness-folder")]}))
+    return path
+
+
+def test_a_ledger_of_format_2_takes_nothing_until_its_log_is_bound(tmp_path: Path) -> None:
+    from phsafe.publog import bind_public_log
+
+    path = format_2_ledger(tmp_path)
+    ledger = open_ledger(path)
+    assert ledger.state.format == 2 and ledger.state.awaits_log_binding
+    with pytest.raises(LedgerError, match="made before ledgers were bound to their public log: bind its log to it "
+                                          "with `phsafe ledger migrate"):
+        start_run(ledger, PLAN, "run-1")
+    ws = Witnesses(2)
+    bound = bind_public_log(path, reason="bound by the migration", witnesses=ws.listed(), transport=ws.transport)
+    ws.trust(bound.state.public_log["vkey"])
+    state = read_ledger(path)
+    assert state.format == 3 and state.public_log_seq == 1 and state.public_log["quorum"] == 2
+    assert json.loads(log_entries(path)[-1])["type"] == "log-bound"
+    rec = start_run(open_ledger(path, transport=ws.transport), PLAN, "run-1")
+    spend(rec, PLAN.measurements[0])
+    rec.fail("stopped", "interrupted")  # format 3 from the binding on: a code, a stage
+    assert json.loads(log_entries(path)[-1])["code"] == "interrupted"
+    in_step(path)
+    with pytest.raises(LedgerError, match="bound to its public log already"):
+        bind_public_log(path, reason="again")
+
+
+def test_a_ledger_that_had_witnesses_is_never_bound_to_none(tmp_path: Path) -> None:
+    from phsafe.publog import bind_public_log
+
+    path = format_2_ledger(tmp_path, folder_witness=True)
+    with pytest.raises(LedgerError, match="never downgraded to no witness"):
+        bind_public_log(path, reason="no witness any more")
+    assert read_ledger(path).format == 2
+    with pytest.raises(LedgerError, match="lists witness folders, which the ledger no longer reads"):
+        from phsafe.publog import read_witness_list
+
+        read_witness_list(path)
+
+
+def test_the_rules_of_format_3_failures_and_bindings(tmp_path: Path) -> None:
+    from tests._ledgers import craft
+
+    ledger = new_ledger(tmp_path)
+    rec = start_run(ledger, PLAN, "run-1")
+    spend(rec, PLAN.measurements[0])
+    ledger.close()
+    data = ledger.path.read_bytes()
+    budget = json.loads(read_ledger(ledger.path).lines[-2])["budget"]
+    for body, match in (
+        ({"spent": budget, "reason": "x"}, r"wrong fields \(missing \['code', 'stage'\]"),
+        ({"spent": budget, "reason": "x", "code": "it broke", "stage": "measure"}, "not one of the failure codes"),
+        ({"spent": budget, "reason": "x", "code": "interrupted", "stage": "release"}, "is not where the attempt stands"),
+    ):
+        ledger.path.write_bytes(data)
+        craft(ledger.path, "RUN_FAILED", "run-1", body)
+        with pytest.raises(LedgerError, match=match):
+            read_ledger(ledger.path)
+    ledger.path.write_bytes(data)
+    genesis = json.loads(read_ledger(ledger.path).lines[0])
+    craft(ledger.path, "LOG_BOUND", None, {"public_log": genesis["public_log"], "reason": "again"})
+    with pytest.raises(LedgerError, match="bound to its public log already"):
+        read_ledger(ledger.path)
