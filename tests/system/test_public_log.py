@@ -600,3 +600,13 @@ def test_audit_verify_allows_exactly_the_two_log_files(world: dict, tmp_path: Pa
     (alone / "privacy-loss.tlog-proof").unlink()
     refused = cli("audit", "verify", world["ledger"], "--outputs", alone)
     assert refused.returncode == 1 and "privacy-loss.tlog-proof: is missing beside its partner file" in refused.stderr
+
+
+def test_ledger_cosign_refreshes_the_cosignatures_outsiders_see(world: dict, tmp_path: Path) -> None:
+    log = log_path(world["ledger"])
+    before = parse_note((log / "checkpoint").read_bytes())
+    cosigned = cli("ledger", "cosign", world["ledger"])
+    assert cosigned.returncode == 0, cosigned.stderr
+    assert "is cosigned by witness1.test, witness2.test" in cosigned.stdout
+    after = parse_note((log / "checkpoint").read_bytes())
+    assert after[0] == before[0] and after[1] != before[1]  # the same tree, fresh cosignatures
