@@ -86,8 +86,6 @@ def _start_witness(keys: Path, state: Path, logs: Path) -> tuple[subprocess.Pope
 
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from flows.sdhc import release_flow
-
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     root = HERE / "output" / stamp
     enclave, public = root / "enclave", root / "public"
@@ -119,6 +117,8 @@ def main() -> int:
 
 
 def _release_and_check(root: Path, enclave: Path, public: Path, ledgers: dict[str, Path], witness: Path) -> int:
+    from flows.sdhc import release_flow
+
     signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     where = os.environ.get("PREFECT_API_URL") or "Prefect ephemeral mode (no server)"
     _section(f"2. The release flow (US and Puerto Rico) on the demo data, in {where}")
