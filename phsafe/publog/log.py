@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +187,7 @@ class PublicLog:
         self._folder: LogDirectory | None = None
         self._witness_size: dict[str, int] = {}  # what each witness is known to have cosigned last
         self._cosigned: dict[str, NoteSignature] = {}  # cosignatures of the current tree, by witness
+        self._unreached: set[str] = set()  # witnesses not reached at their last request
         self.last_refusals: list[str] = []
 
     @classmethod
@@ -330,31 +332,45 @@ class PublicLog:
 
     def _ask(self, checkpoint: bytes, *, best_effort: bool,
              skip: frozenset[str] = frozenset()) -> list[tuple[str, bool]]:
-        """Ask every witness (but ``skip``) to cosign ``checkpoint``; their cosignatures are kept
-        for the current tree. Returns the refusals: one line each, and whether the witness could
-        not be reached at all (rather than refusing)."""
+        """Ask the witnesses (but ``skip``) to cosign ``checkpoint``, all at once; their
+        cosignatures are kept for the current tree. Returns the refusals: one line each, and
+        whether the witness could not be reached at all (rather than refusing).
+
+        A best-effort request (a new checkpoint published after an append) does not wait for a
+        witness that could not be reached the last time: only the confirmations before and after
+        a spend do, so one witness down costs its time-out once per spend, not once per entry."""
         size = self._tree.size
-        refusals: list[tuple[str, bool]] = []
-        for client in self._clients:
-            if client.name in skip:
-                continue
+        asked = [c for c in self._clients if c.name not in skip and not (best_effort and c.name in self._unreached)]
+        verifier = self._signer_verifier()
+
+        def ask(client: HttpWitness) -> tuple[HttpWitness, Any]:
             try:
                 cosigned = request_cosignature(client, self._tree, checkpoint,
                                                old_size=min(self._witness_size.get(client.name, 0), size))
-                verified = verify_checkpoint(cosigned, self._signer_verifier(), witnesses=[client.entry.verifier],
-                                             quorum=1)
+                return client, verify_checkpoint(cosigned, verifier, witnesses=[client.entry.verifier], quorum=1)
             except (WitnessRefusal, WitnessUnreachable) as error:
-                if isinstance(error, WitnessRefusal) and error.status == 409 and error.latest_size is not None:
-                    self._witness_size[client.name] = error.latest_size
-                refusals.append((describe_refusal(client.name, client.entry.url, error, size),
-                                 isinstance(error, WitnessUnreachable)))
-                continue
+                return client, error
             except (SignatureError, MalformedError, ProofError) as error:
-                refusals.append((describe_refusal(client.name, client.entry.url, MalformedError(
-                    "cosignature", f"it does not verify with the witness's key ({error})"), size), False))
+                return client, MalformedError("cosignature", f"it does not verify with the witness's key ({error})")
+
+        if len(asked) > 1:
+            with ThreadPoolExecutor(max_workers=len(asked)) as pool:
+                answers = list(pool.map(ask, asked))
+        else:
+            answers = [ask(c) for c in asked]
+        refusals: list[tuple[str, bool]] = []
+        for client, answer in answers:
+            if isinstance(answer, TlogError):
+                if isinstance(answer, WitnessRefusal) and answer.status == 409 and answer.latest_size is not None:
+                    self._witness_size[client.name] = answer.latest_size
+                unreached = isinstance(answer, WitnessUnreachable)
+                if unreached:
+                    self._unreached.add(client.name)
+                refusals.append((describe_refusal(client.name, client.entry.url, answer, size), unreached))
                 continue
+            self._unreached.discard(client.name)
             self._witness_size[client.name] = size
-            self._cosigned[client.name] = next(s for s in verified.note.signatures if s.name == client.name)
+            self._cosigned[client.name] = next(s for s in answer.note.signatures if s.name == client.name)
         if not best_effort:
             self.last_refusals = [text for text, _ in refusals]
         return refusals

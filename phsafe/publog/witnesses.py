@@ -40,7 +40,9 @@ WITNESS_KEY = "witness.key"
 WITNESS_VKEY = "witness.vkey"
 WITNESSES_FORMAT = "phsafe-witnesses/2"
 WITNESS_TIMEOUT_SECONDS = 10.0
-"""How long a request to a witness may take (connecting, then the answer)."""
+"""How long a witness may take to answer a request."""
+WITNESS_CONNECT_SECONDS = 5.0
+"""How long connecting to a witness may take."""
 
 
 def init_witness(folder: Path, name: str) -> str:
@@ -195,8 +197,8 @@ class HttpWitness:
         if self._client is None:
             import httpx
 
-            self._client = httpx.Client(timeout=httpx.Timeout(WITNESS_TIMEOUT_SECONDS), transport=self._transport,
-                                        trust_env=False, follow_redirects=False)
+            self._client = httpx.Client(timeout=httpx.Timeout(WITNESS_TIMEOUT_SECONDS, connect=WITNESS_CONNECT_SECONDS),
+                                        transport=self._transport, trust_env=False, follow_redirects=False)
         return self._client
 
     def add_checkpoint(self, request: AddCheckpointRequest) -> bytes:
