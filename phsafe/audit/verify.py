@@ -34,7 +34,6 @@ from phsafe.config import PrivacyDefinition
 from phsafe.errors import LedgerError, VerificationFailure, cause_in_words
 from phsafe.ledger import (
     LedgerState,
-    RunState,
     RunStatus,
     checkpoint_message,
     key_id,

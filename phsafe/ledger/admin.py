@@ -16,12 +16,12 @@ import fcntl
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from phsafe import durable
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
+from phsafe.errors import BudgetError, LedgerError, os_reason
 from phsafe.ledger.format import (
     FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now, operator_text,
 )

@@ -40,7 +40,7 @@ from decimal import Decimal
 from phsafe.accounting import plan_run
 from phsafe.config import PrivacyDefinition, load_config, parse_config
 from phsafe.errors import BudgetError
-from phsafe.ledger import Ledger, RunStatus, key_path, read_ledger
+from phsafe.ledger import RunStatus, key_path, read_ledger
 from phsafe.publog import open_ledger
 
 from tests._ledgers import new_ledger

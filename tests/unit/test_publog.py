@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from phsafe.errors import BudgetError, ForkRefused, LedgerError, VerificationFailure, WitnessesUnavailable
+from phsafe.errors import ForkRefused, LedgerError, VerificationFailure, WitnessesUnavailable
 from phsafe.ledger import Ledger, key_id, read_ledger, read_lineage_key
 from phsafe.noise import measure
 from phsafe.publog import log_key_path, log_path, open_ledger, project, repair_ledger, witnesses_path
