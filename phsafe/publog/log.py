@@ -292,15 +292,21 @@ class PublicLog:
                     f"the public log {self.path} is not the projection of the ledger (its entry {index} "
                     f"differs, or it has {have} entries where the ledger projects {len(expected)}); "
                     "it was changed or belongs to another ledger -- the ledger is not used until this is resolved")
-            if have and folder.log.root() != self._tree.root(have):
-                raise LedgerError(f"the public log's hashes in {self.path} are not those of its entries; restore the "
-                                  "folder from its published copy (or remove `hashes`: `phsafe ledger repair`)")
+            if folder.stored_hashes() != self._stored_hashes(have):
+                raise LedgerError(f"the public log's hashes in {self.path} are not those of its entries: remove the "
+                                  "file `hashes` (it is made again from the entries on the ledger's next use)")
             self._read_published(folder)
         except BaseException:
             folder.close()
             raise
         self._folder = folder
         return folder
+
+    def _stored_hashes(self, size: int) -> bytes:
+        """The stored hashes of the projection's first ``size`` entries, as the hash file holds them."""
+        from phsafe.tlog.merkle import stored_hash_count
+
+        return b"".join(self._tree.store.read_hashes(range(stored_hash_count(size))))
 
     def _read_published(self, folder: LogDirectory) -> None:
         """What the published checkpoint says: signed by the log key, a tree head of the

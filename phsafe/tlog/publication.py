@@ -139,6 +139,9 @@ class LogDirectory:
             finally:
                 os.close(fd)
             done.append(f"cut a torn last entry line of {torn} bytes")
+        if not (path / HASHES_FILE).exists():  # derivable from the entries: made again
+            FileHashStore.create(path / HASHES_FILE).close()
+            done.append("made the missing hash file again")
         with FileHashStore.open(path / HASHES_FILE, check=False) as hashes:
             length = hashes.byte_size()
             size = largest_tree_in_stored_count(length // HASH_SIZE)
@@ -216,6 +219,10 @@ class LogDirectory:
         self.entries.extend(bytes(e) for e in entries)
         self._files_stat = self._stat_files()
         return range(first, self._size)
+
+    def stored_hashes(self) -> bytes:
+        """The hash file's bytes (read in full: for a comparison when the folder is opened)."""
+        return _read_fd(self._hashes.fileno())
 
     def checkpoint(self) -> bytes | None:
         """The published signed checkpoint, or None before the first."""

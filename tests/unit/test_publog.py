@@ -501,3 +501,18 @@ def test_the_rules_of_format_3_failures_and_bindings(tmp_path: Path) -> None:
     craft(ledger.path, "LOG_BOUND", None, {"public_log": genesis["public_log"], "reason": "again"})
     with pytest.raises(LedgerError, match="bound to its public log already"):
         read_ledger(ledger.path)
+
+
+def test_damaged_hashes_are_refused_and_a_removed_hash_file_is_made_again(tmp_path: Path) -> None:
+    ledger = new_ledger(tmp_path)
+    start_run(ledger, PLAN, "run-1")
+    ledger.close()
+    hashes = log_path(ledger.path) / "hashes"
+    data = bytearray(hashes.read_bytes())
+    data[0] ^= 1
+    hashes.write_bytes(bytes(data))
+    with pytest.raises(LedgerError, match="hashes .* are not those of its entries: remove the file"):
+        open_ledger(ledger.path)
+    hashes.unlink()
+    open_ledger(ledger.path)
+    in_step(ledger.path)
