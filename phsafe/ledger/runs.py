@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, format_exact
-from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
+from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError
+from phsafe.parameters import option
 from phsafe.ledger.format import FAILURE_CODES, EntryKind, clean_text, operator_text, planned_item
 from phsafe.ledger.rules import largest_overlap
 from phsafe.overlap import OVERLAP_LIMIT, percent
@@ -93,7 +94,7 @@ def explain(exc: LedgerError, state: LedgerState, *, run_id: str | None = None) 
                     f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
         else:
             told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
-                    f"running, or crashed without ending): resume it ({option('resume')}) instead")
+                    f"running, or crashed without ending): resume it ({option('resume_run_id')}) instead")
         return AlreadyReleasedError(
             f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, declare it "
             f"and say why with {option('re_release')} (recorded in the ledger; the cap still applies)")
