@@ -1,11 +1,16 @@
-"""The ledger's files: paths, the lock, catching up, appends that are durable or rolled back.
+"""The ledger's files: paths, the lock, the file kept open, followers, durable appends.
 
 The rules are not here (:mod:`phsafe.ledger.rules`, applied by :mod:`phsafe.ledger.replay`): this
 module reads bytes for the replay and writes the lines the replay accepted. See "Write-ahead
 spends" in :mod:`phsafe.ledger.format` for the protocol: every append happens under an exclusive
 ``flock`` on ``<ledger>.lock``, after catching up with (and verifying) what other processes
 appended, with one ``write`` and an ``fsync`` before the lock is released; a failed write is cut
-back so that the file never keeps a partial entry of a live process.
+back so that the file never keeps a partial entry of a live process (:func:`phsafe.durable.append`).
+
+A process opens the file once and follows it (:class:`LedgerFile`): it knows how far it has read,
+and on each use reads only what was appended since. What follows the ledger -- its public log --
+is an :class:`AppendFollower` that registers itself: the ledger calls it under its lock and never
+reads its files, and a ledger whose policy binds a log appends nothing without it.
 """
 
 from __future__ import annotations

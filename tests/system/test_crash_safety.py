@@ -40,7 +40,7 @@ from decimal import Decimal
 from phsafe.accounting import plan_run
 from phsafe.config import PrivacyDefinition, load_config, parse_config
 from phsafe.errors import BudgetError
-from phsafe.ledger import RunStatus, key_path, read_ledger
+from phsafe.ledger import RunStatus, read_ledger
 from phsafe.publog import open_ledger
 
 from tests._ledgers import new_ledger
@@ -140,10 +140,8 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     assert state.dataset_spent("crash-test", PrivacyDefinition.ZCDP) == expected == len(runs) * plan.total
     # A plan that the cap admits only without the crashed runs' reservations is refused (on a copy
     # of the ledger: the production one keeps its history).
-    copy = setup["root"] / "copy" / "ledger.jsonl"
-    copy.parent.mkdir()
-    shutil.copyfile(setup["ledger"], copy)
-    shutil.copyfile(key_path(setup["ledger"]), key_path(copy))
+    shutil.copytree(setup["ledger"].parent, setup["root"] / "copy")  # the ledger with its keys and its public log
+    copy = setup["root"] / "copy" / setup["ledger"].name
     raw = json.loads(setup["config"].read_text(), parse_float=Decimal)
     scale = Decimal(float((Fraction(CAP) - expected / 2) / plan.total)).quantize(Decimal("0.001"))
     for levels in raw["privacy_budget"].values():
