@@ -20,9 +20,13 @@ The end-to-end time is the private run with validation, reported as a multiple o
 read. Results are printed as JSON and appended to ``benchmarks/_work/results.jsonl``. The config
 is the production US config (``shared/fixtures/production_config_us.json``).
 
-Targets on the 2-core, 24 GB machine: ``phsafe private`` with validation within 3x the bare
-streaming read (10M CSV persons; the full US, ~331M persons, from national CSV files and from
-Parquet stored by state, with peak memory <= 8 GB), and 1M persons under 3 s.
+Targets on the 2-core, 24 GB machine (issue 27), against the bare streaming read of the same files
+measured in the same benchmark run: the full US (~331M persons) from national CSV files at most
+2x the read's wall time and 1.5x its CPU time, in at most 4 GB (the process tree's summed PSS);
+the full US from Parquet stored by state at most 2x; 10M CSV persons at most 2x. Memory is the
+sum of the proportional set sizes of the run's process tree (see ``_measure.py``), CPU time that
+of every process of the tree, and the machine's load average is recorded during each phase (the
+machine is shared).
 
 ``--memory-limit SIZE`` is passed to ``phsafe private``; ``PHSAFE_BENCH_DATA=DIR`` keeps the
 datasets in ``DIR`` (see ``_data.py``).
@@ -45,9 +49,12 @@ from _data import PHSAFE, US_CONFIG, WORK, ensure_dataset, synth_command  # benc
 from _measure import Phase, run_phase
 
 HERE = Path(__file__).resolve().parent
-TARGETS_SECONDS = {1_000_000: 3.0}
-TARGET_PEAK_MIB = 8 * 1024
-TARGET_RATIO = 3.0
+TARGET_PEAK_BYTES = 4_000_000_000
+"""The full US from national CSV: summed PSS of the run's process tree, at most 4 GB."""
+TARGET_RATIO = 2.0
+"""Wall time of the run as a multiple of the bare streaming read's (every input and size)."""
+TARGET_CPU_RATIO = 1.5
+"""CPU time of the run as a multiple of the read's (the full US from national CSV)."""
 
 
 def _count(text: str) -> int:
@@ -107,6 +114,8 @@ def main() -> int:
     parser.add_argument("--phases", action="store_true",
                         help="also time `phsafe validate` alone and the private run without validation")
     parser.add_argument("--skip-read", action="store_true", help="no bare streaming read")
+    parser.add_argument("--no-read-after", action="store_true",
+                        help="one bare read, before the run (not again after it): the full US on a busy machine")
     parser.add_argument("--memory-limit", default=None, help="passed to phsafe private (e.g. 8G)")
     parser.add_argument("--keep", action="store_true", help="keep the run's outputs, ledger and log")
     args = parser.parse_args()
@@ -130,7 +139,7 @@ def main() -> int:
                  *_FIRST_RUN, "--log", str(work / f"run{attempt}.log"), *limit],
                 log=work / "private.out"))
         stages = _stages(work / f"run{args.repeat - 1}.log")
-        if not args.skip_read:
+        if not args.skip_read and not args.no_read_after:
             phases.append(run_phase("streaming read (after)", read))
         if args.phases:
             phases.append(run_phase("validate", [PHSAFE, "validate", str(args.config), str(data)],
@@ -146,9 +155,15 @@ def main() -> int:
     private_runs = [p for p in phases if p.name.startswith("private") and "without" not in p.name]
     read_runs = [p for p in phases if p.name.startswith("streaming read")]
     total = statistics.median(p.wall_seconds for p in private_runs)
+    cpu = statistics.median(p.cpu_seconds for p in private_runs)
     peak = max(p.peak_rss_mib for p in private_runs)
+    peak_pss = max(p.peak_pss_mib for p in private_runs)
     read_seconds = statistics.median(p.wall_seconds for p in read_runs) if read_runs else None
-    target = TARGETS_SECONDS.get(args.persons)
+    read_cpu = statistics.median(p.cpu_seconds for p in read_runs) if read_runs else None
+    commit = subprocess.run(["git", "-C", str(HERE), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "-C", str(HERE), "status", "--porcelain", "--", "../phsafe"],
+                                capture_output=True, text=True).stdout.strip())
     result = {
         "persons": args.persons,
         "format": args.format,
@@ -156,17 +171,21 @@ def main() -> int:
         "data_bytes": sum(f.stat().st_size for f in data.rglob("*") if f.is_file()),
         "generate": generated.as_dict() if generated else "cached",
         "generate_command": " ".join(synth_command(args.persons, args.format, data)),
+        "commit": commit + ("+changes" if dirty else ""),
         "phases": [p.as_dict() for p in phases],
         "private_stages_seconds": stages,
         "end_to_end_seconds": round(total, 2),
+        "end_to_end_cpu_seconds": round(cpu, 2),
+        "end_to_end_peak_pss_mib": round(peak_pss),
         "end_to_end_peak_rss_mib": round(peak),
         "streaming_read_seconds": None if read_seconds is None else round(read_seconds, 2),
+        "streaming_read_cpu_seconds": None if read_cpu is None else round(read_cpu, 2),
         "multiple_of_streaming_read": None if read_seconds is None else round(total / read_seconds, 2),
+        "cpu_multiple_of_streaming_read": None if not read_cpu else round(cpu / read_cpu, 2),
         "targets": {
-            "seconds": target,
-            "meets_seconds": None if target is None else total <= target,
-            "meets_peak_8gib": peak <= TARGET_PEAK_MIB,
-            "meets_3x_read": None if read_seconds is None else total / read_seconds <= TARGET_RATIO,
+            "meets_2x_read": None if read_seconds is None else total / read_seconds <= TARGET_RATIO,
+            "meets_1.5x_read_cpu": None if not read_cpu else cpu / read_cpu <= TARGET_CPU_RATIO,
+            "meets_4gb": peak_pss * 2**20 <= TARGET_PEAK_BYTES,
         },
         "load_average_1min_before": load_before,
         "load_average_1min_after": round(os.getloadavg()[0], 2),

@@ -2,9 +2,14 @@
 
 Before any noise is drawn, a run knows every measurement it will make: one per measured table and
 population-group level with a positive budget. Each carries its budget (rho or epsilon, exact),
-its integer sensitivity from the spec (2*tau + 2 for person tables, 2 for unit tables -- never
-inferred from data), the noise distribution and its variance, and the number of cells of its full
-public domain. The run's privacy loss is the exact sum of the budgets (sequential composition).
+its sensitivity -- the spec's 2*tau + 2 for person tables and 2 for unit tables, or, with the
+config's ``"sensitivity": "exact"``, the exact sensitivity proven in ``docs/sensitivity.md``
+(:mod:`phsafe.sensitivity`); never inferred from data --, the noise distribution and its
+variance, and the number of cells of its full public domain. The run's privacy loss is the exact
+sum of the budgets (sequential composition).
+
+An exact L2 sensitivity may be irrational (tau sqrt 2): it is carried as its square, an integer,
+so that sigma^2 = Delta^2 / (2 rho) stays an exact rational.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from fractions import Fraction
 
 from phsafe.config import INFINITE, MEASURED_TABLES, PHSafeConfig, PrivacyDefinition
 from phsafe.iterations import PopulationGroupLevel
-from phsafe.tables import TABLES, TableKind
+from phsafe.sensitivity import Encoded, SensitivityBound, squared
+from phsafe.sensitivity import value as sensitivity_value
+from phsafe.tables import TABLES
 
 
 class NoiseDistribution(enum.Enum):
@@ -25,21 +32,20 @@ class NoiseDistribution(enum.Enum):
     TWO_SIDED_GEOMETRIC = "Two-Sided Geometric"
 
 
-UNIT_TABLE_SENSITIVITY = 2
+def sensitivity(table: str, config: PHSafeConfig, level: PopulationGroupLevel | None = None) -> Encoded:
+    """The sensitivity ``config`` calibrates ``table`` (at ``level``) to, as the ledger writes it.
 
-
-def sensitivity(table: str, config: PHSafeConfig) -> int:
-    """The spec's integer sensitivity of ``table``: 2*tau+2 (person tables) or 2 (unit tables).
-
-    For zCDP this bounds the L2 norm of the change of the count vector under adding or removing
-    one person (paper, Lemma 6 -- it bounds the L1 norm, which bounds L2); for pure DP it bounds
-    the L1 norm.
+    With the paper's bound (the default): 2*tau+2 (person tables) or 2 (unit tables), whatever
+    the level. For zCDP this bounds the L2 norm of the change of the count vector under adding or
+    removing one person (paper, Lemma 6 -- it bounds the L1 norm, which bounds L2); for pure DP it
+    bounds the L1 norm. With ``"sensitivity": "exact"``: the proven L2 (zCDP) or L1 (pure DP)
+    sensitivity of the measurement, which depends on the level (required then).
     """
-    spec = TABLES[table]
-    if spec.kind is TableKind.PERSON:
-        assert spec.tau_key is not None
-        return 2 * config.tau[spec.tau_key] + 2
-    return UNIT_TABLE_SENSITIVITY
+    if level is None:
+        if config.sensitivity is not SensitivityBound.PAPER:
+            raise ValueError(f"{table}: the exact sensitivity depends on the level; give it")
+        level = TABLES[table].levels[0]
+    return config.sensitivity_of(table, level)
 
 
 @dataclass(frozen=True)
@@ -51,22 +57,37 @@ class PlannedMeasurement:
         level: The population-group level.
         privacy_defn: zCDP (budget is rho) or pure DP (budget is epsilon).
         budget: The exact budget; ``Decimal('Infinity')`` means no noise (test runs only).
-        sensitivity: Integer sensitivity Delta from the spec.
+        sensitivity: Delta in the norm of ``privacy_defn`` (L2 for zCDP, L1 for pure DP), as the
+            ledger writes it: a positive integer, or ``"sqrt(N)"`` for an irrational exact L2
+            sensitivity (:mod:`phsafe.sensitivity`; exact arithmetic uses
+            :attr:`sensitivity_squared`).
         tau: Truncation threshold of a person table, else None.
         n_cells: Cells of the full public domain (regions x iteration codes x basis cells).
+        bound: Which bound ``sensitivity`` is: the paper's (2*tau+2, 2) or the exact one.
     """
 
     table: str
     level: PopulationGroupLevel
     privacy_defn: PrivacyDefinition
     budget: Decimal
-    sensitivity: int
+    sensitivity: Encoded
     tau: int | None
     n_cells: int
+    bound: SensitivityBound = SensitivityBound.PAPER
 
     @property
     def key(self) -> str:
         return f"{self.table}/{self.level.config_key}"
+
+    @property
+    def sensitivity_squared(self) -> int:
+        """Delta^2, exactly (an integer)."""
+        return squared(self.sensitivity)
+
+    @property
+    def sensitivity_value(self) -> float:
+        """Delta as a float (display; exact work uses :attr:`sensitivity_squared`)."""
+        return sensitivity_value(self.sensitivity)
 
     @property
     def is_noiseless(self) -> bool:
@@ -88,12 +109,13 @@ class PlannedMeasurement:
     def gaussian_sigma_squared(self) -> Fraction:
         """sigma^2 = Delta^2 / (2 rho), exact (zCDP only)."""
         assert self.privacy_defn is PrivacyDefinition.ZCDP and not self.is_noiseless
-        return Fraction(self.sensitivity**2) / (2 * self.budget_fraction)
+        return Fraction(self.sensitivity_squared) / (2 * self.budget_fraction)
 
     @property
     def geometric_scale(self) -> Fraction:
         """s = Delta / epsilon, exact (pure DP only)."""
         assert self.privacy_defn is PrivacyDefinition.PUREDP and not self.is_noiseless
+        assert isinstance(self.sensitivity, int), "an L1 sensitivity is an integer"
         return Fraction(self.sensitivity) / self.budget_fraction
 
     @property
@@ -123,6 +145,7 @@ class RunPlan:
 
     privacy_defn: PrivacyDefinition
     measurements: tuple[PlannedMeasurement, ...]
+    bound: SensitivityBound = SensitivityBound.PAPER
 
     @property
     def total(self) -> Fraction | Decimal:
@@ -152,9 +175,10 @@ def plan_run(config: PHSafeConfig) -> RunPlan:
                     level=level,
                     privacy_defn=config.privacy_defn,
                     budget=config.budget(table, level),
-                    sensitivity=sensitivity(table, config),
+                    sensitivity=config.sensitivity_of(table, level),
                     tau=config.tau[spec.tau_key] if spec.tau_key else None,
                     n_cells=domain_size(spec, level, config),
+                    bound=config.sensitivity,
                 )
             )
-    return RunPlan(privacy_defn=config.privacy_defn, measurements=tuple(measurements))
+    return RunPlan(privacy_defn=config.privacy_defn, measurements=tuple(measurements), bound=config.sensitivity)

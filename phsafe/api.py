@@ -65,7 +65,7 @@ def validate(config: str | Path, data: str | Path, *, report_dir: str | Path | N
         The report: ``.ok``, ``.failures`` (file, columns, rule, failing rows -- never a value),
         ``.to_text()``; with ``report_dir``, HTML and JSON reports are written there.
     """
-    from phsafe.validation import validate_inputs
+    from phsafe.intake import validate_inputs
 
     return validate_inputs(Path(config), Path(data), report_dir=Path(report_dir) if report_dir else None,
                            progress=progress)

@@ -6,6 +6,10 @@ exactly 0.000022) and every sum of budgets is done in exact arithmetic. ``Infini
 
 Every rule violation raises :class:`~phsafe.errors.ConfigError` naming the key and the rule.
 
+``sensitivity`` (``"paper"``, the default, or ``"exact"``) chooses the sensitivity each
+measurement's noise is calibrated to (:mod:`phsafe.sensitivity`); spec §2 has no such key: it is a
+departure, documented in ``docs/sensitivity.md``. Any other value is refused.
+
 Every key is known: an unknown key, at any level, is refused with the key and the file named --
 a misspelt key (``"privacy_budgte"``, ``"PH2": {"usa_all": ...}``) would otherwise be silently
 lost. (The spec's §2 says unknown top-level keys are "ignored with a log line"; the production
@@ -39,8 +43,11 @@ from phsafe.errors import BudgetError, ConfigError, os_reason
 from phsafe.parameters import option
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
+from phsafe.sensitivity import SensitivityBound, declared
+from phsafe.sensitivity import value as sensitivity_value
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES
-KNOWN_KEYS = frozenset({"privacy_defn", "privacy_budget", "tau", "state_filter", "reader", "dataset"})
+
+KNOWN_KEYS = frozenset({"privacy_defn", "privacy_budget", "tau", "state_filter", "reader", "dataset", "sensitivity"})
 
 MAX_NOISE_SCALE = 2**30
 """Largest noise scale a budget may imply (sigma for zCDP, s for pure DP): about 1e9 counts, so
@@ -73,6 +80,10 @@ class PHSafeConfig(BaseModel):
         reader: always ``"csv"`` (CSV or Parquet files on disk).
         dataset: the declared dataset name the runs of this config spend against (optional;
             the command line's ``--dataset`` gives it otherwise).
+        sensitivity: which sensitivity the noise is calibrated to (optional; default
+            ``"paper"``, the production release's 2*tau+2 and 2; ``"exact"``: the proven
+            sensitivity of each measurement, ``docs/sensitivity.md``). A departure from spec §2,
+            which has no such key.
     """
 
     # Infinity budgets ("no noise", test runs only) must survive model validation.
@@ -84,6 +95,7 @@ class PHSafeConfig(BaseModel):
     state_filter: tuple[str, ...]
     reader: str = "csv"
     dataset: str | None = None
+    sensitivity: SensitivityBound = SensitivityBound.PAPER
 
     @property
     def is_puerto_rico(self) -> bool:
@@ -100,6 +112,12 @@ class PHSafeConfig(BaseModel):
 
     def budget(self, table: str, level: PopulationGroupLevel) -> Decimal:
         return self.privacy_budget[table][level]
+
+    def sensitivity_of(self, table: str, level: PopulationGroupLevel) -> int | str:
+        """The sensitivity this config calibrates ``table`` at ``level`` to: L2 for zCDP, L1 for
+        pure DP, as the ledger writes it (an integer, or ``"sqrt(N)"``: :mod:`phsafe.sensitivity`)."""
+        tau = self.tau[table] if table in self.tau else None
+        return declared(table, level, tau, self.sensitivity, l2=self.privacy_defn is PrivacyDefinition.ZCDP)
 
     def measured_levels(self, table: str) -> tuple[PopulationGroupLevel, ...]:
         """Levels of ``table`` with a positive budget, i.e. the ones measured and released."""
@@ -319,7 +337,8 @@ def parse_config(raw: Any) -> PHSafeConfig:
     if dataset is not None and (not isinstance(dataset, str) or not _DATASET.fullmatch(dataset)):
         raise ConfigError("dataset", "must be a dataset name: letters, digits, '.', '_' and '-', at most 128, "
                                      "starting with a letter or digit (e.g. \"cef2020-us\")")
-    _check_scales(defn, budgets, tau)
+    bound = _parse_sensitivity(raw.get("sensitivity", SensitivityBound.PAPER.value))
+    _check_scales(defn, budgets, tau, bound)
 
     if states == (PUERTO_RICO,):
         for table, levels in budgets.items():
@@ -336,6 +355,7 @@ def parse_config(raw: Any) -> PHSafeConfig:
         state_filter=states,
         reader=reader,
         dataset=dataset,
+        sensitivity=bound,
     )
 
 
@@ -373,7 +393,16 @@ def _parse_budget_value(key: str, value: Any) -> Decimal:
     return value
 
 
-def noise_scale(defn: PrivacyDefinition, budget: Decimal, sensitivity: int) -> float:
+def _parse_sensitivity(value: Any) -> SensitivityBound:
+    if isinstance(value, str):
+        for bound in SensitivityBound:
+            if value == bound.value:
+                return bound
+    raise ConfigError("sensitivity", 'must be "paper" (the PHSafe paper\'s 2*tau+2 and 2, the default) or "exact" '
+                                     "(the proven sensitivity of each measurement, docs/sensitivity.md)")
+
+
+def noise_scale(defn: PrivacyDefinition, budget: Decimal, sensitivity: float) -> float:
     """The noise scale a finite positive budget implies: sigma = Delta / sqrt(2 rho) (zCDP) or
     s = Delta / epsilon (pure DP), in counts."""
     if defn is PrivacyDefinition.ZCDP:
@@ -381,19 +410,20 @@ def noise_scale(defn: PrivacyDefinition, budget: Decimal, sensitivity: int) -> f
     return float(sensitivity) / float(budget)
 
 
-def _sensitivity(table: str, tau: Mapping[str, int]) -> int:
-    # The spec's integer sensitivities (§5): 2*tau+2 for person tables, 2 for unit tables.
-    return 2 * tau[table] + 2 if table in tau else 2
+def _sensitivity(table: str, level: PopulationGroupLevel, tau: Mapping[str, int], defn: PrivacyDefinition,
+                 bound: SensitivityBound) -> float:
+    # The spec's 2*tau+2 and 2 (§5), or the exact sensitivity (docs/sensitivity.md).
+    return sensitivity_value(declared(table, level, tau.get(table), bound, l2=defn is PrivacyDefinition.ZCDP))
 
 
 def _check_scales(defn: PrivacyDefinition, budgets: Mapping[str, Mapping[PopulationGroupLevel, Decimal]],
-                  tau: Mapping[str, int]) -> None:
+                  tau: Mapping[str, int], bound: SensitivityBound) -> None:
     """Every finite positive budget leaves a noise scale 64-bit counts can carry."""
     for table, levels in budgets.items():
         for level, b in levels.items():
             if b == 0 or b.is_infinite():
                 continue
-            scale = noise_scale(defn, b, _sensitivity(table, tau))
+            scale = noise_scale(defn, b, _sensitivity(table, level, tau, defn, bound))
             if scale > MAX_NOISE_SCALE:
                 raise ConfigError(
                     f"privacy_budget.{table}.{level.config_key}",
@@ -428,7 +458,7 @@ def check_budget_policy(config: "PHSafeConfig", *, non_confidential: bool) -> No
         for level, b in levels.items():
             if b == 0:
                 continue
-            scale = noise_scale(config.privacy_defn, b, _sensitivity(table, config.tau))
+            scale = noise_scale(config.privacy_defn, b, sensitivity_value(config.sensitivity_of(table, level)))
             if scale < MIN_CONFIDENTIAL_SCALE:
                 raise BudgetError(
                     f"config key 'privacy_budget.{table}.{level.config_key}': {b} gives noise of scale "

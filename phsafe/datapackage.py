@@ -14,7 +14,11 @@ the ``|``-separated CSV (``<TABLE>/<TABLE>.csv``) and the Parquet copy
   ``{"value": ..., "label": ...}``) and the same values as an ``enum`` constraint (read by
   Data Package 1.0 tools): ``REGION_ID`` (``1`` = United States, state FIPS -> state name),
   ``REGION_TYPE``, ``ITERATION_CODE`` and every ``<TABLE>_DATA_CELL`` number;
-* what ``COUNT``, ``NOISE_DISTRIBUTION`` and ``VARIANCE`` mean.
+* what ``COUNT``, ``NOISE_DISTRIBUTION`` and ``VARIANCE`` mean;
+* for a private release, which sensitivity its noise was calibrated to (``sensitivity``: the
+  bound -- the PHSafe paper's 2*tau+2 and 2, or the exact sensitivities of ``docs/sensitivity.md``
+  -- and every measurement's Delta, in the norm of its privacy definition; a custom property of
+  the descriptor, also said in its description).
 
 Everything is generated from the table definitions in code (:mod:`phsafe.tables`,
 :mod:`phsafe.iterations`, :mod:`phsafe.schema`, :mod:`phsafe.accounting`) -- one source of
@@ -36,10 +40,11 @@ from typing import Any, Mapping
 import pandas as pd
 
 import phsafe
-from phsafe.accounting import NoiseDistribution
+from phsafe.accounting import NoiseDistribution, RunPlan
 from phsafe.domain import USA_REGION_ID
 from phsafe.iterations import ITERATION_LABELS, GeographyLevel
 from phsafe.schema import STATE_NAMES
+from phsafe.sensitivity import DOCUMENT, SensitivityBound
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, IterationSource, output_spec
 
 DATAPACKAGE = "datapackage.json"
@@ -191,8 +196,40 @@ def _table_description(table: str, private: bool) -> str:
     return " ".join(parts)
 
 
-def package_descriptor(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
-    """The ``datapackage.json`` descriptor of the output tables ``frames`` (table -> rows).
+def sensitivity_property(plan: RunPlan) -> dict[str, Any]:
+    """The descriptor's ``sensitivity``: the bound a private release's noise was calibrated to and
+    every measurement's Delta (L2 for zCDP, L1 for pure DP; an integer or ``"sqrt(N)"``)."""
+    return _statement(plan.bound, plan.privacy_defn.value,
+                      [(m.table, m.level.config_key, m.sensitivity) for m in plan.measurements])
+
+
+def _statement(bound: SensitivityBound, privacy_defn: str, deltas: list[tuple[str, str, Any]]) -> dict[str, Any]:
+    return {
+        "bound": bound.value,
+        "description": bound.description,
+        "proof": DOCUMENT if bound is SensitivityBound.EXACT else "PHSafe paper, Lemma 6 and Theorems 1-2",
+        "norm": "L2" if privacy_defn == "zcdp" else "L1",
+        "measurements": [{"table": t, "level": lv, "delta": d} for t, lv, d in deltas],
+    }
+
+
+def _statement_from_manifest(directory: Path) -> dict[str, Any] | None:
+    """The ``sensitivity`` property of a published release, rebuilt from its manifest (None for a
+    release whose manifest does not name its bound: written before it was stated)."""
+    try:
+        manifest = json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+        bound = SensitivityBound(manifest["config"]["sensitivity"])
+        deltas = [(m["table"], m["level"], m["sensitivity"]) for m in manifest["measurements"]]
+        return _statement(bound, manifest["privacy_defn"], deltas)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def package_descriptor(frames: Mapping[str, pd.DataFrame], plan: RunPlan | None = None, *,
+                       statement: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``datapackage.json`` descriptor of the output tables ``frames`` (table -> rows); for a
+    private release, ``plan`` (or its ``statement``, :func:`sensitivity_property`) adds which
+    sensitivity its noise was calibrated to.
 
     Raises:
         ValueError: A table is not an output table, mixes private and non-private layouts with
@@ -222,7 +259,15 @@ def package_descriptor(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
             "schema": schema,
         })
     what = "private release" if private else "non-private tabulation (synthetic data; testing only)"
-    return {
+    calibrated = ""
+    if private and plan is not None:
+        statement = sensitivity_property(plan)
+    if not private:
+        statement = None
+    if statement is not None:
+        calibrated = (f"The noise of every measurement is calibrated to {statement['description']} "
+                      "(property 'sensitivity'). ")
+    descriptor = {
         "$schema": PROFILE,
         "name": "phsafe-sdhc" if private else "phsafe-sdhc-nonprivate",
         "title": f"S-DHC tables, PHSafe {what}",
@@ -231,6 +276,7 @@ def package_descriptor(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
             + ("under differential privacy (PHSafe): noisy counts with the variance of their noise. "
                "PH1, PH5 and PH8 are averages: divide the _num table by its _denom table. "
                if private else "tabulated exactly, without noise, for testing on synthetic data. ")
+            + calibrated
             + "Each table is given twice, as |-separated CSV and as Parquet, with the same columns; "
             "every code's label is in its field's categories."
         ),
@@ -238,9 +284,13 @@ def package_descriptor(frames: Mapping[str, pd.DataFrame]) -> dict[str, Any]:
         "keywords": ["census", "S-DHC", "differential privacy", "PHSafe"],
         "resources": resources,
     }
+    if statement is not None:
+        descriptor["sensitivity"] = statement
+    return descriptor
 
 
-def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None = None) -> Path:
+def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None = None, *,
+                      plan: RunPlan | None = None) -> Path:
     """Write ``datapackage.json`` into ``directory`` for the output tables in it.
 
     Args:
@@ -248,6 +298,9 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
             ``parquet/<T>.parquet``.
         frames: The tables as written (table -> rows); read back from the Parquet files of
             ``directory`` when None.
+        plan: A private release's run plan: the descriptor states the sensitivity bound it used.
+            Without it (rebuilding a published release's descriptor from its files), the
+            statement comes from the release's manifest.
 
     Returns:
         The path written.
@@ -262,7 +315,8 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
     if frames is None:
         frames = {t: pd.read_parquet(p) for t in OUTPUT_TABLES
                   if (p := directory / "parquet" / f"{t}.parquet").is_file()}
-    descriptor = package_descriptor(frames)
+    statement = None if plan is not None else _statement_from_manifest(directory)
+    descriptor = package_descriptor(frames, plan, statement=statement)
     report = frictionless.Package.validate_descriptor(descriptor)
     if not report.valid:
         raise ValueError("datapackage.json does not validate: "
@@ -271,3 +325,64 @@ def write_datapackage(directory: Path, frames: Mapping[str, pd.DataFrame] | None
     path.write_text(json.dumps(descriptor, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path
 
+
+
+class SensitivityStatementError(ValueError):
+    """A release's stated sensitivity bound disagrees with its plan: ``file`` says what."""
+
+    def __init__(self, file: str, reason: str) -> None:
+        super().__init__(f"{file}: {reason}")
+        self.file, self.reason = file, reason
+
+
+def check_sensitivity_statement(directory: Path, files: Mapping[str, str], measurements: list[Any]) -> str:
+    """What a release says about its sensitivity bound, against the plan the ledger or the public
+    log holds (``measurements``: planned measurements, each with its ``bound`` and ``sensitivity``).
+
+    The manifest's ``config.sensitivity`` and the data package's ``sensitivity`` must name the
+    plan's one bound and, in the data package, every measurement's Delta as planned. Releases
+    written before the key existed state nothing: their plan must be the paper's bound.
+
+    Returns:
+        One line saying what was verified.
+
+    Raises:
+        SensitivityStatementError: A statement disagrees with the plan (or the plan mixes bounds).
+    """
+    bounds = {m.bound for m in measurements}
+    if len(bounds) != 1:
+        raise SensitivityStatementError("plan", "its measurements are calibrated to different bounds")
+    bound = bounds.pop()
+    stated: list[str] = []
+    manifest_path = Path(directory) / "manifest.json"
+    if manifest_path.is_file():
+        try:
+            config = json.loads(manifest_path.read_text(encoding="utf-8")).get("config") or {}
+        except (OSError, ValueError, AttributeError):
+            raise SensitivityStatementError("manifest.json", "cannot be read as a JSON object") from None
+        said = config.get("sensitivity", SensitivityBound.PAPER.value) if isinstance(config, dict) else None
+        if said != bound.value:
+            raise SensitivityStatementError("manifest.json", f"states the sensitivity bound {said!r}; the plan "
+                                            f"calibrated every measurement to {bound.value!r}")
+        stated.append("manifest.json")
+    if DATAPACKAGE in files:
+        try:
+            descriptor = json.loads((Path(directory) / DATAPACKAGE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise SensitivityStatementError(DATAPACKAGE, "cannot be read as JSON") from None
+        prop = descriptor.get("sensitivity") if isinstance(descriptor, dict) else None
+        if prop is None:
+            if bound is not SensitivityBound.PAPER:
+                raise SensitivityStatementError(DATAPACKAGE, f"does not state the {bound.value!r} sensitivity bound "
+                                                "its noise was calibrated to")
+        else:
+            want = [(m.table, m.level.config_key, m.sensitivity) for m in measurements]
+            got = [(d.get("table"), d.get("level"), d.get("delta")) for d in prop.get("measurements", [])
+                   if isinstance(d, dict)] if isinstance(prop, dict) else None
+            if not isinstance(prop, dict) or prop.get("bound") != bound.value or sorted(got or [], key=str) != \
+                    sorted(want, key=str):
+                raise SensitivityStatementError(DATAPACKAGE, "its 'sensitivity' is not the plan's bound and "
+                                                "per-measurement Delta")
+            stated.append(DATAPACKAGE)
+    where = " and ".join(stated) if stated else "nothing (an older release: the paper's bound)"
+    return f"sensitivity: every measurement calibrated to the {bound.value} bound, as {where} state"

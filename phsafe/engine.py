@@ -36,10 +36,10 @@ import structlog
 from phsafe import interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
-from phsafe.counting import Counts, check_pass_memory, exact_counts
+from phsafe.counting import Counts
 from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words
 from phsafe.parameters import option
-from phsafe.intake import validated_counts
+from phsafe.intake import SPILL_FOLDER, check_pass_memory, exact_counts, validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
 from phsafe.noise import check_privacy_map, measure
@@ -64,7 +64,6 @@ from phsafe.private_run import (
 )
 from phsafe.progress import budget_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
-from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
 
@@ -143,7 +142,7 @@ class ExactCounts:
 def check_inputs(run: PrivateRun):
     """Validate the config and inputs on their own (``phsafe validate``'s check); the report.
     A run validates and counts in one read instead: :func:`validate_and_count`."""
-    from phsafe.validation import validate_inputs
+    from phsafe.intake import validate_inputs
 
     return validate_inputs(run.config_file, run.data_dir, report_dir=run.report_dir)
 
@@ -347,7 +346,7 @@ def write_private_outputs(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) 
     frames = private_tables(config, plan, noisy)
     shutil.rmtree(run.release_dir, ignore_errors=True)  # an earlier attempt's, rewritten identically
     run.release_dir.mkdir(parents=True)
-    return write_tables(frames, run.release_dir)
+    return write_tables(frames, run.release_dir, plan=plan)
 
 
 def check_outputs(run: PrivateRun, config: PHSafeConfig):
@@ -379,7 +378,8 @@ def public_manifest(run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_d
         "privacy_defn": config.privacy_defn.value,
         "total_budget": budget_text(plan.total),
         "non_confidential": run.parameters.non_confidential,
-        "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau)},
+        "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau),
+                   "sensitivity": config.sensitivity.value},
         "measurements": [
             {"table": m.table, "level": m.level.config_key, "budget": budget_text(m.budget),
              "sensitivity": m.sensitivity, "variance": m.variance, "moe90": m.moe90, "cells": m.n_cells,

@@ -1,11 +1,11 @@
 """The memory budget of the input pass: how much it may use, and how it plans for it.
 
 A run reads its inputs within ``--memory-limit`` (:func:`default_memory_limit`: half of this
-machine's memory, or of the container's limit when lower). The pass (:class:`phsafe.counting.InputPass`)
+machine's memory, or of the container's limit when lower). The pass (:class:`phsafe.intake.InputPass`)
 works one *partition* at a time -- a state's folders for data stored by state, else the whole
 input -- and a partition whose records do not fit in the budget is *spilled*: its files are
 streamed once, checked and validated batch by batch, and their compact records written to MAFID
-ranges ("buckets") in the run's confidential work folder (:mod:`phsafe.spill`); the buckets are
+ranges ("buckets") in the run's confidential work folder (:mod:`phsafe.intake.spill`); the buckets are
 then joined, validated and counted one at a time. Every rule of the count and of the cross-file
 validation is decided per MAFID, so the buckets give exactly what the whole partition gives.
 
@@ -56,14 +56,15 @@ LAYOUT_BYTES = 250 * MIB
 BYTES_PER_ROW: Mapping[str, int] = {"persons": 72, "units": 88, "geo": 56}
 """What a row of each file costs in a partition held in memory (compact columns, join, validation
 frames, counting temporaries); measured on synthetic national data with a margin."""
-MAX_BUCKET_PERSONS = 16_000_000
-"""Buckets are no larger than this (about the largest state's records): larger ones use more
-memory and are no faster."""
+MAX_BUCKET_PERSONS = 8_000_000
+"""Buckets are no larger than this: larger ones use more memory and are no faster (the full US
+from national files, 331M persons: 44 buckets counted two at a time, each worker process holding
+about 1 GiB)."""
 MIN_BUCKET_PERSONS = 1_000_000
 """Buckets are no smaller than this: the fixed cost of each would dominate."""
 MAX_BUCKETS = 4096
 WORKER_BYTES = 450 * MIB
-"""A worker process that counts MAFID ranges (:class:`phsafe.distributed.WorkerProcesses`), before its
+"""A worker process that counts MAFID ranges (:class:`phsafe.intake.WorkerProcesses`), before its
 range: interpreter, libraries and, with validation, Great Expectations."""
 
 

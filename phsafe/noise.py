@@ -14,6 +14,11 @@ measurement over ``vector_domain(atom_domain(i64))`` with that metric has the pr
 d_in -> d_out, and :func:`measure` checks that map(Delta) equals the planned budget before any
 spend is recorded -- a mismatch is an error, never a silent over-spend. The float scale handed to
 OpenDP is rounded *up* (never down) so that its map stays within the planned budget.
+
+An exact L2 sensitivity may be irrational (tau sqrt 2, carried as its square N): its map is then
+taken in OpenDP's ``l2_distance(T="f64")`` metric at the smallest float not below sqrt(N) -- an
+upper bound of Delta, so the map checked against the budget can only over-state the loss. Integer
+sensitivities (every one of the paper's bound) keep the integer metric.
 """
 
 from __future__ import annotations
@@ -76,23 +81,41 @@ def _opendp():
     return dp
 
 
+def sensitivity_at_least(squared: int) -> float:
+    """The smallest float d with d^2 >= ``squared`` (exactly): sqrt(N) rounded up."""
+    d = math.sqrt(squared)
+    while Fraction(d) ** 2 < squared:
+        d = math.nextafter(d, math.inf)
+    while d > 0 and Fraction(math.nextafter(d, 0.0)) ** 2 >= squared:
+        d = math.nextafter(d, 0.0)
+    return d
+
+
+def _map_input(m: PlannedMeasurement) -> tuple[str, int | float]:
+    """OpenDP's distance type and d_in for ``m``'s sensitivity (see the module docstring)."""
+    if isinstance(m.sensitivity, int):
+        return "i64", m.sensitivity
+    return "f64", sensitivity_at_least(m.sensitivity_squared)
+
+
 def _build_mechanism(m: PlannedMeasurement):
     """An OpenDP measurement for ``m`` whose privacy map at Delta is the planned budget."""
     dp = _opendp()
     budget = float(m.budget_fraction)
+    distance_type, d_in = _map_input(m)
     if m.privacy_defn is PrivacyDefinition.ZCDP:
-        metric = dp.l2_distance(T="i64")
+        metric = dp.l2_distance(T=distance_type)
         scale = math.sqrt(float(m.gaussian_sigma_squared))
         make = dp.m.make_gaussian
     else:
-        metric = dp.l1_distance(T="i64")
+        metric = dp.l1_distance(T=distance_type)
         scale = float(m.geometric_scale)
         make = dp.m.make_laplace
     domain = dp.vector_domain(dp.atom_domain(T="i64"))
     planned = m.budget_fraction
     for _ in range(_MAX_NUDGES):
         mechanism = make(domain, metric, scale=scale)
-        spent = mechanism.map(m.sensitivity)
+        spent = mechanism.map(d_in)
         # Exact: the float OpenDP returns, as the rational it is, against the exact budget -- a
         # float comparison could round a spend above the budget down to equal it.
         if Fraction(spent) <= planned:

@@ -137,9 +137,10 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[str, str]:
+def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path, *, plan: RunPlan | None = None) -> dict[str, str]:
     """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``, and
-    their labelled description ``datapackage.json`` (:mod:`phsafe.datapackage`).
+    their labelled description ``datapackage.json`` (:mod:`phsafe.datapackage`; a private
+    release's ``plan`` says which sensitivity bound its noise was calibrated to).
 
     Returns:
         Relative path -> SHA-256 of every file written.
@@ -156,7 +157,7 @@ def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path) -> dict[st
             _fsync(p)
             digests[p.relative_to(directory).as_posix()] = file_digest(p)
     if frames:  # the labelled Frictionless descriptor of these tables (public, in the manifest)
-        package = write_datapackage(directory, frames)
+        package = write_datapackage(directory, frames, plan=plan)
         _fsync(package)
         digests[package.relative_to(directory).as_posix()] = file_digest(package)
     return digests

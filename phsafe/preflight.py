@@ -18,13 +18,12 @@ from pathlib import Path
 
 from phsafe.accounting import RunPlan
 from phsafe.config import INFINITE, PHSafeConfig
-from phsafe.counting import check_pass_memory
+from phsafe.intake import SPILL_FOLDER, check_pass_memory
 from phsafe.errors import BudgetError, LedgerError, OutputExistsError, PHSafeError, os_reason
 from phsafe.parameters import option
 from phsafe.logs import get_logger
 from phsafe.outputs import MANIFEST
 from phsafe.private_run import PrivateRun, open_ledger
-from phsafe.spill import SPILL_FOLDER
 from phsafe.tables import DERIVED_TABLES
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 

@@ -20,7 +20,11 @@ content fingerprint -- reads that join:
 
 Keys are found with a direct-address table over the keys' MAFID span when it is small against
 the look-ups (a state's MAFIDs, usually clustered), a binary search when the look-ups are sorted
-(extracts sorted by MAFID), and a hash table otherwise.
+(extracts sorted by MAFID), and otherwise a *rank bitmap*: one bit per MAFID of the span and the
+number of keys before each 64-bit word, so a key's position is that count plus the bits set below
+it in its word (12 bytes per 64 MAFIDs of span: 150 MB for the whole domain, whatever the number
+of keys; about five times faster than a hash table on the persons of a national file, whose
+MAFIDs come in no order).
 
 Truncation and unit uniqueness are decided per MAFID and counts add up, so any MAFID-disjoint
 split gives the same exact counts: :func:`partitions` cuts the tabulated records into MAFID
@@ -36,7 +40,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from phsafe.errors import InputError
 from phsafe.reader import Columns, InputTables
@@ -85,7 +88,8 @@ class KeyIndex:
     def __init__(self, keys: npt.NDArray[np.integer], expected_lookups: int = 0) -> None:
         self.keys = np.asarray(keys, dtype=np.int32)
         self._table: npt.NDArray[np.int32] | None = None
-        self._hash: pd.Index | None = None
+        self._bits: npt.NDArray[np.uint64] | None = None
+        self._rank: npt.NDArray[np.int32] | None = None
         self._lo = int(self.keys[0]) if len(self.keys) else 0
         self._span = int(self.keys[-1]) - self._lo + 1 if len(self.keys) else 0
         if self._span and self._span <= min(DIRECT_MAX_SLOTS,
@@ -100,7 +104,8 @@ class KeyIndex:
     def release(self) -> None:
         """Drop the look-up structures (the keys stay)."""
         self._table = None
-        self._hash = None
+        self._bits = None
+        self._rank = None
 
     def lookup(self, mafid: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
         """Position of each MAFID among the keys, or -1."""
@@ -117,9 +122,35 @@ class KeyIndex:
             np.minimum(pos, len(self.keys) - 1, out=pos)
             pos[self.keys[pos] != mafid] = -1
             return pos
-        if self._hash is None:
-            self._hash = pd.Index(self.keys)
-        return self._hash.get_indexer(mafid).astype(np.int32)
+        if self._bits is None:
+            self._build_rank_bitmap()
+        assert self._bits is not None and self._rank is not None
+        offset = mafid.astype(np.int64)
+        offset -= self._lo
+        inside = (offset >= 0) & (offset < self._span)
+        offset[~inside] = 0
+        word_of = offset >> 6
+        bit = (offset & 63).astype(np.uint64)
+        del offset
+        word = self._bits[word_of]
+        hit = ((word >> bit) & np.uint64(1)).astype(bool)
+        hit &= inside
+        word &= (np.uint64(1) << bit) - np.uint64(1)  # the bits below this MAFID's
+        pos = self._rank[word_of]
+        pos += np.bitwise_count(word).astype(np.int32)
+        pos[~hit] = -1
+        return pos
+
+    def _build_rank_bitmap(self) -> None:
+        offset = self.keys.astype(np.int64) - self._lo  # sorted and distinct
+        word_of = offset >> 6
+        bit = np.left_shift(np.uint64(1), (offset & 63).astype(np.uint64))
+        bits = np.zeros((self._span + 63) >> 6, dtype=np.uint64)
+        starts = np.flatnonzero(np.concatenate([[True], word_of[1:] != word_of[:-1]]))
+        bits[word_of[starts]] = np.bitwise_or.reduceat(bit, starts)
+        rank = np.zeros(len(bits), dtype=np.int32)
+        np.cumsum(np.bitwise_count(bits[:-1]), dtype=np.int32, out=rank[1:])
+        self._bits, self._rank = bits, rank
 
 
 @dataclass
@@ -244,7 +275,7 @@ class MafidBits:
 
 class AsideMafids:
     """The MAFIDs whose every geo row the state filter sets aside, over a partition that is
-    streamed rather than held (see :mod:`phsafe.spill`): their units and persons are set aside
+    streamed rather than held (see :mod:`phsafe.intake.spill`): their units and persons are set aside
     as they are read, exactly as :class:`Joiner` sets them aside from a partition's :class:`GeoSide`.
 
     Geo's set-aside rows are added as they stream (:meth:`add_aside`); once geo is read, the

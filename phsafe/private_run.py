@@ -324,7 +324,7 @@ class MeasurementOutcome:
     status: str
     privacy_defn: str
     budget: str
-    sensitivity: int
+    sensitivity: int | str
     variance: float
     moe90: float
     cells: int

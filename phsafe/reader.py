@@ -20,7 +20,7 @@ Each input is one file (``persons.csv`` or ``persons.parquet``) or a folder of P
 
 Every Parquet file holds exactly the columns of spec §1 (geo keeps its ``TABBLKST`` column); the
 folder name only says where a record is stored. A record belongs in the folder of its unit's
-state (its geo row's ``TABBLKST``): :mod:`phsafe.counting` then counts one state at a time.
+state (its geo row's ``TABBLKST``): :mod:`phsafe.intake` then counts one state at a time.
 Files and folders whose names start with ``.`` or ``_`` (``_SUCCESS``, ``.crc``) are ignored.
 
 Errors name the file, the column and the rule, and never carry a value from the file: the
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -766,7 +766,7 @@ def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
     partition is read while this thread works on the current one. An exception raised while
     producing is raised here, at the item it stopped at.
     """
-    out: queue.Queue[tuple[bool, object]] = queue.Queue(maxsize=depth)
+    out: queue.Queue[tuple[bool, T | BaseException | None]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
     def produce() -> None:
@@ -789,11 +789,11 @@ def prefetched(items: Iterator[T], depth: int = 1) -> Iterator[T]:
     try:
         while True:
             more, item = out.get()
+            if isinstance(item, BaseException):
+                raise item
             if not more:
-                if isinstance(item, BaseException):
-                    raise item
                 return
-            yield item  # type: ignore[misc]
+            yield cast(T, item)
     finally:
         stop.set()
         close = getattr(items, "close", None)

@@ -54,7 +54,10 @@ class CellLookup:
 
     def cell_index(self, person: Columns | None, unit: Columns, person_rows, unit_rows) -> npt.NDArray[np.int16]:
         def column(source: Source, name: str) -> np.ndarray:
-            return person[name][person_rows] if source is Source.PERSON else unit[name][unit_rows]  # type: ignore[index]
+            if source is Source.PERSON:
+                assert person is not None, "a person column of a table without persons"
+                return person[name][person_rows]
+            return unit[name][unit_rows]
 
         if not self.columns:
             return np.zeros(len(unit_rows), dtype=np.int16)

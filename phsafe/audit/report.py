@@ -14,7 +14,9 @@ sensitivity Delta, the noise variance sigma^2, the 90% margin of error and the n
 and converts the totals:
 
 * zCDP runs: unbounded rho (sequential composition: the exact sum), bounded rho = 2 rho (PHSafe
-  paper §5.3), and (epsilon, delta) at delta = 1e-10 both by the analytic bound
+  paper §5.3) for a run calibrated to the paper's sensitivities, 4 rho for one calibrated to the
+  exact ones (``docs/sensitivity.md``: every exact bounded sensitivity is twice the unbounded one,
+  :func:`phsafe.sensitivity.bounded_factor`), and (epsilon, delta) at delta = 1e-10 both by the analytic bound
   ``epsilon = rho + 2 sqrt(rho ln(1/delta))`` (SafeTab paper, Lemma 5) and by the tighter numeric
   bound ``inf over alpha > 1 of rho alpha + (ln(1/delta) + (alpha-1) ln(1-1/alpha) - ln alpha) / (alpha-1)``
   (SafeTab paper, eq. 7);
@@ -46,6 +48,7 @@ from phsafe.ledger import (
     RunStatus,
     read_ledger,
 )
+from phsafe.sensitivity import SensitivityBound, bounded_factor
 
 DELTA = 1e-10
 REPORT_MD = "audit_report.md"
@@ -122,7 +125,8 @@ class Totals:
     Attributes:
         definition: zCDP (``amount`` is rho) or pure DP (``amount`` is epsilon).
         amount: Exact unbounded total.
-        bounded: Exact bounded-neighbour total (2x).
+        bounded: Exact bounded-neighbour total (2x; 4x for zCDP runs calibrated to the exact
+            sensitivities).
         eps_analytic: zCDP only: analytic epsilon at ``DELTA``.
         eps_renyi: zCDP only: numeric epsilon at ``DELTA`` (SafeTab eq. 7).
         alpha: zCDP only: the Renyi order of ``eps_renyi``.
@@ -140,9 +144,11 @@ class Totals:
     bounded_eps_renyi: float | None = None
 
 
-def totals(definition: PrivacyDefinition, amount: Amount) -> Totals:
-    """Convert an exact total of ``definition`` (see :class:`Totals`)."""
-    bounded = 2 * amount if isinstance(amount, Fraction) else amount  # Infinity stays Infinity
+def totals(definition: PrivacyDefinition, amount: Amount, bounded: Amount | None = None) -> Totals:
+    """Convert an exact total of ``definition`` (see :class:`Totals`); ``bounded`` defaults to
+    twice ``amount`` (the paper's bound; :func:`run_bounded` gives a run's own)."""
+    if bounded is None:
+        bounded = 2 * amount if isinstance(amount, Fraction) else amount  # Infinity stays Infinity
     if definition is PrivacyDefinition.PUREDP:
         return Totals(definition, amount, bounded)
     rho = float(amount)
@@ -157,6 +163,33 @@ def totals(definition: PrivacyDefinition, amount: Amount) -> Totals:
         bounded_eps_analytic=epsilon_analytic(float(bounded)),
         bounded_eps_renyi=epsilon_renyi(float(bounded))[0],
     )
+
+
+def bound_of(run: RunState) -> SensitivityBound:
+    """The sensitivity bound a run's plan calibrated its noise to (one per run; the ledger checks)."""
+    bounds = {spend.measurement.bound for spend in run.planned.values()}
+    return bounds.pop() if len(bounds) == 1 else SensitivityBound.PAPER
+
+
+def run_bounded(run: RunState, amount: Amount) -> Amount:
+    """The bounded-neighbour loss of ``amount`` spent by ``run``: its bound's factor times it."""
+    if not isinstance(amount, Fraction):
+        return amount  # Infinity stays Infinity
+    return bounded_factor(bound_of(run), zcdp=run.privacy_defn is PrivacyDefinition.ZCDP) * amount
+
+
+def _dataset_bounded(state: LedgerState, runs: list[RunState], spent: Amount) -> Amount | None:
+    """A dataset's bounded-neighbour total: each run's charge times its bound's factor."""
+    if not isinstance(spent, Fraction) or all(bound_of(r) is SensitivityBound.PAPER for r in runs):
+        return None  # twice the total
+    unit = state.unit or next(iter(runs)).privacy_defn
+    total: Amount = Fraction(0)
+    for r in runs:
+        charge = r.charge(unit)
+        if not isinstance(charge, Fraction):
+            return charge  # Infinity
+        total = add_amounts(total, bounded_factor(bound_of(r), zcdp=unit is PrivacyDefinition.ZCDP) * charge)
+    return total
 
 
 def _num(x: float | None, digits: int = 6) -> str:
@@ -194,7 +227,7 @@ _TOTALS_HEADER = (
     "Scope",
     "Measure",
     "Unbounded",
-    "Bounded (2x)",
+    "Bounded (2x; 4x zCDP with exact sensitivities)",
     f"epsilon analytic at delta={DELTA:g} (unbounded / bounded)",
     f"epsilon Renyi, eq. 7, at delta={DELTA:g} (unbounded / bounded)",
 )
@@ -309,6 +342,7 @@ def _run_blocks(run: RunState, state: LedgerState) -> list[Block]:
                 ["Attempts", f"{run.attempt} ({resumes} resume{'s' if resumes != 1 else ''}, "
                              f"{len(run.failures)} failed or crashed)"],
                 ["Privacy definition", _unit(run.privacy_defn)],
+                ["Sensitivity bound", bound_of(run).description],
                 ["Dataset", run.dataset or "-"] + ([] if not run.legacy else []),
                 ["Inputs validated", validated[run.validated]],
                 ["Non-confidential (cap not enforced)", "YES" if run.non_confidential else "no"],
@@ -364,8 +398,9 @@ def _run_blocks(run: RunState, state: LedgerState) -> list[Block]:
     blocks.append(
         Table(
             _TOTALS_HEADER,
-            _totals_rows("charged", totals(run.privacy_defn, run.charge()))
-            + _totals_rows("planned", totals(run.privacy_defn, run.planned_total)),
+            _totals_rows("charged", totals(run.privacy_defn, run.charge(), run_bounded(run, run.charge())))
+            + _totals_rows("planned", totals(run.privacy_defn, run.planned_total,
+                                             run_bounded(run, run.planned_total))),
         )
     )
     blocks.append(Heading(3, "Outputs"))
@@ -463,7 +498,9 @@ def build_report(state: LedgerState, ledger_path: Path) -> Document:
         for defn in (PrivacyDefinition.ZCDP, PrivacyDefinition.PUREDP):
             if defn in defns:
                 label = account if not account.startswith("legacy:") else account[7:23]
-                rows += _totals_rows(f"dataset {label} ({len(runs)} runs)", totals(defn, state.dataset_spent(account, defn)))
+                spent = state.dataset_spent(account, defn)
+                rows += _totals_rows(f"dataset {label} ({len(runs)} runs)",
+                                     totals(defn, spent, _dataset_bounded(state, runs, spent)))
     doc.add(Table(_TOTALS_HEADER, rows))
     if len({r.privacy_defn for r in state.runs.values()}) > 1:
         doc.add(Para(

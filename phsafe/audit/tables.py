@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from phsafe.datapackage import SensitivityStatementError, check_sensitivity_statement
 from phsafe.domain import USA_REGION_ID, Domain
 from phsafe.errors import VerificationFailure, cause_in_words
 from phsafe.iterations import GeographyLevel, IterationLevel, PopulationGroupLevel
@@ -138,7 +139,11 @@ def verify_tables(planned: Mapping[str, Any], outdir: Path, files: Mapping[str, 
         if parquet in files:
             _check_parquet(outdir / parquet, parquet, released[table])
     what = "the logged variances and noisy digests" if committed is not None else "the VARIANCE the logged spends imply"
-    return [f"outputs: {checked} measured and derived table levels match {what}"]
+    try:  # the release says which sensitivity bound it used: the plan's
+        bound = check_sensitivity_statement(outdir, files, [s.measurement for s in planned.values()])
+    except SensitivityStatementError as exc:
+        raise VerificationFailure(exc.file, exc.reason) from None
+    return [f"outputs: {checked} measured and derived table levels match {what}", f"outputs: {bound}"]
 
 
 def _read_table(outdir: Path, table: str) -> _Released:

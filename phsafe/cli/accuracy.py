@@ -2,8 +2,9 @@
 
 ``phsafe accuracy CONFIG DATA OUT --trials K --non-confidential`` runs the private algorithm K
 times on synthetic (non-confidential) DATA and reports its accuracy against the non-private
-truth; without ``--non-confidential`` it refuses, runs nothing and writes nothing. See
-:mod:`phsafe.accuracy`.
+truth; without ``--non-confidential`` it refuses, runs nothing and writes nothing. With
+``--compare-sensitivity`` it runs the experiment twice, calibrated to the paper's sensitivities and
+to the exact ones at the same budgets, and compares them. See :mod:`phsafe.accuracy`.
 """
 
 from __future__ import annotations
@@ -37,13 +38,17 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @click.option("--production/--no-production", "compare_production", default=True, show_default=True,
               help="With post-processing: also estimate every trial by the Census Bureau's production method and "
                    "compare the estimate files (coverage, interval length, out-of-bounds share).")
+@click.option("--compare-sensitivity", is_flag=True,
+              help="Run the experiment twice at the config's budgets, calibrated to the PHSafe paper's sensitivities "
+                   "and to the exact ones (docs/sensitivity.md), into OUTPUT/paper and OUTPUT/exact, and compare "
+                   "MOE and coverage per table and level (sensitivity_comparison.csv/.md/.html).")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 @log_option
 @verbosity_options
 @handle_errors
 def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: int, non_confidential: bool,
-             with_postprocess: bool, draws: int, seed: int | None, compare_production: bool, no_plots: bool,
-             log_file: Path | None) -> None:
+             with_postprocess: bool, draws: int, seed: int | None, compare_production: bool,
+             compare_sensitivity: bool, no_plots: bool, log_file: Path | None) -> None:
     """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
 
     Per table and level: mean and 90th-percentile absolute error against the non-private truth,
@@ -60,8 +65,18 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
             err=True,
         )
         raise SystemExit(1)
-    from phsafe.accuracy import run_accuracy
+    from phsafe.accuracy import compare_bounds, run_accuracy
 
+    if compare_sensitivity:
+        with command_progress(log_file) as progress:
+            compared = compare_bounds(config, data, output, trials=trials, non_confidential=True,
+                                      with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
+                                      overwrite=overwrite, progress=progress)
+        pooled = compared.comparison.set_index("TABLE").loc["ALL"]
+        result_line(f"phsafe: sensitivity comparison in {compared.output_dir / 'sensitivity_comparison.html'} "
+                    f"(pooled MOE exact/paper {pooled['MOE_RATIO']:.3f}; MOE coverage paper "
+                    f"{pooled['COVERAGE_PAPER']:.3f}, exact {pooled['COVERAGE_EXACT']:.3f}; {compared.seconds:.0f} s)")
+        return
     with command_progress(log_file) as progress:
         result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
                               with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,

@@ -36,7 +36,7 @@ def validate(config: Path, data: Path, report_dir: Path | None, overwrite: bool,
     """
     with command_progress(log_file) as progress:
         from phsafe._plots import report_folder
-        from phsafe.validation import validate_inputs
+        from phsafe.intake import validate_inputs
 
         if report_dir is not None:
             report_folder(report_dir, overwrite=overwrite, what="report folder")
@@ -78,7 +78,7 @@ def _refuse_if_too_big(source: "ConfigFile | Path", data: Path, memory_limit: in
                        spill_dir: Path | None) -> None:
     """Refuse, before reading, inputs that cannot be validated within the memory limit."""
     from phsafe.config import ConfigFile
-    from phsafe.counting import check_pass_memory
+    from phsafe.intake import check_pass_memory
 
     if not isinstance(source, ConfigFile) or source.config is None:
         return  # validation reports the config's problems; its pass plans without a state filter

@@ -191,6 +191,7 @@ from phsafe.accounting import PlannedMeasurement
 from phsafe.amounts import format_exact
 from phsafe.config import PrivacyDefinition
 from phsafe.errors import LedgerError, LedgerRuleViolation
+from phsafe.sensitivity import SensitivityBound
 
 ENTRY_DOMAIN = b"phsafe-ledger-entry-v1\x00"
 CHECKPOINT_DOMAIN = b"phsafe-ledger-checkpoint-v1\x00"
@@ -361,6 +362,11 @@ PLANNED_FIELDS = frozenset(
      "noise_parameter", "variance"}
 )
 """The fields of each item of RUN_STARTED's ``planned`` list."""
+PLANNED_OPTIONAL_FIELDS = frozenset({"sensitivity_bound"})
+"""Fields a planned item may have besides: ``sensitivity_bound`` is written only for a run whose
+noise is calibrated to the exact sensitivities (``"exact"``; absent means the paper's 2*tau+2 and
+2), and then ``sensitivity`` is the proven one, an integer or ``"sqrt(N)"``
+(:mod:`phsafe.sensitivity`)."""
 
 
 def _variance_text(m: PlannedMeasurement) -> str:
@@ -389,6 +395,7 @@ def planned_item(m: PlannedMeasurement) -> dict[str, Any]:
         "distribution": m.distribution.value,
         "noise_parameter": _noise_parameter(m),
         "variance": _variance_text(m),
+        **({"sensitivity_bound": m.bound.value} if m.bound is not SensitivityBound.PAPER else {}),
     }
 
 

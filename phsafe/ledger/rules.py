@@ -44,6 +44,7 @@ from phsafe.ledger.format import (
     NAME,
     ORCHESTRATION_FIELDS,
     PLANNED_FIELDS,
+    PLANNED_OPTIONAL_FIELDS,
     UUID,
     EntryKind,
     is_hex64,
@@ -65,6 +66,7 @@ from phsafe.ledger.state import (
     RunStatus,
     TailRepair,
 )
+from phsafe.sensitivity import SensitivityBound, declared
 from phsafe.tables import TABLE_LEVELS, TABLES, TableKind
 
 Commit = Callable[[], None]
@@ -746,13 +748,24 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
 
 def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend]:
     """RUN_STARTED's ``planned`` list, checked item by item against the tables' definitions (sensitivity
-    2*tau+2 or 2, cells that fit the domain, noise and variance consistent with the budget)."""
+    2*tau+2 or 2, or with ``sensitivity_bound`` "exact" the proven one of :mod:`phsafe.sensitivity`;
+    cells that fit the domain, noise and variance consistent with the budget). One run, one bound."""
     if not isinstance(items, list):
         raise LedgerRuleViolation("planned must be a list")
     out: dict[str, PlannedSpend] = {}
+    bounds: set[SensitivityBound] = set()
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or set(item) != PLANNED_FIELDS:
+        if not isinstance(item, dict) or not PLANNED_FIELDS <= set(item) <= PLANNED_FIELDS | PLANNED_OPTIONAL_FIELDS:
             raise LedgerRuleViolation(f"planned[{i}] has the wrong fields")
+        try:
+            bound = SensitivityBound(item.get("sensitivity_bound", SensitivityBound.PAPER.value))
+        except ValueError:
+            raise LedgerRuleViolation(f"planned[{i}].sensitivity_bound is not \"exact\"") from None
+        if "sensitivity_bound" in item and bound is SensitivityBound.PAPER:
+            raise LedgerRuleViolation(f"planned[{i}].sensitivity_bound is written only for \"exact\"")
+        bounds.add(bound)
+        if len(bounds) > 1:
+            raise LedgerRuleViolation(f"planned[{i}]: one run calibrates every measurement to one bound")
         table, level_key = item["table"], item["level"]
         if table not in TABLES or not isinstance(level_key, str) or level_key not in LEVELS[table]:
             raise LedgerRuleViolation(f"planned[{i}] names no measured table and level")
@@ -768,10 +781,14 @@ def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend
         spec = TABLES[table]
         tau, sens, n_cells = item["tau"], item["sensitivity"], item["n_cells"]
         if spec.kind is TableKind.PERSON:
-            if not is_int(tau) or tau < 1 or not is_int(sens) or sens != 2 * tau + 2:
-                raise LedgerRuleViolation(f"planned[{i}]: a person table needs tau >= 1 and sensitivity 2*tau+2")
-        elif tau is not None or not is_int(sens) or sens != 2:
-            raise LedgerRuleViolation(f"planned[{i}]: a unit table has no tau and sensitivity 2")
+            if not is_int(tau) or tau < 1:
+                raise LedgerRuleViolation(f"planned[{i}]: a person table needs tau >= 1")
+        elif tau is not None:
+            raise LedgerRuleViolation(f"planned[{i}]: a unit table has no tau")
+        want = declared(table, level, tau, bound, l2=defn is PrivacyDefinition.ZCDP)
+        if sens != want or type(sens) is not type(want):
+            what = "2*tau+2 or 2" if bound is SensitivityBound.PAPER else f"the proven {want!r}"
+            raise LedgerRuleViolation(f"planned[{i}]: sensitivity {sens!r} is not {what} ({bound.value} bound)")
         if not is_int(n_cells) or n_cells < 1 or n_cells % len(spec.basis_numbers) or n_cells % len(level.iteration.codes):
             raise LedgerRuleViolation(f"planned[{i}].n_cells does not fit the table's domain")
         m = PlannedMeasurement(
@@ -782,6 +799,7 @@ def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend
             sensitivity=sens,
             tau=tau,
             n_cells=n_cells,
+            bound=bound,
         )
         if item["key"] != m.key:
             raise LedgerRuleViolation(f"planned[{i}].key is not TABLE/level")

@@ -3,14 +3,17 @@
 Pure post-processing (paper, §6.5): everything in :mod:`phsafe.postprocess` is computed from the
 *published* private tables alone -- the noisy ``COUNT``, the ``NOISE_DISTRIBUTION`` and the
 ``VARIANCE`` of each cell -- and the public facts of the release's ``manifest.json`` (the
-truncation thresholds tau of the run's config, the state filter), never from the input data, so
-it costs no privacy-loss budget. :func:`read_private_outputs` opens only files under the output
+truncation thresholds tau of the run's config, the state filter, the sensitivity bound its noise
+was calibrated to), never from the input data, so it costs no privacy-loss budget. The
+``VARIANCE`` of every measured cell must be the sigma^2 its manifest's budget and sensitivity
+imply (Delta^2 / (2 rho), Delta exact: an integer or ``"sqrt(N)"``). :func:`read_private_outputs` opens only files under the output
 directory it is given, and checks each table's digest against the manifest.
 """
 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,7 @@ from phsafe.accounting import NoiseDistribution
 from phsafe.outputs import CSV_SEPARATOR, MANIFEST, cell_column, private_columns
 from phsafe.postprocess._base import PostprocessError
 from phsafe.reader import file_digest
+from phsafe.sensitivity import squared
 from phsafe.tables import OUTPUT_TABLES
 
 
@@ -38,8 +42,9 @@ def read_private_outputs(output_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
 
     Returns:
         Table name -> frame, and facts about the source: run id, privacy definition, digests of
-        the files read, and from the manifest the config's ``tau`` (table -> threshold) and
-        ``state_filter`` (None without a manifest).
+        the files read, and from the manifest the config's ``tau`` (table -> threshold),
+        ``state_filter`` and ``sensitivity`` (the bound: ``"paper"`` or ``"exact"``; None
+        without a manifest).
 
     Raises:
         PostprocessError: Not a directory, no private table, bad columns or values, or a digest
@@ -75,10 +80,41 @@ def read_private_outputs(output_dir: Path) -> tuple[dict[str, pd.DataFrame], dic
         raise PostprocessError(f"{output_dir} holds no private output table (<TABLE>/<TABLE>.csv)")
     config = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
     tau = config.get("tau") if isinstance(config.get("tau"), dict) else None
+    if manifest:
+        _check_variances(manifest, tables)
     return tables, {"run_id": manifest.get("run_id"), "privacy_defn": manifest.get("privacy_defn"),
                     "manifest": manifest_path.is_file(), "files": digests,
                     "tau": {str(k): int(v) for k, v in tau.items()} if tau else None,
-                    "state_filter": list(config.get("state_filter", [])) or None}
+                    "state_filter": list(config.get("state_filter", [])) or None,
+                    # Releases written before the key existed were calibrated to the paper's bound.
+                    "sensitivity": str(config.get("sensitivity", "paper")) if manifest else None}
+
+
+_LEVEL_OF_CODE = {"*": "*", **{c: "A-G" for c in "ABCDEFG"}, "H": "H,I", "I": "H,I"}
+
+
+def _check_variances(manifest: dict, tables: dict[str, pd.DataFrame]) -> None:
+    """Every measured level's VARIANCE is what the manifest's budget and sensitivity imply."""
+    if manifest.get("privacy_defn") != "zcdp" or not isinstance(manifest.get("measurements"), list):
+        return
+    for m in manifest["measurements"]:
+        try:
+            table, level, budget = m["table"], m["level"], Fraction(str(m["budget"]))
+            if budget <= 0:
+                raise ValueError
+            sigma2 = float(Fraction(squared(m["sensitivity"])) / (2 * budget))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            continue  # an Infinity budget (no noise) or a malformed entry: the auditors' concern
+        if m.get("variance") != sigma2:
+            raise PostprocessError(f"{MANIFEST}: the variance of {table}/{level} is not the Delta^2 / (2 rho) of its "
+                                   f"budget and sensitivity {m['sensitivity']!r}")
+        frame = tables.get(table)
+        if frame is None:
+            continue
+        rows = (frame["REGION_TYPE"].str.lower() + "_" + frame["ITERATION_CODE"].map(_LEVEL_OF_CODE)) == level
+        if rows.any() and not (frame.loc[rows, "VARIANCE"] == sigma2).all():
+            raise PostprocessError(f"{table}: VARIANCE of {level} is not the manifest's sigma^2 for sensitivity "
+                                   f"{m['sensitivity']!r}")
 
 
 def _read_private_csv(path: Path, table: str) -> pd.DataFrame:

@@ -6,10 +6,14 @@ column(s), rule and number of failing rows -- never a value or a MAFID of a reco
 
 Public surface:
 
-* :func:`validate_inputs` -- the config and the three input files (spec §1, §2), the state
-  filter applied first, with the cross-file rules on frames derived from the MAFID join; one
-  pass over the files, shared with the counting (:func:`validate_and_count`;
-  :func:`phsafe.intake.validated_counts` validates and counts in the same pass for a run).
+* Input validation is the *observer* of the input pass (:mod:`phsafe.intake`, which reads each
+  input once for validation and counting; :func:`phsafe.intake.validate_inputs` and
+  :func:`phsafe.intake.validated_counts` are what callers use). For the pass this package
+  exports :class:`ValidationSetup` (the config read, the state filter, the inputs found; its
+  :meth:`~ValidationSetup.validation` is the run's observer), :func:`piece_validation` (the
+  observer of one piece of a pass, in a worker process or a cluster's task),
+  :class:`ValidationPiece` and :class:`FileSeen` (what a piece found),
+  :func:`report_of_pieces`, :func:`prewarm` and :func:`guarded`.
 * :func:`validate_outputs` -- the private output tables against the run plan (spec §7).
 * :func:`validate` -- the one wrapper around Great Expectations: named frames against a suite.
 * :class:`ValidationReport`, :class:`Failure`; :class:`~phsafe.errors.ValidationMachineryError` when
@@ -22,19 +26,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phsafe.errors import PHSafeError, ValidationMachineryError, cause_in_words
+from phsafe.validation._inputs import (
+    FileSeen,
+    InputValidation,
+    ValidationPiece,
+    ValidationSetup,
+    piece_validation,
+    report_of_pieces,
+    usable_states,
+)
 from phsafe.validation._report import Failure, ValidationReport
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from phsafe.config import ConfigFile, PHSafeConfig
-    from phsafe.counting import Counting, Counts, StageTimer
-    from phsafe.progress import Progress
+    from phsafe.config import PHSafeConfig
 
-__all__ = ["Failure", "ValidationMachineryError", "ValidationReport", "validate", "validate_and_count", "validate_inputs",
+__all__ = ["Failure", "FileSeen", "InputValidation", "ValidationMachineryError", "ValidationPiece", "ValidationReport",
+           "ValidationSetup", "guarded", "piece_validation", "prewarm", "report_of_pieces", "usable_states", "validate",
            "validate_outputs"]
 
 ValidationError = ValidationMachineryError
@@ -42,8 +54,10 @@ ValidationError = ValidationMachineryError
 know it; new code names the defect by its new name (inputs that fail their rules raise
 :class:`~phsafe.errors.ValidationFailed`, a verdict, not a defect)."""
 
+T = TypeVar("T")
 
-def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationReport:
+
+def guarded(stage: str, call: Callable[[], T]) -> T:
     """Run ``call``; turn an unexpected exception into a ValidationMachineryError that quotes no data."""
     try:
         return call()
@@ -53,43 +67,12 @@ def _guarded(stage: str, call: Callable[[], ValidationReport]) -> ValidationRepo
         raise ValidationMachineryError(f"{stage} could not complete: {cause_in_words(exc)}") from None
 
 
-def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None, memory_limit: int | None = None,
-                    spill_dir: Path | None = None) -> ValidationReport:
-    """Validate ``config_path`` and the persons, units and geo files of ``data_dir``.
+def prewarm() -> None:
+    """Import Great Expectations (seconds) before the first evaluation: a worker process of the
+    pass does it while the pass still streams its files."""
+    from phsafe.validation._gx import import_gx
 
-    See :func:`phsafe.validation._inputs.validate_inputs`.
-    """
-    from phsafe.validation._inputs import validate_inputs as run
-
-    return _guarded("input validation", lambda: run(config_path, data_dir, report_dir=report_dir, progress=progress,
-                                                     memory_limit=memory_limit, spill_dir=spill_dir))
-
-
-def validate_and_count(config_path: "ConfigFile | Path", data_dir: Path, *, counting: "Counting | None",
-                       report_dir: Path | None = None, stage: "StageTimer | None" = None,
-                       progress: "Progress | None" = None, memory_limit: int | None = None,
-                       spill_dir: Path | None = None) -> tuple[ValidationReport, "Counts | None"]:
-    """Validate the inputs and count (``counting``; None: only validate) in the counting's one pass.
-
-    See :func:`phsafe.intake.validated_counts`, which a run calls (``memory_limit`` and
-    ``spill_dir`` as there).
-
-    Returns:
-        (the report, the exact counts -- None when not counting or the report is not ok).
-    """
-    from phsafe.validation._inputs import run_validation
-
-    out: list[Any] = []
-
-    def call() -> ValidationReport:
-        report, counts = run_validation(config_path, data_dir, counting=counting, report_dir=report_dir, stage=stage,
-                                        progress=progress, memory_limit=memory_limit, spill_dir=spill_dir)
-        out.append(counts)
-        return report
-
-    report = _guarded("input validation", call)
-    return report, out[0]
+    import_gx()
 
 
 def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:
@@ -99,7 +82,7 @@ def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Pa
     """
     from phsafe.validation._outputs import validate_outputs as run
 
-    return _guarded("output validation", lambda: run(config, output_dir, report_dir=report_dir))
+    return guarded("output validation", lambda: run(config, output_dir, report_dir=report_dir))
 
 
 def validate(

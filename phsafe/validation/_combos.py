@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import numpy.typing as npt
 
 from phsafe.validation._suites import Rule, Suite
@@ -105,8 +106,12 @@ def distinct(columns: Sequence[np.ndarray], weights: np.ndarray | None = None
         keys = np.flatnonzero(binned)
         counts = binned[keys]
     else:
-        keys, inverse = np.unique(key, return_inverse=True)
-        counts = np.bincount(inverse, weights=w, minlength=len(keys))
+        # A hash table, then its (few) distinct keys sorted: several times faster than sorting
+        # every row's key (np.unique), for the same sorted result.
+        codes, uniques = pd.factorize(key, sort=False)
+        counts = np.bincount(codes, weights=w, minlength=len(uniques))
+        order = np.argsort(uniques)
+        keys, counts = np.asarray(uniques)[order], counts[order]
     counts = np.rint(counts).astype(np.int64) if w is not None else counts.astype(np.int64)
     return _unpack(keys, mins, radices), counts
 

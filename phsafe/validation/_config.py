@@ -21,7 +21,7 @@ from phsafe.errors import ConfigError
 from phsafe.schema import PUERTO_RICO
 from phsafe.validation._report import Failure
 
-_SECTIONS = ("privacy_defn", "privacy_budget", "tau", "state_filter", "reader")
+_SECTIONS = ("privacy_defn", "privacy_budget", "tau", "state_filter", "reader", "sensitivity")
 _FRAME_COLUMNS = ("KEY", "SECTION", "GEOGRAPHY", "TEXT", "NUMBER", "IS_INTEGER", "STATE_COUNT",
                   "STATE_REPEATS", "PUERTO_RICO")
 

@@ -2,7 +2,7 @@
 
 Great Expectations is heavy (seconds to import) and its API churns between releases, so it stays
 behind this small surface: :func:`run` evaluates the rules of one suite on one pandas frame and
-returns value-free counts; :func:`render_data_docs` renders a result as a Data Docs page. It is
+returns value-free counts. It is
 imported lazily -- ``phsafe --help`` never pays for it -- with its analytics and progress bars
 off and an ephemeral (in-memory) context: nothing is written anywhere by Great Expectations.
 
@@ -256,45 +256,3 @@ def _weighted(suite: Suite, job: Job, rules: Sequence[Rule], data: Any, weights:
                 if isinstance(value, int):
                     totals[result.rule_id][key] = totals[result.rule_id].get(key, 0) + (value << bit)
     return {rule_id: RuleResult(rule_id, False, counts, raised[rule_id]) for rule_id, counts in totals.items()}
-
-
-def render_data_docs(result: Mapping[str, Any]) -> str:
-    """Great Expectations' Data Docs HTML page of a (value-free) suite result."""
-    import_gx()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from great_expectations.core.expectation_validation_result import (
-            ExpectationSuiteValidationResult,
-            ExpectationValidationResult,
-        )
-        from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
-        from great_expectations.render.renderer import ValidationResultsPageRenderer
-        from great_expectations.render.view import DefaultJinjaPageView
-
-        results = []
-        for r in result["results"]:
-            cfg = dict(r["expectation_config"])
-            counts = dict(r["result"])
-            if cfg["type"] == "expect_table_columns_to_match_ordered_list":
-                # The renderer needs an observed header. The real one is withheld (a file
-                # without a header row has a data row there); when the rule held it equals
-                # the expected list, which is public.
-                expected = cfg["kwargs"].get("column_list")
-                counts["observed_value"] = expected if r["success"] and isinstance(expected, list) else []
-            results.append(
-                ExpectationValidationResult(
-                    success=r["success"],
-                    expectation_config=ExpectationConfiguration(**cfg),
-                    result=counts,
-                    exception_info=dict(r["exception_info"]),
-                )
-            )
-        suite_result = ExpectationSuiteValidationResult(
-            success=result["success"],
-            results=results,
-            suite_name=result["suite_name"],
-            statistics=dict(result["statistics"]),
-            meta=dict(result.get("meta") or {}),
-        )
-        document = ValidationResultsPageRenderer().render(suite_result)
-        return DefaultJinjaPageView().render(document)

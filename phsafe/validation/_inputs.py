@@ -1,6 +1,6 @@
 """Input validation: the config and the three files, on the columns the counting reads.
 
-The files are read once, by the counting's pass (:class:`phsafe.counting.InputPass`): each batch
+The files are read once, by the counting's pass (:class:`phsafe.intake.InputPass`): each batch
 is checked column by column and reduced to compact columns; the state filter comes first (spec
 §1) -- geo rows outside ``state_filter``, and the units and persons of their MAFIDs, are set aside
 and counted, and the rules apply to the records the run keeps. This module is the pass's
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,11 +48,10 @@ from phsafe.validation._frames import CODE, DERIVED, FLAG, INTEGER, FrameColumn
 from phsafe.validation._read import describe_header, locate
 from phsafe.validation._report import Failure, Tally, ValidationReport, write_report
 from phsafe.validation._suites import Suite, load_suite
-from phsafe.validation._worker import Evaluator, ReportJob, evaluator
+from phsafe.validation._worker import Evaluator, InProcess, ReportJob, evaluator
 
 if TYPE_CHECKING:
     from phsafe.config import ConfigFile
-    from phsafe.progress import Progress
 
 log = get_logger("phsafe.validation")
 
@@ -82,98 +80,64 @@ _REPEATED_RULE = ("a MAFID's {stem} rows are all in one TABBLKST=<state> folder 
 _MISPLACED_RULE = "a geo row is stored in the TABBLKST=<state> folder of its own TABBLKST"
 
 
-def validate_inputs(config_path: "ConfigFile | Path", data_dir: Path, *, report_dir: Path | None = None,
-                    progress: "Progress | None" = None, memory_limit: int | None = None,
-                    spill_dir: Path | None = None) -> ValidationReport:
-    """Validate ``config.json`` and the input files of ``data_dir`` (spec §1, §2).
-
-    Spends no budget. Never raises on bad input: every problem is a :class:`Failure` of the
-    returned report.
-
-    Args:
-        config_path: The run's configuration (its one read, or the file: read once here).
-        data_dir: Folder holding persons, units and geo (CSV, Parquet, or Parquet stored by state).
-        report_dir: If given, the report, the value-free Great Expectations results and their
-            Data Docs are written to ``report_dir/inputs/``.
-        progress: Shows the stages (read, evaluate the rules, write the report) and a bar of the
-            input files read.
-        memory_limit, spill_dir: The pass's memory budget and where it spills inputs too large
-            for it (see :class:`phsafe.counting.InputPass`).
-    """
-    return run_validation(config_path, Path(data_dir), counting=None, report_dir=report_dir,
-                          stage=None if progress is None else progress.stage, progress=progress,
-                          memory_limit=memory_limit, spill_dir=spill_dir)[0]
-
-
 @dataclass(frozen=True)
-class _Setup:
+class ValidationSetup:
     """What a validation needs before it reads a row: the run's config read and its failure,
-    the state filter, the input files found and the names the report gives them."""
+    the state filter, the input files found and the names the report gives them.
+
+    Attributes:
+        load_failure: Why the config is not a valid config (None: it is).
+        raw: The config's JSON document (None when it could not be read).
+        state_list: The config's state filter as validation reads it (a parameter of geo's rules).
+        states: The state filter the pass applies first (None: no usable one).
+        sources: The inputs found.
+        missing: A failure for each input that is missing or ambiguous.
+        file_names: Stem (and ``config``) -> the name reports give the file.
+    """
 
     load_failure: Failure | None
     raw: Any
     state_list: list[str] | None
     states: tuple[str, ...] | None
     sources: dict[str, InputFile]
-    missing: Any
+    missing: list[Failure]
     file_names: dict[str, str]
+    data_dir: Path
 
     @classmethod
-    def of(cls, config_path: "ConfigFile | Path", data_dir: Path) -> "_Setup":
+    def of(cls, config_path: "ConfigFile | Path", data_dir: Path) -> "ValidationSetup":
         config_file, load_failure = _config.load(config_path)
         raw = config_file.document
         state_list = _config.state_filter(config_file.config, raw)
         sources, missing = locate(data_dir)
         file_names = {stem: (sources[stem].name if stem in sources else f"{stem}.csv") for stem in FILES}
         file_names["config"] = config_file.name
-        return cls(load_failure, raw, state_list, usable_states(state_list), sources, missing, file_names)
+        return cls(load_failure, raw, state_list, usable_states(state_list), sources, missing, file_names,
+                   Path(data_dir))
+
+    @property
+    def all_found(self) -> bool:
+        return set(FILES) <= set(self.sources)
+
+    def files(self) -> dict[str, InputFile]:
+        """Every input; one that is missing (reported) reads as a folder of no files."""
+        return {stem: self.sources.get(stem, InputFile(stem, self.data_dir / stem, "parquet", True, ()))
+                for stem in FILES}
+
+    def validation(self) -> "InputValidation":
+        """The validation of a pass over these inputs, Great Expectations in a second process for
+        a large input (:func:`phsafe.validation._worker.evaluator`)."""
+        rows = sum(s.estimated_rows() for s in self.sources.values())
+        return InputValidation(self.file_names, evaluator(rows), self.state_list,
+                               missing=set(FILES) - set(self.sources))
 
 
-def run_validation(config_path: "ConfigFile | Path", data_dir: Path, *, counting: Any, report_dir: Path | None = None,
-                   stage: Any = None, progress: "Progress | None" = None, memory_limit: int | None = None,
-                   spill_dir: Path | None = None) -> tuple[ValidationReport, Any]:
-    """Validate, and count (``counting``, a :class:`phsafe.counting.Counting`) in the same pass.
-
-    Returns:
-        (the report, the exact counts -- None when not counting or the report is not ok).
-
-    Raises:
-        InputError: Every rule held, but the counting refused a record.
-    """
-    from phsafe.counting import InputPass
-
-    setup = _Setup.of(config_path, data_dir)
-    load_failure, raw, state_list, states = setup.load_failure, setup.raw, setup.state_list, setup.states
-    sources, missing, file_names = setup.sources, setup.missing, setup.file_names
-    rows = sum(s.estimated_rows() for s in sources.values())
-    observer = InputValidation(file_names, evaluator(rows), state_list, missing=set(FILES) - set(sources))
-    try:
-        config_run = observer.config(raw)
-        files = {stem: sources.get(stem, _absent(data_dir, stem)) for stem in FILES}
-        timer = stage or (lambda name: nullcontext())
-        result = InputPass(files, states, observer=observer, counting=counting if not missing else None,
-                           stage=timer, progress=progress, memory_limit=memory_limit, spill_dir=spill_dir).run()
-        # Great Expectations evaluates the rule groups as the pass submits them (on the second core
-        # for a large input); what is still running when the pass ends is waited for here.
-        # (A stage without a bar: how many evaluation jobs a large input makes depends on its data.)
-        with timer("evaluate the rules (Great Expectations)"):
-            report = observer.report(result, config_run, load_failure, missing, states)
-        if report_dir is not None:
-            with timer("write the validation report"):
-                observer.write_report(report, Path(report_dir))
-    finally:
-        observer.close()
-    counts = None
-    if counting is not None and report.ok:
-        if result.count_error is not None:
-            raise result.count_error
-        counts = result.counts
-    return report, counts
-
-
-def _absent(data_dir: Path, stem: str) -> InputFile:
-    """A file that is missing (reported): read as a folder of no files."""
-    return InputFile(stem, data_dir / stem, "parquet", True, ())
+def piece_validation(file_names: Mapping[str, str], state_filter: list[str] | None) -> "InputValidation":
+    """The validation of one piece of a pass (a block, a MAFID range, a state's folders, in a
+    worker process or a cluster's task): Great Expectations on a thread of this process, the
+    distinct combinations handed on in its :meth:`~InputValidation.piece` to be judged with
+    every other piece's where the report is made."""
+    return InputValidation(dict(file_names), InProcess(), state_filter, missing=set(), defer_combinations=True)
 
 
 def usable_states(state_list: list[str] | None) -> tuple[str, ...] | None:
@@ -260,7 +224,6 @@ class InputValidation:
         self.cross_counters: dict[str, list[ComboCounter]] = {}
         self.cross_groups: dict[str, list[RuleGroup]] = {}
         self._cross_columns: dict[str, list[str]] = {}
-        self.cross_usable: dict[str, bool] = {}
         self._jobs: list[tuple[_gx.Job, Future[Any], Tally]] = []
         self._pending_rows = 0
         self._skipped_cross: list[str] = []
@@ -616,7 +579,7 @@ class InputValidation:
             self._add_job(job, check.tally)
 
     # ------------------------------------------------------- pieces of a pass (on a cluster)
-    # A pass cut into tasks (``phsafe.distributed``): each block of a file and each MAFID range
+    # A pass cut into tasks (``phsafe.intake.cluster``): each block of a file and each MAFID range
     # is validated where it is read, by an observer of its own, and what that observer found
     # -- value-free tallies -- is merged where the report is made. Every rule's verdict is the
     # conjunction of its verdicts on the pieces and its counts are their sums, as when one
@@ -861,28 +824,28 @@ class ValidationPiece:
 
 
 def report_of_pieces(config_path: "ConfigFile | Path", data_dir: Path, result: Any, pieces: Sequence[ValidationPiece], *,
-                     report_dir: Path | None = None) -> ValidationReport:
+                     report_dir: Path | None = None, files_read: bool = False) -> ValidationReport:
     """The validation report of a pass validated in pieces (on a cluster): the config's rules
     evaluated here, every piece's tallies merged, the report written to ``report_dir/inputs``.
 
     Args:
-        result: The pass's merged :class:`phsafe.counting.PassResult` (reading problems, rows
+        result: The pass's merged :class:`phsafe.intake.PassResult` (reading problems, rows
             set aside).
+        files_read: Each piece read whole files (a state's folders): what it saw of them counts.
     """
-    setup = _Setup.of(config_path, data_dir)
-    load_failure, raw, state_list, states = setup.load_failure, setup.raw, setup.state_list, setup.states
-    sources, missing, file_names = setup.sources, setup.missing, setup.file_names
-    observer = InputValidation(file_names, evaluator(0), state_list, missing=set(FILES) - set(sources))
+    setup = ValidationSetup.of(config_path, data_dir)
+    observer = InputValidation(setup.file_names, evaluator(0), setup.state_list,
+                               missing=set(FILES) - set(setup.sources))
     try:
-        config_run = observer.config(raw)
+        config_run = observer.config(setup.raw)
         for stem in STEMS:
             seen = FileSeen.merge([p.seen[stem] for p in pieces if stem in p.seen])
             observer.files[stem].header = list(seen.header) if seen.header is not None else None
             observer.files[stem].complete = seen.complete
         for piece in pieces:
-            observer.absorb(piece)
-        observer._submit_accumulated()  # noqa: SLF001 -- the combinations of every piece, once
-        report = observer.report(result, config_run, load_failure, missing, states)
+            observer.absorb(piece, files_read=files_read)
+        observer.partition_end()  # the combinations of every piece, once
+        report = observer.report(result, config_run, setup.load_failure, setup.missing, setup.states)
         if report_dir is not None:
             observer.write_report(report, Path(report_dir))
     finally:

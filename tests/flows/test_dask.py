@@ -21,29 +21,56 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 
 
 @flow(name="test-dask-counting")
-def _compare(data: str, config: str, ledger: str, out: str, partition_persons: int) -> int:
-    from flows.counting import count_on_dask
+def _compare(data: str, config: str, ledger: str, out: str, validate: bool) -> dict:
+    """Validate and count data stored by state here and on a LocalCluster of two worker
+    processes; the task runs' names and what each found."""
+    from flows.counting import dask_task_runner, validate_and_count_on_dask
 
     parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
-                                      non_confidential=True)
+                                      non_confidential=True, validate_inputs=validate)
     run, cfg = engine.begin_private_run(parameters, run_id=engine.new_run_id(), output_dir=Path(out))
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))  # a preflight draws it fresh
-    local = engine.count_exact(run, cfg)
-    on_dask = count_on_dask(run, cfg, n_workers=2, max_persons=partition_persons)
-    assert on_dask.content == local.content  # the same content fingerprint, whatever the partitions
+    run.run_dir.mkdir(parents=True)
+    local, local_report = engine.validate_and_count(run)
+    with dask_task_runner(None, 2) as runner:
+        on_dask, dask_report = validate_and_count_on_dask(run, cfg, runner=runner)
+    assert local is not None and on_dask is not None
+    assert on_dask.content == local.content  # the same content fingerprint
+    if validate:
+        assert local_report.to_text() == dask_report.to_text()
+    else:
+        assert local_report is None and dask_report is None
     compared = 0
     for table in TABLES:
         assert set(local[table].by_level) == set(on_dask[table].by_level)
         for level, cube in local[table].by_level.items():
             np.testing.assert_array_equal(cube, on_dask[table].by_level[level], err_msg=f"{table} {level}")
             compared += cube.size
-    return compared
+    return {"compared": compared, "flow_run": str(run.run_dir)}
 
 
-def test_dask_counts_equal_local_counts(tmp_path):
-    compared = _compare(str(DEMO_US), str(DEMO_US / "config.json"), str(tmp_path / "l.jsonl"),
-                        str(tmp_path / "out"), partition_persons=1500)
-    assert compared > 1000
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
+def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate):
+    """Each state's folders read once, by one ``count-<state>`` task that validates and counts
+    them: no validation before the counting (the flow used to read the inputs twice)."""
+    import json
+
+    from phsafe.synthetic import synthesize
+    from tests.flows.test_flows import _task_run_names
+
+    data = tmp_path / "by-state"
+    synthesize(data, 3_000, "01,02,11", fmt="parquet-partitioned", seed=5, chunk_persons=1_000)
+    raw = json.loads((DEMO_US / "config.json").read_text())
+    raw["state_filter"] = ["01", "11"]  # Alaska's folder: its layout only
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    state = _compare(str(data), str(tmp_path / "config.json"), str(tmp_path / "l.jsonl"), str(tmp_path / "out"),
+                     validate, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result()["compared"] > 100  # every cube cell of the two released states
+    names = _task_run_names(state.state_details.flow_run_id)
+    assert sorted(n for n in names if n.startswith("count-")) == ["count-01", "count-11"], names
+    assert names.count("layout-02") == 1
+    assert not any(n.startswith("validate-inputs") for n in names)
 
 
 def test_us_flow_counts_on_dask(tmp_path):
@@ -85,20 +112,20 @@ def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> 
     run.run_dir.mkdir(parents=True)
     local, local_report = engine.validate_and_count(run)
     spilled = []
-    import phsafe.spill
+    import phsafe.intake.spill
 
-    made = phsafe.spill.SpillArea.path.fget
+    made = phsafe.intake.spill.SpillArea.path.fget
 
     def watch(area):  # type: ignore[no-untyped-def]
         spilled.append(made(area))
         return spilled[-1]
 
-    phsafe.spill.SpillArea.path = property(watch)  # type: ignore[method-assign]
+    phsafe.intake.spill.SpillArea.path = property(watch)  # type: ignore[method-assign]
     try:
         on_dask, dask_report = validate_and_count_on_dask(run, cfg, max_persons=5000, block_bytes=160_000,
                                                           runner=runner)
     finally:
-        phsafe.spill.SpillArea.path = property(made)  # type: ignore[method-assign]
+        phsafe.intake.spill.SpillArea.path = property(made)  # type: ignore[method-assign]
     assert local_report.to_text() == dask_report.to_text()
     assert local_report.failures == dask_report.failures
     assert spilled and all(p.is_relative_to(run.run_dir) and not p.exists() for p in spilled)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from phsafe.validation import ValidationReport, validate_inputs
+from phsafe.intake import validate_inputs
+from phsafe.validation import ValidationReport
 from tests._ledgers import new_ledger
 from tests.conftest import END_TO_END
 from tests.system._bad_inputs import CASES, DEMO_US, Case, Dataset, base_dataset, build

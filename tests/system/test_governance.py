@@ -127,7 +127,7 @@ class Attack:
         # The unkeyed content digest of everything the intruder knows: all records but this one.
         # (Computed here from the whole data minus the hidden record's share: the same numbers.)
         from phsafe.config import load_config
-        from phsafe.counting import exact_counts
+        from phsafe.intake import exact_counts
         from phsafe.tables import TABLES
 
         whole = exact_counts(load_config(config), data, [TABLES["PH1_denom"]], key=bytes(16)).content
@@ -195,7 +195,7 @@ def test_the_digest_attack_finds_nothing_in_the_public_zone(world: dict, tmp_pat
     assert attack.matches(_public_tokens(leaky)) == [attack.truth]
     # ... and publishing the unkeyed content digest would leak as well.
     from phsafe.config import load_config
-    from phsafe.counting import exact_counts
+    from phsafe.intake import exact_counts
     from phsafe.tables import TABLES
 
     content = exact_counts(load_config(world["config"]), world["data"], [TABLES["PH1_denom"]], key=bytes(16)).content

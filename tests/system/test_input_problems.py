@@ -24,10 +24,10 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.config import load_config
-from phsafe.counting import exact_counts
+from phsafe.intake import exact_counts
 from phsafe.errors import InputError
 from phsafe.tables import TABLES
-from phsafe.validation import validate_inputs
+from phsafe.intake import validate_inputs
 from tests.conftest import US_CONFIG
 
 STATES = ["01", "06"]

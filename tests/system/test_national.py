@@ -27,11 +27,11 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from phsafe import distributed, memory, spill
+from phsafe import memory
+from phsafe.intake import spill, workers
 from phsafe.cli import main
 from phsafe.config import load_config
-from phsafe.counting import InputPass, exact_counts
-from phsafe.intake import validated_counts
+from phsafe.intake import InputPass, exact_counts, validated_counts
 from phsafe import run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import read_ledger
@@ -87,13 +87,13 @@ def forced_spill(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return load(self, part, spilled, bucket)
 
     monkeypatch.setattr(InputPass, "_load_bucket", spy)
-    in_workers = distributed.WorkerProcesses.map
+    in_workers = workers.WorkerProcesses.map
 
-    def spy_workers(self, name, calls, **kwargs):  # type: ignore[no-untyped-def]
-        buckets.extend(f"worker:{name}:{getattr(call[1], 'label', call[1])}" for call in calls)
-        return in_workers(self, name, calls, **kwargs)
+    def spy_workers(self, fn, calls, **kwargs):  # type: ignore[no-untyped-def]
+        buckets.extend(f"worker:{fn.__name__}:{getattr(call[-1], 'label', call[1])}" for call in calls)
+        return in_workers(self, fn, calls, **kwargs)
 
-    monkeypatch.setattr(distributed.WorkerProcesses, "map", spy_workers)
+    monkeypatch.setattr(workers.WorkerProcesses, "map", spy_workers)
     return buckets
 
 

@@ -25,14 +25,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from phsafe.config import load_config
-from phsafe.counting import combine_counts, count_partition, exact_counts, plan_partitions
+from phsafe.counting import combine_counts
+from phsafe.intake import count_partition, exact_counts, plan_partitions, validate_inputs
 from phsafe import run_private
 from phsafe.errors import InputError
 from phsafe.reader import input_digests, locate_inputs, read_inputs
 from phsafe.synthetic import synthesize
 from phsafe.tables import OUTPUT_TABLES, TABLES
 from phsafe.tabulate import TableCounts
-from phsafe.validation import validate_inputs
 
 from tests.conftest import US_CONFIG
 

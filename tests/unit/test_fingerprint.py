@@ -18,7 +18,7 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.config import load_config
-from phsafe.counting import count_partition, exact_counts, plan_partitions
+from phsafe.intake import count_partition, exact_counts, plan_partitions
 from phsafe.fingerprint import ContentDigest
 from phsafe.tables import TABLES
 from tests.conftest import US_CONFIG

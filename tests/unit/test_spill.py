@@ -16,7 +16,7 @@ from phsafe.errors import PHSafeError
 from phsafe.preprocess import AsideMafids, Joiner, geo_side
 from phsafe.reader import NULL, OK, Encoded
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN
-from phsafe.spill import SPILLED_COLUMNS, BucketPlan, SpillArea, SpillWriter, equal_width, plan_buckets, read_bucket
+from phsafe.intake.spill import SPILLED_COLUMNS, BucketPlan, SpillArea, SpillWriter, equal_width, plan_buckets, read_bucket
 
 GIB = 1 << 30
 
@@ -49,8 +49,8 @@ def test_plan_keeps_what_fits_in_memory_and_cuts_the_rest() -> None:
     assert plan is not None and plan.spilled
     assert plan.buckets >= 331_000_000 / memory.MAX_BUCKET_PERSONS  # buckets no larger than a big state
     assert plan.peak_bytes <= 12 * GIB and plan.spill_bytes > 0
-    tight = memory.plan_part(nation, 3 * GIB, validate=True, by_state=False)
-    assert tight is not None and tight.buckets > plan.buckets and tight.peak_bytes <= 3 * GIB
+    tight = memory.plan_part(nation, 2 * GIB, validate=True, by_state=False)
+    assert tight is not None and tight.buckets > plan.buckets and tight.peak_bytes <= 2 * GIB
     assert memory.plan_part(nation, 1 * GIB, validate=True, by_state=False) is None
     need = memory.needed_limit(nation, validate=True, by_state=False)
     assert memory.plan_part(nation, need, validate=True, by_state=False) is not None

@@ -518,7 +518,7 @@ def test_synth_is_mounted_on_the_phsafe_command() -> None:
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet-partitioned"])
 def test_generated_data_passes_validation(tmp_path: Path, fmt: str) -> None:
-    from phsafe.validation import validate_inputs
+    from phsafe.intake import validate_inputs
 
     from tests.conftest import PR_CONFIG, US_CONFIG
 

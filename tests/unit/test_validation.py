@@ -36,9 +36,9 @@ from phsafe.validation import (
     _read,
     _worker,
     validate,
-    validate_inputs,
     validate_outputs,
 )
+from phsafe.intake import validate_inputs
 from phsafe.validation._report import write_report
 from phsafe.validation._run import SuiteRun
 from phsafe.validation._suites import load_suite, suites_dir
@@ -241,7 +241,7 @@ def test_a_defect_surfaces_without_the_message_of_its_exception(monkeypatch: pyt
     def broken(*args: object, **kwargs: object) -> None:
         raise ValueError("invalid literal for int(): '123456789'")
 
-    monkeypatch.setattr(_inputs, "run_validation", broken)
+    monkeypatch.setattr(_inputs.ValidationSetup, "of", broken)
     with pytest.raises(ValidationMachineryError) as info:
         validate_inputs(US_CONFIG, tmp_path)
     assert "123456789" not in str(info.value) and "ValueError" in str(info.value)

@@ -21,10 +21,10 @@ import pytest
 
 from phsafe import reader, synthetic
 from phsafe.config import load_config
-from phsafe.counting import exact_counts
+from phsafe.intake import exact_counts, validate_inputs
 from phsafe.errors import InputError
 from phsafe.tables import TABLES
-from phsafe.validation import ValidationReport, validate_inputs
+from phsafe.validation import ValidationReport
 from phsafe.validation import _inputs, _worker
 from tests.conftest import US_CONFIG
 

@@ -1,7 +1,7 @@
 """Spill files: a partition too large for memory, routed by MAFID range to the work folder.
 
 When a partition of the input pass does not fit in its memory budget (:mod:`phsafe.memory`),
-:class:`phsafe.counting.InputPass` streams its files once -- each batch parsed, checked,
+:class:`phsafe.intake.InputPass` streams its files once -- each batch parsed, checked,
 validated and reduced to compact columns as usual -- and, instead of keeping the rows, hands
 them to a :class:`SpillWriter`, which routes each row to the *bucket* of its MAFID
 (:class:`BucketPlan`) and writes the buckets as Arrow IPC files with pyarrow's dataset writer

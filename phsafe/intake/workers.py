@@ -1,0 +1,171 @@
+"""Worker processes of the input pass on one machine.
+
+:class:`WorkerProcesses` runs pieces of the pass (:func:`phsafe.intake.cluster.count_bucket`,
+:func:`phsafe.intake.cluster.count_state`) in a few Python processes, so that the pass
+(:class:`phsafe.intake.input_pass.InputPass`) counts a spilled partition's MAFID ranges, or the
+states of data stored by state, on every core. A job is a function and its arguments, pickled
+(the function by reference: a job names no module in a string); its answer is a
+:class:`~phsafe.intake.pieces.Piece`, which the pass merges (:func:`phsafe.intake.pieces.merge`).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+from phsafe.errors import PHSafeError
+
+__all__ = ["WorkerProcesses", "serve"]
+
+Job = tuple[int, Callable[..., Any], tuple[Any, ...]]
+
+
+def serve() -> int:
+    """A worker process: run jobs (pickled ``(number, function, arguments)``) from standard input
+    until it ends; answer each with ``(result, None)`` or ``(None, the exception's class name)``
+    -- never its message, which may quote data. Nothing else is printed."""
+    channel = os.fdopen(os.dup(1), "wb")  # results only; anything else printed goes nowhere
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    jobs = sys.stdin.buffer
+    while True:
+        try:
+            _, fn, args = pickle.load(jobs)
+        except EOFError:
+            return 0
+        answer: tuple[Any, str | None]
+        try:
+            answer = (fn(*args), None)
+        except Exception as exc:  # noqa: BLE001 -- its class only: the message may quote data
+            answer = (None, type(exc).__name__)
+        pickle.dump(answer, channel, protocol=pickle.HIGHEST_PROTOCOL)
+        channel.flush()
+
+
+def _command(entry: Callable[[], int]) -> list[str]:
+    """The command line of a process that runs ``entry`` (a module-level function, imported by
+    its module's name and its own)."""
+    return [sys.executable, "-c", f"import sys; from {entry.__module__} import {entry.__name__}; sys.exit({entry.__name__}())"]
+
+
+class WorkerProcesses:
+    """A few Python processes of this machine that run this module's tasks, so that a pass's MAFID
+    ranges are counted on every core (the pass on one machine; the Dask path has its cluster).
+
+    The processes are started with :mod:`subprocess` (each runs :func:`serve`), not
+    :mod:`multiprocessing`: a spawned multiprocessing child re-imports the caller's ``__main__``,
+    which runs the top level of any script that calls the pass without a ``__main__`` guard. Jobs
+    go as pickles on their standard input and results come back on their standard output; an
+    exception comes back as its class name only (its message may quote data).
+
+    Args:
+        processes: How many.
+        validation: The jobs validate: each process imports Great Expectations at once, while
+            the pass still streams its files.
+    """
+
+    def __init__(self, processes: int, *, validation: bool = False) -> None:
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._results: dict[int, tuple[Any, str | None]] = {}
+        self._done = threading.Condition()
+        self._failed: str | None = None
+        env = {**os.environ, "GX_ANALYTICS_ENABLED": "False"}
+        self._procs = [subprocess.Popen(_command(serve), stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+                       for _ in range(processes)]
+        self._threads = [threading.Thread(target=self._serve, args=(p,), name="phsafe-worker", daemon=True)
+                         for p in self._procs]
+        for t in self._threads:
+            t.start()
+        self._number = 0
+        if validation:
+            from phsafe.validation import prewarm
+
+            for _ in self._procs:  # one each (a process takes one job at a time; results unread)
+                self._number += 1
+                self._jobs.put((self._number, prewarm, ()))
+
+    def _serve(self, proc: "subprocess.Popen[bytes]") -> None:
+        stdin: IO[bytes] | None = proc.stdin
+        stdout: IO[bytes] | None = proc.stdout
+        assert stdin is not None and stdout is not None
+        while (job := self._jobs.get()) is not None:
+            number = job[0]
+            try:
+                pickle.dump(job, stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                stdin.flush()
+                answer, error = pickle.load(stdout)
+            except (OSError, EOFError, ValueError, pickle.PickleError):
+                answer, error = None, "the worker process stopped"
+            with self._done:
+                self._results[number] = (answer, error)
+                self._done.notify_all()
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+    def map(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], *, costs: Sequence[int] | None = None,
+            budget: int | None = None) -> Iterator[Any]:
+        """Run ``fn(*args)`` (a module-level function) for each ``args`` of ``calls`` on the
+        processes; the results in order, each as soon as it (and those before it) is done.
+
+        Args:
+            costs, budget: A job starts only while the costs (bytes of memory) of the jobs
+                started and not yet answered, with its own, stay within ``budget`` -- one job
+                always may.
+
+        Raises:
+            PHSafeError: A job failed in its process (its exception's class is named).
+        """
+        costs = list(costs) if costs is not None else [0] * len(calls)
+        waiting = deque(zip(calls, costs))
+        started: deque[tuple[int, int]] = deque()
+        in_flight = 0
+        while waiting or started:
+            while waiting and (not started or budget is None or in_flight + waiting[0][1] <= budget):
+                args, cost = waiting.popleft()
+                self._number += 1
+                started.append((self._number, cost))
+                in_flight += cost
+                self._jobs.put((self._number, fn, tuple(args)))
+            number, cost = started.popleft()
+            with self._done:
+                self._done.wait_for(lambda: number in self._results)
+                answer, error = self._results.pop(number)
+            in_flight -= cost
+            if error is not None:
+                raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
+            yield answer
+
+    def close(self) -> None:
+        """Stop the processes (jobs not started yet are dropped)."""
+        while True:
+            try:
+                self._jobs.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join(timeout=30)
+        for p in self._procs:
+            try:
+                p.wait(timeout=5)
+            except Exception:  # noqa: BLE001 -- a stuck process is killed
+                p.kill()
+                p.wait()
+
+    def __enter__(self) -> "WorkerProcesses":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
