@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,14 +164,17 @@ def test_the_state_survives_sigkill_at_every_write_step(keys: dict[str, Path], t
     cosigns a fork of a size it cosigned nor a tree that does not extend its last."""
     log = TransparencyLog.of_entries(entries(12))
     fork = TransparencyLog.of_entries(entries(6) + entries(12, "fork")[6:])
+    before = tmp_path / "state-before"
+    first = Service(keys["key"], before, str(keys["log"]))
+    try:
+        assert first.post(request(log, 0, 8)).status_code == 200  # the state before: size 8
+    finally:
+        first.stop()
     outcomes = []
     for kill_at in (1, 2, 3, 4):
         state = tmp_path / f"state-{kill_at}"
-        first = Service(keys["key"], state, str(keys["log"]))
-        try:
-            assert first.post(request(log, 0, 8)).status_code == 200  # the state before: size 8
-        finally:
-            first.stop()
+        state.mkdir(mode=0o700)
+        shutil.copyfile(before / "checkpoints.json", state / "checkpoints.json")  # each kill from the same state
         killed = Service(keys["key"], state, str(keys["log"]), kill_at=kill_at)
         try:
             with pytest.raises(httpx.TransportError):  # killed before it answered
