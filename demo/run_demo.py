@@ -8,9 +8,14 @@ preflight, input validation, the nine measurements per dataset with the producti
 output validation, publication and a ledger checkpoint signed with a fresh Ed25519 key. Then it
 verifies each ledger offline against the published release and the public key, writes the
 auditor's (confidential) reports, shows that a second release of the same records is refused,
-publishes each ledger's public privacy-loss log (witnessed by a witness kept apart from the
-enclave) and checks each release as an outsider would (``phsafe audit public``: public files
-only), and prints where everything is -- the public release apart from the confidential zone.
+publishes each ledger's public privacy-loss log and checks each release as an outsider would
+(``phsafe audit public``: public files only, with the witness's key), and prints where everything
+is -- the public release apart from the confidential zone.
+
+Each ledger's public log is witnessed by a witness that is another party: ``phsafe witness serve``
+started here as a service of its own (a subprocess on a loopback port the system picks), with its
+own key and state; the ledgers know its URL and public key only, and every run asks it, over
+HTTP, to cosign the log before and after every spend.
 
 The demo data is synthetic, so each demo invocation gets its own folder and its own ledgers and
 can be repeated; inside each ledger the lifetime-budget rule applies exactly as for real data.
@@ -19,6 +24,7 @@ can be repeated; inside each ledger the lifetime-budget rule applies exactly as 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -61,29 +67,59 @@ def _section(title: str) -> None:
     print(f"\n== {title}", flush=True)
 
 
+def _start_witness(keys: Path, state: Path, logs: Path) -> tuple[subprocess.Popen, str]:
+    """``phsafe witness serve`` as a service of its own, on a loopback port the system picks;
+    returns the process and the URL it printed once it listens."""
+    logs.mkdir(parents=True, exist_ok=True)
+    command = [str(PHSAFE), "witness", "serve", "--key", str(keys / "witness.key"), "--state", str(state),
+               "--logs", str(logs), "--bind", "127.0.0.1:0"]
+    print("$ phsafe " + " ".join(command[1:]) + " &", flush=True)
+    service = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert service.stdout is not None
+    line = service.stdout.readline()  # printed once it accepts requests
+    if "http://" not in line:
+        service.kill()
+        raise SystemExit(f"the witness did not start: {line.strip() or 'no output'}")
+    print(line.rstrip(), flush=True)
+    return service, line.split(" at ", 1)[1].split()[0]
+
+
 def main() -> int:
     sys.path.insert(0, str(REPO))
-    from flows.sdhc import release_flow
-
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
     root = HERE / "output" / stamp
     enclave, public = root / "enclave", root / "public"
     public.mkdir(parents=True)
     _section("0. The operator's signing key pair (phsafe keys generate)")
     _run("keys", "generate", enclave / "keys")
-    signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     ledgers = {label: enclave / label / "ledger.jsonl" for label in ("us", "pr")}
-    # The witness lives apart from the enclave (in production: another host or volume): it
-    # cosigns each ledger's public log only where it extends what it cosigned before.
+    # The witness is another party (in production: another host, another operator): its key and
+    # its state are its own; it cosigns each ledger's public log only where it extends what it
+    # cosigned before.
     witness = root / "witness"
-    _section("1. The witness, and the audit ledgers with their public logs, made before any data is seen")
-    _run("witness", "init", witness, "--name", "witness.demo.example")
-    for label, ledger in ledgers.items():
-        # The cap is the dataset's policy limit (room for more than one release): a second release
-        # of the same records is refused by its own rule, not by the cap (step 4).
-        _run("ledger", "init", ledger, "--lifetime-cap", "3",
-             "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit",
-             "--log-name", f"demo.example/phsafe/privacy-loss/{label}", "--witness", witness)
+    _section("1. The witness, a service of its own; the audit ledgers with their public logs, made before any data")
+    _run("witness", "init", witness / "key", "--name", "witness.demo.example")
+    service, url = _start_witness(witness / "key", witness / "state", witness / "logs")
+    try:
+        for label, ledger in ledgers.items():
+            # The cap is the dataset's policy limit (room for more than one release): a second
+            # release of the same records is refused by its own rule, not by the cap (step 4).
+            _run("ledger", "init", ledger, "--lifetime-cap", "3",
+                 "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit",
+                 "--log-name", f"demo.example/phsafe/privacy-loss/{label}",
+                 "--witness", url, witness / "key" / "witness.vkey")
+            # The log's verifier key goes to the witness's operator (out of band): it witnesses it from now on.
+            shutil.copy(f"{ledger}.public-log/log.vkey", witness / "logs" / f"{label}.vkey")
+        return _release_and_check(root, enclave, public, ledgers, witness)
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+def _release_and_check(root: Path, enclave: Path, public: Path, ledgers: dict[str, Path], witness: Path) -> int:
+    from flows.sdhc import release_flow
+
+    signing_key, public_key = enclave / "keys" / "signing-key.pem", enclave / "keys" / "public-key.pem"
     where = os.environ.get("PREFECT_API_URL") or "Prefect ephemeral mode (no server)"
     _section(f"2. The release flow (US and Puerto Rico) on the demo data, in {where}")
     summaries = release_flow(
@@ -111,10 +147,8 @@ def main() -> int:
         raise SystemExit("the second release was not refused")
 
     _section("5. The public privacy-loss logs, published; an outsider checks each release with public files only")
-    import shutil
-
     published_logs = public / "privacy-loss-logs"
-    shutil.copy(witness / "witness.vkey", public / "witness.vkey")
+    shutil.copy(witness / "key" / "witness.vkey", public / "witness.vkey")
     for label, summary in summaries.items():
         ledger = Path(summary["ledger"])
         shutil.copytree(f"{ledger}.public-log", published_logs / label)  # as a web server would serve it
@@ -130,7 +164,7 @@ def main() -> int:
     for label, summary in summaries.items():
         print(f"    {label.upper()} release (tables, data package, manifest, log entry and proof)  {summary['outputs']}")
     print(f"    the public privacy-loss logs and the witness's key  {published_logs}  {public / 'witness.vkey'}")
-    print(f"  WITNESS (apart from the enclave)  {witness}")
+    print(f"  WITNESS (another party: its key, its state, the logs it witnesses)  {witness}")
     print(f"  CONFIDENTIAL (stays with the data) {enclave}")
     for label, summary in summaries.items():
         ledger = Path(summary["ledger"])

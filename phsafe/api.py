@@ -78,7 +78,8 @@ def init_ledger(
     reason: str,
     privacy_defn: str = "zcdp",
     non_confidential: bool = False,
-    witnesses: tuple[str | Path, ...] = (),
+    witnesses: tuple[tuple[str, str], ...] = (),
+    witness_quorum: int | None = None,
     log_name: str | None = None,
 ) -> "Ledger":
     """Create an audit ledger, its lineage key (``<path>.key``) and its public privacy-loss log
@@ -90,19 +91,21 @@ def init_ledger(
         reason: Why this policy (recorded).
         privacy_defn: ``"zcdp"`` or ``"puredp"``: the unit of caps and charges.
         non_confidential: A throwaway ledger for synthetic data.
-        witnesses: Witness folders (``phsafe witness init``) whose cosignature every run needs
-            before it spends (all of them).
+        witnesses: ``(URL, verifier key)`` of each witness service (``phsafe witness serve``) whose
+            cosignature every run needs before it spends; their keys and the quorum are bound into
+            the ledger's first entry.
+        witness_quorum: How many of them must cosign (default: all).
         log_name: The public log's name (default ``phsafe.privacy-loss/<ledger id>``).
     """
     from phsafe.config import PrivacyDefinition
     from phsafe.engine import code_version
-    from phsafe.ledger import init_ledger as init
+    from phsafe.publog import create_ledger
 
     cap = _exact(lifetime_cap, "lifetime_cap")
     assert cap is not None
-    return init(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
-                non_confidential=non_confidential, code_version=code_version(),
-                witnesses=tuple(Path(w) for w in witnesses), log_name=log_name)
+    return create_ledger(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
+                         non_confidential=non_confidential, code_version=code_version(),
+                         witnesses=tuple(witnesses), witness_quorum=witness_quorum, log_name=log_name)
 
 
 def run_private(
@@ -250,17 +253,19 @@ def audit_public(
     witness_keys: tuple[str | Path, ...] = (),
     witness_quorum: int | None = None,
     state_file: str | Path | None = None,
+    no_witness: bool = False,
 ) -> list[str]:
     """The outsider's check (``phsafe audit public``), with public files only: the release's
     proof, manifest and table digests and VARIANCE columns against the public log; with ``log``,
     the whole log, its consistency with the checkpoint seen before (``state_file``) and each
-    dataset's privacy-loss statement. Returns what was verified, one line each.
+    dataset's privacy-loss statement. The witnesses' keys are required unless ``no_witness``.
+    Returns what was verified, one line each.
 
     Raises:
         phsafe.audit.verify.VerificationFailure: The first check that fails.
     """
-    from phsafe.publog.audit import audit_public as check
+    from phsafe.audit.public import audit_public as check
 
     return check(Path(out), Path(key), log=Path(log) if log else None,
                  witness_keys=tuple(Path(w) for w in witness_keys), quorum=witness_quorum,
-                 state_file=Path(state_file) if state_file else None)
+                 state_file=Path(state_file) if state_file else None, no_witness=no_witness)

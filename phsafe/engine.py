@@ -81,7 +81,7 @@ __all__ = [
     "MeasurementOutcome", "measure_table", "write_private_outputs", "check_outputs", "public_manifest",
     "publish_private_run",
     # failures and what the ledger says
-    "failure_reason", "SpendStatus", "spend_status", "record_failure", "with_resume_hint", "resume_hint",
+    "failure_reason", "failure_code", "SpendStatus", "spend_status", "record_failure", "with_resume_hint", "resume_hint",
     "DatasetBudget", "dataset_budget", "spend_summary", "ValidationFailed",
     # the non-private run
     "run_nonprivate",
@@ -453,14 +453,10 @@ def write_release_log_files(ledger: Any, run_id: str, output_dir: Path) -> bool:
     against the log's checkpoint, cosigned by the ledger's witness quorum when it has witnesses.
     Returns False for a ledger without a public log (nothing to write).
     """
-    from phsafe.publog import write_release_files
+    from phsafe.publog import write_release_log_files as write
 
-    with ledger.locked():
-        if ledger.public_log is None:
-            return False
-        ledger.require_witnesses()
-        files = ledger.public_log.release_files(run_id)
-    write_release_files(output_dir, files)
+    if not write(ledger, run_id, output_dir):
+        return False
     log.info("the release's public log entry and proof are in place", output=str(output_dir))
     return True
 
@@ -492,6 +488,32 @@ def failure_reason(exc: BaseException) -> str:
     if isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
         return (str(exc).splitlines() or [""])[0][:200] or type(exc).__name__
     return cause_in_words(exc)
+
+
+def failure_code(exc: BaseException) -> str:
+    """The public kind of a failure (:data:`phsafe.ledger.FAILURE_CODES`): the public log gets it
+    instead of the message, which may name the enclave's folders."""
+    from phsafe.errors import BudgetError, ForkRefused, OutputExistsError, ValidationFailed, WitnessesUnavailable
+
+    if isinstance(exc, (interrupt.RunInterrupted, KeyboardInterrupt)):
+        return "interrupted"
+    if isinstance(exc, WitnessesUnavailable):
+        return "witness-unreachable"
+    if isinstance(exc, ForkRefused):
+        return "witness-refused"
+    if isinstance(exc, BudgetError):
+        return "budget-refused"
+    if isinstance(exc, LedgerError):
+        return "ledger-error"
+    if isinstance(exc, ValidationFailed):
+        return "outputs-invalid"
+    if isinstance(exc, OutputExistsError):
+        return "output-exists"
+    if isinstance(exc, OSError):
+        return "storage-error"
+    if isinstance(exc, PHSafeError):
+        return "refused"
+    return "internal-error"
 
 
 @dataclass(frozen=True)
@@ -526,7 +548,8 @@ def spend_status(run: PrivateRun) -> SpendStatus:
     return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable))
 
 
-def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str) -> SpendStatus:
+def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str,
+                   code: str = "internal-error") -> SpendStatus:
     """Mark the run failed in the ledger (unless it finished), if the ledger can still be written.
 
     The run's work folder is kept: it holds the validation reports, and the committed noisy
@@ -549,7 +572,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
         return SpendStatus(run.run_id)
     if state.status is RunStatus.RUNNING and attempt is not None and state.attempt == attempt.attempt:
         try:
-            recorder_for(run, plan, attempt).fail(reason)
+            recorder_for(run, plan, attempt).fail(reason, code)
         except LedgerError as exc:  # the failure being handled says why; the run stays resumable
             log.debug("could not record the failure in the ledger; the run stays open and can be resumed",
                       error=str(exc).splitlines()[0])

@@ -13,7 +13,9 @@ any :class:`PHSafeError` as one line (the command line exits 1; a flow run ends 
     │                                 validation machinery, never a verdict on the data
     ├── OutputExistsError             the output folder exists (a release is never overwritten)
     ├── BudgetError                   a spend the lifetime cap, the plan or the run refuses
-    │   └── AlreadyReleasedError      the records were released (or are being released) already
+    │   ├── AlreadyReleasedError      the records were released (or are being released) already
+    │   └── ForkRefused               the public log's witnesses refuse the ledger (a copy)
+    │       └── WitnessesUnavailable  ... or too few of them can be reached
     ├── LedgerError                   the ledger is broken, unusable, or asked to record
     │   │                             something inconsistent
     │   └── TornTailError             the ledger ends in an interrupted write
@@ -37,8 +39,10 @@ any :class:`PHSafeError` as one line (the command line exits 1; a flow run ends 
         ├── ProofError                an inclusion or consistency proof does not verify (or
         │                             cannot be made)
         ├── ForkError                 two signed checkpoints of one log that cannot both be true
+        │   └── RollbackError         a smaller checkpoint after a larger one was seen
         ├── WitnessRefusal            a witness declines to cosign (status as in C2SP
         │                             tlog-witness)
+        ├── WitnessUnreachable        a witness cannot be asked (connection, time-out)
         └── StoreError                a hash store, state store or key file is unusable
             └── StaleStateError       a compare-and-swap of a checkpoint store lost a race
 
@@ -162,12 +166,16 @@ class LedgerError(PHSafeError):
         message: What failed, in plain words.
         seq: Index of the first failing entry (line), when the failure is about one.
         kind: That entry's kind, when known.
+        violation: The rule the entry broke, when a rule refused it: the ledger's front ends
+            (:mod:`phsafe.ledger.runs`) turn it into the operator's message.
     """
 
-    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None) -> None:
+    def __init__(self, message: str, *, seq: int | None = None, kind: str | None = None,
+                 violation: "LedgerRuleViolation | None" = None) -> None:
         self.seq = seq
         self.kind = kind
         self.reason = message
+        self.violation = violation
         where = ""
         if seq is not None:
             where = f"entry {seq}" + (f" ({kind})" if kind else "") + ": "
@@ -183,7 +191,17 @@ class LedgerRuleViolation(Exception):
 
     Internal to :mod:`phsafe.ledger`: the replay turns it into a :class:`LedgerError` that names
     the entry (its sequence number and kind), so it is deliberately not a :class:`PHSafeError`.
+
+    Args:
+        message: The rule, in plain words (what ``audit verify`` prints).
+        rule: A short name of the rule, for the rules a front end explains in its own words.
+        facts: What the front end needs for that (amounts, a run id, a dataset).
     """
+
+    def __init__(self, message: str, *, rule: str | None = None, **facts: object) -> None:
+        super().__init__(message)
+        self.rule = rule
+        self.facts = facts
 
 
 class PrivacyMapMismatchError(PHSafeError):
@@ -308,12 +326,25 @@ class StaleStateError(StoreError):
     """A checkpoint store's compare-and-swap found another value than the one expected."""
 
 
+class WitnessUnreachable(TlogError):
+    """A witness could not be asked (no connection, no answer in time, not the protocol's answer)."""
+
+
+class RollbackError(ForkError):
+    """A log shows a smaller checkpoint than one seen before: an older view, or a smaller fork."""
+
+
 class ForkRefused(BudgetError):
     """The ledger's witnesses refuse its public log: it is not the history they cosigned.
 
     A copy of the ledger made earlier, or a rolled-back one, cannot spend: nothing was spent
     from it. Raised before a run's first INTENT (and before every later one).
     """
+
+
+class WitnessesUnavailable(ForkRefused):
+    """Too few of the ledger's witnesses could be reached to cosign (none refused the ledger):
+    the run stops before its next spend, and resumes once they answer."""
 
 
 # --------------------------------------------------------------------------------------------

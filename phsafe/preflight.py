@@ -19,7 +19,7 @@ from pathlib import Path
 from phsafe.accounting import RunPlan
 from phsafe.config import INFINITE, PHSafeConfig
 from phsafe.intake import SPILL_FOLDER, check_pass_memory
-from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, os_reason
+from phsafe.errors import BudgetError, LedgerError, OutputExistsError, PHSafeError, os_reason
 from phsafe.parameters import option
 from phsafe.logs import get_logger
 from phsafe.outputs import MANIFEST
@@ -128,9 +128,8 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         PHSafeError: One clear line saying what is wrong and what to do. Nothing is spent.
     """
     from phsafe.amounts import add_amounts, amount_exceeds, format_exact
-    from phsafe.ledger import (
-        RunStatus, check_ledger_file, check_ledger_kind, init_ledger, key_path, load_signing_key, plan_charge,
-    )
+    from phsafe.ledger import RunStatus, check_ledger_file, check_ledger_kind, key_path, load_signing_key, plan_charge
+    from phsafe.publog import create_ledger
     from phsafe.ledger.format import operator_text
     from phsafe.ledger.store import check_private, make_private_folders
 
@@ -139,24 +138,25 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         operator_text(getattr(parameters, name), option(name))  # a reason too long is refused now, not cut later
     created = False
     if parameters.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
-        init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
-                    privacy_defn=config.privacy_defn, non_confidential=True, code_version=run.code_version)
+        create_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
+                      privacy_defn=config.privacy_defn, non_confidential=True, code_version=run.code_version)
         log.info("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
         created = True
     check_ledger_file(run.ledger)
     check_private(run.ledger, "the ledger")
     check_private(key_path(run.ledger), "the ledger's lineage key")
-    ledger = open_ledger(run.ledger)
+    ledger = open_ledger(run.ledger)  # with its public log: a missing log, log key or witness list refuses here
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state
     assert state.policy is not None
     check_ledger_kind(state.policy, parameters.non_confidential)
+    if state.awaits_log_binding:
+        raise LedgerError(f"the ledger {run.ledger} was made before ledgers were bound to their public log: bind its "
+                          f"log to it with `phsafe ledger migrate {run.ledger}` (recorded), then run again")
     with ledger.locked():
-        # The public log: its key readable, private and the log's; with witnesses, their quorum
-        # cosigns the log as it is now -- a copied or rolled-back ledger is refused here.
-        if ledger.public_log is not None:
-            ledger.public_log.check()
-            ledger.require_witnesses()
+        # The witnesses' quorum cosigns the public log as it is now: a copied or rolled-back
+        # ledger, or witnesses that cannot be reached, are refused here, before the inputs are read.
+        ledger.confirm()
     if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
         raise PHSafeError("the ledger's file system has less than 1 MiB free: free space before running "
                           "(the ledger must be able to record every spend)")

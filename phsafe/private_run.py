@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import resource
-import stat
 import subprocess
 import threading
 import time
@@ -79,56 +78,35 @@ class RunResult:
     budget: "DatasetBudget | None" = None
 
 
-_ledgers: dict[Path, tuple[tuple[int, int, bytes], "Ledger"]] = {}
+_ledgers: dict[Path, "Ledger"] = {}
 _ledgers_lock = threading.Lock()
-_GENESIS_BYTES = 1 << 16
-"""At most this much of the first line identifies a ledger (its LEDGER_INIT names a unique id)."""
-
-
-def _ledger_identity(path: Path) -> tuple[int, int, bytes] | None:
-    """The file at ``path`` (device, inode) and its first line, or None when there is none.
-
-    The inode alone is not an identity: a ledger deleted and made anew at the same path (a
-    throwaway ledger of ``accuracy --overwrite``) often gets the inode just freed. The first line
-    -- LEDGER_INIT, with the ledger's own random id -- tells two ledgers apart.
-    """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return st.st_dev, st.st_ino, b""  # not a ledger: Ledger.open says what it is
-    with open(path, "rb") as f:
-        return st.st_dev, st.st_ino, f.readline(_GENESIS_BYTES)
 
 
 def open_ledger(path: Path) -> "Ledger":
-    """The process's handle on the ledger at ``path``, verified once.
+    """The process's handle on the ledger at ``path``, verified once, with its public log.
 
     Every stage and every measurement task of a run needs the ledger; opening it anew each time
     would re-read and re-verify the whole file (a cost growing with the ledger's history). One
-    :class:`~phsafe.ledger.Ledger` per file instead catches up with what other processes
-    appended, under the file lock, before every read and append. A file replaced on disk (other
-    inode, or another ledger's first entry) is opened anew.
+    :class:`~phsafe.ledger.Ledger` per file instead keeps the file open and catches up with what
+    other processes appended, under the file lock, before every read and append. A file replaced
+    on disk is opened anew (while the handle is open, its file's inode cannot be reused, so the
+    path naming another inode is another file).
 
     Raises:
-        LedgerError: The ledger does not exist (it is never created here) or is broken.
+        LedgerError: The ledger does not exist (it is never created here) or is broken; its
+            public log, log key or witness list is missing or is not the one it is bound to.
     """
-    from phsafe.ledger import Ledger
+    from phsafe.publog import open_ledger as open_with_log
 
     key = Path(path).absolute()
     with _ledgers_lock:
         cached = _ledgers.get(key)
-        try:
-            identity = _ledger_identity(key)
-        except OSError as exc:
-            raise LedgerError(f"cannot open the ledger {key}: {exc.strerror}") from None
-        if cached is not None and identity is not None and identity == cached[0]:
-            return cached[1]
-        ledger = Ledger.open(key)
-        opened = _ledger_identity(key)
-        if opened is not None:
-            _ledgers[key] = (opened, ledger)
+        if cached is not None and cached.same_file():
+            return cached
+        if cached is not None:
+            cached.close()
+        ledger = open_with_log(key)
+        _ledgers[key] = ledger
         return ledger
 
 

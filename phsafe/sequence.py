@@ -372,7 +372,8 @@ def _run(run: PrivateRun, config: "PHSafeConfig", counter: Counter, runner: Stag
         checkpoint = runner.run(PUBLISH, engine.publish_private_run, run, config, plan, files, attempt)
     except BaseException as exc:
         if attempt is not None and plan is not None:
-            status = runner.run(RECORD_FAILURE, engine.record_failure, run, plan, attempt, engine.failure_reason(exc))
+            status = runner.run(RECORD_FAILURE, engine.record_failure, run, plan, attempt, engine.failure_reason(exc),
+                                engine.failure_code(exc))
             if status.spent:
                 log.debug("run failed after spending; its committed measurements are kept for a resume",
                           run_id=run.run_id, run_dir=str(run.run_dir))

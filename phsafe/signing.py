@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from phsafe import durable
 from phsafe.errors import PHSafeError, os_reason
 
 PRIVATE_KEY_NAME = "signing-key.pem"
@@ -95,27 +96,10 @@ def generate_signing_key(folder: str | Path) -> SigningKeyPair:
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` exclusively (never follow or replace anything there) with ``mode``,
-    write ``data``, and sync it and its folder."""
+    """Create ``path`` exclusively (never follow or replace anything there) with ``mode``, durably."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        durable.create(path, data, mode=mode)
     except FileExistsError:
         raise PHSafeError(f"{path} already exists: a signing key is never overwritten") from None
     except OSError as exc:
         raise PHSafeError(f"cannot create {path}: {os_reason(exc)}") from None
-    try:
-        os.fchmod(fd, mode)  # exactly this mode, whatever the umask
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

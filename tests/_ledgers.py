@@ -18,7 +18,8 @@ import numpy as np
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import INFINITE, PrivacyDefinition
-from phsafe.ledger import Ledger, RunRecorder, canonical_json, dataset_id, entry_hash, format_exact, init_ledger
+from phsafe.ledger import Ledger, RunRecorder, canonical_json, dataset_id, entry_hash, format_exact
+from phsafe.publog import create_ledger
 from phsafe.noise import vector_digest
 
 FP_A = "a1" * 32
@@ -29,11 +30,13 @@ KEY_HEX = "ab" * 32
 
 
 def new_ledger(directory: Path, *, cap: Fraction | int | str = 2, non_confidential: bool = False,
-               privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP, name: str = "ledger.jsonl") -> Ledger:
-    """A fresh ledger in ``directory`` (cap ``"inf"``: Infinity, non-confidential only)."""
+               privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP, name: str = "ledger.jsonl",
+               **kw: Any) -> Ledger:
+    """A fresh ledger in ``directory`` (cap ``"inf"``: Infinity, non-confidential only), bound to
+    its public log as every ledger is (``kw``: witnesses, witness_quorum, transport, ...)."""
     amount = INFINITE if cap == "inf" else Fraction(cap)
-    return init_ledger(Path(directory) / name, lifetime_cap=amount, reason="test policy",
-                       privacy_defn=privacy_defn, non_confidential=non_confidential, code_version="test")
+    return create_ledger(Path(directory) / name, lifetime_cap=amount, reason="test policy",
+                         privacy_defn=privacy_defn, non_confidential=non_confidential, code_version="test", **kw)
 
 
 AGAIN = "another release of the same records, for the test"

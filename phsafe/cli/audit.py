@@ -3,8 +3,8 @@
 ``phsafe audit verify LEDGER [--checkpoint FILE]... [--public-key KEY] [--outputs DIR]`` exits 0 only
 if everything holds; otherwise it prints the first failing entry or file and why, and exits 1.
 
-``phsafe audit public OUT --key VKEY [--log LOG] [--witness-key VKEY]...`` checks a release with
-public files only (:mod:`phsafe.publog.audit`); the same exit rule.
+``phsafe audit public OUT --key VKEY --witness-key VKEY... [--log LOG]`` checks a release with
+public files only (:mod:`phsafe.audit.public`); the same exit rule.
 
 ``phsafe audit report LEDGER [--out DIR] [--overwrite]`` writes ``audit_report.md`` and ``audit_report.html``
 (confidential; by default into ``audit-report/`` beside the ledger).
@@ -21,11 +21,9 @@ from pathlib import Path
 
 import click
 
-from phsafe.audit.report import write_report
-from phsafe.audit.verify import VerificationFailure, verify
 from phsafe.cli._common import handle_errors
 from phsafe.cli._output import overwrite_option
-from phsafe.errors import LedgerError, ReportFolderExists
+from phsafe.errors import LedgerError, ReportFolderExists, VerificationFailure
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
 _DIR = click.Path(exists=True, file_okay=False, path_type=Path)
@@ -52,6 +50,8 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
     Exits 0 only if everything holds; otherwise prints the first failing entry or file and why
     and exits 1.
     """
+    from phsafe.audit.verify import verify
+
     try:
         result = verify(ledger, checkpoints=checkpoints, public_key=public_key, outputs=outputs,
                         lineage_key=lineage_key)
@@ -71,16 +71,20 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
               help="A copy of the published log folder (checkpoint, entries): check the whole log, its "
                    "consistency with the checkpoint seen before, and every dataset's privacy-loss statement.")
 @click.option("--witness-key", "witness_keys", type=_FILE, multiple=True, metavar="VKEY",
-              help="A witness's verifier key; may be repeated. Checkpoints need cosignatures from "
-                   "--witness-quorum of them (default: all).")
+              help="A witness's verifier key, obtained from the witness; may be repeated. Checkpoints need "
+                   "cosignatures from --witness-quorum of them (default: all). Required unless --no-witness.")
+@click.option("--no-witness", is_flag=True,
+              help="Check without witnesses; the output says what such a check cannot rule out.")
+@click.option("--max-age", "max_age", default="7d", show_default=True, metavar="AGE",
+              help="Refuse the log's checkpoint as stale when a counted cosignature is older (e.g. 36h, 7d).")
 @click.option("--witness-quorum", type=click.IntRange(min=0), default=None, metavar="K",
               help="How many of the --witness-key witnesses must have cosigned (default: all of them).")
 @click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="Where the last checkpoint seen of each log is kept "
                                    "(default: $XDG_CONFIG_HOME/phsafe/public-log-checkpoints.json).")
 @handle_errors
-def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[Path, ...],
-                   witness_quorum: int | None, state_file: Path | None) -> None:
+def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[Path, ...], no_witness: bool,
+                   max_age: str, witness_quorum: int | None, state_file: Path | None) -> None:
     """Check the release OUT with public files only: what an outsider can verify.
 
     The release's proof (its log entry is in the log, as a checkpoint signed by the log key --
@@ -89,11 +93,11 @@ def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[P
     consistency with the checkpoint seen before, and each dataset's statement: releases, total
     spent, cap, left. Exits 0 only if everything holds; else prints one line and exits 1.
     """
-    from phsafe.publog.audit import audit_public
+    from phsafe.audit.public import audit_public
 
     try:
         lines = audit_public(out, key, log=log, witness_keys=witness_keys, quorum=witness_quorum,
-                             state_file=state_file)
+                             state_file=state_file, no_witness=no_witness, max_age=_age(max_age))
     except VerificationFailure as exc:
         click.echo(f"FAILED: {exc}", err=True)
         raise SystemExit(1) from None
@@ -115,6 +119,8 @@ def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[P
 @handle_errors
 def report_command(ledger: Path, out: Path | None, overwrite: bool) -> None:
     """Write the auditors' report (Markdown and HTML) of a verified ledger: CONFIDENTIAL."""
+    from phsafe.audit.report import write_report
+
     try:
         md, page = write_report(ledger, out, overwrite=overwrite)
     except LedgerError as exc:
@@ -207,3 +213,15 @@ def empirical_command(ctx: click.Context, tables: tuple[str, ...], mode: str, bu
                 f"({len(result.rows)} rows, {result.seconds:,.0f} s)")
     if result.failed:
         raise SystemExit(1)
+
+
+def _age(text: str):  # noqa: ANN202 -- a timedelta
+    """``7d``, ``36h``, ``90m``, ``3600s``: a duration."""
+    import re
+    from datetime import timedelta
+
+    match = re.fullmatch(r"\s*(\d+)\s*([dhms])\s*", text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration such as 7d, 36h, 90m or 3600s", param_hint="--max-age")
+    value, unit = int(match.group(1)), match.group(2)
+    return timedelta(**{{"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}[unit]: value})

@@ -1,7 +1,9 @@
-"""``phsafe ledger``: create, raise, repair and migrate the privacy-loss ledger.
+"""``phsafe ledger``: create, raise, repair, migrate and cosign the privacy-loss ledger.
 
 ``init`` is the only way a ledger comes to exist: a private run on confidential data refuses a
-ledger that is not there. Every command appends an entry that says what was done and why.
+ledger that is not there. Every command appends an entry that says what was done and why, and
+every one works on the ledger with its public log: a ledger whose log, log key or witness list
+is missing is refused, with one line naming it.
 """
 
 from __future__ import annotations
@@ -29,36 +31,39 @@ def ledger() -> None:
               help="A throwaway ledger for synthetic data (caps not enforced; only non-confidential runs).")
 @click.option("--log-name", default=None, metavar="NAME",
               help="The public log's name, its checkpoints' origin (default: phsafe.privacy-loss/<ledger id>).")
-@click.option("--witness", "witnesses", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              multiple=True, metavar="DIR",
-              help="A witness folder (phsafe witness init) whose cosignature every run needs before it "
-                   "spends; may be repeated.")
+@click.option("--witness", "witnesses", type=(str, click.Path(exists=True, dir_okay=False, path_type=Path)),
+              multiple=True, metavar="URL VKEY",
+              help="A witness service (phsafe witness serve, run by another party) and its verifier key file, "
+                   "whose cosignature every run needs before it spends; may be repeated.")
 @click.option("--witness-quorum", type=click.IntRange(min=1), default=None, metavar="K",
-              help="How many of the --witness folders must cosign (default: all).")
+              help="How many of the --witness services must cosign (default: all).")
 @click.option("--ledger-cap", default=None, metavar="RHO",
               help="Optional: a cap on all datasets' spends together (never raised).")
 @handle_errors
 def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool,
-                 log_name: str | None, witnesses: tuple[Path, ...], witness_quorum: int | None,
+                 log_name: str | None, witnesses: tuple[tuple[str, Path], ...], witness_quorum: int | None,
                  ledger_cap: str | None) -> None:
-    """Create the ledger PATH, its lineage key PATH.key and its public log PATH.public-log/.
+    """Create the ledger PATH, its lineage key PATH.key and its public log PATH.public-log/,
+    bound to the ledger from its first entry (with the witnesses' keys and quorum).
 
     Set the policy before any data is seen. Keep PATH.key and PATH.log.key (the public log's
     signing key) with the ledger, inside the enclave: they are never published. Publish the
-    folder PATH.public-log/ and give auditors its verifier key, log.vkey.
+    folder PATH.public-log/ and give auditors its verifier key, log.vkey; give it to each
+    witness's operator too (phsafe witness serve --log log.vkey).
     """
     from phsafe.config import PrivacyDefinition
 
     start(None)
     from phsafe.amounts import format_exact
     from phsafe.engine import code_version
-    from phsafe.ledger import init_ledger, key_path
+    from phsafe.ledger import key_path
+    from phsafe.publog import create_ledger
 
-    made = init_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
-                       privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
-                       code_version=code_version(), log_name=log_name, witnesses=witnesses,
-                       witness_quorum=witness_quorum,
-                       ledger_cap=parse_amount(ledger_cap, "--ledger-cap"))
+    made = create_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
+                         privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
+                         code_version=code_version(), log_name=log_name,
+                         witnesses=[(url, _read_key(vkey)) for url, vkey in witnesses],
+                         witness_quorum=witness_quorum, ledger_cap=parse_amount(ledger_cap, "--ledger-cap"))
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
@@ -73,11 +78,21 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
                f"verifier key (give it to auditors) is {log_path(made.path) / 'log.vkey'}")
     click.echo(f"phsafe: the log's signing key is {log_key_path(made.path)} -- keep it with the ledger; never publish it")
     if witnesses:
-        click.echo(f"phsafe: every run needs the cosignature of the witnesses listed in {witnesses_path(made.path)} "
-                   "before it spends")
+        click.echo(f"phsafe: every run needs the cosignature of {witness_quorum or len(witnesses)} of the "
+                   f"{len(witnesses)} witnesses listed in {witnesses_path(made.path)} before it spends; give each "
+                   f"witness's operator the log's verifier key (phsafe witness serve --log {log_path(made.path)}/log.vkey)")
     else:
         click.echo("phsafe: no witness: a copy of this ledger could spend the cap again unnoticed until the logs "
-                   "are compared (see the README, 'Witnesses'); add one with --witness DIR at init")
+                   "are compared (docs/public_log.md, 'Witnesses'); witnesses are bound at init (--witness URL VKEY)")
+
+
+def _read_key(path: Path) -> str:
+    from phsafe.errors import PHSafeError
+
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PHSafeError(f"cannot read the witness key {path}: {exc}") from None
 
 
 @ledger.command("raise-cap")
@@ -107,14 +122,11 @@ def repair_command(path: Path) -> None:
     verify; anything else is left untouched and reported.
     """
     start(None)
-    from phsafe.ledger import repair_ledger
+    from phsafe.publog import log_path, open_ledger, public_log_of, repair_ledger
 
     repair = repair_ledger(path)
-    from phsafe.engine import open_ledger
-
-    from phsafe.publog.log import log_path, repair_public_log
-
-    size = repair_public_log(open_ledger(path))
+    log = public_log_of(open_ledger(path))
+    size = log.projected if log is not None else None
     if size is not None:
         click.echo(f"phsafe: the public log {log_path(path)} is in step with the ledger ({size} entries)")
     if repair is None:
@@ -126,22 +138,52 @@ def repair_command(path: Path) -> None:
 
 @ledger.command("migrate")
 @click.argument("path", type=EXISTING_FILE)
-@click.option("--lifetime-cap", required=True, metavar="RHO", help="Every dataset's lifetime cap from now on.")
-@click.option("--reason", required=True, metavar="TEXT", help="Why this policy (recorded).")
+@click.option("--lifetime-cap", default=None, metavar="RHO",
+              help="First format: every dataset's lifetime cap from now on.")
+@click.option("--reason", required=True, metavar="TEXT", help="Why (recorded).")
 @click.option("--privacy-defn", type=click.Choice(["zcdp", "puredp"]), default="zcdp", show_default=True)
-@click.option("--dataset", default=None, metavar="NAME", help="The name of the ledger's one old dataset.")
+@click.option("--dataset", default=None, metavar="NAME", help="First format: the name of the ledger's one old dataset.")
 @click.option("--map", "mapping", multiple=True, metavar="ID=NAME",
-              help="Name an old dataset id (8+ hex digits of it); repeat for each.")
+              help="First format: name an old dataset id (8+ hex digits of it); repeat for each.")
+@click.option("--witness", "witnesses", type=(str, click.Path(exists=True, dir_okay=False, path_type=Path)),
+              multiple=True, metavar="URL VKEY",
+              help="Binding a public log: a witness service and its verifier key file; may be repeated.")
+@click.option("--witness-quorum", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Binding a public log: how many of the --witness services must cosign (default: all).")
 @handle_errors
-def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, dataset: str | None,
-                    mapping: tuple[str, ...]) -> None:
-    """Give a ledger of the first format a policy and dataset names, in place (LEDGER_MIGRATED).
+def migrate_command(path: Path, lifetime_cap: str | None, reason: str, privacy_defn: str, dataset: str | None,
+                    mapping: tuple[str, ...], witnesses: tuple[tuple[str, Path], ...],
+                    witness_quorum: int | None) -> None:
+    """Bring a ledger of an earlier format to this one, in place.
 
-    Its history stays as it is and still verifies; its old runs count against the named
-    datasets from now on.
+    A ledger of the first format gets a policy and dataset names (LEDGER_MIGRATED; give
+    --lifetime-cap and --dataset or --map). A ledger made before ledgers were bound to their
+    public log gets its log bound (LOG_BOUND), with the witness services given (a ledger that
+    listed witnesses must name the services that replace them). Its history stays as it is and
+    still verifies.
     """
     from phsafe.config import PrivacyDefinition
 
+    start(None)
+    from phsafe.ledger import read_ledger
+
+    if read_ledger(path).awaits_log_binding:
+        if lifetime_cap is not None or dataset is not None or mapping:
+            raise click.UsageError("this ledger has a policy: only its public log is bound (--witness, --reason)")
+        from phsafe.publog import bind_public_log, log_path
+
+        bound = bind_public_log(path, reason=reason, witnesses=[(url, _read_key(vkey)) for url, vkey in witnesses],
+                                witness_quorum=witness_quorum)
+        binding = bound.state.public_log
+        assert binding is not None
+        click.echo(f"phsafe: bound the public log {log_path(bound.path)} ({binding['origin']}) to {bound.path} "
+                   f"(entry {bound.state.public_log_seq}), with {len(binding['witnesses'])} witness(es), "
+                   f"quorum {binding['quorum']}")
+        return
+    if witnesses or witness_quorum:
+        raise click.UsageError("--witness binds a public log; this ledger is of the first format (it has no log)")
+    if lifetime_cap is None:
+        raise click.UsageError("give --lifetime-cap RHO: the policy of a ledger of the first format")
     if (dataset is None) == (not mapping):
         raise click.UsageError("give --dataset NAME (one old dataset) or --map ID=NAME for each")
     names: dict[str, str] | str = dataset if dataset is not None else {}
@@ -150,7 +192,6 @@ def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: st
         if not sep:
             raise click.BadParameter(f"{item!r} is not ID=NAME", param_hint="--map")
         names[old.strip()] = name.strip()  # type: ignore[index]
-    start(None)
     from phsafe.engine import code_version
     from phsafe.ledger import migrate_ledger
 
@@ -159,3 +200,25 @@ def migrate_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: st
                               code_version=code_version())
     click.echo(f"phsafe: migrated {migrated.path}; datasets: "
                + ", ".join(sorted(set(migrated.state.legacy_names.values()))))
+
+
+@ledger.command("cosign")
+@click.argument("path", type=EXISTING_FILE)
+@handle_errors
+def cosign_command(path: Path) -> None:
+    """Ask the witnesses to cosign the public log's checkpoint as it is (nothing is appended).
+
+    Outsiders refuse a checkpoint whose cosignatures are older than a week (phsafe audit public
+    --max-age): run this daily (a timer) so that a log without new releases stays fresh. Exits 1
+    with one line when fewer witnesses than the quorum cosign.
+    """
+    start(None)
+    from phsafe.publog import cosign_public_log, log_path
+
+    ledger, cosigners = cosign_public_log(path)
+    if ledger.state.public_log is None:
+        click.echo(f"phsafe: {path} has no public log bound to it; nothing to cosign")
+        return
+    shown = ", ".join(cosigners) if cosigners else "no witness (none bound)"
+    click.echo(f"phsafe: the public log {log_path(ledger.path)} ({ledger.state.public_log['origin']}) is cosigned by "
+               f"{shown} at {len(ledger.state.lines)} ledger entries")

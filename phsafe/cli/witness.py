@@ -1,13 +1,15 @@
-"""``phsafe witness``: a witness of public privacy-loss logs, kept apart from the ledgers it watches.
+"""``phsafe witness``: a witness of public privacy-loss logs, run by another party than the enclave.
 
-``init`` makes a witness folder (its cosigning key, 0600, and its public verifier key);
-``trust`` tells it to witness a log; ``cosign`` checks a log's new checkpoint against the last
-one it cosigned (consistency) and adds its cosignature. A ledger made with ``phsafe ledger init
---witness DIR`` asks the witness itself, before every spend.
+``init`` makes a witness's key pair (its cosigning key, 0600, and its public verifier key);
+``serve`` runs the witness as an HTTP service speaking C2SP tlog-witness
+(:mod:`phsafe.tlog.witness_server`): it cosigns a log's new checkpoint only if it extends the
+last one it cosigned. A ledger knows its witnesses by their public keys and URLs only
+(``phsafe ledger init --witness URL VKEY``) and asks them over HTTP before every spend.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -15,7 +17,6 @@ import click
 from phsafe.cli._common import PATH, handle_errors, start
 
 _FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
-_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
 @click.group()
@@ -28,68 +29,93 @@ def witness() -> None:
 @click.option("--name", required=True, metavar="NAME", help="The witness's name (e.g. witness.census.example).")
 @handle_errors
 def init_command(folder: Path, name: str) -> None:
-    """Create the witness FOLDER: its cosigning key (0600) and its verifier key (public).
+    """Create the witness's keys in FOLDER: witness.key (0600, its cosigning key) and
+    witness.vkey (public: give it to the ledger's operators and to auditors).
 
-    Keep FOLDER apart from the ledgers it witnesses (another volume or host): a witness whose
-    state is copied with a ledger protects nothing.
+    Keep FOLDER on the witness's own host, apart from the ledgers it witnesses: a witness whose
+    key or state the enclave's operators hold protects nothing.
     """
     start(None)
-    from phsafe.publog.witness import WITNESS_VKEY, init_witness
+    from phsafe.publog.witnesses import WITNESS_KEY, WITNESS_VKEY, init_witness
 
     vkey = init_witness(folder, name)
-    click.echo(f"phsafe: created the witness {folder}; its verifier key (give it to auditors) is "
-               f"{Path(folder).absolute() / WITNESS_VKEY}:")
+    folder = Path(folder).absolute()
+    click.echo(f"phsafe: created the witness key {folder / WITNESS_KEY} (keep it on this host, never copy it); its "
+               f"verifier key (give it to the ledger's operators and to auditors) is {folder / WITNESS_VKEY}:")
     click.echo(vkey)
 
 
-@witness.command("trust")
-@click.argument("folder", type=_DIR)
-@click.option("--log-key", "log_key", type=_FILE, required=True, metavar="VKEY", help="The log's verifier key file.")
+def _log_keys(values: tuple[str, ...]) -> list:  # noqa: ANN201 -- tlog verifiers
+    """Each --log value: a verifier key file, or a verifier key itself."""
+    from phsafe.errors import PHSafeError, TlogError
+    from phsafe.tlog.keys import verifier_from_key
+    from phsafe.tlog.note import ALG_ED25519
+
+    keys = []
+    for value in values:
+        path = Path(value)
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else value
+            verifier = verifier_from_key(text)
+        except (OSError, UnicodeDecodeError, TlogError) as exc:
+            raise PHSafeError(f"--log {value}: not a log's verifier key, nor a file holding one ({exc})") from None
+        if verifier.alg != ALG_ED25519:
+            raise PHSafeError(f"--log {value}: a witness's key, not a log's (a log signs with type 0x01)")
+        keys.append(verifier)
+    return keys
+
+
+@witness.command("serve")
+@click.option("--key", "key", type=_FILE, required=True, metavar="KEY",
+              help="The witness's cosigning key (witness.key from `phsafe witness init`; mode 0600).")
+@click.option("--state", "state", type=PATH, required=True, metavar="DIR",
+              help="The witness's state: the last checkpoint it cosigned per log (created if missing; "
+                   "one witness process per state).")
+@click.option("--log", "logs", multiple=True, metavar="VKEY",
+              help="A log to witness: its verifier key, or a file holding it (log.vkey); may be repeated.")
+@click.option("--logs", "logs_folder", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="A folder of logs' verifier keys (*.vkey) to witness too, read again when it changes: "
+                   "a log is added by putting its key there, without a restart.")
+@click.option("--bind", "bind", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT",
+              help="Where to listen (port 0: a free port, printed when it listens).")
 @handle_errors
-def trust_command(folder: Path, log_key: Path) -> None:
-    """Witness the log whose verifier key is VKEY from now on."""
-    start(None)
-    from phsafe.publog.witness import WitnessFolder
+def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Path | None, bind: str) -> None:
+    """Run the witness: C2SP tlog-witness add-checkpoint over HTTP, until SIGINT or SIGTERM.
 
-    vkey = log_key.read_text(encoding="utf-8").strip()
-    WitnessFolder(folder.absolute()).trust_log(vkey)
-    click.echo(f"phsafe: {folder} witnesses the log {vkey.split('+', 1)[0]}")
-
-
-@witness.command("cosign")
-@click.argument("folder", type=_DIR)
-@click.argument("log", type=_DIR)
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
-              help="Write the cosigned checkpoint here (default: print it).")
-@handle_errors
-def cosign_command(folder: Path, log: Path, out: Path | None) -> None:
-    """Cosign the checkpoint of the published log LOG, if it extends the last one cosigned.
-
-    Reads LOG/checkpoint and LOG/entries, proves consistency from the checkpoint this witness
-    last cosigned for the log to the new one, and cosigns; a log that does not extend it (a
-    fork, a rolled-back or stale copy) is refused with one line, and nothing is cosigned.
+    POST <URL>/add-checkpoint with the old size, a consistency proof and the new checkpoint:
+    200 and its cosignature if the checkpoint extends the last one it cosigned for that log; 409
+    with the size it knows on a stale request; 422 on a proof that does not verify. Prints one
+    line with its URL once it listens.
     """
     start(None)
-    from phsafe.errors import PHSafeError, WitnessRefusal
-    from phsafe.publog.witness import WitnessFolder
-    from phsafe.tlog import parse_checkpoint, parse_note, read_published_log, request_cosignature
-    from phsafe.tlog.layout import CHECKPOINT_FILE
+    from phsafe.errors import PHSafeError
+    from phsafe.tlog.files import read_signer_key
+    from phsafe.tlog.note import ALG_COSIGNATURE_V1
+    from phsafe.tlog.witness_server import LogKeys, WitnessState, open_witness, parse_bind, serve
 
-    witness_folder = WitnessFolder(folder.absolute())
-    w = witness_folder.witness()
-    checkpoint = (log / CHECKPOINT_FILE).read_bytes()
-    origin = parse_checkpoint(parse_note(checkpoint)[0]).origin
-    verifier = witness_folder.log_verifier(origin)
-    if verifier is None:
-        raise PHSafeError(f"this witness does not witness the log {origin!r} (phsafe witness trust)")
-    published = read_published_log(log, verifier)
     try:
-        cosigned = request_cosignature(w, published.log, published.checkpoint.message)
-    except WitnessRefusal as refusal:
-        raise PHSafeError(f"refused to cosign {origin} at {published.checkpoint.checkpoint.size} entries: "
-                          f"{refusal}") from None
-    if out is not None:
-        out.write_bytes(cosigned)
-        click.echo(f"phsafe: cosigned {origin} at {published.checkpoint.checkpoint.size} entries; wrote {out}")
-    else:
-        click.echo(cosigned.decode("utf-8"), nl=False)
+        host, port = parse_bind(bind)
+    except ValueError as exc:
+        raise PHSafeError(f"--bind: {exc}") from None
+    if not logs and logs_folder is None:
+        raise PHSafeError("give the logs to witness: --log VKEY (repeatable) or --logs DIR")
+    signer = read_signer_key(key)
+    if signer.alg != ALG_COSIGNATURE_V1:
+        raise PHSafeError(f"--key {key}: a log's signing key, not a witness's (cosignature/v1, type 0x04)")
+    if logs_folder is not None:
+        logs_folder.mkdir(parents=True, exist_ok=True)
+    keys = LogKeys(_log_keys(logs), logs_folder, read_key=lambda path: _log_keys((str(path),))[0])
+    held = WitnessState(state)
+    try:
+        witness = open_witness(signer, keys, held)  # type: ignore[arg-type]
+        origins = ", ".join(witness().origins) or "no log yet"
+        also = f" and the logs whose keys are in {logs_folder}" if logs_folder is not None else ""
+
+        def ready(url: str) -> None:
+            click.echo(f"phsafe: witness {signer.name} serves {origins}{also} at {url} (state {held.folder})")
+            sys.stdout.flush()
+
+        serve(witness, host, port, ready=ready)
+    finally:
+        held.close()
+    click.echo(f"phsafe: witness {signer.name} stopped")

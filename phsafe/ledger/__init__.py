@@ -3,11 +3,13 @@
 The ledger is confidential: it stays inside the enclave with the data. What the public sees of it
 is a signed checkpoint (size and head hash), in each release's manifest a keyed lineage
 commitment, and the public privacy-loss log beside it -- the projection of its public facts,
-kept in step under its lock (:mod:`phsafe.publog`). Its format and rules are specified in
-:mod:`phsafe.ledger.format`'s docstring.
+kept in step under its lock. This package never imports the log: the log (:mod:`phsafe.publog`)
+registers itself as the ledger's follower (:class:`~phsafe.ledger.store.AppendFollower`), and the
+ledger's first entry binds it, so a ledger bound to its log appends nothing without it. Its
+format and rules are specified in :mod:`phsafe.ledger.format`'s docstring.
 
-The rules read apart from the files: a check per entry kind over a state built in memory, and
-the file handling around it.
+The rules, the file and the log read apart: a check per entry kind over a state built in memory,
+the file handling around it, and followers known by a protocol.
 
 =====================  ===================================================================
 :mod:`.format`         the specification; canonical JSON, hashing, entry kinds, line parsing
@@ -16,10 +18,11 @@ the file handling around it.
 :mod:`.rules`          one check per entry kind, through the table ``RULES``
 :mod:`.first_format`   the rules of ledgers written before policies, where they differ
 :mod:`.replay`         the one apply, used on open, on append and by the audit
-:mod:`.store`          paths, the lock, catching up, appends with rollback and fsync
+:mod:`.store`          the file opened once and followed, the lock, followers, durable appends
 :mod:`.keys`           the lineage key, keyed commitments, checkpoint signing
-:mod:`.admin`          ``phsafe ledger init``, ``repair`` and ``migrate``
-:mod:`.runs`           :class:`Ledger` (datasets, caps, runs) and :class:`RunRecorder`
+:mod:`.admin`          ``phsafe ledger init``, ``repair`` and ``migrate`` (the ledger's part)
+:mod:`.runs`           :class:`Ledger` (datasets, caps, runs), :class:`RunRecorder`, and the
+                       operator's messages for the rules' refusals
 =====================  ===================================================================
 
 Exact amounts are :mod:`phsafe.amounts`'s; the ledger's errors are :mod:`phsafe.errors`'s. The
@@ -30,8 +33,10 @@ from __future__ import annotations
 
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, parse_exact
 from phsafe.errors import LedgerError, TornTailError
-from phsafe.ledger.admin import Repair, init_ledger, migrate_ledger, repair_ledger
+from phsafe.ledger.admin import Repair, bind_public_log, init_ledger, migrate_ledger, repair_ledger
 from phsafe.ledger.format import (
+    FAILURE_CODES,
+    FAILURE_STAGES,
     FORMAT,
     GENESIS_HASH,
     LEDGER_KINDS,
@@ -61,16 +66,18 @@ from phsafe.ledger.state import (
     RunState,
     RunStatus,
 )
-from phsafe.ledger.store import check_ledger_file, lock_path, read_ledger
+from phsafe.ledger.store import AppendFollower, FollowerSource, check_ledger_file, lock_path, read_ledger
 
 __all__ = [
     # the ledger and its runs
-    "Ledger", "RunRecorder", "Orchestration", "init_ledger", "repair_ledger", "migrate_ledger", "Repair",
-    "read_ledger", "replay", "check_ledger_file", "check_ledger_kind", "plan_charge",
+    "Ledger", "RunRecorder", "Orchestration", "init_ledger", "repair_ledger", "migrate_ledger", "bind_public_log",
+    "Repair", "read_ledger", "replay", "check_ledger_file", "check_ledger_kind", "plan_charge",
+    # what follows the ledger (its public log) knows it by
+    "AppendFollower", "FollowerSource",
     # what a ledger says
     "LedgerState", "RunState", "RunAttempt", "RunStatus", "PlannedSpend", "DatasetState", "Policy",
     # the format
-    "EntryKind", "LEDGER_KINDS", "FORMAT", "GENESIS_HASH", "canonical_json", "entry_hash", "checkpoint_message",
+    "EntryKind", "LEDGER_KINDS", "FORMAT", "FAILURE_CODES", "FAILURE_STAGES", "GENESIS_HASH", "canonical_json", "entry_hash", "checkpoint_message",
     "dataset_id",
     # keys and files
     "key_id", "key_path", "lock_path", "read_lineage_key", "lineage_commitment", "load_signing_key",

@@ -1,9 +1,11 @@
 """Creating, repairing and migrating a ledger: the operator's ``phsafe ledger`` commands.
 
 A ledger comes to exist only through :func:`init_ledger` (its policy fixed before any data is
-seen); an interrupted write is dropped, and recorded, by :func:`repair_ledger`; a ledger of the
-first format gets a policy by :func:`migrate_ledger`. Every entry they write goes through the same
-rules as every other (:mod:`phsafe.ledger.replay`).
+seen, its public log bound from its first entry); an interrupted write is dropped, and recorded,
+by :func:`repair_ledger`; a ledger of the first format gets a policy by :func:`migrate_ledger`, and
+one of format 2 its log binding by :func:`bind_public_log`. Every entry they write goes through
+the same rules as every other (:mod:`phsafe.ledger.replay`). The public log's files are not
+handled here: :mod:`phsafe.publog` makes and checks them, and attaches the log as a follower.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import fcntl
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
+from phsafe import durable
 from phsafe.amounts import Amount, format_exact, is_infinite
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import BudgetError, LedgerError, PHSafeError, os_reason
+from phsafe.errors import BudgetError, LedgerError, os_reason
 from phsafe.ledger.format import (
     FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now, operator_text,
 )
@@ -28,13 +31,13 @@ from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
 from phsafe.ledger.store import (
-    PRIVATE_FILE, check_ledger_file, lock_path, make_private_folders, not_a_ledger, write_new_file,
+    PRIVATE_FILE, FollowerSource, check_ledger_file, lock_path, make_private_folders, not_a_ledger,
 )
 
 
 def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefinition,
-                 non_confidential: bool, key: bytes, code_version: str,
-                 ledger_cap: Amount | None = None) -> dict[str, Any]:
+                non_confidential: bool, key: bytes, code_version: str,
+                ledger_cap: Amount | None = None, *, ledger_id: str | None = None) -> dict[str, Any]:
     reason = operator_text(reason, "--reason")
     if not reason:
         raise LedgerError("give the reason for the ledger's policy (--reason TEXT); it is recorded")
@@ -51,7 +54,7 @@ def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefiniti
         extra["ledger_cap"] = format_exact(total)
     return {
         **extra,
-        "ledger_id": uuid.uuid4().hex,
+        "ledger_id": ledger_id or new_ledger_id(),
         "format": FORMAT,
         "privacy_defn": privacy_defn.value,
         "lifetime_cap": format_exact(cap),
@@ -62,64 +65,59 @@ def policy_body(lifetime_cap: Amount, reason: str, privacy_defn: PrivacyDefiniti
     }
 
 
+def new_ledger_id() -> str:
+    """A new ledger's id: 32 random hex digits (the public log's default name is made from it)."""
+    return uuid.uuid4().hex
+
+
 def init_ledger(
     path: Path,
     *,
     lifetime_cap: Amount,
     reason: str,
+    public_log: Mapping[str, Any],
+    followers: FollowerSource,
     privacy_defn: PrivacyDefinition = PrivacyDefinition.ZCDP,
     non_confidential: bool = False,
     code_version: str = "unknown",
-    log_name: str | None = None,
-    witnesses: Sequence[Path] = (),
-    witness_quorum: int | None = None,
     ledger_cap: Amount | None = None,
+    ledger_id: str | None = None,
 ) -> Ledger:
-    """Create a ledger: its lineage key ``<path>.key`` (mode 0600), the ``LEDGER_INIT`` entry, and
-    its public privacy-loss log (:mod:`phsafe.publog`): the log key ``<path>.log.key`` (0600) and
-    the log folder ``<path>.public-log/`` with its verifier key ``log.vkey``.
+    """Create a ledger bound to its public log: its lineage key ``<path>.key`` (mode 0600) and
+    the ``LEDGER_INIT`` entry, whose ``public_log`` binds the log from the start.
 
-    The only way a ledger comes to exist. The policy -- every dataset's lifetime cap, in the
-    unit of ``privacy_defn`` -- is fixed here, before any data is seen; raising a dataset's cap
-    later is a ``CAP_RAISED`` entry with its own reason.
+    The only way a ledger comes to exist, and the ledger's part of it: the public log's files
+    and keys are made by its owner (:func:`phsafe.publog.create_ledger`, which calls this), and
+    given here as ``public_log`` (its binding) and ``followers`` (which attach it). The policy --
+    every dataset's lifetime cap, in the unit of ``privacy_defn`` -- is fixed here, before any
+    data is seen; raising a dataset's cap later is a ``CAP_RAISED`` entry with its own reason.
 
     Args:
         path: The ledger file; neither it nor its key file may exist (parent folders are made).
         lifetime_cap: Each dataset's lifetime cap (rho for zCDP, epsilon for pure DP).
         reason: Why this policy (recorded).
+        public_log: The public log's binding: origin, verifier key, witness keys, quorum.
+        followers: Attaches the public log to the new ledger (it projects LEDGER_INIT).
         privacy_defn: The unit of caps and charges.
         non_confidential: A throwaway ledger for synthetic or public data (its caps are not
             enforced, and it takes only non-confidential runs).
         code_version: Recorded.
-        log_name: The public log's name (its checkpoints' origin); default
-            ``phsafe.privacy-loss/<ledger id>``.
-        witnesses: Witness folders (``phsafe witness init``) the ledger requires from now on:
-            each is told to witness the log and cosigns its first checkpoint here.
-        witness_quorum: How many of them must cosign (default: all).
         ledger_cap: A cap on all datasets' spends together (optional; never raised).
+        ledger_id: The ledger's id (default: a new random one).
 
     Raises:
-        LedgerError: The ledger or its key file exists, or cannot be written.
+        LedgerError: The ledger or its key file exists, or cannot be written; the binding is
+            not a valid one.
         BudgetError: The cap is not positive, or Infinity for a confidential ledger.
     """
     path = Path(path).absolute()
     key = new_lineage_key()
-    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version, ledger_cap)
-    from phsafe.publog.log import create_public_log, default_log_name, log_key_path, log_path
-    from phsafe.publog.witness import WitnessFolder, witnesses_path, write_witness_policy
-
-    for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file"),
-                    (log_path(path), "its public log"), (log_key_path(path), "its public log's key"),
-                    (witnesses_path(path), "its witness list")):
+    body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version, ledger_cap,
+                       ledger_id=ledger_id)
+    body["public_log"] = dict(public_log)
+    for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file")):
         if os.path.lexists(p):
             raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")
-    if witness_quorum is not None and not witnesses:
-        raise LedgerError("a witness quorum needs witness folders (--witness DIR)")
-    for folder in witnesses:  # every witness is usable before anything is written
-        try:
-            WitnessFolder(Path(folder).absolute()).witness()
-        except (OSError, PHSafeError) as exc:
-            raise LedgerError(f"{folder} is not a usable witness folder (phsafe witness init): {exc}") from None
     entry: dict[str, Any] = {"seq": 0, "prev": GENESIS_HASH, "kind": EntryKind.LEDGER_INIT.value,
                              "time": now(), "run_id": None, **body}
     entry["hash"] = entry_hash(entry)
@@ -128,8 +126,8 @@ def init_ledger(
         make_private_folders(path.parent)
         write_lineage_key(path, key)
         try:
-            write_new_file(path, canonical_json(entry) + b"\n", PRIVATE_FILE)
-            write_new_file(lock_path(path), b"", PRIVATE_FILE)  # 0600 from the start, not at first use
+            durable.create(path, canonical_json(entry) + b"\n", mode=PRIVATE_FILE)
+            durable.create(lock_path(path), b"", mode=PRIVATE_FILE)  # 0600 from the start, not at first use
         except BaseException:
             # Every file was created here (O_EXCL): a failed init leaves nothing behind.
             for made in (path, lock_path(path), key_path(path)):
@@ -137,16 +135,24 @@ def init_ledger(
             raise
     except OSError as exc:
         raise LedgerError(f"cannot create the ledger {path}: {os_reason(exc)}") from None
-    vkey = create_public_log(path, log_name or default_log_name(body["ledger_id"]))
-    if witnesses:
-        for folder in witnesses:
-            WitnessFolder(Path(folder).absolute()).trust_log(vkey)
-        write_witness_policy(path, list(witnesses), witness_quorum)
-    ledger = Ledger.open(path)  # projects LEDGER_INIT into the log and signs its first checkpoint
-    if witnesses:
-        with ledger.locked():
-            ledger.require_witnesses()
-    return ledger
+    return Ledger.open(path, followers)  # the log projects LEDGER_INIT and signs its first checkpoint
+
+
+def bind_public_log(ledger: Ledger, public_log: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """Record ``LOG_BOUND``: a ledger of format 2 is bound to its public log from now on.
+
+    The log must follow the ledger already (:meth:`~phsafe.ledger.store.LedgerFile.add_follower`
+    with this binding): :func:`phsafe.publog.bind_public_log` does both.
+
+    Raises:
+        LedgerError: The ledger is bound already, has no log to bind (migrated from the first
+            format), or no reason is given.
+    """
+    reason = operator_text(reason, "--reason")
+    if not reason:
+        raise LedgerError("give the reason for binding the public log (--reason TEXT); it is recorded")
+    with ledger.locked():
+        return ledger.append_entries([(EntryKind.LOG_BOUND, None, {"public_log": dict(public_log), "reason": reason})])[0]
 
 
 def _damaged(path: Path, exc: LedgerError) -> LedgerError:
@@ -170,12 +176,16 @@ class Repair:
     seq: int
 
 
-def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by phsafe ledger repair") -> Repair | None:
+def repair_ledger(path: Path, *, followers: FollowerSource | None = None,
+                  reason: str = "incomplete last entry dropped by phsafe ledger repair") -> Repair | None:
     """Drop an incomplete last line (an interrupted write) and record ``TAIL_REPAIRED``.
 
     The standard write-ahead-log recovery: every complete entry must verify; the bytes after the
     last newline are cut off (fsynced), and a ``TAIL_REPAIRED`` entry records their length and
     SHA-256. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
+
+    A ledger bound to its public log is repaired only with it: ``followers`` checks the log
+    before anything is cut, and attaches it to record ``TAIL_REPAIRED``.
 
     Returns:
         What was dropped, or None if the ledger ends in a complete entry and verifies (nothing
@@ -198,6 +208,11 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
             state = replay(data[:cut])
         except LedgerError as exc:
             raise _damaged(path, exc) from None
+        if state.public_log is not None:
+            if followers is None:
+                raise LedgerError(f"the ledger {path} is bound to its public log {state.public_log['origin']}: it is "
+                                  "repaired only with it (phsafe.publog.repair_ledger)")
+            followers.check(path, state)  # a missing or foreign log refuses the repair: nothing is cut
         if data.endswith(b"\n"):
             return None
         if state.size == 0:
@@ -215,7 +230,7 @@ def repair_ledger(path: Path, *, reason: str = "incomplete last entry dropped by
     finally:
         os.close(lock_fd)
     digest = hashlib.sha256(dropped).hexdigest()
-    ledger = Ledger.open(path)
+    ledger = Ledger.open(path, followers)
     with ledger.locked():
         entry = ledger.append_entries([(EntryKind.TAIL_REPAIRED, None, {
             "dropped_bytes": len(dropped), "dropped_sha256": digest, "reason": clean_text(reason) or "repaired",

@@ -20,6 +20,7 @@ Format
 
     Ledger entries: ``LEDGER_INIT`` (entry 0 of every ledger made by ``phsafe ledger init``),
     ``LEDGER_MIGRATED`` (turns a ledger of the first format into this one, see "Migration"),
+    ``LOG_BOUND`` (binds its public log to a ledger of format 2, see "The public log"),
     ``CAP_RAISED``, ``DATASET_VERSION``, ``TAIL_REPAIRED``. Run entries: ``RUN_STARTED``,
     ``INTENT``, ``COMMITTED``, ``OUTPUTS_PUBLISHED``, ``RUN_FINISHED``, ``RUN_FAILED``,
     ``RUN_RESUMED``.
@@ -60,6 +61,25 @@ Overlap between datasets
     ``LEDGER_INIT`` may also fix ``ledger_cap``: a cap on the spends of all the ledger's datasets
     together (their odometers summed), checked wherever a dataset's cap is -- a run's start, a
     resume, a re-spend. Unlike a dataset's cap it is never raised.
+
+The public log
+    A ledger of this format (3) is bound to its public privacy-loss log from its first entry:
+    ``LEDGER_INIT`` carries ``public_log``, ``{"origin": the log's name, "vkey": its verifier key,
+    "witnesses": [the verifier key of every witness], "quorum": how many of them must cosign}``
+    (no witness: ``[]`` and 0). The ledger appends nothing unless a follower with exactly that
+    binding is attached (:meth:`~phsafe.ledger.store.LedgerFile.add_follower`: the public log,
+    :mod:`phsafe.publog`, which refuses to attach when its folder, its key or its witness list is
+    missing or is another's) -- so a ledger copied without its log, or with its witnesses
+    removed, spends nothing. The ledger itself reads no log file: it only compares bindings.
+    Ledgers of format 2 (made before the binding) verify as they are, but take no entry other
+    than ``TAIL_REPAIRED`` until ``phsafe ledger migrate`` appends ``LOG_BOUND`` (``public_log``
+    and a ``reason``); from then on they are of format 3. A ledger migrated from the first format
+    has no public log (its first runs cannot be projected) and needs none.
+
+    ``RUN_FAILED`` of format 3 carries ``code``, the reason's kind from :data:`FAILURE_CODES`, and
+    ``stage``: ``measure`` while a planned measurement of the attempt is not committed,
+    ``release`` once all are (writing, checking and publishing the release). The public log gets
+    these two; ``reason``, the operator's message (it may name enclave paths), stays here.
 
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
@@ -177,8 +197,27 @@ ENTRY_DOMAIN = b"phsafe-ledger-entry-v1\x00"
 CHECKPOINT_DOMAIN = b"phsafe-ledger-checkpoint-v1\x00"
 DATASET_DOMAIN = b"phsafe-dataset-v1\x00"
 GENESIS_HASH = "0" * 64
-FORMAT = 2
-"""The ledger format that LEDGER_INIT and LEDGER_MIGRATED introduce (the first had no genesis)."""
+FORMAT = 3
+"""The ledger format that LEDGER_INIT and LEDGER_MIGRATED write now: 1 had no genesis, 2 no
+binding to its public log (``LOG_BOUND`` brings a ledger of format 2 to 3)."""
+FORMATS = (2, 3)
+"""The formats a LEDGER_INIT or LEDGER_MIGRATED may state."""
+
+FAILURE_CODES = (
+    "interrupted",          # a stop request (Ctrl-C, SIGTERM, a cancelled flow run)
+    "witness-unreachable",  # too few of the public log's witnesses answered
+    "witness-refused",      # the witnesses refused the log: a copied or rolled-back ledger
+    "budget-refused",       # a re-spend the cap does not admit
+    "ledger-error",         # the ledger or its public log could not be written or read
+    "outputs-invalid",      # the release failed its output validation
+    "output-exists",        # the output folder holds something else
+    "storage-error",        # a file system refused a write (space, permissions, I/O)
+    "refused",              # another check refused the run (a key, a setting)
+    "internal-error",       # a defect of this code
+)
+"""The kinds of failure a RUN_FAILED of format 3 names publicly (``code``)."""
+FAILURE_STAGES = ("measure", "release")
+"""Where an attempt failed (``stage``): before all its measurements were committed, or after."""
 
 
 class EntryKind(str, enum.Enum):
@@ -196,10 +235,11 @@ class EntryKind(str, enum.Enum):
     RUN_FINISHED = "RUN_FINISHED"
     RUN_FAILED = "RUN_FAILED"
     RUN_RESUMED = "RUN_RESUMED"
+    LOG_BOUND = "LOG_BOUND"
 
 
 LEDGER_KINDS = frozenset({EntryKind.LEDGER_INIT, EntryKind.LEDGER_MIGRATED, EntryKind.CAP_RAISED,
-                          EntryKind.DATASET_VERSION, EntryKind.TAIL_REPAIRED})
+                          EntryKind.DATASET_VERSION, EntryKind.TAIL_REPAIRED, EntryKind.LOG_BOUND})
 """Entries about the ledger or a dataset, not a run: their ``run_id`` is null."""
 
 
@@ -284,9 +324,16 @@ BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
     EntryKind.COMMITTED: frozenset({"key", "intent_seq", "intent_hash", "noisy_digest"}),
     EntryKind.OUTPUTS_PUBLISHED: frozenset({"files", "output"}),
     EntryKind.RUN_FINISHED: frozenset({"spent"}),
-    EntryKind.RUN_FAILED: frozenset({"spent", "reason"}),
+    EntryKind.RUN_FAILED: frozenset({"spent", "reason", "code", "stage"}),
     EntryKind.RUN_RESUMED: frozenset({"config_digest", "dataset", "fingerprint", "code_version", "reason"}),
+    EntryKind.LOG_BOUND: frozenset({"public_log", "reason"}),
 }
+FORMAT_2_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
+    EntryKind.RUN_FAILED: frozenset({"spent", "reason"}),
+}
+"""Entries of format 2 (before the public log was bound) whose fields differ."""
+LOG_BINDING_FIELDS = frozenset({"origin", "vkey", "witnesses", "quorum"})
+"""The fields of ``public_log`` (LEDGER_INIT of format 3, LOG_BOUND)."""
 FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
     EntryKind.RUN_STARTED: frozenset(
         {
@@ -302,12 +349,13 @@ FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
 OPTIONAL_FIELDS: dict[EntryKind, frozenset[str]] = {
-    EntryKind.LEDGER_INIT: frozenset({"ledger_cap"}),
+    EntryKind.LEDGER_INIT: frozenset({"ledger_cap", "public_log"}),
     EntryKind.DATASET_VERSION: frozenset({"sketch", "overlap"}),
     EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
     EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
 }
-"""Fields a format-2 entry may leave out (absent means null; a present one is never null)."""
+"""Fields an entry may leave out (absent means null; a present one is never null). LEDGER_INIT
+of format 3 must have ``public_log`` and of format 2 must not (:mod:`phsafe.ledger.rules`)."""
 ORCHESTRATION_FIELDS = frozenset({"system", "flow_run_id", "parent_flow_run_id"})
 PLANNED_FIELDS = frozenset(
     {"key", "table", "level", "budget", "sensitivity", "tau", "n_cells", "distribution",
@@ -404,15 +452,16 @@ def operator_text(text: str | None, what: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def parse_line(line: bytes, *, seq: int, prev: str, first_format: bool) -> dict[str, Any]:
+def parse_line(line: bytes, *, seq: int, prev: str, format: int) -> dict[str, Any]:
     """Decode one line (without its newline) and check its encoding and chain fields.
 
     Args:
         line: The line's bytes.
         seq: The sequence number the entry must have (the number of entries before it).
         prev: The hash of the previous entry (:data:`GENESIS_HASH` for the first).
-        first_format: The ledger has no policy yet (first format): the entries have the fields
-            of :data:`FIRST_FORMAT_BODY_FIELDS` where they differ, and no optional field.
+        format: The ledger's format so far (1: no policy yet; 2: no bound public log; 3): the
+            entries have the fields of :data:`FIRST_FORMAT_BODY_FIELDS` (format 1, and no
+            optional field) or :data:`FORMAT_2_BODY_FIELDS` (format 2) where they differ.
 
     Raises:
         LedgerError: naming the entry and what is wrong with it.
@@ -440,9 +489,9 @@ def parse_line(line: bytes, *, seq: int, prev: str, first_format: bool) -> dict[
             kind_enum = EntryKind(kind_text)
         except ValueError:
             raise LedgerRuleViolation(f"unknown kind {kind_text!r}") from None
-        expected = COMMON_FIELDS | body_fields(kind_enum, first_format=first_format)
         policy_entry = kind_enum in (EntryKind.LEDGER_INIT, EntryKind.LEDGER_MIGRATED)  # sets the format itself
-        optional = frozenset() if first_format and not policy_entry else OPTIONAL_FIELDS.get(kind_enum, frozenset())
+        expected = COMMON_FIELDS | body_fields(kind_enum, format=FORMAT if policy_entry else format)
+        optional = frozenset() if format == 1 and not policy_entry else OPTIONAL_FIELDS.get(kind_enum, frozenset())
         for name in optional & set(entry):
             if entry[name] is None:
                 raise LedgerRuleViolation(f"{name} is null: an optional field is left out, never written as null")
@@ -472,10 +521,13 @@ def parse_line(line: bytes, *, seq: int, prev: str, first_format: bool) -> dict[
     return entry
 
 
-def body_fields(kind: EntryKind, *, first_format: bool = False) -> frozenset[str]:
-    """The body fields an entry of ``kind`` has (besides :data:`COMMON_FIELDS`)."""
-    if first_format and kind in FIRST_FORMAT_BODY_FIELDS:
+def body_fields(kind: EntryKind, *, format: int = FORMAT) -> frozenset[str]:
+    """The body fields an entry of ``kind`` has (besides :data:`COMMON_FIELDS`) in a ledger of
+    ``format``."""
+    if format == 1 and kind in FIRST_FORMAT_BODY_FIELDS:
         return FIRST_FORMAT_BODY_FIELDS[kind]
+    if format <= 2 and kind in FORMAT_2_BODY_FIELDS:
+        return FORMAT_2_BODY_FIELDS[kind]
     return BODY_FIELDS[kind]
 
 

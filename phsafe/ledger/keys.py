@@ -21,7 +21,8 @@ from phsafe.parameters import option
 from phsafe.ledger.format import canonical_json, checkpoint_message
 from phsafe.ledger.policy import Policy
 from phsafe.ledger.state import RunState
-from phsafe.ledger.store import regular_file, write_new_file
+from phsafe import durable
+from phsafe.ledger.store import regular_file
 
 KEY_ID_DOMAIN = b"phsafe-lineage-key-id-v1\x00"
 LINEAGE_DOMAIN = b"phsafe-release-lineage-v1\x00"
@@ -85,7 +86,7 @@ def write_lineage_key(ledger_path: Path, key: bytes) -> None:
     Raises:
         OSError: The file exists or cannot be written.
     """
-    write_new_file(key_path(ledger_path), key.hex().encode("ascii") + b"\n", 0o600)
+    durable.create(key_path(ledger_path), key.hex().encode("ascii") + b"\n", mode=0o600)
 
 
 def load_signing_key(path: Path, public_key: Path | None = None) -> Any:

@@ -34,6 +34,7 @@ class Policy:
         key_id: Identifies the lineage key (``<ledger>.key``) without revealing it.
         seq: The entry that set the policy (0, or the ``LEDGER_MIGRATED`` entry).
         ledger_cap: The cap on all datasets' spends together, if ``ledger init`` set one.
+        format: The format the policy entry states (2: no public log bound at init; 3).
     """
 
     ledger_id: str
@@ -44,6 +45,7 @@ class Policy:
     key_id: str
     seq: int
     ledger_cap: Amount | None = None
+    format: int = 3
 
 
 def convert(budget: Amount, source: PrivacyDefinition, unit: PrivacyDefinition) -> Amount:

@@ -24,7 +24,7 @@ def parse(state: LedgerState, line: bytes) -> dict[str, Any]:
     Raises:
         LedgerError: naming the entry and what is wrong with it.
     """
-    return parse_line(line, seq=state.size, prev=state.head_hash, first_format=state.policy is None)
+    return parse_line(line, seq=state.size, prev=state.head_hash, format=state.format)
 
 
 def check(state: LedgerState, entry: Mapping[str, Any]) -> Commit:
@@ -44,7 +44,7 @@ def check(state: LedgerState, entry: Mapping[str, Any]) -> Commit:
             raise LedgerRuleViolation("a ledger starts with LEDGER_INIT")
         return rules[kind](state, entry)
     except LedgerRuleViolation as exc:
-        raise LedgerError(str(exc), seq=entry["seq"], kind=kind.value) from None
+        raise LedgerError(str(exc), seq=entry["seq"], kind=kind.value, violation=exc) from None
 
 
 def apply(state: LedgerState, line: bytes) -> dict[str, Any]:

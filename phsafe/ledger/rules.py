@@ -36,7 +36,11 @@ from phsafe.errors import LedgerRuleViolation
 from phsafe.iterations import PopulationGroupLevel
 from phsafe.overlap import OVERLAP_LIMIT, overlap_share, percent, sketch_problem
 from phsafe.ledger.format import (
+    FAILURE_CODES,
+    FAILURE_STAGES,
     FORMAT,
+    FORMATS,
+    LOG_BINDING_FIELDS,
     NAME,
     ORCHESTRATION_FIELDS,
     PLANNED_FIELDS,
@@ -89,8 +93,8 @@ def policy_fields(e: Mapping[str, Any]) -> tuple[PrivacyDefinition, Amount, str,
     reason = e["reason"]
     if not is_text(reason) or not reason.strip():
         raise LedgerRuleViolation("reason must be a non-empty short string")
-    if e["format"] != FORMAT:
-        raise LedgerRuleViolation(f"format must be {FORMAT}")
+    if e["format"] not in FORMATS:
+        raise LedgerRuleViolation(f"format must be {FORMAT} (or {FORMATS[0]}, written before public logs were bound)")
     if not isinstance(e["ledger_id"], str) or not re.fullmatch(r"[0-9a-f]{32}", e["ledger_id"]):
         raise LedgerRuleViolation("ledger_id must be 32 lowercase hex digits")
     if not isinstance(e["key_id"], str) or not re.fullmatch(r"[0-9a-f]{32}", e["key_id"]):
@@ -101,14 +105,80 @@ def policy_fields(e: Mapping[str, Any]) -> tuple[PrivacyDefinition, Amount, str,
 
 
 def set_policy(state: LedgerState, e: Mapping[str, Any]) -> Commit:
-    """Check the policy fields; the commit makes them the ledger's policy."""
+    """Check the policy fields; the commit makes them the ledger's policy (and, for LEDGER_INIT of
+    format 3, binds its public log)."""
     defn, cap, reason, non_conf = policy_fields(e)
     ledger_cap = amount_field(e, "ledger_cap") if "ledger_cap" in e else None
     if ledger_cap is not None and (is_infinite(ledger_cap) or ledger_cap <= 0 or non_conf):
         raise LedgerRuleViolation("ledger_cap must be a positive finite amount, in a confidential ledger only")
+    binding = None
+    if e["kind"] == EntryKind.LEDGER_INIT.value and e["format"] == FORMAT:
+        if "public_log" not in e:
+            raise LedgerRuleViolation(f"a ledger of format {FORMAT} is bound to its public log from LEDGER_INIT "
+                                      "(public_log is missing)")
+        binding = log_binding_field(e["public_log"])
+    elif "public_log" in e:
+        raise LedgerRuleViolation(f"public_log is bound by LEDGER_INIT of format {FORMAT} only")
 
     def commit() -> None:
-        state.policy = Policy(e["ledger_id"], defn, cap, reason, non_conf, e["key_id"], e["seq"], ledger_cap)
+        state.policy = Policy(e["ledger_id"], defn, cap, reason, non_conf, e["key_id"], e["seq"], ledger_cap,
+                              e["format"])
+        state.format = e["format"]
+        if binding is not None:
+            state.public_log, state.public_log_seq = binding, e["seq"]
+
+    return commit
+
+
+def log_binding_field(value: Any) -> dict[str, Any]:
+    """``public_log``, checked: the log's origin and verifier key (type 0x01, the origin its
+    name), every witness's verifier key (type 0x04, distinct keys) and the quorum."""
+    from phsafe.errors import TlogError
+    from phsafe.tlog.keys import format_verifier_key, verifier_from_key
+    from phsafe.tlog.note import ALG_COSIGNATURE_V1, ALG_ED25519
+
+    if not isinstance(value, dict) or set(value) != LOG_BINDING_FIELDS:
+        raise LedgerRuleViolation("public_log must hold exactly origin, vkey, witnesses and quorum")
+    vkey, witnesses, quorum = value["vkey"], value["witnesses"], value["quorum"]
+
+    def key(text: Any, what: str, alg: int) -> Any:
+        try:
+            verifier = verifier_from_key(text) if isinstance(text, str) else None
+        except TlogError:
+            verifier = None
+        if verifier is None or verifier.alg != alg or format_verifier_key(verifier) != text:
+            raise LedgerRuleViolation(f"{what} is not a {'log' if alg == ALG_ED25519 else 'witness'}'s verifier key")
+        return verifier
+
+    log = key(vkey, "public_log.vkey", ALG_ED25519)
+    if value["origin"] != log.name:
+        raise LedgerRuleViolation("public_log.origin is not the name of the log's key")
+    if not isinstance(witnesses, list):
+        raise LedgerRuleViolation("public_log.witnesses must be a list of verifier keys")
+    publics = [key(w, f"public_log.witnesses[{i}]", ALG_COSIGNATURE_V1).public_key for i, w in enumerate(witnesses)]
+    if len(set(publics)) != len(publics) or log.public_key in publics:
+        raise LedgerRuleViolation("public_log.witnesses must be distinct keys, none the log's own")
+    if not is_int(quorum) or not (1 if witnesses else 0) <= quorum <= len(witnesses):
+        raise LedgerRuleViolation("public_log.quorum must be 1 to the number of witnesses (0 without witnesses)")
+    return dict(value)
+
+
+def check_log_bound(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """LOG_BOUND: binds the public log that a ledger of format 2, begun with LEDGER_INIT, has had
+    since its init; from then on the ledger is of format 3."""
+    policy = needs_policy(state)
+    if state.public_log is not None:
+        raise LedgerRuleViolation(f"the ledger is bound to its public log already (entry {state.public_log_seq})")
+    if policy.seq != 0:
+        raise LedgerRuleViolation("a ledger migrated from the first format has no public log to bind")
+    binding = log_binding_field(e["public_log"])
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("reason must be a non-empty short string")
+
+    def commit() -> None:
+        state.public_log, state.public_log_seq = binding, e["seq"]
+        state.format = FORMAT
 
     return commit
 
@@ -172,10 +242,12 @@ def check_cap_raised(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     current = state.dataset_cap(name)
     if not amount_exceeds(cap, current):
         raise LedgerRuleViolation(f"lifetime_cap {e['lifetime_cap']} does not raise {name}'s cap "
-                                  f"{format_exact(current)}: a cap is only ever raised")
+                                  f"{format_exact(current)}: a cap is only ever raised",
+                                  rule="cap-not-raised", dataset=name, cap=cap, current=current)
     reason = e["reason"]
     if not is_text(reason) or not reason.strip():
-        raise LedgerRuleViolation("a cap raise needs a reason (a non-empty short string)")
+        raise LedgerRuleViolation("a cap raise needs a reason (a non-empty short string)", rule="cap-reason",
+                                  dataset=name, cap=cap)
 
     def commit() -> None:
         ds = state.dataset_states.setdefault(name, DatasetState(name, policy.lifetime_cap))
@@ -192,7 +264,8 @@ def check_dataset_version(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     owner = state.fingerprints.get(fp)
     if owner is not None:
         raise LedgerRuleViolation(f"this content version is already declared under dataset {owner!r}"
-                                  + ("" if owner != name else " (declared twice)"))
+                                  + ("" if owner != name else " (declared twice)"),
+                                  rule="version-owned", owner=owner, dataset=name)
     reason = e["reason"]
     if not is_text(reason) or not reason.strip():
         raise LedgerRuleViolation("a dataset version needs a reason (a non-empty short string)")
@@ -225,7 +298,8 @@ def check_ledger_cap(state: LedgerState, dataset: str, dataset_after: Amount, wh
     total = ledger_total_after(state, dataset, dataset_after)
     if amount_exceeds(total, policy.ledger_cap):
         raise LedgerRuleViolation(f"{what} exceeds the ledger-wide cap: all datasets' spends would be "
-                                  f"{format_exact(total)} > ledger cap {format_exact(policy.ledger_cap)}")
+                                  f"{format_exact(total)} > ledger cap {format_exact(policy.ledger_cap)}",
+                                  rule="ledger-cap", total=total, cap=policy.ledger_cap)
 
 
 def check_overlap(state: LedgerState, name: str, sketch: Any, overlap: Any, *, non_confidential: bool) -> None:
@@ -244,12 +318,13 @@ def check_overlap(state: LedgerState, name: str, sketch: Any, overlap: Any, *, n
     if found is None:
         if overlap is not None:
             raise LedgerRuleViolation("overlap is declared, but these records overlap no other dataset's beyond "
-                                      f"{percent(OVERLAP_LIMIT)}")
+                                      f"{percent(OVERLAP_LIMIT)}", rule="overlap-unneeded")
         return
     other, share = found
     if overlap is None:
         raise LedgerRuleViolation(f"about {percent(share)} of these records are also in dataset {other!r}: a version "
-                                  "whose records overlap another dataset's must declare overlap")
+                                  "whose records overlap another dataset's must declare overlap",
+                                  rule="overlap-undeclared", other=other)
     if not isinstance(overlap, Mapping) or set(overlap) != {"dataset", "share", "reason"}:
         raise LedgerRuleViolation("overlap must be an object with dataset, share and reason")
     if overlap["dataset"] != other or overlap["share"] != percent(share):
@@ -299,9 +374,10 @@ def running(state: LedgerState, entry: Mapping[str, Any]) -> RunState:
     """The entry's run, which must be running (and not a first-format run of a migrated ledger)."""
     run = state.runs.get(entry["run_id"])
     if run is None:
-        raise LedgerRuleViolation(f"run {entry['run_id']!r} was never started")
+        raise LedgerRuleViolation(f"run {entry['run_id']!r} was never started", rule="never-started")
     if run.status is not RunStatus.RUNNING:
-        raise LedgerRuleViolation(f"run {entry['run_id']!r} already ended at entry {run.terminal_seq}")
+        raise LedgerRuleViolation(f"run {entry['run_id']!r} already ended at entry {run.terminal_seq}",
+                                  rule="run-ended", run_id=run.run_id)
     if run.legacy and state.policy is not None:
         raise LedgerRuleViolation(f"run {entry['run_id']!r} is of the first ledger format; the ledger was migrated since")
     return run
@@ -333,7 +409,7 @@ def started_fields(state: LedgerState,
     if amount_field(e, "planned_total") != total:
         raise LedgerRuleViolation(f"planned_total {e['planned_total']} is not the sum of the planned budgets ({format_exact(total)})")
     if is_infinite(total) and not e["non_confidential"]:
-        raise LedgerRuleViolation("an Infinity budget is allowed only in a non-confidential run")
+        raise LedgerRuleViolation("an Infinity budget is allowed only in a non-confidential run", rule="infinite-budget")
     return defn, planned, total
 
 
@@ -362,12 +438,14 @@ def check_run_started(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     name, fp = dataset_and_fingerprint(e)
     owner = state.fingerprints.get(fp)
     if owner is None:
-        raise LedgerRuleViolation(f"this content version was never declared under dataset {name!r} (DATASET_VERSION)")
+        raise LedgerRuleViolation(f"this content version was never declared under dataset {name!r} (DATASET_VERSION)",
+                                  rule="version-undeclared", dataset=name)
     if owner != name:
-        raise LedgerRuleViolation(f"this content version is declared under dataset {owner!r}, not {name!r}")
+        raise LedgerRuleViolation(f"this content version is declared under dataset {owner!r}, not {name!r}",
+                                  rule="version-owned", owner=owner, dataset=name)
     if e["non_confidential"] != policy.non_confidential:
         raise LedgerRuleViolation("a confidential ledger takes only confidential runs, a non-confidential ledger only "
-                                  "non-confidential ones")
+                                  "non-confidential ones", rule="ledger-kind")
     if not isinstance(e["validated"], bool):
         raise LedgerRuleViolation("validated must be true or false")
     cap = state.dataset_cap(name)
@@ -385,7 +463,8 @@ def check_run_started(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     reserved = run.charge(policy.privacy_defn)
     if not policy.non_confidential and amount_exceeds(add_amounts(odometer, reserved), cap):
         raise LedgerRuleViolation(f"run exceeds dataset {name}'s lifetime cap: spent {format_exact(odometer)} + "
-                                  f"planned {format_exact(reserved)} > cap {format_exact(cap)}")
+                                  f"planned {format_exact(reserved)} > cap {format_exact(cap)}",
+                                  rule="dataset-cap", dataset=name, spent=odometer, planned=reserved, cap=cap)
     check_ledger_cap(state, name, add_amounts(odometer, reserved), "run")
 
     def commit() -> None:
@@ -405,9 +484,11 @@ def check_release_claims(state: LedgerState, e: Mapping[str, Any], dataset: str,
         other = claims[0]
         what = "published" if other.published else "open (running, or crashed)"
         raise LedgerRuleViolation(f"run {other.run_id!r} (entry {other.started_seq}) already claims this content version "
-                                  f"({what}): a further release of the same records must declare re_release")
+                                  f"({what}): a further release of the same records must declare re_release",
+                                  rule="release-claimed", other=other.run_id)
     if "re_release" in e and not claims:
-        raise LedgerRuleViolation("re_release is declared, but no other run released or is releasing this content version")
+        raise LedgerRuleViolation("re_release is declared, but no other run released or is releasing this content version",
+                                  rule="re-release-unneeded")
 
 
 def check_intent(state: LedgerState, e: Mapping[str, Any]) -> Commit:
@@ -416,15 +497,16 @@ def check_intent(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     run = running(state, e)
     key = e["key"]
     if not isinstance(key, str) or key not in run.planned:
-        raise LedgerRuleViolation(f"measurement {key!r} is not in the run's plan")
+        raise LedgerRuleViolation(f"measurement {key!r} is not in the run's plan", rule="not-planned", key=key)
     earlier = run.spent_in_attempt(key)
     if earlier is not None:
         raise LedgerRuleViolation(
             f"measurement {key!r} was already spent at entry {earlier} in this attempt "
-            "(a key is spent again only after a RUN_RESUMED)"
+            "(a key is spent again only after a RUN_RESUMED)", rule="already-spent", key=key, earlier=earlier
         )
     if run.outputs_in_attempt():
-        raise LedgerRuleViolation(f"no spend may follow the attempt's OUTPUTS_PUBLISHED (entry {run.outputs_seq})")
+        raise LedgerRuleViolation(f"no spend may follow the attempt's OUTPUTS_PUBLISHED (entry {run.outputs_seq})",
+                                  rule="after-publication")
     rec = run.planned[key].record
     for name in ("budget", "sensitivity", "n_cells"):
         if e[name] != rec[name] or type(e[name]) is not type(rec[name]):
@@ -434,7 +516,7 @@ def check_intent(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     if after is not None and not run.non_confidential and amount_exceeds(after, cap):
         raise LedgerRuleViolation(
             f"re-spending {key} exceeds the lifetime cap: the dataset's odometer would be "
-            f"{format_exact(after)} > cap {format_exact(cap)}"
+            f"{format_exact(after)} > cap {format_exact(cap)}", rule="respend-cap", key=key, after=after, cap=cap
         )
     if after is not None:
         check_ledger_cap(state, run.dataset or "", after, f"re-spending {key}")
@@ -558,6 +640,11 @@ def run_failed(state: LedgerState, e: Mapping[str, Any], *, after_publication: b
         raise LedgerRuleViolation("reason must be a short string")
     if amount_field(e, "spent") != run.intended_total():
         raise LedgerRuleViolation(f"spent {e['spent']} differs from the sum of the run's INTENTs")
+    if "code" in e:
+        if e["code"] not in FAILURE_CODES:
+            raise LedgerRuleViolation(f"code {e['code']!r} is not one of the failure codes")
+        if e["stage"] not in FAILURE_STAGES or e["stage"] != run.failure_stage():
+            raise LedgerRuleViolation(f"stage {e['stage']!r} is not where the attempt stands ({run.failure_stage()})")
 
     def commit() -> None:
         run.status = RunStatus.FAILED
@@ -568,6 +655,8 @@ def run_failed(state: LedgerState, e: Mapping[str, Any], *, after_publication: b
         run.attempts[-1].end_seq = e["seq"]
         run.attempts[-1].end_time = e["time"]
         run.attempts[-1].end_reason = e["reason"]
+        run.attempts[-1].end_code = e.get("code")
+        run.attempts[-1].end_stage = e.get("stage")
 
     return commit
 
@@ -576,16 +665,18 @@ def resumable(state: LedgerState, e: Mapping[str, Any]) -> RunState:
     """The RUN_RESUMED entry's run: started, not finished, with the same config; a reason given."""
     run = state.runs.get(e["run_id"])
     if run is None:
-        raise LedgerRuleViolation(f"run {e['run_id']!r} was never started")
+        raise LedgerRuleViolation(f"run {e['run_id']!r} was never started", rule="never-started")
     if run.status is RunStatus.FINISHED:
         raise LedgerRuleViolation(
-            f"run {e['run_id']!r} finished at entry {run.terminal_seq}; a finished run cannot be resumed"
+            f"run {e['run_id']!r} finished at entry {run.terminal_seq}; a finished run cannot be resumed",
+            rule="resume-finished"
         )
     if not is_hex64(e["config_digest"]):
         raise LedgerRuleViolation("config_digest is not a SHA-256 hex digest")
     if e["config_digest"] != run.config_digest:
         raise LedgerRuleViolation(
-            f"config_digest differs from the run's RUN_STARTED (entry {run.started_seq}): another config"
+            f"config_digest differs from the run's RUN_STARTED (entry {run.started_seq}): another config",
+            rule="resume-config", given=e["config_digest"], recorded=run.config_digest
         )
     if not is_text(e["code_version"]):
         raise LedgerRuleViolation("code_version must be a short string")
@@ -628,11 +719,14 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     needs_policy(state)
     run = resumable(state, e)
     if run.legacy:
-        raise LedgerRuleViolation(f"run {e['run_id']!r} is of the first ledger format; it cannot be resumed after migration")
+        raise LedgerRuleViolation(f"run {e['run_id']!r} is of the first ledger format; it cannot be resumed after migration",
+                                  rule="resume-legacy")
     if e["dataset"] != run.dataset:
-        raise LedgerRuleViolation(f"dataset differs from the run's RUN_STARTED (entry {run.started_seq})")
+        raise LedgerRuleViolation(f"dataset differs from the run's RUN_STARTED (entry {run.started_seq})",
+                                  rule="resume-dataset", given=e["dataset"], recorded=run.dataset)
     if e["fingerprint"] != run.fingerprint:
-        raise LedgerRuleViolation(f"fingerprint differs from the run's RUN_STARTED (entry {run.started_seq}): other records")
+        raise LedgerRuleViolation(f"fingerprint differs from the run's RUN_STARTED (entry {run.started_seq}): other records",
+                                  rule="resume-fingerprint")
     check_release_claims(state, e, run.dataset or "", run.fingerprint or "", run_id=run.run_id,
                                declared=e.get("re_release") or run.re_release)
     cap = state.cap_of(run)
@@ -640,7 +734,7 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     if not run.non_confidential and amount_exceeds(after, cap):
         raise LedgerRuleViolation(
             f"resumed run exceeds the lifetime cap: the dataset's odometer with the run reserved "
-            f"again is {format_exact(after)} > cap {format_exact(cap)}"
+            f"again is {format_exact(after)} > cap {format_exact(cap)}", rule="resume-cap", after=after, cap=cap
         )
     check_ledger_cap(state, run.dataset or "", after, "resumed run")
     raised = state.dataset_states.get(run.dataset or "")
@@ -779,5 +873,6 @@ RULES: dict[EntryKind, Check] = {
     EntryKind.RUN_FINISHED: check_run_finished,
     EntryKind.RUN_FAILED: check_run_failed,
     EntryKind.RUN_RESUMED: check_run_resumed,
+    EntryKind.LOG_BOUND: check_log_bound,
 }
 """The check of each entry kind, in a ledger with a policy."""

@@ -1,8 +1,14 @@
 """The ledger as its callers use it: :class:`Ledger` (datasets, caps, runs) and :class:`RunRecorder`.
 
-Every method takes the ledger's locks, catches up with the file, refuses -- with a message that
-says what to do -- whatever the rules (:mod:`phsafe.ledger.rules`) would reject or the policy
-forbids, and appends durably (:mod:`phsafe.ledger.store`) before it returns.
+Every method takes the ledger's locks, catches up with the file, builds its entries and appends
+them durably (:mod:`phsafe.ledger.store`) before it returns. The rules are checked once, by the
+replay every append goes through (:mod:`phsafe.ledger.rules`); when one refuses an entry, the
+violation it names is translated here into the operator's message -- what was refused and what
+to do (:func:`explain`) -- instead of the rule being checked a second time.
+
+Spending is vouched for: before and after every entry that spends or lets spend (``CAP_RAISED``,
+``RUN_STARTED``, ``RUN_RESUMED``, ``INTENT``) the ledger's followers confirm it
+(:meth:`~phsafe.ledger.store.LedgerFile.confirm`: its public log, cosigned by the witness quorum).
 """
 
 from __future__ import annotations
@@ -12,24 +18,148 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
-from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
+from phsafe.amounts import Amount, add_amounts, format_exact
 from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError
 from phsafe.parameters import option
-from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
-from phsafe.ledger.rules import largest_overlap, ledger_total_after
+from phsafe.ledger.format import FAILURE_CODES, EntryKind, clean_text, operator_text, planned_item
+from phsafe.ledger.rules import largest_overlap
 from phsafe.overlap import OVERLAP_LIMIT, percent
 from phsafe.ledger.keys import read_lineage_key, sign_checkpoint
-from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, plan_charge, unit_name
+from phsafe.ledger.policy import Policy, cap_amount, check_dataset_name, check_ledger_kind, unit_name
 from phsafe.ledger.state import LedgerState, Orchestration, RunState, RunStatus
 from phsafe.ledger.store import LedgerFile
 from phsafe.noise import SpendReceipt
+
+Item = tuple[EntryKind, "str | None", Mapping[str, Any]]
+
+
+def explain(exc: LedgerError, state: LedgerState, *, run_id: str | None = None) -> Exception:
+    """The operator's message for a rule's refusal of a new entry, or ``exc`` itself.
+
+    The rules (:mod:`phsafe.ledger.rules`) state what an entry may not be; a refusal carries
+    the rule's name and its facts (``exc.violation``). Here it becomes what the operator reads:
+    what was refused, why, and the option that does what they may mean. Refusals of rules not
+    listed stay the ledger's own message (an entry the front end built wrongly: a defect).
+    """
+    violation = exc.violation
+    rule = getattr(violation, "rule", None)
+    if violation is None or rule is None:
+        return exc
+    f: dict[str, Any] = violation.facts
+    unit = unit_name(state.policy.privacy_defn) if state.policy is not None else "rho (zCDP)"
+    if rule == "dataset-cap":
+        need = add_amounts(f["spent"], f["planned"])
+        return BudgetError(
+            f"privacy-loss budget refused for dataset {f['dataset']!r}: already spent {format_exact(f['spent'])}, "
+            f"this run plans {format_exact(f['planned'])}, lifetime cap {format_exact(f['cap'])} ({unit}); spent + "
+            f"planned = {format_exact(need)} exceeds the cap. Spends are never refunded. To run anyway, raise the "
+            f"cap to at least {format_exact(need)} with {option('lifetime_cap')} and say why with "
+            f"{option('cap_reason')} (both are recorded in the ledger).")
+    if rule == "ledger-cap":
+        return BudgetError(
+            f"privacy-loss budget refused by the ledger-wide cap {format_exact(f['cap'])} (set at ledger init, over "
+            f"all datasets): all datasets would have spent {format_exact(f['total'])}. Spends are never refunded")
+    if rule == "version-undeclared":
+        known = state.dataset_states.get(f["dataset"])
+        seen = (f"it has {len(known.versions)} declared version(s), and these records match none"
+                if known and known.versions else "it has no declared version yet")
+        return BudgetError(
+            f"dataset {f['dataset']!r} has never been run on these records ({seen}). If they are a new version of "
+            f"{f['dataset']!r}, say so and why with {option('new_version')} (recorded in the ledger); if they belong "
+            "to another dataset, run them under its name")
+    if rule == "version-owned":
+        return BudgetError(
+            f"these records are already declared as dataset {f['owner']!r} in this ledger: the same records cannot "
+            f"be released under a second name ({f['dataset']!r}); run them as {f['owner']!r}")
+    if rule == "overlap-undeclared":
+        # The share itself stays in the confidential ledger: this message reaches the flow run's
+        # state in the Prefect database, outside the enclave, and an estimate of how many records
+        # two datasets share is a statistic of the confidential records.
+        other = f["other"]
+        return BudgetError(
+            f"more than {percent(OVERLAP_LIMIT)} of these records are also in dataset {other!r}: if they are a new "
+            f"version of {other!r}, run them as {other!r} ({option('dataset')} {other} {option('new_version')} "
+            f"REASON: its cap applies); if they are another population, say why with {option('overlap_reason')} "
+            "(recorded in the ledger)")
+    if rule == "overlap-unneeded":
+        return BudgetError(f"{option('overlap_reason')} is given, but these records overlap no other dataset's beyond "
+                           f"{percent(OVERLAP_LIMIT)}: nothing to declare (remove it)")
+    if rule == "release-claimed":
+        other = state.runs[f["other"]]
+        resuming = run_id in state.runs
+        again = (f"resuming run {run_id} would release them a second time" if resuming
+                 else "a content version is released once")
+        if other.published:
+            told = (f"these records were already released: run {other.run_id} published them to "
+                    f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
+        else:
+            told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
+                    f"running, or crashed without ending): resume it ({option('resume_run_id')}) instead")
+        return AlreadyReleasedError(
+            f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, declare it "
+            f"and say why with {option('re_release')} (recorded in the ledger; the cap still applies)")
+    if rule == "infinite-budget":
+        return BudgetError("an Infinity (no-noise) budget is allowed only for non-production test runs on data "
+                           f"declared non-confidential ({option('non_confidential')})")
+    if rule == "cap-not-raised":
+        return BudgetError(f"the lifetime cap {format_exact(f['cap'])} does not raise dataset {f['dataset']}'s cap "
+                           f"{format_exact(f['current'])}: a cap is only ever raised")
+    if rule == "cap-reason":
+        return BudgetError(f"raising dataset {f['dataset']}'s lifetime cap to {format_exact(f['cap'])} needs a reason "
+                           f"({option('cap_reason')}); it is recorded in the ledger")
+    if rule == "already-spent":
+        return BudgetError(f"{f['key']} was already spent in run {run_id} (entry {f['earlier']}); a measurement is "
+                           "spent at most once per attempt")
+    if rule == "run-ended":
+        return BudgetError(f"run {run_id} has ended; refusing to spend")
+    if rule == "after-publication":
+        return BudgetError(f"run {run_id} already published its outputs; refusing to spend")
+    if rule == "respend-cap":
+        run = state.runs[run_id] if run_id else None
+        previous = run.intents.get(f["key"], []) if run else []
+        return BudgetError(
+            f"privacy-loss budget refused: re-spending {f['key']} in run {run_id} (spent {len(previous)} time(s) "
+            f"before{f', last at entry {previous[-1]}' if previous else ''}) would take dataset "
+            f"{run.account if run else '?'!r} to spent {format_exact(f['after'])}, above its lifetime cap "
+            f"{format_exact(f['cap'])}. Spends are never refunded. To spend it again, resume the run with the cap "
+            f"raised to at least {format_exact(f['after'])} ({option('lifetime_cap')}) and the reason "
+            f"({option('cap_reason')}); both are recorded.")
+    if rule == "resume-cap":
+        run = state.runs[run_id] if run_id else None
+        return BudgetError(
+            f"privacy-loss budget refused: resuming run {run_id} reserves its whole plan again, so dataset "
+            f"{run.dataset if run else '?'!r} would have spent {format_exact(f['after'])} ({unit}), above the lifetime "
+            f"cap {format_exact(f['cap'])}. Spends are never refunded. To resume anyway, raise the cap to at least "
+            f"{format_exact(f['after'])} (plus the budget of every measurement that must be spent again) with "
+            f"{option('lifetime_cap')} and say why with {option('cap_reason')} (both are recorded).")
+    run = state.runs.get(run_id) if run_id else None
+    if rule == "never-started":
+        return LedgerError(f"cannot resume run {run_id}: it was never started in this ledger")
+    if rule == "resume-finished" and run is not None:
+        return LedgerError(f"cannot resume run {run_id}: it finished at entry {run.terminal_seq} and published to "
+                           f"{run.output_path or 'its output folder'}; a finished run is never resumed")
+    if rule == "resume-config":
+        return LedgerError(
+            f"cannot resume run {run_id}: the config differs from the one it started with (SHA-256 "
+            f"{str(f['given'])[:16]}, recorded {str(f['recorded'])[:16]}); reused measurements would be inconsistent "
+            "-- start a new run instead")
+    if rule == "resume-dataset":
+        return LedgerError(f"cannot resume run {run_id}: it was started as dataset {f['recorded']!r}, not {f['given']!r}")
+    if rule == "resume-fingerprint":
+        return LedgerError(f"cannot resume run {run_id}: the input records differ from the ones it started with "
+                           "(another content version); start a new run instead")
+    if rule == "resume-legacy":
+        return LedgerError(f"cannot resume run {run_id}: it was started before the ledger was migrated")
+    if rule == "ledger-kind":
+        return exc  # check_ledger_kind, before any entry is built, says it in the operator's words
+    return exc
 
 
 class Ledger(LedgerFile):
     """An append-only privacy-loss ledger file (see :mod:`phsafe.ledger.format` for the rules).
 
-    Open one with :meth:`open` (an existing ledger) or make one with
-    :func:`~phsafe.ledger.admin.init_ledger`.
+    Open one with :meth:`open` (an existing ledger; with its public log: :func:`phsafe.publog.open_ledger`)
+    or make one with :func:`phsafe.publog.create_ledger`.
     """
 
     def lineage_key(self) -> bytes:
@@ -43,29 +173,26 @@ class Ledger(LedgerFile):
             raise LedgerError(f"the ledger {self.path} is of the first format: migrate it (phsafe ledger migrate)")
         return read_lineage_key(self.path, policy)
 
+    def _append(self, state: LedgerState, items: list[Item], *, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Append ``items``; a rule's refusal comes back as the operator's message (:func:`explain`)."""
+        try:
+            return self.append_entries(items)
+        except LedgerError as exc:
+            raise explain(exc, self._state, run_id=run_id) from None
+
     # -- datasets -----------------------------------------------------------------------------
 
-    def _cap_raise_item(self, state: LedgerState, dataset: str, cap: Amount, reason: str | None,
-                        what: str = "the reason"):
-        reason = operator_text(reason, what)
-        current = state.dataset_cap(dataset)
-        if not amount_exceeds(cap, current):
-            raise BudgetError(
-                f"the lifetime cap {format_exact(cap)} does not raise dataset {dataset}'s cap "
-                f"{format_exact(current)}: a cap is only ever raised"
-            )
-        if not reason:
-            raise BudgetError(
-                f"raising dataset {dataset}'s lifetime cap to {format_exact(cap)} needs a reason "
-                f"({option('cap_reason')}); it is recorded in the ledger"
-            )
-        return (EntryKind.CAP_RAISED, None, {"dataset": dataset, "lifetime_cap": format_exact(cap), "reason": reason})
+    @staticmethod
+    def _cap_raise_item(dataset: str, cap: Amount, reason: str | None, what: str = "the reason") -> Item:
+        return (EntryKind.CAP_RAISED, None,
+                {"dataset": dataset, "lifetime_cap": format_exact(cap), "reason": operator_text(reason, what)})
 
     def raise_cap(self, dataset: str, lifetime_cap: Amount, reason: str) -> dict[str, Any]:
         """Record ``CAP_RAISED``: ``dataset``'s lifetime cap becomes ``lifetime_cap``.
 
         Raises:
-            BudgetError: The cap is not above the current one, or there is no reason.
+            BudgetError: The cap is not above the current one, or there is no reason; the
+                ledger's witnesses refuse it (a copied or rolled-back ledger).
             LedgerError: The ledger has no policy (first format) or is broken.
         """
         cap = cap_amount(lifetime_cap)
@@ -82,7 +209,10 @@ class Ledger(LedgerFile):
                     f"a new dataset's cap is raised by its first run ({option('lifetime_cap')} with "
                     f"{option('cap_reason')})"
                 )
-            return self.append_entries([self._cap_raise_item(state, dataset, cap, reason, "--reason")])[0]
+            self.confirm()  # a copied or rolled-back ledger changes no cap
+            entry = self._append(state, [self._cap_raise_item(dataset, cap, reason, "--reason")])[0]
+            self.confirm(fresh=False)
+            return entry
 
     def _needs_policy(self, state: LedgerState) -> Policy:
         if state.policy is None:
@@ -118,7 +248,8 @@ class Ledger(LedgerFile):
         """Check the dataset, its version and its lifetime cap, and record RUN_STARTED, atomically.
 
         Under the lock, in one write: ``CAP_RAISED`` (if ``cap_raise``), ``DATASET_VERSION`` (if
-        the fingerprint is new and ``new_version`` says why), ``RUN_STARTED``.
+        the fingerprint is new and ``new_version`` says why), ``RUN_STARTED`` -- confirmed by the
+        ledger's followers (its witnessed public log) before and after.
 
         Args:
             run_id: Unique id of the run.
@@ -148,17 +279,12 @@ class Ledger(LedgerFile):
                 no ``re_release`` reason was given -- whatever room the cap leaves.
             BudgetError: The run would exceed the dataset's cap, the records are a version never
                 declared (without ``new_version``) or declared under another name, Infinity
-                budgets on confidential data, or a bad cap raise.
+                budgets on confidential data, or a bad cap raise; the witnesses refuse the
+                ledger (:class:`~phsafe.errors.ForkRefused`).
             LedgerError: The ledger is broken, of the first format, or of the other kind
                 (confidential vs non-confidential).
         """
         check_dataset_name(dataset)
-        total: Amount = plan.total
-        if is_infinite(total) and not non_confidential:
-            raise BudgetError(
-                "an Infinity (no-noise) budget is allowed only for non-production test runs on "
-                f"data declared non-confidential ({option('non_confidential')})"
-            )
         body = {
             "dataset": dataset,
             "fingerprint": fingerprint,
@@ -168,34 +294,19 @@ class Ledger(LedgerFile):
             "truncation_key": truncation_key_hex.lower(),
             "privacy_defn": plan.privacy_defn.value,
             "planned": [planned_item(m) for m in plan.measurements],
-            "planned_total": format_exact(total),
+            "planned_total": format_exact(plan.total),
             "non_confidential": bool(non_confidential),
             "validated": bool(validated),
         }
         with self.locked() as state:
             policy = self._needs_policy(state)
             check_ledger_kind(policy, non_confidential)
-            items: list[tuple[EntryKind, str | None, Mapping[str, Any]]] = []
+            items: list[Item] = []
             cap = state.dataset_cap(dataset)
             if cap_raise is not None:
                 cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, dataset, cap, cap_raise[1], option("cap_reason")))
-            owner = state.fingerprints.get(fingerprint)
-            if owner is not None and owner != dataset:
-                raise BudgetError(
-                    f"these records are already declared as dataset {owner!r} in this ledger: the same "
-                    f"records cannot be released under a second name ({dataset!r}); run them as {owner!r}"
-                )
-            if owner is None:
-                if not operator_text(new_version, option("new_version")):
-                    known = state.dataset_states.get(dataset)
-                    seen = (f"it has {len(known.versions)} declared version(s), and these records match none"
-                            if known and known.versions else "it has no declared version yet")
-                    raise BudgetError(
-                        f"dataset {dataset!r} has never been run on these records ({seen}). If they are a "
-                        f"new version of {dataset!r}, say so and why with {option('new_version')} (recorded "
-                        "in the ledger); if they belong to another dataset, run them under its name"
-                    )
+                items.append(self._cap_raise_item(dataset, cap, cap_raise[1], option("cap_reason")))
+            if state.fingerprints.get(fingerprint) is None and operator_text(new_version, option("new_version")):
                 version: dict[str, Any] = {"dataset": dataset, "fingerprint": fingerprint,
                                            "reason": operator_text(new_version, option("new_version"))}
                 if sketch is not None and not non_confidential:
@@ -209,77 +320,37 @@ class Ledger(LedgerFile):
                 body["re_release"] = declared
             if orchestration is not None:
                 body["orchestration"] = orchestration.record()
-            spent = state.dataset_spent(dataset, policy.privacy_defn)
-            probe = plan_charge(plan, policy.privacy_defn)
-            need = add_amounts(spent, probe)
-            if not non_confidential and amount_exceeds(need, cap):
-                raise BudgetError(
-                    f"privacy-loss budget refused for dataset {dataset!r}: already spent {format_exact(spent)}, "
-                    f"this run plans {format_exact(probe)}, lifetime cap {format_exact(cap)} "
-                    f"({unit_name(policy.privacy_defn)}); spent + planned = {format_exact(need)} exceeds the cap. "
-                    f"Spends are never refunded. To run anyway, raise the cap to at least {format_exact(need)} "
-                    f"with {option('lifetime_cap')} and say why with {option('cap_reason')} (both are recorded "
-                    "in the ledger)."
-                )
-            if not non_confidential and policy.ledger_cap is not None:
-                total = ledger_total_after(state, dataset, need)
-                if amount_exceeds(total, policy.ledger_cap):
-                    raise BudgetError(
-                        f"privacy-loss budget refused by the ledger-wide cap {format_exact(policy.ledger_cap)} "
-                        f"(set at ledger init, over all datasets): with this run's {format_exact(probe)} all "
-                        f"datasets would have spent {format_exact(total)}. Spends are never refunded"
-                    )
-            body.update(lifetime_cap=format_exact(cap), spent_before=format_exact(spent))
+            # What the rules require RUN_STARTED to state; they check the cap against it.
+            body.update(lifetime_cap=format_exact(cap),
+                        spent_before=format_exact(state.dataset_spent(dataset, policy.privacy_defn)))
             items.append((EntryKind.RUN_STARTED, run_id, body))
-            self.append_entries(items)
-            self.require_witnesses()  # a fork or a stale copy is refused here, before any INTENT
+            self.confirm()  # a fork or a stale copy is refused here, before anything is recorded
+            self._append(state, items, run_id=run_id)
+            self.confirm(fresh=False)  # ... and the run's start is witnessed before its first INTENT
         return RunRecorder(self, run_id, plan)
 
     @staticmethod
     def _overlap_field(state: LedgerState, dataset: str, sketch: Mapping[str, Any],
                        reason: str | None) -> dict[str, str] | None:
-        """The ``overlap`` to record with a new version, or None; refuses an undeclared overlap."""
-        found = largest_overlap(state, dataset, sketch)
+        """The ``overlap`` a new version records when the operator declared one (the rules refuse
+        a missing or a needless declaration: :func:`explain` says what to do)."""
         reason = operator_text(reason, option("overlap_reason"))
-        if found is None:
-            if reason:
-                raise BudgetError(f"{option('overlap_reason')} is given, but these records overlap no other dataset's "
-                                  f"beyond {percent(OVERLAP_LIMIT)}: nothing to declare (remove it)")
-            return None
-        other, share = found
         if not reason:
-            # The share itself stays in the confidential ledger: this message reaches the flow
-            # run's state in the Prefect database, outside the enclave, and an estimate of how
-            # many records two datasets share is a statistic of the confidential records.
-            raise BudgetError(
-                f"more than {percent(OVERLAP_LIMIT)} of these records are also in dataset {other!r}: if they are a new version of {other!r}, run them as {other!r} "
-                f"({option('dataset')} {other} {option('new_version')} REASON: its cap applies); if they are "
-                f"another population, say why with {option('overlap_reason')} (recorded in the ledger)"
-            )
+            return None
+        found = largest_overlap(state, dataset, sketch)
+        if found is None:
+            return {"dataset": dataset, "share": percent(0), "reason": reason}  # refused: overlap-unneeded
+        other, share = found
         return {"dataset": other, "share": percent(share), "reason": reason}
 
     @staticmethod
     def _re_release_field(state: LedgerState, policy: Policy, dataset: str, fingerprint: str,
-                          reason: str | None, *, besides: str, resuming: RunState | None = None) -> str | None:
-        """The ``re_release`` to record, or None; refuses a second release that declares none."""
-        claims = state.release_claims(dataset, fingerprint, besides=besides)
-        if not claims:
+                          reason: str | None, *, besides: str) -> str | None:
+        """The ``re_release`` to record: the operator's reason when another run claims these
+        records (without one, the rules refuse: :func:`explain`), else nothing."""
+        if not state.release_claims(dataset, fingerprint, besides=besides):
             return None  # the one release of these records: nothing to declare
-        reason = operator_text(reason, option("re_release"))
-        if reason or policy.non_confidential or (resuming is not None and resuming.re_release):
-            return reason or None
-        other = claims[0]
-        again = f"resuming run {besides} would release them a second time" if resuming else "a content version is released once"
-        if other.published:
-            told = (f"these records were already released: run {other.run_id} published them to "
-                    f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
-        else:
-            told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
-                    f"running, or crashed without ending): resume it ({option('resume_run_id')}) instead")
-        raise AlreadyReleasedError(
-            f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, "
-            f"declare it and say why with {option('re_release')} (recorded in the ledger; the cap still applies)"
-        )
+        return operator_text(reason, option("re_release")) or None
 
     def run(self, run_id: str) -> RunState | None:
         """A snapshot of what the ledger says about ``run_id`` now, or None if it was never started.
@@ -336,7 +407,7 @@ class Ledger(LedgerFile):
                 dataset, the records or ``plan`` differ from the run's, ``reason`` is empty, or
                 the ledger is broken. Nothing is appended.
             BudgetError: A bad cap raise, or the dataset's odometer with the run reserved again
-                would exceed its cap. Nothing is appended.
+                would exceed its cap; the witnesses refuse the ledger. Nothing is appended.
         """
         reason = operator_text(reason, option("resume_reason"))
         if not reason:
@@ -344,61 +415,26 @@ class Ledger(LedgerFile):
         with self.locked() as state:
             policy = self._needs_policy(state)
             run = state.runs.get(run_id)
-            if run is None:
-                raise LedgerError(f"cannot resume run {run_id}: it was never started in this ledger")
-            if run.status is RunStatus.FINISHED:
-                raise LedgerError(
-                    f"cannot resume run {run_id}: it finished at entry {run.terminal_seq} and published to "
-                    f"{run.output_path or 'its output folder'}; a finished run is never resumed"
-                )
-            if run.legacy:
-                raise LedgerError(f"cannot resume run {run_id}: it was started before the ledger was migrated")
-            if config_digest != run.config_digest:
-                raise LedgerError(
-                    f"cannot resume run {run_id}: the config differs from the one it started with "
-                    f"(SHA-256 {config_digest[:16]}, recorded {run.config_digest[:16]}); reused "
-                    "measurements would be inconsistent -- start a new run instead"
-                )
-            if dataset != run.dataset:
-                raise LedgerError(f"cannot resume run {run_id}: it was started as dataset {run.dataset!r}, "
-                                  f"not {dataset!r}")
-            if fingerprint != run.fingerprint:
-                raise LedgerError(
-                    f"cannot resume run {run_id}: the input records differ from the ones it started with "
-                    "(another content version); start a new run instead"
-                )
-            if plan is not None:
+            if run is not None and plan is not None and run.status is not RunStatus.FINISHED \
+                    and config_digest == run.config_digest and fingerprint == run.fingerprint:
                 self._check_same_plan(run, plan)
-            # One release per content version comes first: refused whatever room the cap has.
-            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id,
-                                              resuming=run)
-            items: list[tuple[EntryKind, str | None, Mapping[str, Any]]] = []
-            cap = state.cap_of(run)
-            if cap_raise is not None:
-                cap = cap_amount(cap_raise[0])
-                items.append(self._cap_raise_item(state, run.dataset or "", cap, cap_raise[1], option("cap_reason")))
-            after = state.resume_odometer(run)
-            if not run.non_confidential and amount_exceeds(after, cap):
-                raise BudgetError(
-                    f"privacy-loss budget refused: resuming run {run_id} reserves its whole plan again, "
-                    f"so dataset {run.dataset!r} would have spent {format_exact(after)} "
-                    f"({unit_name(policy.privacy_defn)}), above the lifetime cap {format_exact(cap)}. "
-                    "Spends are never refunded. To resume anyway, raise the cap to at least "
-                    f"{format_exact(after)} (plus the budget of every measurement that must be spent "
-                    f"again) with {option('lifetime_cap')} and say why with {option('cap_reason')} (both "
-                    "are recorded)."
-                )
+            items: list[Item] = []
+            if cap_raise is not None and run is not None:
+                items.append(self._cap_raise_item(run.dataset or "", cap_amount(cap_raise[0]), cap_raise[1],
+                                                  option("cap_reason")))
             resumed_body: dict[str, Any] = {
                 "config_digest": config_digest, "dataset": dataset, "fingerprint": fingerprint,
                 "code_version": code_version, "reason": reason,
             }
-            if declared and declared != run.re_release:
+            declared = self._re_release_field(state, policy, dataset, fingerprint, re_release, besides=run_id)
+            if declared and (run is None or declared != run.re_release):
                 resumed_body["re_release"] = declared
             if orchestration is not None:
                 resumed_body["orchestration"] = orchestration.record()
             items.append((EntryKind.RUN_RESUMED, run_id, resumed_body))
-            self.append_entries(items)
-            self.require_witnesses()  # a fork or a stale copy is refused here, before any INTENT
+            self.confirm()  # a fork or a stale copy is refused here, before anything is recorded
+            self._append(state, items, run_id=run_id)
+            self.confirm(fresh=False)  # ... and the resume is witnessed before its first INTENT
             resumed = state.runs[run_id]
             attempt = resumed.attempt
             recorded = RunPlan(resumed.privacy_defn, tuple(s.measurement for s in resumed.planned.values()))
@@ -482,45 +518,29 @@ class RunRecorder:
     def record_intent(self, measurement: PlannedMeasurement) -> SpendReceipt:
         """Durably record that ``measurement``'s budget is being spent (before its noise).
 
+        The ledger's followers confirm the ledger before the INTENT (it is still the history its
+        witnesses cosigned) and after it (the spend itself is witnessed before its noise exists).
+
         Raises:
             BudgetError: The measurement is not in the run's plan or differs from it, was already
                 spent in this attempt, the run has ended or was resumed since, or the spend is a
-                re-spend that would take the dataset's odometer above its lifetime cap.
-                Nothing is appended then.
+                re-spend that would take the dataset's odometer above its lifetime cap; the
+                witnesses refuse the ledger or cannot be reached. Nothing is appended then --
+                but when the confirmation after the INTENT fails, the INTENT stays (charged, no
+                noise drawn; a resume spends it again).
         """
         key = measurement.key
         if self._plan.get(key) != measurement:
             raise BudgetError(f"{key} is not a measurement of run {self.run_id}'s plan; refusing to spend")
         with self._ledger.locked() as state:
             run = self._current(state)
-            earlier = run.spent_in_attempt(key)
-            if earlier is not None:
-                raise BudgetError(
-                    f"{key} was already spent in run {self.run_id} (entry {earlier}, attempt {run.attempt}); "
-                    "a measurement is spent at most once per attempt"
-                )
-            if run.status is not RunStatus.RUNNING:
-                raise BudgetError(f"run {self.run_id} has ended; refusing to spend")
-            if run.outputs_in_attempt():
-                raise BudgetError(f"run {self.run_id} already published its outputs; refusing to spend")
-            after = state.respend_odometer(run, key)
-            cap = state.cap_of(run)
-            if after is not None and not run.non_confidential and amount_exceeds(after, cap):
-                previous = run.intents[key]
-                raise BudgetError(
-                    f"privacy-loss budget refused: re-spending {key} in run {self.run_id} (attempt "
-                    f"{run.attempt}; spent {len(previous)} time(s) before, last at entry {previous[-1]}) "
-                    f"would take dataset {run.account!r} to spent {format_exact(after)}, above its "
-                    f"lifetime cap {format_exact(cap)}. Spends are never refunded. To spend it again, "
-                    f"resume the run with the cap raised to at least {format_exact(after)} "
-                    f"({option('lifetime_cap')}) and the reason ({option('cap_reason')}); both are recorded."
-                )
-            self._ledger.require_witnesses()  # still the history the witnesses cosigned
+            self._ledger.confirm()  # still the history the witnesses cosigned
             rec = run.planned[key].record
-            entry = self._ledger.append_entries([(
+            entry = self._ledger._append(state, [(
                 EntryKind.INTENT, self.run_id,
                 {"key": key, "budget": rec["budget"], "sensitivity": rec["sensitivity"], "n_cells": rec["n_cells"]},
-            )])[0]
+            )], run_id=self.run_id)[0]
+            self._ledger.confirm(fresh=False)  # the spend is witnessed before its noise is drawn
         return SpendReceipt(measurement_key=key, sequence=entry["seq"], entry_hash=entry["hash"])
 
     def record_committed(self, receipt: SpendReceipt, *, noisy_digest: str) -> None:
@@ -558,22 +578,27 @@ class RunRecorder:
                 (EntryKind.RUN_FINISHED, self.run_id, {"spent": format_exact(spent)}),
             ])
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, code: str = "internal-error") -> None:
         """Record that the run failed; a no-op if it already ended or was resumed since.
 
         Args:
-            reason: A short, fixed, safe message (never data); cut to one line of 500 characters.
+            reason: The operator's message (confidential: it may name enclave paths); cut to
+                one line of 500 characters.
+            code: Its public kind, one of :data:`~phsafe.ledger.format.FAILURE_CODES` (the public
+                log gets the code and the attempt's stage, never ``reason``).
         """
+        if code not in FAILURE_CODES:
+            raise ValueError(f"{code!r} is not a failure code")
         with self._ledger.locked() as state:
             run = self._run(state)
             if run.status is not RunStatus.RUNNING or run.attempt != self.attempt or run.outputs_in_attempt():
                 # Ended, published, or a later attempt owns the run now: failing it would be a lie.
                 return
-            spent = run.intended_total()
-            self._ledger.append_entries([(
-                EntryKind.RUN_FAILED, self.run_id,
-                {"spent": format_exact(spent), "reason": clean_text(reason) or "unspecified failure"},
-            )])
+            body: dict[str, Any] = {"spent": format_exact(run.intended_total()),
+                                    "reason": clean_text(reason) or "unspecified failure"}
+            if state.format >= 3:
+                body.update(code=code, stage=run.failure_stage())
+            self._ledger.append_entries([(EntryKind.RUN_FAILED, self.run_id, body)])
 
     def checkpoint(self, signing_key: Any = None) -> dict[str, Any]:
         """See :meth:`Ledger.checkpoint`."""

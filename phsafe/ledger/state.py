@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from phsafe.accounting import PlannedMeasurement
 from phsafe.amounts import Amount, add_amounts, times
 from phsafe.config import PrivacyDefinition
-from phsafe.ledger.format import FORMAT, GENESIS_HASH
+from phsafe.ledger.format import GENESIS_HASH
 from phsafe.ledger.policy import Policy, convert
 
 
@@ -65,6 +65,8 @@ class RunAttempt:
         end_seq: The terminal entry, when there is one.
         end_time: Its time.
         end_reason: The RUN_FAILED reason, when it failed.
+        end_code: Its public kind of failure (format 3), when it failed.
+        end_stage: Its public stage (format 3), when it failed.
         orchestration: The orchestrator's identity of the attempt (its Prefect flow run and the
             parent flow run), when an orchestrator ran it.
         re_release: The operator's reason for releasing a content version again, when the entry
@@ -84,6 +86,8 @@ class RunAttempt:
     end_seq: int | None = None
     end_time: str | None = None
     end_reason: str | None = None
+    end_code: str | None = None
+    end_stage: str | None = None
 
 
 @dataclass
@@ -183,6 +187,12 @@ class RunState:
             a for i, a in enumerate(self.attempts)
             if a.end is RunStatus.FAILED or (a.end is RunStatus.RUNNING and i < last)
         ]
+
+    def failure_stage(self) -> str:
+        """Where the current attempt stands, as a RUN_FAILED of format 3 names it publicly:
+        ``measure`` while a planned measurement is not committed, ``release`` once all are."""
+        reusable = self.reusable
+        return "release" if all(key in reusable for key in self.planned) else "measure"
 
     @property
     def reusable(self) -> dict[str, str]:
@@ -350,6 +360,11 @@ class LedgerState:
         self.fingerprints: dict[str, str] = {}  # fingerprint -> the dataset it is declared under
         self.repairs: list[TailRepair] = []
         self.legacy_names: dict[str, str] = {}  # first-format dataset id -> name (at migration)
+        self.public_log: dict[str, Any] | None = None
+        """The public log the ledger is bound to (LEDGER_INIT of format 3, or LOG_BOUND): origin,
+        verifier key, witness keys and quorum; None when it is bound to none."""
+        self.public_log_seq: int | None = None
+        self._format = 1
 
     @property
     def size(self) -> int:
@@ -357,8 +372,19 @@ class LedgerState:
 
     @property
     def format(self) -> int:
-        """1 for a ledger of the first format (no policy yet), else :data:`FORMAT`."""
-        return FORMAT if self.policy is not None else 1
+        """1 for a ledger of the first format (no policy yet); 2 for one whose policy binds no
+        public log (LEDGER_INIT of format 2, or LEDGER_MIGRATED of format 2); else :data:`FORMAT`."""
+        return self._format
+
+    @format.setter
+    def format(self, value: int) -> None:
+        self._format = value
+
+    @property
+    def awaits_log_binding(self) -> bool:
+        """A ledger that began with LEDGER_INIT of format 2: it has a public log, not yet bound to
+        it (``phsafe ledger migrate`` appends LOG_BOUND); it takes no new run until then."""
+        return self.format == 2 and self.policy is not None and self.policy.seq == 0
 
     @property
     def unit(self) -> PrivacyDefinition | None:

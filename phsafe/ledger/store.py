@@ -1,11 +1,16 @@
-"""The ledger's files: paths, the lock, catching up, appends that are durable or rolled back.
+"""The ledger's files: paths, the lock, the file kept open, followers, durable appends.
 
 The rules are not here (:mod:`phsafe.ledger.rules`, applied by :mod:`phsafe.ledger.replay`): this
 module reads bytes for the replay and writes the lines the replay accepted. See "Write-ahead
 spends" in :mod:`phsafe.ledger.format` for the protocol: every append happens under an exclusive
 ``flock`` on ``<ledger>.lock``, after catching up with (and verifying) what other processes
 appended, with one ``write`` and an ``fsync`` before the lock is released; a failed write is cut
-back so that the file never keeps a partial entry of a live process.
+back so that the file never keeps a partial entry of a live process (:func:`phsafe.durable.append`).
+
+A process opens the file once and follows it (:class:`LedgerFile`): it knows how far it has read,
+and on each use reads only what was appended since. What follows the ledger -- its public log --
+is an :class:`AppendFollower` that registers itself: the ledger calls it under its lock and never
+reads its files, and a ledger whose policy binds a log appends nothing without it.
 """
 
 from __future__ import annotations
@@ -16,15 +21,15 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Self
+from typing import Any, Iterator, Mapping, Protocol, Self, Sequence
 
+from phsafe import durable
 from phsafe.errors import LedgerError, TornTailError, os_reason
 from phsafe.ledger.format import EntryKind, canonical_json, entry_hash, now
 from phsafe.ledger.replay import apply, apply_all
 from phsafe.ledger.state import LedgerState
 
 LOCK_SUFFIX = ".lock"
-_UNKNOWN = object()  # the ledger's public log has not been looked for yet
 
 
 def lock_path(path: Path) -> Path:
@@ -117,28 +122,6 @@ def check_private(path: Path, what: str) -> None:
                           f"confidential: make it private to its owner with `chmod 600 {path}`, then run again")
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_new_file(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` (it must not exist), write ``data``, fsync it and its folder."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.fchmod(fd, mode)  # exactly ``mode``: the umask neither loosens nor tightens it
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_dir(path.parent)
-
-
 def read_ledger(path: Path) -> LedgerState:
     """Read and fully verify the ledger at ``path``.
 
@@ -178,16 +161,64 @@ def not_a_ledger(path: Path, exc: LedgerError) -> LedgerError:
 
 
 # --------------------------------------------------------------------------------------------
-# Durable appends
+# The ledger kept open, its followers, durable appends
 # --------------------------------------------------------------------------------------------
+
+
+class AppendFollower(Protocol):
+    """What the ledger keeps in step with itself, under its lock: its public log
+    (:class:`phsafe.publog.PublicLog`), which registers itself (:meth:`LedgerFile.add_follower`).
+
+    The ledger knows its followers by this protocol only -- it reads none of their files -- as
+    Go's tlog knows its hashes through a ``HashReader``: the rules, the ledger's file and the log
+    are read apart.
+    """
+
+    @property
+    def binding(self) -> Mapping[str, Any]:
+        """What it is, as the ledger's policy binds it (``public_log``: origin, keys, quorum)."""
+        ...
+
+    def follow(self, lines: Sequence[bytes]) -> None:
+        """Be in step with the ledger whose verified lines are ``lines``: called under the lock
+        after every catch-up with the file and after every append. Raises LedgerError when it
+        cannot be (then nothing more is appended until it can)."""
+        ...
+
+    def confirm(self, lines: Sequence[bytes], *, fresh: bool) -> None:
+        """Vouch for the ledger as it is now, before (``fresh``) and after every entry that
+        spends or lets spend (for the public log: in step, and cosigned by its witness quorum --
+        asked anew when ``fresh``). Raises -- a :class:`~phsafe.errors.BudgetError` -- to refuse."""
+        ...
+
+
+class FollowerSource(Protocol):
+    """Finds a ledger's followers and attaches them: :data:`phsafe.publog.PUBLIC_LOG` for the
+    public log. Given to :meth:`LedgerFile.open` (and to ``init_ledger`` and ``repair_ledger``),
+    so the ledger never has to know where its log lives."""
+
+    def check(self, ledger_path: Path, state: LedgerState) -> None:
+        """Refuse -- a LedgerError naming what is missing -- unless the followers ``state`` binds
+        are there and are the bound ones. Changes nothing."""
+        ...
+
+    def attach(self, ledger: "LedgerFile") -> None:
+        """Check, then attach the followers to ``ledger`` (:meth:`LedgerFile.add_follower`)."""
+        ...
+
+
+APPENDS_WITHOUT_LOG = frozenset({EntryKind.TAIL_REPAIRED})
+"""What a ledger awaiting its log binding (format 2) may still take: the repair of a torn tail."""
 
 
 class LedgerFile:
     """A ledger file kept open: its verified state, caught up under the lock before every use.
 
-    The base of :class:`phsafe.ledger.runs.Ledger`. :meth:`locked` holds the process's mutex and the
-    file lock with the state caught up with whatever other processes appended; inside it,
-    :meth:`append_entries` checks new entries against every rule and appends them durably.
+    The base of :class:`phsafe.ledger.runs.Ledger`. The file is opened once (with its lock file)
+    and followed: every use takes the process's mutex and the file lock, reads only what other
+    processes appended since (the file's size, then those bytes), and verifies it. Inside
+    :meth:`locked`, :meth:`append_entries` checks new entries against every rule and appends
+    them durably; followers (:class:`AppendFollower`) are kept in step under the same lock.
     """
 
     def __init__(self, path: Path) -> None:
@@ -197,25 +228,104 @@ class LedgerFile:
         self._state = LedgerState()
         self._offset = 0
         self._mutex = threading.Lock()
-        self._public_log: Any = _UNKNOWN
+        self._fd = -1
+        self._lock_fd = -1
+        self._pid = -1
+        self._followers: list[AppendFollower] = []
 
     @classmethod
-    def open(cls, path: Path) -> Self:
-        """Open and verify the existing ledger at ``path`` (nothing is created but its lock file).
+    def open(cls, path: Path, followers: FollowerSource | None = None) -> Self:
+        """Open and verify the existing ledger at ``path`` (nothing is created but its lock file),
+        with its followers attached when ``followers`` is given. Without them the ledger reads,
+        but one bound to a public log appends nothing.
 
         Raises:
-            LedgerError: The ledger does not exist, is not a usable regular file, or is broken.
+            LedgerError: The ledger does not exist, is not a usable regular file, or is broken;
+                a follower it binds is missing or is another's.
         """
         check_ledger_file(Path(path))
         ledger = cls(Path(path))
         with ledger.locked():
             pass  # locked() replays everything on disk
+        if followers is not None:
+            followers.attach(ledger)
         return ledger
 
     @property
     def state(self) -> LedgerState:
         """The verified state as of the last read (refresh with :meth:`verify`)."""
         return self._state
+
+    # -- the file, opened once -----------------------------------------------------------------
+
+    def _files(self) -> None:
+        """The ledger and its lock file open in this process (again after a fork: a child must
+        not share the parent's open file, whose lock would then be the parent's too)."""
+        if self._pid == os.getpid() and self._fd >= 0:
+            return
+        self._fd = self._lock_fd = -1  # a parent's descriptors are left to the parent
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except OSError as exc:
+            raise LedgerError(f"cannot open the ledger {self.path}: {os_reason(exc)}") from None
+        try:
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+        except OSError as exc:
+            os.close(self._fd)
+            self._fd = -1
+            raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
+        self._pid = os.getpid()
+        if self._offset:
+            self._check_same_file()
+
+    def _take_lock(self) -> None:
+        """The exclusive flock on the lock file -- the one at ``lock_path`` now (a lock file removed
+        and made anew by someone is opened again: a lock on a removed file excludes nobody)."""
+        while True:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                st_path = os.stat(self.lock_path)
+            except FileNotFoundError:
+                st_path = None
+            st_open = os.fstat(self._lock_fd)
+            if st_path is not None and (st_path.st_dev, st_path.st_ino) == (st_open.st_dev, st_open.st_ino):
+                return
+            os.close(self._lock_fd)  # releases it
+            try:
+                self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+            except OSError as exc:
+                self._lock_fd = -1
+                self._pid = -1
+                raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
+
+    def _check_same_file(self) -> None:
+        """The path still names the file this process read (it was not replaced under it)."""
+        try:
+            st_path, st_open = os.stat(self.path), os.fstat(self._fd)
+        except OSError as exc:
+            raise LedgerError(f"cannot read the ledger {self.path}: {os_reason(exc)}") from None
+        if (st_path.st_dev, st_path.st_ino) != (st_open.st_dev, st_open.st_ino):
+            raise LedgerError(f"the ledger {self.path} was replaced by another file while in use; nothing more is "
+                              "recorded in it from this process", seq=self._state.size)
+
+    def same_file(self) -> bool:
+        """Whether ``path`` still names the file this object reads (while it is open, its inode
+        cannot be reused by another file)."""
+        if self._fd < 0 or self._pid != os.getpid():
+            return False
+        try:
+            st_path, st_open = os.stat(self.path), os.fstat(self._fd)
+        except OSError:
+            return False
+        return (st_path.st_dev, st_path.st_ino) == (st_open.st_dev, st_open.st_ino)
+
+    def close(self) -> None:
+        """Close the file and its lock file (a later use opens them again)."""
+        with self._mutex:
+            for fd in (self._fd, self._lock_fd):
+                if fd >= 0 and self._pid == os.getpid():
+                    os.close(fd)
+            self._fd = self._lock_fd = -1
 
     def verify(self) -> None:
         """Re-read and verify the whole ledger from disk.
@@ -229,38 +339,35 @@ class LedgerFile:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[LedgerState]:
-        """Hold the process lock and the file lock, with the state caught up with the file."""
+        """Hold the process lock and the file lock, with the state caught up with the file and
+        every follower in step."""
         with self._mutex:
+            self._files()
+            self._take_lock()
             try:
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
-            except OSError as exc:
-                raise LedgerError(f"cannot open the ledger's lock file {self.lock_path}: {os_reason(exc)}") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 self._catch_up()
-                self._sync_public_log()
+                for follower in self._followers:
+                    follower.follow(self._state.lines)
                 yield self._state
             finally:
-                os.close(fd)  # releases the flock
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _catch_up(self) -> None:
         """Verify and apply whatever was appended (by any process) since the last read."""
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self._offset:
-                    raise LedgerError(
-                        f"the ledger shrank from {self._offset} to {size} bytes since it was read",
-                        seq=self._state.size,
-                    )
-                if self._state.lines:
-                    # Cheap guard against the file having been replaced under us.
-                    last = self._state.lines[-1]
-                    f.seek(self._offset - len(last) - 1)
-                    if f.read(len(last) + 1) != last + b"\n":
-                        raise LedgerError("the ledger's last known entry changed on disk", seq=self._state.size - 1)
-                f.seek(self._offset)
-                data = f.read(size - self._offset)
+            self._check_same_file()
+            size = os.fstat(self._fd).st_size
+            if size < self._offset:
+                raise LedgerError(f"the ledger shrank from {self._offset} to {size} bytes since it was read",
+                                  seq=self._state.size)
+            if size == self._offset:
+                return
+            if self._state.lines:
+                # Cheap guard against the bytes already read having been changed.
+                last = self._state.lines[-1]
+                if os.pread(self._fd, len(last) + 1, self._offset - len(last) - 1) != last + b"\n":
+                    raise LedgerError("the ledger's last known entry changed on disk", seq=self._state.size - 1)
+            data = _pread_all(self._fd, size - self._offset, self._offset)
         except OSError as exc:
             raise LedgerError(f"cannot read the ledger {self.path}: {os_reason(exc)}") from None
 
@@ -277,15 +384,73 @@ class LedgerFile:
         self._state, self._offset = LedgerState(), 0
         self._catch_up()
 
+    # -- followers ------------------------------------------------------------------------------
+
+    def add_follower(self, follower: AppendFollower) -> None:
+        """Keep ``follower`` in step from now on (it is brought in step here, under the lock).
+
+        Raises:
+            LedgerError: The ledger's policy binds another public log (or none) than ``follower``.
+        """
+        with self.locked() as state:
+            if state.public_log is not None and dict(follower.binding) != state.public_log:
+                raise LedgerError(f"the public log offered to the ledger {self.path} is not the one its entry "
+                                  f"{state.public_log_seq} binds (origin {state.public_log['origin']})")
+            self._followers.append(follower)
+            follower.follow(state.lines)
+
+    @property
+    def followers(self) -> tuple[AppendFollower, ...]:
+        return tuple(self._followers)
+
+    def _bound_follower(self, state: LedgerState, binding: Mapping[str, Any] | None) -> None:
+        if binding is None:
+            return
+        if not any(dict(f.binding) == dict(binding) for f in self._followers):
+            raise LedgerError(
+                f"the ledger {self.path} is bound to its public log {binding['origin']} (entry "
+                f"{state.public_log_seq if state.public_log is not None else state.size}) and was opened without it: "
+                "nothing is recorded without the log (open the ledger with phsafe.publog.open_ledger)")
+
+    def _may_append(self, state: LedgerState, items: Sequence[tuple[EntryKind, str | None, Mapping[str, Any]]]) -> None:
+        """A ledger bound to a public log appends only with that log following it; one awaiting
+        its binding (format 2) takes nothing but a repair until ``phsafe ledger migrate``."""
+        for kind, _, body in items:
+            if kind is EntryKind.LOG_BOUND:
+                self._bound_follower(state, body.get("public_log"))
+            elif state.public_log is not None:
+                self._bound_follower(state, state.public_log)
+            elif state.awaits_log_binding and kind not in APPENDS_WITHOUT_LOG:
+                raise LedgerError(
+                    f"the ledger {self.path} was made before ledgers were bound to their public log: bind its log "
+                    f"to it with `phsafe ledger migrate {self.path}` (recorded), then run again")
+
+    def confirm(self, *, fresh: bool = True) -> None:
+        """With the lock held: every follower vouches for the ledger as it is now (the public log:
+        in step and cosigned by its witness quorum). Called before (``fresh``: the witnesses are
+        asked anew) and after (``fresh=False``) every entry that spends or lets spend.
+
+        Raises:
+            BudgetError: A follower refuses (e.g. :class:`~phsafe.errors.ForkRefused`).
+            LedgerError: The ledger is bound to a log that is not following it.
+        """
+        self._bound_follower(self._state, self._state.public_log)
+        for follower in self._followers:
+            follower.confirm(self._state.lines, fresh=fresh)
+
+    # -- appends --------------------------------------------------------------------------------
+
     def append_entries(self, items: list[tuple[EntryKind, str | None, Mapping[str, Any]]]) -> list[dict[str, Any]]:
         """Append entries atomically; must be called with the lock held (inside :meth:`locked`).
 
         Every entry is checked against the rules (each after the ones before it) before anything
-        is written; then all are written with one ``write`` and fsynced. If the write fails
-        (``ENOSPC``, ``EFBIG``, an I/O error) the file is cut back to where it ended, so nothing
-        of it stays, and a :class:`LedgerError` names the cause.
+        is written; then all are written with one ``write`` and fsynced
+        (:func:`phsafe.durable.append`). If the write fails (``ENOSPC``, ``EFBIG``, an I/O error)
+        the file is cut back to where it ended, so nothing of it stays, and a
+        :class:`LedgerError` names the cause. Then every follower follows.
         """
         state = self._state
+        self._may_append(state, items)
         lines: list[bytes] = []
         entries: list[dict[str, Any]] = []
         try:
@@ -302,60 +467,32 @@ class LedgerFile:
             raise
         data = b"".join(line + b"\n" for line in lines)
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+            durable.append(self._fd, data, end=self._offset)
         except OSError as exc:
-            self._reload()
-            raise LedgerError(f"cannot append to the ledger {self.path}: {os_reason(exc)}") from None
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        except OSError as exc:
-            cause = os_reason(exc)
-            try:
-                os.ftruncate(fd, self._offset)
-                os.fsync(fd)
-                left = "nothing of it was kept"
-            except OSError:
-                left = "the ledger may end in an incomplete entry: run `phsafe ledger repair LEDGER`"
-            os.close(fd)
-            fd = -1
+            left = ("the ledger may end in an incomplete entry: run `phsafe ledger repair LEDGER`"
+                    if isinstance(exc, durable.TornAppend) else "nothing of it was kept")
             self._reload_quietly()
-            raise LedgerError(f"could not write the ledger {self.path}: {cause}; {left}. "
+            raise LedgerError(f"could not write the ledger {self.path}: {os_reason(exc)}; {left}. "
                               "Free space (or fix the file system) and run again") from None
-        finally:
-            if fd >= 0:
-                os.close(fd)
         self._offset += len(data)
-        self._sync_public_log()
+        for follower in self._followers:
+            follower.follow(state.lines)
         return entries
-
-    # -- the public log (phsafe.publog): kept in step under this lock ------------------------
-
-    @property
-    def public_log(self) -> Any:
-        """The ledger's :class:`phsafe.publog.PublicLog`, or None (a ledger made without one)."""
-        if self._public_log is _UNKNOWN:
-            from phsafe.publog.log import PublicLog
-
-            self._public_log = PublicLog.for_ledger(self.path)
-        return self._public_log
-
-    def _sync_public_log(self) -> None:
-        if self.public_log is not None:
-            self.public_log.sync(self._state.lines)
-
-    def require_witnesses(self) -> int:
-        """With the lock held: the public log cosigned by the ledger's witness quorum (if any).
-
-        Raises:
-            ForkRefused: The witnesses refuse this ledger's history (a copy, a rollback).
-        """
-        return 0 if self.public_log is None else self.public_log.require_witnesses(self._state.lines)
 
     def _reload_quietly(self) -> None:
         try:
             self._reload()
         except LedgerError:
             self._state, self._offset = LedgerState(), 0  # replayed on the next lock
+
+
+def _pread_all(fd: int, length: int, offset: int) -> bytes:
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        length -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

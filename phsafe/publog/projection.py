@@ -13,7 +13,11 @@ LEDGER_INIT            ``policy``           ``format`` (this log's, :data:`PUBLI
                                             ``ledger_id``, ``privacy_defn`` (the unit of every
                                             cap and charge), ``lifetime_cap`` (every dataset's),
                                             ``non_confidential``, ``reason``, ``code_version``,
-                                            ``ledger_cap`` (all datasets together; when set)
+                                            ``ledger_cap`` (all datasets together; when set),
+                                            ``witnesses`` (their verifier keys) and ``quorum``
+                                            (a ledger bound to its log from LEDGER_INIT)
+LOG_BOUND              ``log-bound``        ``witnesses``, ``quorum``, ``reason`` (a ledger
+                                            made before logs were bound, bound since)
 DATASET_VERSION        ``dataset-version``  ``dataset``, ``version`` (1, 2, ... per dataset),
                                             ``reason``, ``overlap`` (when declared: the other
                                             ``dataset`` and the ``reason``, never the share)
@@ -32,7 +36,13 @@ INTENT                 ``spend``            ``run_id``, ``key``, ``budget``, ``s
 RUN_RESUMED            ``run-resumed``      ``run_id``, ``dataset``, ``attempt``,
                                             ``code_version``, ``reason``, ``re_release``
                                             (when declared)
-RUN_FAILED             ``run-failed``       ``run_id``, ``spent``, ``reason``
+RUN_FAILED             ``run-failed``       ``run_id``, ``spent``, ``code`` (the kind of
+                                            failure, from a fixed list:
+                                            :data:`phsafe.ledger.format.FAILURE_CODES`) and
+                                            ``stage`` (``measure`` or ``release``); the
+                                            operator's message stays in the ledger. (A ledger
+                                            entry of format 2 projected ``reason`` instead:
+                                            those entries stay as they were published.)
 OUTPUTS_PUBLISHED +    ``release``          ``run_id``, ``dataset``, ``privacy_defn``,
 RUN_FINISHED                                ``manifest_sha256`` (SHA-256 of the release's
                                             ``manifest.json``), ``planned`` (as in
@@ -54,8 +64,29 @@ all of the above), and the length and digest of a dropped torn write. The datase
 versions are counted, never identified. The state filter is not in the ledger; it is in the
 release's manifest, which the ``release`` entry pins by digest.
 
+No operator text that can name an enclave path or a figure of the data: the reasons the
+operator gives on purpose (a policy's, a version's, a cap raise's, a resume's, a re-release's)
+are published as the operator's public statements, and the one message the code writes -- why a
+run failed, which may name the enclave's folders -- is replaced by a code from a fixed list and
+the run's public stage.
+
 Only ledgers that begin with ``LEDGER_INIT`` are projected (ledgers of the first format, with
 datasets identified by input digests, have no public log).
+
+The release manifest's ledger checkpoint (decided with issue 29). Each release's
+``manifest.json`` carries a checkpoint of the *confidential* ledger: its size and head hash,
+signed with the operator's Ed25519 key. It stays, for two reasons, and the public log does not
+repeat it. (1) It is what the confidential audit checks a release against (``audit verify
+--public-key``): a signature by a key the log's operator need not hold, over the exact ledger
+history at publication, so a ledger rewritten after a release is caught by the ledger's own
+auditors even if the log key and the log were rewritten together. (2) It reveals nothing that
+can be tested against guesses: the head hash chains over entry 0's lineage key id (an HMAC
+under 32 random bytes never published) and every run's random truncation key, so nobody without
+the ledger can recompute it for guessed records -- it is a hiding commitment, like the keyed
+lineage commitment beside it -- and the size counts entries whose kinds the public log already
+shows (its spends, plus one COMMITTED per spend whose noise was drawn). The public log leaves
+out every chain hash so that it stays a pure function of public facts: an outsider recomputes
+the statement from it without anything of the ledger.
 """
 
 from __future__ import annotations
@@ -122,7 +153,13 @@ class Projector:
                       "code_version": e["code_version"]}
             if "ledger_cap" in e:  # the cap on all datasets together, when the policy has one
                 policy["ledger_cap"] = e["ledger_cap"]
+            if "public_log" in e:  # the witnesses the ledger is bound to
+                policy["witnesses"] = list(e["public_log"]["witnesses"])
+                policy["quorum"] = e["public_log"]["quorum"]
             return policy
+        if kind is EntryKind.LOG_BOUND:
+            return {**base, "type": "log-bound", "witnesses": list(e["public_log"]["witnesses"]),
+                    "quorum": e["public_log"]["quorum"], "reason": e["reason"]}
         if kind is EntryKind.LEDGER_MIGRATED:  # never after LEDGER_INIT (the ledger's rules)
             raise LedgerError("a migrated ledger has no public privacy-loss log")
         if kind is EntryKind.DATASET_VERSION:
@@ -165,6 +202,10 @@ class Projector:
                 out["re_release"] = e["re_release"]
             return out
         if kind is EntryKind.RUN_FAILED:
+            if "code" in e:
+                return {**base, "type": "run-failed", "run_id": run_id, "spent": e["spent"], "code": e["code"],
+                        "stage": e["stage"]}
+            # Format 2: published with the reason before codes existed; the log keeps its bytes.
             return {**base, "type": "run-failed", "run_id": run_id, "spent": e["spent"], "reason": e["reason"]}
         if kind is EntryKind.OUTPUTS_PUBLISHED:
             run.files = dict(e["files"])

@@ -26,12 +26,17 @@ Modules and formats (each module's docstring states its format precisely):
 - :mod:`.checkpoint` -- C2SP tlog-checkpoint; verification with a k-of-n witness quorum.
 - :mod:`.cosignature` -- C2SP tlog-cosignature, Ed25519 ``cosignature/v1`` (type 0x04).
 - :mod:`.state` -- the compare-and-swap :class:`CheckpointStore` of witnesses and clients.
-- :mod:`.witness` -- :class:`Witness` (C2SP tlog-witness ``add-checkpoint`` rules, no HTTP) and
-  the log's side of it, :func:`request_cosignature`.
-- :mod:`.client` -- :class:`SeenCheckpoints`: fork detection against the last checkpoint seen.
+- :mod:`.witness` -- :class:`Witness` (C2SP tlog-witness ``add-checkpoint`` rules, and the HTTP
+  exchange written down without an HTTP library) and the log's side of it,
+  :func:`request_cosignature`.
+- :mod:`.witness_server` -- I/O: a witness as an HTTP service (Starlette on uvicorn), its state
+  folder held by one process.
+- :mod:`.client` -- :class:`SeenCheckpoints`: rollback and fork detection against the largest
+  checkpoint seen.
 - :mod:`.proof` -- C2SP tlog-proof files (``c2sp.org/tlog-proof@v1``).
 - :mod:`.layout` -- the published log's static files, and their verification (pure).
-- :mod:`.files` -- I/O: the hash file, the checkpoint-state JSON file, key files.
+- :mod:`.files` -- I/O: the hash file, the checkpoint-state JSON files (a witness's, a
+  client's), key files; every write through :mod:`phsafe.durable`.
 - :mod:`.publication` -- I/O: :class:`LogDirectory` (writer, recovery) and the reader.
 
 Decisions:
@@ -58,21 +63,24 @@ from phsafe.tlog.checkpoint import (
     sign_checkpoint,
     verify_checkpoint,
 )
-from phsafe.tlog.client import ConsistencyProver, SeenCheckpoints
+from phsafe.tlog.client import ConsistencyProver, Observation, SeenCheckpoints
 from phsafe.tlog.cosignature import CosignatureSigner, CosignatureVerifier, cosignature_timestamp, cosigned_message
 from phsafe.errors import (
     ForkError,
     MalformedError,
+    RollbackError,
     ProofError,
     SignatureError,
     StaleStateError,
     StoreError,
     TlogError,
     WitnessRefusal,
+    WitnessUnreachable,
 )
 from phsafe.tlog.files import (
     FileCheckpointStore,
     FileHashStore,
+    FileSeenLogs,
     read_signer_key,
     read_verifier_key,
     write_signer_key,
@@ -104,13 +112,16 @@ from phsafe.tlog.note import (
 )
 from phsafe.tlog.proof import TlogProof, format_tlog_proof, make_tlog_proof, parse_tlog_proof, verify_tlog_proof
 from phsafe.tlog.publication import LogDirectory, read_published_log
-from phsafe.tlog.state import CheckpointStore, MemoryCheckpointStore
+from phsafe.tlog.state import CheckpointStore, MemoryCheckpointStore, MemorySeenLogs, SeenLog, SeenLogStore
 from phsafe.tlog.witness import (
     AddCheckpointRequest,
     CosigningWitness,
     Witness,
+    HttpAnswer,
+    answer_add_checkpoint,
     format_add_checkpoint_request,
     parse_add_checkpoint_request,
+    read_add_checkpoint_answer,
     request_cosignature,
     with_cosignatures,
 )
@@ -129,14 +140,15 @@ __all__ = [
     # witnesses and clients
     "CheckpointStore", "MemoryCheckpointStore", "AddCheckpointRequest", "CosigningWitness", "Witness",
     "format_add_checkpoint_request", "parse_add_checkpoint_request", "request_cosignature", "with_cosignatures",
-    "ConsistencyProver", "SeenCheckpoints",
+    "HttpAnswer", "answer_add_checkpoint", "read_add_checkpoint_answer",
+    "ConsistencyProver", "SeenCheckpoints", "Observation", "SeenLog", "SeenLogStore", "MemorySeenLogs",
     # proof files
     "TlogProof", "format_tlog_proof", "make_tlog_proof", "parse_tlog_proof", "verify_tlog_proof",
     # publication and files
     "PublishedLog", "verify_published_log", "LogDirectory", "read_published_log",
-    "FileCheckpointStore", "FileHashStore", "read_signer_key", "read_verifier_key", "write_signer_key",
+    "FileCheckpointStore", "FileHashStore", "FileSeenLogs", "read_signer_key", "read_verifier_key", "write_signer_key",
     "write_verifier_key",
     # errors
-    "TlogError", "MalformedError", "SignatureError", "ProofError", "ForkError", "WitnessRefusal",
-    "StoreError", "StaleStateError",
+    "TlogError", "MalformedError", "SignatureError", "ProofError", "ForkError", "RollbackError", "WitnessRefusal",
+    "WitnessUnreachable", "StoreError", "StaleStateError",
 ]

@@ -25,12 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from phsafe.tlog.checkpoint import parse_checkpoint
 from phsafe.errors import MalformedError
-from phsafe.tlog.note import ALG_COSIGNATURE_V1, NoteSignature, key_id, raw_public_key
+from phsafe.tlog.note import ALG_COSIGNATURE_V1, Ed25519Signer, Ed25519Verifier, NoteSignature
 
 COSIGNATURE_V1_HEADER = "cosignature/v1"
 MAX_TIMESTAMP = (1 << 63) - 1
@@ -58,7 +57,7 @@ def _is_checkpoint(text: bytes) -> bool:
     return True
 
 
-class CosignatureSigner:
+class CosignatureSigner(Ed25519Signer):
     """A witness's Ed25519 cosigning key (signature type 0x04) under ``name``.
 
     Args:
@@ -71,10 +70,7 @@ class CosignatureSigner:
 
     def __init__(self, name: str, private_key: Ed25519PrivateKey,
                  clock: Callable[[], int] = lambda: int(time.time())) -> None:
-        self.public_key = raw_public_key(private_key.public_key())
-        self.key_id = key_id(name, self.alg, self.public_key)
-        self.name = name
-        self._private_key = private_key
+        super().__init__(name, private_key)
         self._clock = clock
 
     def sign(self, text: bytes) -> bytes:
@@ -83,37 +79,17 @@ class CosignatureSigner:
         timestamp = int(self._clock())
         if not 0 < timestamp <= MAX_TIMESTAMP:
             raise ValueError(f"the clock gave {timestamp}, not a positive 63-bit POSIX time")
-        signature = self._private_key.sign(cosigned_message(text, timestamp))
-        return timestamp.to_bytes(8, "big") + signature
-
-    def __repr__(self) -> str:  # never the private key
-        return f"CosignatureSigner({self.name!r}, key {self.key_id:08x})"
+        return timestamp.to_bytes(8, "big") + super().sign(cosigned_message(text, timestamp))
 
 
-class CosignatureVerifier:
+class CosignatureVerifier(Ed25519Verifier):
     """Verifies ``cosignature/v1`` cosignatures of the witness key ``public_key`` named ``name``."""
 
     alg = ALG_COSIGNATURE_V1
+    signature_size = COSIGNATURE_SIZE
 
-    def __init__(self, name: str, public_key: bytes) -> None:
-        if len(public_key) != 32:
-            raise MalformedError("Ed25519 public key", "it is not 32 bytes")
-        self.key_id = key_id(name, self.alg, public_key)
-        self.name = name
-        self.public_key = bytes(public_key)
-        self._key = Ed25519PublicKey.from_public_bytes(self.public_key)
-
-    def verify(self, text: bytes, signature: bytes) -> bool:
-        if len(signature) != COSIGNATURE_SIZE:
-            return False
+    def signed_message(self, text: bytes, signature: bytes) -> tuple[bytes, bytes] | None:
         timestamp = int.from_bytes(signature[:8], "big")
         if timestamp > MAX_TIMESTAMP or not _is_checkpoint(text):
-            return False
-        try:
-            self._key.verify(signature[8:], cosigned_message(text, timestamp))
-        except InvalidSignature:
-            return False
-        return True
-
-    def __repr__(self) -> str:
-        return f"CosignatureVerifier({self.name!r}, key {self.key_id:08x})"
+            return None
+        return cosigned_message(text, timestamp), signature[8:]

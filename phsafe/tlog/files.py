@@ -12,9 +12,9 @@
       {"format": "phsafe-tlog-checkpoints/1", "checkpoints": {"<origin>": "<signed checkpoint>"}}
 
   Compare-and-swap holds an exclusive ``flock`` on ``<file>.lock`` (a separate file, because the
-  JSON file's inode changes) while it reads, compares and replaces the file: a temporary file in
-  the same folder, ``fsync``, ``rename`` over the old one, ``fsync`` of the folder. A reader sees
-  the old file or the new one, never a mixture; a crash leaves the old one.
+  JSON file's inode changes) while it reads, compares and replaces the file
+  (:func:`phsafe.durable.replace`): a reader sees the old file or the new one, never a mixture;
+  a crash leaves one of them.
 - Key files: a signer key (``PRIVATE+KEY+...``, :mod:`.keys`) is written once, created with mode
   0600 (never over an existing file), and read only if it is a regular file no one but its owner
   may read; a verifier key file is one public line.
@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -30,9 +31,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from phsafe import durable
 from phsafe.errors import MalformedError, StaleStateError, StoreError
 from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
+from phsafe.tlog.state import SeenLog
 
 CHECKPOINTS_FORMAT = "phsafe-tlog-checkpoints/1"
 
@@ -41,54 +44,17 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-def fsync_folder(path: Path) -> None:
-    """Make a folder's entries (a new or renamed file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def write_new_file(path: Path, data: bytes, mode: int) -> None:
-    """Create ``path`` with ``mode`` (it must not exist), write ``data``, fsync it and its folder."""
-    path = Path(path)
+    """Create ``path`` with ``mode`` (it must not exist), durably (:func:`phsafe.durable.create`).
+
+    Raises:
+        StoreError: Something is at ``path`` already: it is never overwritten.
+        OSError: It cannot be written.
+    """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        durable.create(path, data, mode=mode)
     except FileExistsError:
         raise StoreError(f"{path} exists already; it is never overwritten") from None
-    try:
-        os.fchmod(fd, mode)  # the umask does not loosen or tighten what is asked
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    fsync_folder(path.parent)
-
-
-def replace_file(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` atomically with ``data`` (temporary file, fsync, rename, fsync folder)."""
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.fchmod(fd, mode)
-        _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.replace(temporary, path)
-    except OSError:
-        temporary.unlink(missing_ok=True)
-        raise
-    fsync_folder(path.parent)
 
 
 # --------------------------------------------------------------------------------------------
@@ -140,6 +106,9 @@ class FileHashStore:
             os.close(self._fd)
             self._fd = -1
 
+    def fileno(self) -> int:
+        return self._fd
+
     def byte_size(self) -> int:
         return os.fstat(self._fd).st_size
 
@@ -165,13 +134,11 @@ class FileHashStore:
         data = b"".join(hashes)
         if len(data) != HASH_SIZE * len(hashes):
             raise ValueError("every stored hash is 32 bytes")
-        _write_all(self._fd, data)
-        os.fsync(self._fd)
+        durable.append(self._fd, data, end=self.byte_size())
 
     def truncate(self, count: int) -> None:
         """Cut the file back to its first ``count`` hashes (recovery from a torn append)."""
-        os.ftruncate(self._fd, count * HASH_SIZE)
-        os.fsync(self._fd)
+        durable.truncate(self._fd, count * HASH_SIZE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -219,9 +186,75 @@ class FileCheckpointStore:
                 raise StaleStateError(f"the stored checkpoint of {origin} in {self.path} changed meanwhile")
             checkpoints[origin] = bytes(new).decode("utf-8")
             document = {"format": CHECKPOINTS_FORMAT, "checkpoints": dict(sorted(checkpoints.items()))}
-            replace_file(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         finally:
             os.close(lock_fd)  # releases the lock
+
+
+class FileSeenLogs:
+    """A :class:`~phsafe.tlog.state.SeenLogStore` in one JSON file, for a client (``audit public``)::
+
+        {"format": "phsafe-seen-logs/1",
+         "logs": {"<origin>": {"checkpoint": "<signed checkpoint>", "leaf_hashes": "<base64>"}}}
+
+    Replaced like :class:`FileCheckpointStore` (lock file, :func:`phsafe.durable.replace`). A
+    ``phsafe-tlog-checkpoints/1`` file (written before leaf hashes were kept) is read as
+    checkpoints without leaf hashes and rewritten in this format at the next update.
+    """
+
+    FORMAT = "phsafe-seen-logs/1"
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def _read(self) -> dict[str, SeenLog]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise StoreError(f"cannot read the checkpoints seen, {self.path}: {_reason(exc)}") from None
+        try:
+            document = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise StoreError(f"the checkpoints seen, {self.path}, are not JSON") from None
+        kind = document.get("format") if isinstance(document, dict) else None
+        if kind == CHECKPOINTS_FORMAT and isinstance(document.get("checkpoints"), dict):
+            return {origin: SeenLog(text.encode("utf-8")) for origin, text in document["checkpoints"].items()
+                    if isinstance(origin, str) and isinstance(text, str)}
+        logs = document.get("logs") if isinstance(document, dict) else None
+        if kind != self.FORMAT or not isinstance(logs, dict):
+            raise StoreError(f"{self.path} is not a {self.FORMAT} document")
+        out = {}
+        for origin, record in logs.items():
+            try:
+                out[origin] = SeenLog(record["checkpoint"].encode("utf-8"),
+                                      base64.b64decode(record.get("leaf_hashes") or "", validate=True))
+            except (KeyError, TypeError, AttributeError, ValueError):
+                raise StoreError(f"{self.path}: the record of {origin} is not a checkpoint and its leaf hashes") from None
+        return out
+
+    def load(self, origin: str) -> SeenLog | None:
+        return self._read().get(origin)
+
+    def replace(self, origin: str, expected: bytes | None, new: SeenLog) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            logs = self._read()
+            current = logs.get(origin)
+            if (None if current is None else current.checkpoint) != expected:
+                raise StaleStateError(f"the kept checkpoint of {origin} in {self.path} changed meanwhile")
+            logs[origin] = new
+            document = {"format": self.FORMAT, "logs": {
+                o: {"checkpoint": log.checkpoint.decode("utf-8"),
+                    "leaf_hashes": base64.b64encode(log.leaf_hashes).decode("ascii")}
+                for o, log in sorted(logs.items())}}
+            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+        finally:
+            os.close(lock_fd)
 
 
 # --------------------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ def open_note(message: bytes, verifiers: Iterable[Verifier]) -> Note:
 
 
 # --------------------------------------------------------------------------------------------
-# Ed25519 note signatures (type 0x01)
+# Ed25519 keys: the note signatures (type 0x01) here, cosignatures (type 0x04) in .cosignature
 # --------------------------------------------------------------------------------------------
 
 
@@ -256,45 +256,58 @@ def raw_public_key(key: Ed25519PublicKey) -> bytes:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
-class Ed25519Signer:
+class Ed25519NoteKey:
+    """What every Ed25519 note key is: a name, a signature type, a 32-byte public key and the
+    key ID they give. The signature types differ only in the message signed and the bytes
+    around the signature (:meth:`Ed25519Verifier.signed_message`); the rest is here once."""
+
+    alg: int = ALG_ED25519
+
+    def __init__(self, name: str, public_key: bytes) -> None:
+        if len(public_key) != 32:
+            raise MalformedError("Ed25519 public key", "it is not 32 bytes")
+        self.key_id = key_id(name, self.alg, public_key)  # checks the name
+        self.name = name
+        self.public_key = bytes(public_key)
+
+    def __repr__(self) -> str:  # never the private key
+        return f"{type(self).__name__}({self.name!r}, key {self.key_id:08x})"
+
+
+class Ed25519Signer(Ed25519NoteKey):
     """Signs notes with an Ed25519 key under ``name`` (signature type 0x01)."""
 
-    alg = ALG_ED25519
-
     def __init__(self, name: str, private_key: Ed25519PrivateKey) -> None:
-        self.public_key = raw_public_key(private_key.public_key())
-        self.key_id = key_id(name, self.alg, self.public_key)  # checks the name
-        self.name = name
+        super().__init__(name, raw_public_key(private_key.public_key()))
         self._private_key = private_key
 
     def sign(self, text: bytes) -> bytes:
         return self._private_key.sign(text)
 
-    def __repr__(self) -> str:  # never the private key
-        return f"Ed25519Signer({self.name!r}, key {self.key_id:08x})"
 
-
-class Ed25519Verifier:
+class Ed25519Verifier(Ed25519NoteKey):
     """Verifies Ed25519 note signatures (type 0x01) of the key ``public_key`` named ``name``."""
 
-    alg = ALG_ED25519
+    signature_size = 64
 
     def __init__(self, name: str, public_key: bytes) -> None:
-        if len(public_key) != 32:
-            raise MalformedError("Ed25519 public key", "it is not 32 bytes")
-        self.key_id = key_id(name, self.alg, public_key)
-        self.name = name
-        self.public_key = bytes(public_key)
+        super().__init__(name, public_key)
         self._key = Ed25519PublicKey.from_public_bytes(self.public_key)
 
+    def signed_message(self, text: bytes, signature: bytes) -> tuple[bytes, bytes] | None:
+        """(the message the Ed25519 signature covers, that signature), or None when the
+        signature bytes cannot be one of this type's. Here: the note text itself."""
+        return text, signature
+
     def verify(self, text: bytes, signature: bytes) -> bool:
-        if len(signature) != 64:
+        if len(signature) != self.signature_size:
             return False
+        signed = self.signed_message(text, signature)
+        if signed is None:
+            return False
+        message, ed25519_signature = signed
         try:
-            self._key.verify(signature, text)
+            self._key.verify(ed25519_signature, message)
         except InvalidSignature:
             return False
         return True
-
-    def __repr__(self) -> str:
-        return f"Ed25519Verifier({self.name!r}, key {self.key_id:08x})"

@@ -15,8 +15,9 @@ is only published over entries and hashes already durable. :meth:`LogDirectory.o
 folder in need of recovery, so the owner decides when it runs (for the ledger: ``ledger
 repair``, or under its lock before the next append).
 
-Opening reads the whole ``entries`` file once, to check it against ``hashes``: cheap at the
-thousands of entries these logs hold.
+Opening reads the whole ``entries`` file once, to check it against ``hashes`` (cheap at the
+thousands of entries these logs hold), and keeps the files open: an owner that appends for hours
+opens them once.
 
 :func:`read_published_log` is the reader: it reads ``checkpoint`` then ``entries`` and verifies
 them (:func:`~phsafe.tlog.layout.verify_published_log`), whether the folder is the writer's or
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from phsafe.tlog.checkpoint import Checkpoint, parse_checkpoint, sign_checkpoint
 from phsafe.errors import StoreError
-from phsafe.tlog.files import FileHashStore, fsync_folder, replace_file, write_new_file, write_verifier_key
+from phsafe import durable
+from phsafe.tlog.files import FileHashStore, write_new_file, write_verifier_key
 from phsafe.tlog.layout import (
     CHECKPOINT_FILE,
     ENTRIES_FILE,
@@ -48,22 +50,25 @@ from phsafe.tlog.note import Signer, Verifier, parse_note
 from phsafe.tlog.proof import TlogProof, make_tlog_proof
 
 
-def _entry_lines(path: Path) -> tuple[list[bytes], int]:
-    try:
-        data = (path / ENTRIES_FILE).read_bytes()
-    except OSError as exc:
-        raise StoreError(f"cannot read {path / ENTRIES_FILE}: {exc.strerror or exc}") from None
-    return decode_entries(data)
-
-
 class LogDirectory:
-    """A transparency log kept as files in ``path`` (see the module docstring)."""
+    """A transparency log kept as files in ``path`` (see the module docstring).
 
-    def __init__(self, path: Path, hashes: FileHashStore, size: int) -> None:
+    Open, it keeps ``entries`` and ``hashes`` open and knows how long each is: appends write at
+    the end of the open files, and :meth:`changed` tells -- by the files' sizes, without reading
+    them -- whether another process wrote to the folder meanwhile (then the owner opens it anew).
+    """
+
+    def __init__(self, path: Path, entries_fd: int, hashes: FileHashStore, size: int, entries_bytes: int,
+                 checkpoint: bytes | None) -> None:
         self.path = Path(path)
+        self._entries_fd = entries_fd
         self._hashes = hashes
         self.log = TransparencyLog(hashes)
         self._size = size
+        self._entries_bytes = entries_bytes
+        self._checkpoint = checkpoint
+        self._checkpoint_stat = _identity(self.path / CHECKPOINT_FILE)
+        self._files_stat = self._stat_files()
         self._interrupted = False  # an append failed part-way: the files need recover()
 
     # ---- making, opening, recovering ---------------------------------------------------------
@@ -79,28 +84,46 @@ class LogDirectory:
         FileHashStore.create(path / HASHES_FILE).close()
         if verifier_key is not None:
             write_verifier_key(path / VERIFIER_KEY_FILE, verifier_key)
-        fsync_folder(path.parent)
+        durable.fsync_folder(path.parent)
         return cls.open(path)
 
     @classmethod
     def open(cls, path: Path) -> "LogDirectory":
         """The log in ``path``; StoreError if it needs :meth:`recover` or is not a log."""
         path = Path(path)
-        whole, torn = _entry_lines(path)
-        hashes = FileHashStore.open(path / HASHES_FILE, check=False)
         try:
+            entries_fd = os.open(path / ENTRIES_FILE, os.O_RDWR | os.O_APPEND)
+        except OSError as exc:
+            raise StoreError(f"cannot open {path / ENTRIES_FILE}: {exc.strerror or exc}") from None
+        try:
+            data = _read_fd(entries_fd)
+            whole, torn = decode_entries(data)
+            hashes = FileHashStore.open(path / HASHES_FILE, check=False)
             try:
-                hashed = TransparencyLog(hashes).size
-            except StoreError as exc:
-                raise StoreError(f"the log in {path}: {exc}; an append was interrupted; recover it") from None
-            if torn or hashed != len(whole):
-                raise StoreError(f"the log in {path} has {len(whole)} whole entries"
-                                 f"{' and a torn last line' if torn else ''} and hashes for {hashed}: "
-                                 "an append was interrupted; recover it")
-        except StoreError:
-            hashes.close()
+                try:
+                    hashed = TransparencyLog(hashes).size
+                except StoreError as exc:
+                    raise StoreError(f"the log in {path}: {exc}; an append was interrupted; recover it") from None
+                if torn or hashed != len(whole):
+                    raise StoreError(f"the log in {path} has {len(whole)} whole entries"
+                                     f"{' and a torn last line' if torn else ''} and hashes for {hashed}: "
+                                     "an append was interrupted; recover it")
+                try:
+                    checkpoint: bytes | None = (path / CHECKPOINT_FILE).read_bytes()
+                except FileNotFoundError:
+                    checkpoint = None
+            except BaseException:
+                hashes.close()
+                raise
+        except BaseException:
+            os.close(entries_fd)
             raise
-        return cls(path, hashes, hashed)
+        directory = cls(path, entries_fd, hashes, hashed, len(data), checkpoint)
+        directory.entries = whole
+        return directory
+
+    entries: list[bytes]
+    """The entries read when the folder was opened (a new entry is appended here too)."""
 
     @classmethod
     def recover(cls, path: Path) -> list[str]:
@@ -112,11 +135,13 @@ class LogDirectory:
         if torn:
             fd = os.open(path / ENTRIES_FILE, os.O_WRONLY)
             try:
-                os.ftruncate(fd, len(data) - torn)
-                os.fsync(fd)
+                durable.truncate(fd, len(data) - torn)
             finally:
                 os.close(fd)
             done.append(f"cut a torn last entry line of {torn} bytes")
+        if not (path / HASHES_FILE).exists():  # derivable from the entries: made again
+            FileHashStore.create(path / HASHES_FILE).close()
+            done.append("made the missing hash file again")
         with FileHashStore.open(path / HASHES_FILE, check=False) as hashes:
             length = hashes.byte_size()
             size = largest_tree_in_stored_count(length // HASH_SIZE)
@@ -140,12 +165,30 @@ class LogDirectory:
 
     def close(self) -> None:
         self._hashes.close()
+        if self._entries_fd >= 0:
+            os.close(self._entries_fd)
+            self._entries_fd = -1
 
     def __enter__(self) -> "LogDirectory":
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+    def _stat_files(self) -> tuple[int, int, int, int]:
+        entries, hashes = os.fstat(self._entries_fd), os.fstat(self._hashes.fileno())
+        return entries.st_size, entries.st_mtime_ns, hashes.st_size, hashes.st_mtime_ns
+
+    def changed(self) -> bool:
+        """Whether anyone else wrote to the folder since this object read or wrote it: the files'
+        sizes or modification times, or the published checkpoint's file, are not the ones it
+        left (one ``fstat`` each; nothing is read)."""
+        try:
+            return (self._stat_files() != self._files_stat
+                    or os.fstat(self._entries_fd).st_size != self._entries_bytes
+                    or _identity(self.path / CHECKPOINT_FILE) != self._checkpoint_stat)
+        except OSError:
+            return True
 
     # ---- writing ----------------------------------------------------------------------------
 
@@ -168,25 +211,22 @@ class LogDirectory:
         first = self._size
         hashes = self.log.hashes_for(entries)
         self._interrupted = True
-        fd = os.open(self.path / ENTRIES_FILE, os.O_WRONLY | os.O_APPEND)
-        try:
-            view = memoryview(lines)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        durable.append(self._entries_fd, lines, end=self._entries_bytes)
+        self._entries_bytes += len(lines)
         self._hashes.append_hashes(hashes)
         self._interrupted = False
         self._size = first + len(entries)
+        self.entries.extend(bytes(e) for e in entries)
+        self._files_stat = self._stat_files()
         return range(first, self._size)
+
+    def stored_hashes(self) -> bytes:
+        """The hash file's bytes (read in full: for a comparison when the folder is opened)."""
+        return _read_fd(self._hashes.fileno())
 
     def checkpoint(self) -> bytes | None:
         """The published signed checkpoint, or None before the first."""
-        try:
-            return (self.path / CHECKPOINT_FILE).read_bytes()
-        except FileNotFoundError:
-            return None
+        return self._checkpoint
 
     def publish_checkpoint(self, message: bytes) -> None:
         """Replace the published checkpoint with ``message`` (e.g. after witnesses cosigned it).
@@ -197,10 +237,12 @@ class LogDirectory:
         stated = parse_checkpoint(parse_note(message)[0])
         if stated.size > self._size or self.log.root(stated.size) != stated.root_hash:
             raise StoreError(f"the checkpoint (size {stated.size}) is not a tree head of the log in {self.path}")
-        previous = self.checkpoint()
+        previous = self._checkpoint
         if previous is not None and parse_checkpoint(parse_note(previous)[0]).size > stated.size:
             raise StoreError(f"the log in {self.path} has a checkpoint larger than size {stated.size} already")
-        replace_file(self.path / CHECKPOINT_FILE, bytes(message))
+        durable.replace(self.path / CHECKPOINT_FILE, bytes(message))
+        self._checkpoint = bytes(message)
+        self._checkpoint_stat = _identity(self.path / CHECKPOINT_FILE)
 
     def sign_checkpoint(self, signer: Signer, *, origin: str | None = None) -> bytes:
         """Sign a checkpoint of all entries with the log's key (origin: the key's name); not
@@ -213,6 +255,26 @@ class LogDirectory:
         if message is None:
             raise StoreError(f"the log in {self.path} has no checkpoint yet")
         return make_tlog_proof(self.log, index, message)
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a replaced file from the one seen: inode, size, modification time."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while True:
+        chunk = os.pread(fd, 1 << 20, offset)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        offset += len(chunk)
 
 
 def read_published_log(path: Path, log_verifier: Verifier, *, witnesses: Iterable[Verifier] = (),

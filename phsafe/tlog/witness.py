@@ -4,20 +4,27 @@ A :class:`Witness` holds a cosigning key (:class:`~phsafe.tlog.cosignature.Cosig
 the verifier keys of the logs it witnesses (a log is known by its origin, which is its key's
 name), and a :class:`~phsafe.tlog.state.CheckpointStore` with the last checkpoint it cosigned per
 origin -- kept apart from the log it watches, or it protects nothing. :meth:`Witness.add_checkpoint`
-is the protocol's ``add-checkpoint`` call without HTTP; refusals are
-:class:`~phsafe.errors.WitnessRefusal` with the protocol's status:
+is the protocol's ``add-checkpoint`` call; refusals are :class:`~phsafe.errors.WitnessRefusal`
+with the protocol's HTTP status:
 
 ====  =======================================================================================
 404   the checkpoint's origin is not a log this witness knows
 403   no valid signature by that log's key (or a signature by it that fails)
 400   malformed request or checkpoint; old size larger than the checkpoint's size
 409   old size is not the size of the last checkpoint cosigned for the origin (0 if none);
-      ``latest_size`` says which it is. A checkpoint smaller than the last one cosigned is
-      refused here or as a 400: a witness never goes back.
+      or old size, last size and the checkpoint's size are equal and the root hashes differ
+      (another tree of the size it cosigned: a fork). ``latest_size`` says which size it
+      last cosigned; a witness never goes back.
 422   the consistency proof from (old size, last root) to the new checkpoint does not verify;
-      old size 0 with a non-empty proof; the same size with another root hash (a fork);
-      size 0 with a root other than the empty tree's
+      old size 0 with a non-empty proof; size 0 with a root other than the empty tree's
 ====  =======================================================================================
+
+The HTTP exchange is written down here without an HTTP library, as the spec defines it:
+:func:`answer_add_checkpoint` is the witness's answer to a request body (status, content type,
+body; the 409 answer is the size it last cosigned, ``text/x.tlog.size``), and
+:func:`read_add_checkpoint_answer` is the log's reading of that answer. A server
+(:mod:`phsafe.tlog.witness_server`) and a client (:mod:`phsafe.publog.witnesses`) put them on
+the wire.
 
 The log's side of the exchange is :func:`request_cosignature`: it sends the consistency proof
 from the size it believes the witness last cosigned and, on a 409, once more from the size the
@@ -26,7 +33,8 @@ witness has cosigned the original's larger tree, and the copy can prove no consi
 
 On success the witness stores the checkpoint (with the log's verified signatures and its own
 cosignature) by compare-and-swap -- check and update are one atomic step, so two concurrent
-requests cannot roll it back -- and returns its cosignature line.
+requests cannot roll it back -- before it returns its cosignature line: a cosignature is never
+given for a state the witness could forget.
 
 Request body (``add-checkpoint``), every line ending in a newline::
 
@@ -40,7 +48,7 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -125,14 +133,27 @@ class Witness:
         store: The last cosigned checkpoint per origin (kept apart from the logs).
     """
 
-    def __init__(self, signer: CosignatureSigner, logs: Iterable[Verifier], store: CheckpointStore) -> None:
+    def __init__(self, signer: CosignatureSigner, logs: Iterable[Verifier], store: CheckpointStore, *,
+                 evidence: Callable[[str, int, bytes], None] | None = None) -> None:
         self.signer = signer
+        self._keep_evidence = evidence
         self._logs: dict[str, Verifier] = {}
         for log in logs:
             if log.name in self._logs:
                 raise ValueError(f"two keys for the log {log.name}: a witness takes one per log")
             self._logs[log.name] = log
         self._store = store
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        """The logs this witness witnesses."""
+        return tuple(self._logs)
+
+    def _evidence(self, request: AddCheckpointRequest, new: VerifiedCheckpoint) -> None:
+        """Keep a refused request whose log signature verified: two checkpoints signed by one
+        log's key that cannot both be true prove the log misbehaved (the spec's MAY)."""
+        if self._keep_evidence is not None:
+            self._keep_evidence(new.checkpoint.origin, new.checkpoint.size, format_add_checkpoint_request(request))
 
     def latest(self, origin: str) -> VerifiedCheckpoint | None:
         """The last checkpoint cosigned for ``origin`` (verified again: the store is a file)."""
@@ -178,9 +199,14 @@ class Witness:
             raise WitnessRefusal(409, f"the last checkpoint cosigned for {origin} has size {latest_size}, "
                                       f"not {request.old_size}", latest_size=latest_size)
         old_root = latest.checkpoint.root_hash if latest else EMPTY_ROOT
+        if size == latest_size and new.checkpoint.root_hash != old_root:
+            self._evidence(request, new)
+            raise WitnessRefusal(409, f"the checkpoint of size {size} has another root hash than the one of that size "
+                                      "cosigned before: the log forked", latest_size=latest_size)
         try:
             verify_consistency(latest_size, old_root, size, new.checkpoint.root_hash, request.consistency_proof)
         except ProofError as exc:
+            self._evidence(request, new)
             raise WitnessRefusal(422, f"the checkpoint of size {size} does not extend the one of size "
                                       f"{latest_size} cosigned before: {exc}") from None
         cosignature = NoteSignature(self.signer.name, self.signer.key_id,
@@ -234,3 +260,64 @@ def request_cosignature(witness: CosigningWitness, log: TransparencyLog, checkpo
                 raise
             old_size = refusal.latest_size
     raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------
+# The exchange over HTTP, without an HTTP library
+# --------------------------------------------------------------------------------------------
+
+SIZE_CONTENT_TYPE = "text/x.tlog.size"
+"""The content type of a 409 answer: the size the witness last cosigned, then a newline."""
+TEXT_CONTENT_TYPE = "text/plain; charset=utf-8"
+MAX_REQUEST_BYTES = 1 << 16
+"""The largest add-checkpoint body a witness reads: a checkpoint, 63 proof lines and up to 100
+signature lines fit many times over."""
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """A witness's answer to one ``add-checkpoint`` POST: HTTP status, content type, body."""
+
+    status: int
+    content_type: str
+    body: bytes
+
+
+def answer_add_checkpoint(witness: Witness, body: bytes) -> HttpAnswer:
+    """The witness's answer to an ``add-checkpoint`` request body, as the spec states it."""
+    if len(body) > MAX_REQUEST_BYTES:
+        return HttpAnswer(413, TEXT_CONTENT_TYPE, f"the request is over {MAX_REQUEST_BYTES} bytes\n".encode())
+    try:
+        request = parse_add_checkpoint_request(body)
+        lines = witness.add_checkpoint(request)
+    except MalformedError as exc:
+        return HttpAnswer(400, TEXT_CONTENT_TYPE, f"{exc}\n".encode("utf-8"))
+    except WitnessRefusal as refusal:
+        if refusal.status == 409:
+            return HttpAnswer(409, SIZE_CONTENT_TYPE, f"{refusal.latest_size or 0}\n".encode("ascii"))
+        return HttpAnswer(refusal.status, TEXT_CONTENT_TYPE, f"{refusal}\n".encode("utf-8"))
+    return HttpAnswer(200, TEXT_CONTENT_TYPE, lines)
+
+
+def read_add_checkpoint_answer(status: int, content_type: str | None, body: bytes) -> bytes:
+    """The cosignature lines of a witness's 200 answer; a :class:`WitnessRefusal` otherwise
+    (a 409 carries the size the witness names, read from its ``text/x.tlog.size`` body).
+
+    Raises:
+        WitnessRefusal: The witness refused (its status), or its answer is not the protocol's.
+    """
+    if status == 200:
+        try:
+            parse_signature_lines(bytes(body).decode("utf-8"))
+        except (MalformedError, UnicodeDecodeError):
+            raise WitnessRefusal(502, "the witness answered 200 without signature lines") from None
+        return bytes(body)
+    text = bytes(body[:500]).decode("utf-8", "replace").strip()
+    if status == 409:
+        media = (content_type or "").split(";")[0].strip().lower()
+        if media != SIZE_CONTENT_TYPE or not _DECIMAL.fullmatch(text):
+            raise WitnessRefusal(502, "the witness answered 409 without the size it last cosigned")
+        return_size = int(text)
+        raise WitnessRefusal(409, f"the witness last cosigned a tree of {return_size} entries", latest_size=return_size)
+    first = text.splitlines()[0] if text else ""
+    raise WitnessRefusal(status, first or f"HTTP status {status}")

@@ -8,7 +8,10 @@ goes on to its next safe point). POINT is ``append:K`` (just after the K-th ledg
 durable, nothing after them happened) or ``renamed`` (just after the release was renamed into
 place, before the ledger recorded it), ``log-append:K`` (the K-th append to the public log, before
 it wrote anything: the ledger's entries are durable, the log is behind) or ``log-torn:K`` (the same,
-after half of its first entry line).
+after half of its first entry line), ``cosigned:K`` (just after the K-th cosignature a witness
+service gave: the witness's state is ahead of the log's published checkpoint), or
+``stop-witness:K`` (not a fault of the run: after its K-th INTENT, the witness service whose
+process id is ``$PHSAFE_TEST_WITNESS_PID`` is stopped, and the run goes on).
 """
 
 from __future__ import annotations
@@ -70,6 +73,42 @@ def main(argv: list[str]) -> int:
             return original_log_append(self, entries)
 
         LogDirectory.append = log_append
+    elif point.startswith("cosigned:"):
+        from phsafe.publog.witnesses import HttpWitness
+
+        target, calls = int(point.split(":")[1]), []
+        original_add = HttpWitness.add_checkpoint
+
+        def add_checkpoint(self, request):  # noqa: ANN001
+            lines = original_add(self, request)
+            calls.append(1)
+            if len(calls) == target:
+                _fail(mode)
+            return lines
+
+        HttpWitness.add_checkpoint = add_checkpoint
+    elif point.startswith("stop-witness:"):
+        target, calls = int(point.split(":")[1]), []
+        original_append = phsafe.ledger.Ledger.append_entries
+        witness_pid = int(os.environ["PHSAFE_TEST_WITNESS_PID"])
+        host, port = os.environ["PHSAFE_TEST_WITNESS_URL"].split("//", 1)[1].rsplit(":", 1)
+
+        def append_then_stop(self, items):  # noqa: ANN001
+            entries = original_append(self, items)
+            if any(kind.value == "INTENT" for kind, _, _ in items):
+                calls.append(1)
+                if len(calls) == target:
+                    import socket
+
+                    os.kill(witness_pid, signal.SIGKILL)
+                    while True:  # until nothing answers at its address: no request of the run reaches it
+                        try:
+                            socket.create_connection((host, int(port)), timeout=5).close()
+                        except OSError:
+                            break
+            return entries
+
+        phsafe.ledger.Ledger.append_entries = append_then_stop
     elif point == "reading":  # once the inputs are read, before the run can spend
         original_digest = phsafe.engine.fingerprint_inputs
 

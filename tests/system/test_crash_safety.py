@@ -40,7 +40,8 @@ from decimal import Decimal
 from phsafe.accounting import plan_run
 from phsafe.config import PrivacyDefinition, load_config, parse_config
 from phsafe.errors import BudgetError
-from phsafe.ledger import Ledger, RunStatus, key_path, read_ledger
+from phsafe.ledger import RunStatus, read_ledger
+from phsafe.publog import open_ledger
 
 from tests._ledgers import new_ledger
 from tests.conftest import US_CONFIG
@@ -139,10 +140,8 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     assert state.dataset_spent("crash-test", PrivacyDefinition.ZCDP) == expected == len(runs) * plan.total
     # A plan that the cap admits only without the crashed runs' reservations is refused (on a copy
     # of the ledger: the production one keeps its history).
-    copy = setup["root"] / "copy" / "ledger.jsonl"
-    copy.parent.mkdir()
-    shutil.copyfile(setup["ledger"], copy)
-    shutil.copyfile(key_path(setup["ledger"]), key_path(copy))
+    shutil.copytree(setup["ledger"].parent, setup["root"] / "copy")  # the ledger with its keys and its public log
+    copy = setup["root"] / "copy" / setup["ledger"].name
     raw = json.loads(setup["config"].read_text(), parse_float=Decimal)
     scale = Decimal(float((Fraction(CAP) - expected / 2) / plan.total)).quantize(Decimal("0.001"))
     for levels in raw["privacy_budget"].values():
@@ -151,7 +150,7 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
     big = plan_run(parse_config(raw))
     assert big.total + expected > Fraction(CAP) >= big.total
     with pytest.raises(BudgetError, match=f"already spent {_decimal(expected)}"):
-        Ledger.open(copy).start_run(run_id="too-much", plan=big, dataset="crash-test", fingerprint=runs[0].fingerprint,
+        open_ledger(copy).start_run(run_id="too-much", plan=big, dataset="crash-test", fingerprint=runs[0].fingerprint,
                                     config_digest="c" * 64, input_digests=runs[0].input_digests, code_version="test",
                                     truncation_key_hex="00" * 16, re_release="one run too many")
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -36,6 +37,7 @@ from phsafe.publog import log_path
 from phsafe.sensitivity import SensitivityBound, exact, squared
 
 from tests.conftest import US_CONFIG
+from tests.system._witness_services import Service
 
 pytestmark = pytest.mark.slow
 
@@ -54,20 +56,24 @@ def _config(sensitivity: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("exact-release")
     synthetic.write(synthetic.generate(1500, STATES, seed=11), root / "data")
     (root / "config.json").write_text(json.dumps(_config("exact")))
-    made = cli("witness", "init", root / "witness", "--name", "witness.test")
-    assert made.returncode == 0, made.stderr
-    ledger = root / "enclave" / "ledger.jsonl"
-    made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy", "--witness", root / "witness")
-    assert made.returncode == 0, made.stderr
-    ran = cli("private", root / "config.json", root / "data", root / "out", "--ledger", ledger,
-              "--new-version", "synthetic records")
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    return {"root": root, "ledger": ledger, "out": root / "out", "log": log_path(ledger),
-            "vkey": log_path(ledger) / "log.vkey", "witness_vkey": root / "witness" / "witness.vkey"}
+    witness = Service(root, "witness").start()  # a witness service of its own (tests/system/_witness_services)
+    try:
+        ledger = root / "enclave" / "ledger.jsonl"
+        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy",
+                   "--witness", witness.url, witness.vkey)
+        assert made.returncode == 0, made.stderr
+        witness.witness(log_path(ledger))
+        ran = cli("private", root / "config.json", root / "data", root / "out", "--ledger", ledger,
+                  "--new-version", "synthetic records")
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        yield {"root": root, "ledger": ledger, "out": root / "out", "log": log_path(ledger),
+               "vkey": log_path(ledger) / "log.vkey", "witness_vkey": witness.vkey}
+    finally:
+        witness.stop()
 
 
 def _ledger_plan(ledger: Path) -> list[dict]:

@@ -371,25 +371,26 @@ def test_state_filter_without_records_still_releases_the_full_domain(tmp_path: P
         assert set(cells(frame, table)) == expected_domain(table, levels, ["72"]), table
 
 
-def test_a_ledger_made_anew_at_the_same_path_and_inode_is_not_mistaken_for_the_old(tmp_path: Path) -> None:
-    """The engine keeps one handle per ledger file; a new ledger written over the same inode (as
-    a deleted ledger's freed inode is reused by the next file) must be opened as what it is."""
+def test_a_ledger_made_anew_at_the_same_path_is_not_mistaken_for_the_old(tmp_path: Path) -> None:
+    """The engine keeps one handle per ledger file, open; a ledger removed and made anew at the
+    same path (a throwaway ledger of ``accuracy --overwrite``) is opened as what it is. While the
+    old handle holds its file open, that file's inode cannot be reused by the new one."""
+    import shutil
+
     from phsafe.config import PrivacyDefinition
     from phsafe.engine import open_ledger
-    from phsafe.ledger import init_ledger, key_path
+    from phsafe.publog import create_ledger
 
-    path, other = tmp_path / "ledger.jsonl", tmp_path / "other" / "ledger.jsonl"
-    other.parent.mkdir()
-    for where in (path, other):
-        init_ledger(where, lifetime_cap=Fraction(3), reason="test", privacy_defn=PrivacyDefinition.ZCDP,
-                    non_confidential=True, code_version="test")
-    first = open_ledger(path).state.policy
+    path = tmp_path / "enclave" / "ledger.jsonl"
+    create_ledger(path, lifetime_cap=Fraction(3), reason="test", privacy_defn=PrivacyDefinition.ZCDP,
+                  non_confidential=True, code_version="test")
+    first = open_ledger(path)
+    assert open_ledger(path) is first  # the same handle while the file is the same
     inode = path.stat().st_ino
-    with open(path, "r+b") as f:  # the other ledger's bytes, in place: the same inode
-        f.write(other.read_bytes())
-        f.truncate()
-    key_path(path).write_bytes(key_path(other).read_bytes())
-    assert path.stat().st_ino == inode
+    shutil.rmtree(path.parent)
+    create_ledger(path, lifetime_cap=Fraction(3), reason="test", privacy_defn=PrivacyDefinition.ZCDP,
+                  non_confidential=True, code_version="test")
+    assert path.stat().st_ino != inode
     reopened = open_ledger(path)
-    assert reopened.state.policy.ledger_id == open_ledger(other).state.policy.ledger_id != first.ledger_id
+    assert reopened is not first and reopened.state.policy.ledger_id != first.state.policy.ledger_id
     reopened.lineage_key()  # the key beside it is this ledger's

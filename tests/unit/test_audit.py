@@ -53,8 +53,8 @@ from phsafe.ledger import (
     format_exact,
     lineage_commitment,
     migrate_ledger,
-    repair_ledger,
 )
+from phsafe.publog import repair_ledger
 from phsafe.noise import measure
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
 
@@ -500,7 +500,8 @@ def policy_mutants(parsed: list[dict[str, Any]]) -> list[Mutant]:
         ("policy made non-confidential, rehash", set_at(0, non_confidential=True),
          "confidential ledger takes only confidential runs"),
         ("policy without a reason, rehash", set_at(0, reason=""), "reason"),
-        ("policy of another format, rehash", set_at(0, format=1), "format must be 2"),
+        ("policy of another format, rehash", set_at(0, format=1), "format must be 3"),
+        ("policy unbound from its log, rehash", set_at(0, format=2), "public_log is bound by LEDGER_INIT of format 3 only"),
         ("policy names another lineage key, rehash", set_at(0, key_id="0" * 32), "ledger.jsonl.key"),
         ("a second policy, rehash", rehash(lambda es: _insert_copy(es, 0)), "LEDGER_INIT can only be the first entry"),
         ("lower the raised cap, rehash", set_at(raise_a, lifetime_cap=budget_line), "only ever raised"),

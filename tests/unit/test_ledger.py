@@ -43,15 +43,14 @@ from phsafe.ledger import (
     TornTailError,
     dataset_id,
     format_exact,
-    init_ledger,
     key_id,
     key_path,
     lock_path,
     migrate_ledger,
     parse_exact,
     read_ledger,
-    repair_ledger,
 )
+from phsafe.publog import create_ledger, open_ledger, repair_ledger
 from phsafe.noise import measure
 
 from tests._ledgers import (
@@ -220,7 +219,7 @@ def test_ledger_holds_no_microdata_fields(tmp_path: Path) -> None:
         "ledger_id", "format", "privacy_defn", "lifetime_cap", "reason", "non_confidential", "key_id",
         "code_version", "dataset", "fingerprint", "input_digests", "config_digest", "truncation_key", "planned",
         "planned_total", "spent_before", "validated", "key", "budget", "sensitivity", "n_cells", "intent_seq",
-        "intent_hash", "noisy_digest", "spent",
+        "intent_hash", "noisy_digest", "spent", "public_log", "code", "stage",
     }
     for entry in entries(ledger.path):
         assert set(entry) <= allowed
@@ -246,7 +245,7 @@ def test_noisy_digest_is_the_released_vector(tmp_path: Path) -> None:
 
 def test_init_creates_the_ledger_and_its_lineage_key(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "er" / "ledger.jsonl"
-    ledger = init_ledger(path, lifetime_cap=Fraction(5, 4), reason="policy memo 3", code_version="v9")
+    ledger = create_ledger(path, lifetime_cap=Fraction(5, 4), reason="policy memo 3", code_version="v9")
     key_file = key_path(path)
     assert key_file == tmp_path / "deep" / "er" / "ledger.jsonl.key"
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
@@ -255,9 +254,10 @@ def test_init_creates_the_ledger_and_its_lineage_key(tmp_path: Path) -> None:
     assert len(key) == 32
     (genesis,) = entries(path)
     assert set(genesis) == COMMON | {"ledger_id", "format", "privacy_defn", "lifetime_cap", "reason",
-                                     "non_confidential", "key_id", "code_version"}
+                                     "non_confidential", "key_id", "code_version", "public_log"}
     assert (genesis["seq"], genesis["prev"], genesis["kind"], genesis["run_id"]) == (0, "0" * 64, "LEDGER_INIT", None)
-    assert genesis["format"] == 2 and genesis["privacy_defn"] == "zcdp" and genesis["lifetime_cap"] == "1.25"
+    assert genesis["format"] == 3 and genesis["privacy_defn"] == "zcdp" and genesis["lifetime_cap"] == "1.25"
+    assert genesis["public_log"]["witnesses"] == [] and genesis["public_log"]["quorum"] == 0
     assert genesis["reason"] == "policy memo 3" and genesis["non_confidential"] is False
     assert genesis["code_version"] == "v9" and len(genesis["ledger_id"]) == 32
     # The key id identifies the key file's key (HMAC under it), without revealing it.
@@ -278,13 +278,13 @@ def test_init_never_overwrites_a_ledger(tmp_path: Path) -> None:
     before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     for cap, non_conf in ((Fraction(2), False), (INFINITE, True)):
         with pytest.raises(LedgerError, match="already exists; a ledger is never created twice"):
-            init_ledger(ledger.path, lifetime_cap=cap, reason="again", non_confidential=non_conf)
+            create_ledger(ledger.path, lifetime_cap=cap, reason="again", non_confidential=non_conf)
     assert {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     # A leftover key file or lock file of another ledger also refuses (a key is never replaced).
     for leftover in ("fresh.jsonl.key", "other.jsonl.lock"):
         (tmp_path / leftover).write_text("x")
         with pytest.raises(LedgerError, match="already exists"):
-            init_ledger(tmp_path / leftover.rsplit(".", 1)[0], lifetime_cap=Fraction(1), reason="x")
+            create_ledger(tmp_path / leftover.rsplit(".", 1)[0], lifetime_cap=Fraction(1), reason="x")
         assert not (tmp_path / leftover.rsplit(".", 1)[0]).exists()
         assert (tmp_path / leftover).read_text() == "x"
 
@@ -294,18 +294,18 @@ def test_init_policy_rules(tmp_path: Path) -> None:
     creates nothing."""
     path = tmp_path / "ledger.jsonl"
     with pytest.raises(BudgetError, match="Infinity lifetime cap is allowed only for a non-confidential"):
-        init_ledger(path, lifetime_cap=INFINITE, reason="no cap")
+        create_ledger(path, lifetime_cap=INFINITE, reason="no cap")
     with pytest.raises(BudgetError, match="positive"):
-        init_ledger(path, lifetime_cap=Fraction(0), reason="zero")
+        create_ledger(path, lifetime_cap=Fraction(0), reason="zero")
     with pytest.raises(BudgetError, match="not a float"):
-        init_ledger(path, lifetime_cap=1.0, reason="float")  # type: ignore[arg-type]
+        create_ledger(path, lifetime_cap=1.0, reason="float")  # type: ignore[arg-type]
     with pytest.raises(BudgetError, match="non-negative"):
-        init_ledger(path, lifetime_cap=Fraction(-1), reason="negative")
+        create_ledger(path, lifetime_cap=Fraction(-1), reason="negative")
     for empty in ("", "   ", "\n"):
         with pytest.raises(LedgerError, match="reason"):
-            init_ledger(path, lifetime_cap=Fraction(1), reason=empty)
+            create_ledger(path, lifetime_cap=Fraction(1), reason=empty)
     assert list(tmp_path.iterdir()) == []
-    synthetic = init_ledger(path, lifetime_cap=INFINITE, reason="demo data", non_confidential=True)
+    synthetic = create_ledger(path, lifetime_cap=INFINITE, reason="demo data", non_confidential=True)
     genesis = entries(path)[0]
     assert genesis["lifetime_cap"] == "Infinity" and genesis["non_confidential"] is True
     assert synthetic.state.policy.lifetime_cap == INFINITE
@@ -321,11 +321,11 @@ def test_open_never_creates_a_ledger(tmp_path: Path) -> None:
     assert not (tmp_path / "sub").exists()
     path.parent.mkdir()
     with pytest.raises(LedgerError, match="does not exist"):
-        Ledger.open(path)
+        open_ledger(path)
     assert list(path.parent.iterdir()) == []  # not the ledger, not its lock, not its key
     path.mkdir()
     with pytest.raises(LedgerError, match="is a directory"):
-        Ledger.open(path)
+        open_ledger(path)
 
 
 def test_replay_rejects_a_bad_genesis(tmp_path: Path) -> None:
@@ -342,7 +342,18 @@ def test_replay_rejects_a_bad_genesis(tmp_path: Path) -> None:
     genesis(lifetime_cap="Infinity", non_confidential=True)
     assert read_ledger(path).policy.lifetime_cap == INFINITE
     genesis(format=1)
-    rejected(path, 0, "LEDGER_INIT", "format must be 2")
+    rejected(path, 0, "LEDGER_INIT", "format must be 3")
+    genesis(format=2)  # format 2 binds no log
+    rejected(path, 0, "LEDGER_INIT", "public_log is bound by LEDGER_INIT of format 3 only")
+    genesis(public_log={**good["public_log"], "quorum": 1})
+    rejected(path, 0, "LEDGER_INIT", "public_log.quorum")
+    genesis(public_log={**good["public_log"], "origin": "another.example/log"})
+    rejected(path, 0, "LEDGER_INIT", "public_log.origin is not the name of the log's key")
+    unbound = dict(good)
+    del unbound["public_log"]
+    path.write_bytes(b"")
+    craft(path, "LEDGER_INIT", None, body_of(unbound))
+    rejected(path, 0, "LEDGER_INIT", "public_log is missing")
     genesis(reason=" ")
     rejected(path, 0, "LEDGER_INIT", "reason")
     genesis(key_id="K" * 32)
@@ -474,10 +485,10 @@ def test_open_rejects_a_broken_ledger(tmp_path: Path) -> None:
     data = ledger.path.read_bytes()
     ledger.path.write_bytes(data.replace(b'"n_cells":2', b'"n_cells":3', 1))
     with pytest.raises(LedgerError, match="entry 2"):  # RUN_STARTED, after LEDGER_INIT and DATASET_VERSION
-        Ledger.open(ledger.path)
+        open_ledger(ledger.path)
     ledger.path.write_bytes(data[:-5])
     with pytest.raises(TornTailError, match="incomplete.*phsafe ledger repair"):
-        Ledger.open(ledger.path)
+        open_ledger(ledger.path)
 
 
 def test_ledger_detects_shrinking_under_an_open_handle(tmp_path: Path) -> None:
@@ -566,12 +577,12 @@ def test_a_failed_rollback_leaves_a_torn_tail_that_repair_records(tmp_path: Path
     torn = ledger.path.read_bytes()[len(before):]
     assert len(torn) == 30 and ledger.path.read_bytes().startswith(before)
     with pytest.raises(TornTailError, match="30 bytes of an interrupted write"):
-        Ledger.open(ledger.path)
+        open_ledger(ledger.path)
     repair = repair_ledger(ledger.path)
     assert repair is not None and repair.dropped_bytes == 30
     assert repair.dropped_sha256 == hashlib.sha256(torn).hexdigest()
     # The torn INTENT drew nothing: the measurement is spent by a new INTENT, in the same attempt.
-    reopened = Ledger.open(ledger.path)
+    reopened = open_ledger(ledger.path)
     assert reopened.run("run-1").intents == {}
     measure(PLAN.measurements[0], np.zeros(PLAN.measurements[0].n_cells, dtype=np.int64), rec)
 
@@ -582,10 +593,10 @@ def test_a_failed_init_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
     path = tmp_path / "ledger.jsonl"
     full_disk_after(monkeypatch, path, 10)
     with pytest.raises(LedgerError, match=r"\(ENOSPC\)"):
-        init_ledger(path, lifetime_cap=Fraction(1), reason="policy")
+        create_ledger(path, lifetime_cap=Fraction(1), reason="policy")
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-    init_ledger(path, lifetime_cap=Fraction(1), reason="policy")
+    create_ledger(path, lifetime_cap=Fraction(1), reason="policy")
 
 
 # --------------------------------------------------------------------------------------------
@@ -809,7 +820,7 @@ def test_raise_cap_needs_a_dataset_the_ledger_knows_and_a_reason_that_fits(tmp_p
 def test_operator_reasons_over_the_limit_are_refused_not_cut(tmp_path: Path) -> None:
     long = "r" * 501
     with pytest.raises(LedgerError, match="--reason is 501 characters long"):
-        init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1),
+        create_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1),
                     reason=long)
     assert not (tmp_path / "l.jsonl").exists()
     ledger = new_ledger(tmp_path, cap=1)
@@ -861,7 +872,7 @@ def test_a_spend_above_the_policy_cap_is_rejected_by_replay(tmp_path: Path) -> N
                      f"run exceeds dataset test-data's lifetime cap: spent {format_exact(PLAN.total)} \\+ planned")
     assert "cap " + format_exact(PLAN.total) in str(error)
     with pytest.raises(LedgerError, match=f"entry {entry['seq']}"):
-        Ledger.open(ledger.path)
+        open_ledger(ledger.path)
     # A spend within the cap but claiming a cap the dataset does not have is rejected too.
     ledger.path.write_bytes(data)
     craft(ledger.path, "RUN_STARTED", "run-2", {**second, "lifetime_cap": format_exact(2 * PLAN.total)})
@@ -973,7 +984,7 @@ def test_a_crashed_run_keeps_its_whole_reservation(tmp_path: Path) -> None:
     ledger = new_ledger(tmp_path, cap=PLAN.total)
     rec = start(ledger, PLAN, "run-1")
     rec.record_intent(PLAN.measurements[0])  # then the process dies: no terminal entry
-    reopened = Ledger.open(ledger.path)
+    reopened = open_ledger(ledger.path)
     state = reopened.state
     assert state.runs["run-1"].status is RunStatus.RUNNING
     assert state.dataset_spent(DATASET, PrivacyDefinition.ZCDP) == PLAN.total
@@ -1130,7 +1141,8 @@ def test_an_attempt_that_published_cannot_fail(tmp_path: Path) -> None:
     run_all(rec, PLAN)
     craft(ledger.path, "OUTPUTS_PUBLISHED", "run-1", {"files": FILES, "output": str(tmp_path / "out")})
     published = entries(ledger.path)[-1]
-    craft(ledger.path, "RUN_FAILED", "run-1", {"spent": format_exact(PLAN.total), "reason": "after publishing"})
+    craft(ledger.path, "RUN_FAILED", "run-1", {"spent": format_exact(PLAN.total), "reason": "after publishing",
+                                               "code": "internal-error", "stage": "release"})
     rejected(ledger.path, published["seq"] + 1, "RUN_FAILED", "OUTPUTS_PUBLISHED")
 
 
@@ -1207,7 +1219,7 @@ def test_a_first_format_ledger_takes_no_new_run_until_migrated(tmp_path: Path) -
     path = tmp_path / "old.jsonl"
     first_format_ledger(path)
     data = path.read_bytes()
-    ledger = Ledger.open(path)
+    ledger = open_ledger(path)
     for attempt in (lambda: start(ledger, PLAN, "new-1"),
                     lambda: ledger.raise_cap("cef-a", Fraction(5), "x"),
                     lambda: ledger.resume_run("old-2", config_digest="c" * 64, dataset="cef-a",
@@ -1231,12 +1243,13 @@ def test_migrate_names_old_datasets_and_their_runs_count_against_them(tmp_path: 
     assert entry["prev"] == old.entries[-1]["hash"]
     assert entry["datasets"] == {OLD_A: "cef-a", OLD_B: "cef-b"}
     assert entry["lifetime_cap"] == format_exact(OLD_A_SPENT + PLAN.total) and entry["non_confidential"] is False
-    assert entry["format"] == 2 and entry["reason"] == "policy after migration"
+    assert entry["format"] == 3 and entry["reason"] == "policy after migration"
     assert stat.S_IMODE(key_path(path).stat().st_mode) == 0o600
     key = migrated.lineage_key()
     assert key_id(key) == entry["key_id"]
     state = read_ledger(path)
-    assert state.format == 2 and state.policy.seq == entry["seq"] and state.legacy_names == entry["datasets"]
+    assert state.format == 3 and state.policy.seq == entry["seq"] and state.legacy_names == entry["datasets"]
+    assert state.public_log is None and not state.awaits_log_binding  # no log: its first runs cannot be projected
     assert {r.run_id: r.account for r in state.runs.values()} == {"old-1": "cef-a", "old-2": "cef-a",
                                                                   "old-3": "cef-b"}
     assert state.dataset_spent("cef-a", PrivacyDefinition.ZCDP) == OLD_A_SPENT
@@ -1303,6 +1316,7 @@ def test_replay_rejects_a_migration_that_does_not_name_every_old_dataset(tmp_pat
     old = first_format_ledger(path)
     data = path.read_bytes()
     policy = body_of(entries(new_ledger(tmp_path, cap=2).path)[0])
+    del policy["public_log"]  # a migrated first-format ledger has no public log
     n = len(old.entries)
     for datasets, match in (
         ({OLD_A: "cef-a"}, "must name every old dataset id exactly"),
@@ -1332,7 +1346,7 @@ def test_replay_rejects_a_migration_that_does_not_name_every_old_dataset(tmp_pat
 
 
 def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
-    ledger = Ledger.open(Path(path))
+    ledger = open_ledger(Path(path))
     barrier.wait()
     try:
         rec = start(ledger, PLAN, run_id)
@@ -1366,7 +1380,7 @@ def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int)
 
 
 def _writer(path: str, i: int, barrier) -> None:
-    ledger = Ledger.open(Path(path))
+    ledger = open_ledger(Path(path))
     barrier.wait()
     rec = start(ledger, PLAN, f"w{i}", dataset=f"data-{i}", fingerprint=f"{i}" * 64)
     run_all(rec, PLAN)
@@ -1513,9 +1527,9 @@ def test_a_ledger_wide_cap_bounds_all_datasets_together(tmp_path: Path) -> None:
     """Issue 22: the cap is per dataset name; ``ledger init --ledger-cap`` adds one over them all,
     enforced by the API and by replay (audit verify)."""
     with pytest.raises(BudgetError, match="confidential ledger only"):
-        init_ledger(tmp_path / "nc.jsonl", lifetime_cap=INFINITE, reason="demo", non_confidential=True,
+        create_ledger(tmp_path / "nc.jsonl", lifetime_cap=INFINITE, reason="demo", non_confidential=True,
                     ledger_cap=Fraction(1))
-    ledger = init_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1), reason="policy",
+    ledger = create_ledger(tmp_path / "l.jsonl", lifetime_cap=Fraction(1), reason="policy",
                          ledger_cap=Fraction(3, 4))
     assert ledger.state.policy.ledger_cap == Fraction(3, 4)
     rec = start(ledger, PLAN, "a-1", dataset="cef-a")

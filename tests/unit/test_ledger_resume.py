@@ -36,8 +36,8 @@ from phsafe.ledger import (
     format_exact,
     parse_exact,
     read_ledger,
-    repair_ledger,
 )
+from phsafe.publog import open_ledger, repair_ledger
 from phsafe.noise import SpendReceipt, measure, vector_digest
 
 from tests._ledgers import DIGESTS_B, FP_A, FP_B, new_ledger, rewind_public_log
@@ -200,9 +200,9 @@ def test_resume_records_the_entry_and_reopens_the_run(ledger: Ledger) -> None:
 
 def test_a_crashed_run_can_be_resumed_and_its_history_says_crashed(tmp_path: Path) -> None:
     path = new_ledger(tmp_path, cap=PLAN.total).path
-    rec = start(Ledger.open(path), PLAN, "run-1")
+    rec = start(open_ledger(path), PLAN, "run-1")
     rec.record_intent(PLAN.measurements[0])  # then the process dies: no terminal entry
-    reopened = Ledger.open(path)
+    reopened = open_ledger(path)
     resume(reopened, "run-1", cap_raise=(PLAN.total + budget(PLAN.measurements[0]), "re-spend"))
     raised, resumed = entries(path)[-2:]
     assert (raised["kind"], resumed["kind"]) == ("CAP_RAISED", "RUN_RESUMED")  # one write
@@ -415,10 +415,10 @@ def test_resume_refused_when_the_odometer_is_above_the_cap(ledger: Ledger) -> No
 def test_crash_between_intent_and_commit_then_resume_charges_the_respend_twice(tmp_path: Path) -> None:
     path = new_ledger(tmp_path, cap=PLAN.total).path
     m0, m1 = PLAN.measurements[:2]
-    rec = start(Ledger.open(path), PLAN, "run-1")
+    rec = start(open_ledger(path), PLAN, "run-1")
     spend(rec, m0)
     rec.record_intent(m1)  # crash here: the noise of m1 may have been drawn and lost
-    ledger = Ledger.open(path)
+    ledger = open_ledger(path)
     state = ledger.state
     assert state.runs["run-1"].charge() == PLAN.total  # crashed: whole plan reserved
     extra = budget(m1)
@@ -485,7 +485,7 @@ def test_one_intent_per_key_per_attempt(ledger: Ledger) -> None:
     with pytest.raises(LedgerError, match="already spent"):  # committed or not: once per attempt
         force(ledger, EntryKind.INTENT, "run-1", body)
     # A crashed run is not resumed by reopening it: still one INTENT per key.
-    reopened = Ledger.open(ledger.path)
+    reopened = open_ledger(ledger.path)
     with pytest.raises(LedgerError, match="already spent"):
         force(reopened, EntryKind.INTENT, "run-1", body)
     rec2 = resume(reopened, "run-1")
@@ -543,7 +543,7 @@ def tear_the_last_entry(ledger: Ledger, keep: int = 25) -> Ledger:
     rewind_public_log(ledger.path)  # the torn write never reached the public log
     repair = repair_ledger(ledger.path)
     assert repair is not None and repair.dropped_bytes == keep
-    return Ledger.open(ledger.path)
+    return open_ledger(ledger.path)
 
 
 def test_no_spend_after_the_attempts_outputs_but_a_resumed_attempt_publishes_again(ledger: Ledger) -> None:

@@ -12,8 +12,11 @@ import pytest
 
 from phsafe.tlog.checkpoint import Checkpoint
 from phsafe.tlog.client import SeenCheckpoints
-from phsafe.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.errors import (
+    ForkError, MalformedError, ProofError, RollbackError, SignatureError, StaleStateError, StoreError, WitnessRefusal,
+)
 from phsafe.tlog.files import (
+    FileSeenLogs,
     FileCheckpointStore,
     FileHashStore,
     read_signer_key,
@@ -115,11 +118,30 @@ def test_a_witness_and_a_client_remember_across_restarts(tmp_path: Path) -> None
     assert refusal.value.status == 422
     restarted.add_checkpoint(AddCheckpointRequest(6, tuple(log.consistency_proof(6, 9)), signed_checkpoint(log)))
 
-    SeenCheckpoints(FileCheckpointStore(tmp_path / "seen.json"), log_verifier()).observe(
-        signed_checkpoint(log, 6), log.consistency_proof)
+    from phsafe.tlog.merkle import leaf_hash
+
+    SeenCheckpoints(FileSeenLogs(tmp_path / "seen.json"), log_verifier()).observe(
+        signed_checkpoint(log, 9), log.consistency_proof, b"".join(leaf_hash(e) for e in entries(9)))
     with pytest.raises(ForkError):
-        SeenCheckpoints(FileCheckpointStore(tmp_path / "seen.json"), log_verifier()).observe(
+        SeenCheckpoints(FileSeenLogs(tmp_path / "seen.json"), log_verifier()).observe(
             signed_checkpoint(fork, 9), fork.consistency_proof)
+    # Restarted, the client still tells an older view of the log (rollback) from a smaller fork.
+    with pytest.raises(RollbackError, match="rollback: .* a prefix of the larger"):
+        SeenCheckpoints(FileSeenLogs(tmp_path / "seen.json"), log_verifier()).observe(
+            signed_checkpoint(log, 6), log.consistency_proof)
+    with pytest.raises(ForkError, match="fork: .* not a prefix"):
+        SeenCheckpoints(FileSeenLogs(tmp_path / "seen.json"), log_verifier()).observe(
+            signed_checkpoint(fork, 6), fork.consistency_proof)
+
+
+def test_a_client_state_of_the_earlier_format_is_read_and_rewritten(tmp_path: Path) -> None:
+    log = TransparencyLog.of_entries(entries(5))
+    old = FileCheckpointStore(tmp_path / "seen.json")  # what `audit public` wrote before leaf hashes were kept
+    old.replace(ORIGIN, None, signed_checkpoint(log, 3))
+    seen = SeenCheckpoints(FileSeenLogs(tmp_path / "seen.json"), log_verifier())
+    assert seen.latest().checkpoint.size == 3  # type: ignore[union-attr]
+    seen.observe(signed_checkpoint(log, 5), log.consistency_proof)
+    assert '"format": "phsafe-seen-logs/1"' in (tmp_path / "seen.json").read_text()
 
 
 # ---- key files --------------------------------------------------------------------------------

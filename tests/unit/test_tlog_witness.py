@@ -1,4 +1,5 @@
-"""Witness cosigning (tlog-witness rules), a client's fork detection, and tlog-proof files."""
+"""Witness cosigning (tlog-witness rules and its HTTP answers), a client's rollback and fork
+detection, and tlog-proof files."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ import pytest
 
 from phsafe.tlog.checkpoint import Checkpoint, sign_checkpoint, verify_checkpoint
 from phsafe.tlog.client import SeenCheckpoints
-from phsafe.errors import ForkError, MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
+from phsafe.errors import (
+    ForkError, MalformedError, ProofError, RollbackError, SignatureError, StaleStateError, StoreError, WitnessRefusal,
+)
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.note import open_note, parse_note
 from phsafe.tlog.proof import TlogProof, format_tlog_proof, make_tlog_proof, parse_tlog_proof, verify_tlog_proof
-from phsafe.tlog.state import MemoryCheckpointStore
+from phsafe.tlog.merkle import leaf_hash
+from phsafe.tlog.state import MemoryCheckpointStore, MemorySeenLogs
 from phsafe.tlog.witness import (
+    SIZE_CONTENT_TYPE,
     AddCheckpointRequest,
     Witness,
+    answer_add_checkpoint,
+    read_add_checkpoint_answer,
     format_add_checkpoint_request,
     parse_add_checkpoint_request,
     request_cosignature,
@@ -64,9 +71,9 @@ def test_witness_refuses_what_does_not_extend_what_it_cosigned() -> None:
     witness = _witness()
     witness.add_checkpoint(_request(log, 0, 6))
     fork = TransparencyLog.of_entries(entries(5) + entries(8, "forked")[5:])  # same first 5, then differs
-    # Forked: the same size with another root.
-    assert _status(lambda: witness.add_checkpoint(
-        AddCheckpointRequest(6, (), signed_checkpoint(fork, 6)))) == 422
+    # Forked: the same size with another root (the spec's 409, naming the size it cosigned).
+    refusal = pytest.raises(WitnessRefusal, witness.add_checkpoint, AddCheckpointRequest(6, (), signed_checkpoint(fork, 6)))
+    assert refusal.value.status == 409 and refusal.value.latest_size == 6
     # Forked: a larger tree that does not contain the cosigned one (its own proof from 6 to 8).
     assert _status(lambda: witness.add_checkpoint(_request(fork, 6, 8))) == 422
     # Smaller than the last cosigned: never back.
@@ -157,11 +164,58 @@ def test_a_copied_or_rolled_back_log_cannot_get_a_cosignature() -> None:
     assert verify_checkpoint(cosigned, log_verifier(), witnesses=[witness_verifier(1)], quorum=1).checkpoint.size == 12
 
 
+# ---- the exchange over HTTP (the spec's statuses, content types and bodies) ----------------
+
+def test_the_http_answers_are_the_specs() -> None:
+    log = TransparencyLog.of_entries(entries(6))
+    witness = _witness()
+    from phsafe.tlog.witness import format_add_checkpoint_request as body
+
+    ok = answer_add_checkpoint(witness, body(_request(log, 0, 4)))
+    assert ok.status == 200 and ok.body.startswith("— witness1.example ".encode()) and ok.body.endswith(b"\n")
+    assert read_add_checkpoint_answer(ok.status, ok.content_type, ok.body) == ok.body
+    stale = answer_add_checkpoint(witness, body(_request(log, 0, 6)))  # it cosigned 4: a stale old size
+    assert (stale.status, stale.content_type, stale.body) == (409, SIZE_CONTENT_TYPE, b"4\n")
+    with pytest.raises(WitnessRefusal) as refused:
+        read_add_checkpoint_answer(stale.status, stale.content_type + "; charset=utf-8", stale.body)
+    assert refused.value.status == 409 and refused.value.latest_size == 4
+    good = _request(log, 4, 6)
+    bad = AddCheckpointRequest(4, (good.consistency_proof[0][::-1],) + good.consistency_proof[1:], good.checkpoint)
+    assert answer_add_checkpoint(witness, body(bad)).status == 422
+    assert answer_add_checkpoint(witness, b"old 4\n").status == 400
+    assert answer_add_checkpoint(witness, b"x" * (1 << 17)).status == 413
+    assert answer_add_checkpoint(witness, body(good)).status == 200
+    # A 409 without the size, or a 200 without signature lines, is not the protocol's.
+    for status, kind, answer in ((409, "text/plain", b"4\n"), (409, SIZE_CONTENT_TYPE, b"four\n"), (200, "text/plain", b"ok")):
+        with pytest.raises(WitnessRefusal) as refused:
+            read_add_checkpoint_answer(status, kind, answer)
+        assert refused.value.status == 502
+
+
+def test_a_refused_request_signed_by_the_log_is_kept_as_evidence() -> None:
+    kept: list[tuple[str, int, bytes]] = []
+    log = TransparencyLog.of_entries(entries(6))
+    witness = Witness(witness_signer(1), [log_verifier()], MemoryCheckpointStore(),
+                      evidence=lambda *args: kept.append(args))
+    witness.add_checkpoint(_request(log, 0, 6))
+    fork = TransparencyLog.of_entries(entries(3) + entries(8, "forked")[3:])
+    for request in (AddCheckpointRequest(6, (), signed_checkpoint(fork, 6)), _request(fork, 6, 8)):
+        with pytest.raises(WitnessRefusal):
+            witness.add_checkpoint(request)
+    assert [(origin, size) for origin, size, _ in kept] == [(ORIGIN, 6), (ORIGIN, 8)]
+    assert parse_add_checkpoint_request(kept[1][2]).checkpoint == signed_checkpoint(fork, 8)
+
+
 # ---- the client's seen checkpoints ----------------------------------------------------------
 
-def test_seen_checkpoints_keep_the_largest_and_detect_forks() -> None:
-    log = TransparencyLog.of_entries(entries(20))
-    seen = SeenCheckpoints(MemoryCheckpointStore(), log_verifier())
+def _leaves(log_entries: list[bytes]) -> bytes:
+    return b"".join(leaf_hash(e) for e in log_entries)
+
+
+def test_seen_checkpoints_keep_the_largest_and_refuse_rollbacks_and_forks() -> None:
+    all_entries = entries(20)
+    log = TransparencyLog.of_entries(all_entries)
+    seen = SeenCheckpoints(MemorySeenLogs(), log_verifier())
     assert seen.latest() is None
     asked: list[tuple[int, int]] = []
 
@@ -169,32 +223,44 @@ def test_seen_checkpoints_keep_the_largest_and_detect_forks() -> None:
         asked.append((old, new))
         return log.consistency_proof(old, new)
 
-    seen.observe(signed_checkpoint(log, 7), prove)
-    seen.observe(signed_checkpoint(log, 15), prove)
-    seen.observe(signed_checkpoint(log, 10), prove)  # older, consistent: kept state unchanged
+    assert seen.observe(signed_checkpoint(log, 7), prove, _leaves(all_entries[:7])).previous is None
+    assert seen.observe(signed_checkpoint(log, 15), prove, _leaves(all_entries[:15])).previous.checkpoint.size == 7
     seen.observe(signed_checkpoint(log, 15), prove)  # the same again
     assert seen.latest().checkpoint.size == 15  # type: ignore[union-attr]
-    assert asked == [(7, 15), (10, 15)]
+    assert asked == [(7, 15)]
+    # An older view of the same log: a rollback, with both sizes and roots; the kept one stays.
+    with pytest.raises(RollbackError, match="rollback: the checkpoint of size 10 .* of size 15 .* a prefix") as caught:
+        seen.observe(signed_checkpoint(log, 10), prove)
+    assert caught.value.first == signed_checkpoint(log, 15) and caught.value.second == signed_checkpoint(log, 10)
     fork = TransparencyLog.of_entries(entries(12) + entries(20, "forked")[12:])
-    with pytest.raises(ForkError, match="size 15 have different root hashes") as caught:
+    with pytest.raises(ForkError, match="fork: two checkpoints of .* of size 15 have different root hashes") as caught:
         seen.observe(signed_checkpoint(fork, 15), fork.consistency_proof)
-    assert caught.value.first == signed_checkpoint(log, 15) and caught.value.second == signed_checkpoint(fork, 15)
+    assert not isinstance(caught.value, RollbackError)
     with pytest.raises(ForkError, match="does not extend"):
         seen.observe(signed_checkpoint(fork, 18), fork.consistency_proof)
-    with pytest.raises(ForkError):  # an older checkpoint the kept one does not extend
+    with pytest.raises(ForkError, match="fork: .* size 13 .* not a prefix") as caught:  # smaller, and not a prefix
         seen.observe(signed_checkpoint(fork, 13), fork.consistency_proof)
+    assert not isinstance(caught.value, RollbackError)
     assert seen.latest().checkpoint.size == 15  # type: ignore[union-attr]
     with pytest.raises(SignatureError):
         seen.observe(signed_checkpoint(log, 20, signer=log_signer(label="rogue")), prove)
 
 
+def test_seen_checkpoints_without_leaf_hashes_refuse_a_smaller_checkpoint_all_the_same() -> None:
+    log = TransparencyLog.of_entries(entries(9))
+    seen = SeenCheckpoints(MemorySeenLogs(), log_verifier())
+    seen.observe(signed_checkpoint(log, 9), log.consistency_proof)  # (a state kept before leaf hashes were)
+    with pytest.raises(RollbackError, match="rollback or fork"):
+        seen.observe(signed_checkpoint(log, 4), log.consistency_proof)
+
+
 def test_seen_checkpoints_can_require_witnesses() -> None:
     log = TransparencyLog.of_entries(entries(3))
-    seen = SeenCheckpoints(MemoryCheckpointStore(), log_verifier(), witnesses=[witness_verifier(1)], quorum=1)
+    seen = SeenCheckpoints(MemorySeenLogs(), log_verifier(), witnesses=[witness_verifier(1)], quorum=1)
     with pytest.raises(SignatureError, match="1 of 1 witness"):
         seen.observe(signed_checkpoint(log), log.consistency_proof)
     cosigned = _witness().cosign(signed_checkpoint(log), 0, [])
-    assert seen.observe(cosigned, log.consistency_proof).cosigners == ("witness1.example",)
+    assert seen.observe(cosigned, log.consistency_proof).checkpoint.cosigners == ("witness1.example",)
 
 
 # ---- tlog-proof files -----------------------------------------------------------------------

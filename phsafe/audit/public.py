@@ -1,0 +1,639 @@
+"""``phsafe audit public``: what a person outside the enclave can check, with public files only.
+
+Given a release folder, the log's verifier key (obtained out of band, not from the folder), the
+witnesses' verifier keys (required: without them -- ``--no-witness`` -- the check says in words
+what it cannot rule out), and optionally the published log:
+
+1. ``privacy-loss.tlog-proof`` verifies: its checkpoint is signed by the log key and cosigned by
+   k of the n witness keys given (each cosignature's time is shown), and ``privacy-loss.entry``
+   is the entry at its index;
+2. the entry is a ``release`` entry whose ``manifest_sha256`` is the SHA-256 of ``manifest.json``;
+   the manifest names the same run and dataset; every file listed in it has its digest, and the
+   folder holds nothing else (besides the manifest and the two log files);
+3. every released cell's VARIANCE (and NOISE_DISTRIBUTION) is exactly what the logged plan
+   implies -- budget, sensitivity and the noise it gives -- and every measured domain has the
+   logged number of cells (:func:`phsafe.audit.tables.verify_tables`, without the noisy digests,
+   which are confidential);
+
+and with ``--log``:
+
+4. the log's checkpoint verifies (same keys and quorum); its entries hash to it; every
+   cosignature counted for the quorum is younger than ``--max-age`` (a week by default) -- an
+   older one is a *stale* view: the log may have moved on since;
+5. the checkpoint agrees with the largest one this person saw of the log, kept in a small local
+   state file with its tree's leaf hashes (:class:`phsafe.tlog.SeenCheckpoints`): a larger one
+   must extend it; a smaller one is refused as a *rollback* (a prefix of what was seen: an older
+   view) or a *fork* (not even a prefix), with both sizes and root hashes; the release's own
+   checkpoint must be a prefix of the log's, and the release's entry in the log at its index;
+6. the log's entries are read as the privacy-loss accounting they are (:func:`statement`), and
+   each release is bound to what its run was charged: a run has at most one ``release`` (a
+   declared re-release is a run of its own), and its release states exactly the dataset, the
+   plan (every table x level: definition, budget, sensitivity, cells), the spends (every
+   ``spend`` entry of the run, re-spends included) and the total its ``run-started`` and
+   ``spend`` entries give; every run's ``spent_before`` is the odometer recomputed from the log,
+   every start, resume and re-spend was within the dataset's cap (and the ledger-wide cap);
+   then, per dataset: its releases, what runs spent without (yet) releasing -- failed runs (every
+   spend) and open ones (their whole plan) -- the total, the cap and what is left.
+
+Any mismatch raises :class:`~phsafe.errors.VerificationFailure`: one line naming what (the run,
+the entry) and the difference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite, parse_exact, times
+from phsafe.audit.tables import verify_tables
+from phsafe.config import PrivacyDefinition
+from phsafe.errors import ForkError, LedgerRuleViolation, TlogError, VerificationFailure
+from phsafe.ledger.format import FAILURE_CODES, FAILURE_STAGES, HEX64
+from phsafe.ledger.policy import convert
+from phsafe.ledger.rules import parse_planned
+from phsafe.publog.log import ENTRY_FILE, PROOF_FILE, RELEASE_LOG_FILES
+from phsafe.publog.projection import MANIFEST
+from phsafe.reader import file_digest
+from phsafe.tlog import (
+    ALG_ED25519,
+    CosignatureVerifier,
+    Ed25519Verifier,
+    FileSeenLogs,
+    SeenCheckpoints,
+    VerifiedCheckpoint,
+    cosignature_timestamp,
+    leaf_hash,
+    parse_tlog_proof,
+    read_published_log,
+    read_verifier_key,
+    verify_consistency,
+    verify_tlog_proof,
+)
+
+DEFAULT_MAX_AGE = timedelta(days=7)
+"""How old the youngest counted cosignature of the log's checkpoint may be by default."""
+CLOCK_SKEW = timedelta(minutes=10)
+"""How far in the future a cosignature's time may be (clocks differ) before it is refused."""
+
+UNWITNESSED = ("witnesses: none checked (--no-witness). Without a witness you trust, this check cannot rule out "
+               "that the log showed you another history than it shows others (a split view), nor that the "
+               "enclave's operator copied the ledger and spent a dataset's cap a second time on the copy: each "
+               "copy's log verifies on its own; only witnesses, or comparing checkpoints with others, catch it")
+
+
+def default_state_file() -> Path:
+    """Where ``audit public`` keeps the checkpoints it saw: ``$XDG_CONFIG_HOME/phsafe/...``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "phsafe" / "public-log-checkpoints.json"
+
+
+def _fail(where: str, reason: str) -> VerificationFailure:
+    return VerificationFailure(where, reason)
+
+
+def _log_key(path: Path) -> Ed25519Verifier:
+    try:
+        verifier = read_verifier_key(path)
+    except TlogError as exc:
+        raise _fail(str(path), f"is not a verifier key ({exc})") from None
+    if verifier.alg != ALG_ED25519:
+        raise _fail(str(path), "is a witness key, not a log key (give the log's key with --key)")
+    return verifier  # type: ignore[return-value]
+
+
+def _witness_keys(paths: Sequence[Path]) -> list[CosignatureVerifier]:
+    out = []
+    for path in paths:
+        try:
+            verifier = read_verifier_key(path)
+        except TlogError as exc:
+            raise _fail(str(path), f"is not a verifier key ({exc})") from None
+        if not isinstance(verifier, CosignatureVerifier):
+            raise _fail(str(path), "is not a witness (cosignature/v1) key")
+        out.append(verifier)
+    return out
+
+
+def _planned(items: Any, defn: str, where: str) -> dict[str, Any]:
+    try:
+        return parse_planned(items, PrivacyDefinition(defn))
+    except (LedgerRuleViolation, ValueError) as exc:
+        raise _fail(where, f"its plan is not a valid plan ({exc})") from None
+
+
+def _utc(timestamp: int) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size:
+            n = seconds // size
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def cosignature_times(verified: VerifiedCheckpoint) -> dict[str, int]:
+    """The time each counted witness states it cosigned, by witness name."""
+    out: dict[str, int] = {}
+    for signature in verified.note.signatures:
+        if signature.name in verified.cosigners:
+            out[signature.name] = cosignature_timestamp(signature)
+    return out
+
+
+def _times_text(times_: dict[str, int], now: float) -> str:
+    return "; ".join(f"{name} at {_utc(t)} ({_age(now - t)} ago)" if t <= now else f"{name} at {_utc(t)}"
+                     for name, t in times_.items())
+
+
+def _check_fresh(verified: VerifiedCheckpoint, where: str, max_age: timedelta, now: float) -> None:
+    """Every cosignature counted for the quorum is younger than ``max_age``, and none is from
+    the future (beyond the clock skew allowed)."""
+    for name, stamp in cosignature_times(verified).items():
+        if stamp - now > CLOCK_SKEW.total_seconds():
+            raise _fail(where, f"the cosignature by {name} states the time {_utc(stamp)}, in the future: refused")
+        if now - stamp > max_age.total_seconds():
+            raise _fail(where, f"stale: the cosignature by {name} is from {_utc(stamp)}, {_age(now - stamp)} ago, "
+                        f"older than --max-age {_age(max_age.total_seconds())}: the log may have moved on since; "
+                        "fetch it again, or ask its publisher to have it cosigned (`phsafe ledger cosign`)")
+
+
+def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys: Sequence[Path] = (),
+                 quorum: int | None = None, state_file: Path | None = None, no_witness: bool = False,
+                 max_age: timedelta = DEFAULT_MAX_AGE, now: float | None = None) -> list[str]:
+    """Run the checks of the module docstring; returns what was verified, one line each.
+
+    Args:
+        out: The release folder.
+        key: The log's verifier key file.
+        log: A copy of the published log folder (checkpoint, entries).
+        witness_keys: The witnesses' verifier key files; required unless ``no_witness``.
+        quorum: How many of them must have cosigned (default: all).
+        state_file: Where the largest checkpoint seen of each log is kept.
+        no_witness: Check without witnesses (the output says what that cannot rule out).
+        max_age: How old a counted cosignature of the log's checkpoint may be.
+        now: The time of the check (POSIX seconds; default: the clock).
+
+    Raises:
+        VerificationFailure: The first check that fails, with what and why.
+    """
+    out = Path(out)
+    now = time.time() if now is None else now
+    verifier = _log_key(Path(key))
+    witnesses = _witness_keys(witness_keys)
+    if not witnesses and not no_witness:
+        raise _fail("--witness-key", "give the witnesses' verifier keys (--witness-key VKEY, one per witness): a "
+                    "log checked without witnesses can show you a history it hides from others; --no-witness "
+                    "checks without them, and says what that cannot rule out")
+    if witnesses and no_witness:
+        raise _fail("--no-witness", "is given with --witness-key: choose one")
+    k = len(witnesses) if quorum is None else quorum
+    lines: list[str] = []
+
+    # 1. the release's entry is in the log, as a checkpoint signed by the log key says
+    try:
+        entry = (out / ENTRY_FILE).read_bytes()
+        proof = parse_tlog_proof((out / PROOF_FILE).read_bytes())
+    except OSError as exc:
+        raise _fail(str(out), f"has no readable {ENTRY_FILE} and {PROOF_FILE} ({exc.strerror}): "
+                    "the release is not in the public log") from None
+    except TlogError as exc:
+        raise _fail(PROOF_FILE, str(exc)) from None
+    try:
+        proved = verify_tlog_proof(proof, entry, verifier, witnesses=witnesses, quorum=k)
+    except TlogError as exc:
+        raise _fail(PROOF_FILE, str(exc)) from None
+    stamps = cosignature_times(proved)
+    cosigned = f", cosigned by {_times_text(stamps, now)}" if stamps else ""
+    lines.append(f"proof: {ENTRY_FILE} is entry {proof.index} of {proved.checkpoint.origin}, in its checkpoint of "
+                 f"{proved.checkpoint.size} entries signed by the log key {verifier.key_id:08x}{cosigned}")
+
+    # 2. the entry pins the manifest, the manifest every file
+    try:
+        release = json.loads(entry)
+    except ValueError:
+        raise _fail(ENTRY_FILE, "is not a JSON entry") from None
+    if not isinstance(release, dict) or release.get("type") != "release":
+        raise _fail(ENTRY_FILE, "is not a release entry of the public log")
+    run_id = release.get("run_id")
+    try:
+        manifest = json.loads((out / MANIFEST).read_bytes())
+    except (OSError, ValueError):
+        raise _fail(MANIFEST, "is missing or not JSON") from None
+    if release.get("manifest_sha256") != file_digest(out / MANIFEST):
+        raise _fail(MANIFEST, f"its SHA-256 is not the one the public log records for run {run_id}")
+    if not isinstance(manifest, dict) or manifest.get("run_id") != run_id \
+            or manifest.get("dataset") != release.get("dataset") or not isinstance(manifest.get("files"), dict):
+        raise _fail(MANIFEST, "does not name the run and dataset of its log entry, or lists no files")
+    files: dict[str, str] = manifest["files"]
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    on_disk -= {MANIFEST, *RELEASE_LOG_FILES}
+    for rel in sorted(on_disk | set(files)):
+        if rel not in files:
+            raise _fail(rel, "is in the release folder but not in its manifest")
+        if rel not in on_disk:
+            raise _fail(rel, "is listed in the manifest but missing")
+        if file_digest(out / rel) != files[rel]:
+            raise _fail(rel, "its SHA-256 differs from the manifest's (the file was changed)")
+    lines.append(f"release: {MANIFEST} has the SHA-256 the log records for run {run_id} of dataset "
+                 f"{release.get('dataset')}; its {len(files)} files have the manifest's digests")
+
+    # 3. the VARIANCE columns are the ones the logged spends imply
+    planned = _planned(release.get("planned"), release.get("privacy_defn", ""), ENTRY_FILE)
+    problem = _release_problem(release, planned)
+    if problem:
+        raise _fail(ENTRY_FILE, problem)
+    lines.extend(f"tables: {note.removeprefix('outputs: ')}" for note in verify_tables(planned, out, files))
+
+    if no_witness:
+        lines.append(UNWITNESSED)
+    if log is None:
+        lines.append("log: not checked (give --log LOG: without the whole log, a rollback, a fork, a second release "
+                     "of this run or spends not released cannot be seen)")
+        return lines
+
+    # 4-5. the whole log: fresh, and agreeing with what was seen before and with the release's checkpoint
+    try:
+        published = read_published_log(Path(log), verifier, witnesses=witnesses, quorum=k)
+    except TlogError as exc:
+        raise _fail(str(log), str(exc)) from None
+    current = published.checkpoint
+    size = current.checkpoint.size
+    _check_fresh(current, f"{log}/checkpoint", max_age, now)
+    seen = SeenCheckpoints(FileSeenLogs(Path(state_file) if state_file else default_state_file()), verifier,
+                           witnesses=witnesses)
+    try:
+        observed = seen.observe(current.message, published.consistency_proof,
+                                b"".join(leaf_hash(e) for e in published.entries))
+    except ForkError as exc:  # a rollback too
+        raise _fail(str(log), str(exc)) from None
+    except TlogError as exc:
+        raise _fail(str(log), str(exc)) from None
+    proof_size = proved.checkpoint.size
+    if proof_size > size:
+        raise _fail(str(log), f"signs {size} entries and the release was proved in a checkpoint of {proof_size}: "
+                    "this copy of the log is older than the release (fetch it again)")
+    try:
+        verify_consistency(proof_size, proved.checkpoint.root_hash, size, current.checkpoint.root_hash,
+                           published.consistency_proof(proof_size, size) if 0 < proof_size < size else [])
+    except TlogError:
+        raise _fail(str(log), f"does not extend the checkpoint of {proof_size} entries the release was proved in: "
+                    "the log forked or rewrote its history") from None
+    if published.entries[proof.index] != entry:
+        raise _fail(str(log), f"the release of run {run_id} is not in the log")
+    before = observed.previous
+    was = (f"consistent with the checkpoint of {before.checkpoint.size} entries seen before"
+           if before is not None else "first seen (kept, with its leaf hashes, to check the next one)")
+    log_times = cosignature_times(current)
+    lines.append(f"log: {size} entries hash to its checkpoint, signed by the log key"
+                 f"{', cosigned by ' + _times_text(log_times, now) if log_times else ''}; "
+                 f"{was}; the release's checkpoint is a prefix of it")
+
+    # 6. the privacy-loss statement, every release bound to what its run was charged
+    result = statement(published.entries, str(log))
+    if result.witnesses is not None:
+        names = sorted(read_name(v) for v in result.witnesses)
+        given = sorted(w.name for w in witnesses)
+        lines.append(f"log: its policy binds {len(result.witnesses)} witness(es), quorum {result.quorum}"
+                     f"{': ' + ', '.join(names) if names else ''}; you gave keys for "
+                     f"{', '.join(given) if given else 'none'}")
+    lines.extend(s.line() for s in result.datasets.values())
+    return lines
+
+
+def read_name(vkey: str) -> str:
+    return vkey.split("+", 1)[0]
+
+
+def _release_problem(release: dict[str, Any], planned: dict[str, Any]) -> str | None:
+    """What is wrong with a release entry on its own: its spends against its plan, its total
+    against its plan and spends (the ledger's rule: every planned measurement at least once,
+    plus re-spends)."""
+    spends = release.get("spends")
+    if not isinstance(spends, list) or [s.get("key") if isinstance(s, dict) else None for s in spends] != list(planned):
+        return "its spends are not those of its plan (one per planned measurement, in plan order)"
+    for s in spends:
+        if s.get("budget") != planned[s["key"]].record["budget"]:
+            return f"its spend of {s['key']} has budget {s.get('budget')}; its plan says {planned[s['key']].record['budget']}"
+        if not isinstance(s.get("times"), int) or isinstance(s.get("times"), bool) or s["times"] < 1:
+            return f"a planned measurement of the release was never spent ({s['key']})"
+    defn = PrivacyDefinition(release["privacy_defn"])
+    total: Amount = Fraction(0)
+    for s in spends:
+        total = add_amounts(total, times(planned[s["key"]].budget, s["times"]))
+    try:
+        stated = parse_exact(release.get("spent"))
+    except ValueError:
+        return "its total (spent) is not an exact amount"
+    if stated != total:
+        return (f"the release of run {release.get('run_id')} states it spent {release.get('spent')}; its plan and "
+                f"spends give {format_exact(total)} ({defn.value})")
+    return None
+
+
+@dataclass
+class DatasetStatement:
+    """One dataset's public privacy-loss statement, recomputed from the log."""
+
+    dataset: str
+    unit: str
+    cap: Amount
+    spent: Amount = Fraction(0)
+    releases: list[str] = field(default_factory=list)
+    released: Amount = Fraction(0)
+    open_runs: list[str] = field(default_factory=list)
+    failed_runs: list[str] = field(default_factory=list)
+    unreleased: Amount = Fraction(0)
+
+    def line(self) -> str:
+        cap = "no cap (non-confidential)" if is_infinite(self.cap) else f"cap {format_exact(self.cap)}"
+        left = "" if is_infinite(self.cap) else \
+            f", left {format_exact(self.cap - self.spent) if not is_infinite(self.spent) else '0'}"
+        if self.open_runs or self.failed_runs:
+            parts = []
+            if self.failed_runs:
+                parts.append(f"{len(self.failed_runs)} failed run(s), every spend charged: {', '.join(self.failed_runs)}")
+            if self.open_runs:
+                parts.append(f"{len(self.open_runs)} open run(s), their whole plan charged: {', '.join(self.open_runs)}")
+            unreleased = f"; not (yet) released: {format_exact(self.unreleased)} ({'; '.join(parts)})"
+        else:
+            unreleased = "; nothing spent without a release"
+        return (f"dataset {self.dataset}: {len(self.releases)} release(s) ({', '.join(self.releases) or 'none'}) "
+                f"charged {format_exact(self.released)}{unreleased}; spent {format_exact(self.spent)} of {cap} "
+                f"({self.unit}){left}")
+
+
+@dataclass
+class Statement:
+    """The statement of a whole log: every dataset's, and the witness policy the log states."""
+
+    datasets: dict[str, DatasetStatement]
+    witnesses: list[str] | None = None
+    quorum: int = 0
+
+
+@dataclass
+class _Run:
+    run_id: str
+    started_at: int
+    started: dict[str, Any]
+    dataset: str
+    defn: PrivacyDefinition
+    planned: dict[str, Any]
+    budgets: dict[str, Amount]
+    spends: Counter = field(default_factory=Counter)
+    this_attempt: set[str] = field(default_factory=set)
+    attempt: int = 1
+    status: str = "running"
+    released_at: int | None = None
+
+
+def _plan_difference(release: list[dict[str, Any]], started: list[dict[str, Any]]) -> str:
+    """How a release's plan differs from its run's, in a few words."""
+    keys_r, keys_s = [p.get("key") for p in release], [p.get("key") for p in started]
+    if keys_r != keys_s:
+        extra = [k for k in keys_r if k not in keys_s]
+        missing = [k for k in keys_s if k not in keys_r]
+        if extra or missing:
+            return (f"measurements {', '.join(map(str, extra))} not in its run's plan" if extra
+                    else f"it leaves out {', '.join(map(str, missing))}")
+        return "its measurements are in another order"
+    for r, s in zip(release, started):
+        fields = sorted(name for name in set(r) | set(s) if r.get(name) != s.get(name))
+        if fields:
+            shown = "; ".join(f"{name} {r.get(name)!r} where the run planned {s.get(name)!r}" for name in fields[:3])
+            return f"{r.get('key')}: {shown}"
+    return "another plan"
+
+
+def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
+    """Each dataset's privacy-loss statement, recomputed from the public entries, every entry
+    checked against the ledger's rules as far as public facts allow (see the module docstring).
+
+    Raises:
+        VerificationFailure: One line naming the entry, the run and the difference.
+    """
+    unit: PrivacyDefinition | None = None
+    policy_cap: Amount = Fraction(0)
+    ledger_cap: Amount | None = None
+    enforced = True
+    non_confidential = False
+    witnesses: list[str] | None = None
+    quorum = 0
+    codes_required = False  # a log bound to its ledger: failures are public as codes, never as text
+    caps: dict[str, Amount] = {}
+    versions: Counter = Counter()
+    runs: dict[str, _Run] = {}
+
+    def bad(index: int, reason: str) -> VerificationFailure:
+        return _fail(f"{where}: entry {index}", reason)
+
+    def charge(run: _Run, status: str | None = None, *, own_unit: bool = False) -> Amount:
+        """What the run counts against its dataset: every spend if it failed, else every planned
+        measurement at least once plus re-spends -- in the ledger's unit, or (``own_unit``, as
+        its ``spent`` fields state it) in its own."""
+        assert unit is not None
+        failed = (status or run.status) == "failed"
+        total: Amount = Fraction(0)
+        for key, budget in run.budgets.items():
+            n = run.spends[key] if failed else max(1, run.spends[key])
+            total = add_amounts(total, times(budget if own_unit else convert(budget, run.defn, unit), n))
+        return total
+
+    def odometer(dataset: str, *, besides: _Run | None = None) -> Amount:
+        total: Amount = Fraction(0)
+        for run in runs.values():
+            if run.dataset == dataset and run is not besides:
+                total = add_amounts(total, charge(run))
+        return total
+
+    def all_datasets(besides: _Run | None = None) -> Amount:
+        total: Amount = Fraction(0)
+        for run in runs.values():
+            if run is not besides:
+                total = add_amounts(total, charge(run))
+        return total
+
+    def within_caps(index: int, run: _Run, dataset_after: Amount, what: str) -> None:
+        if not enforced:
+            return
+        cap = caps.get(run.dataset, policy_cap)
+        if amount_exceeds(dataset_after, cap):
+            raise bad(index, f"run {run.run_id}: {what} takes dataset {run.dataset} to {format_exact(dataset_after)}, "
+                      f"above its cap {format_exact(cap)}")
+        if ledger_cap is not None:
+            total = add_amounts(all_datasets(besides=run), charge(run))
+            if amount_exceeds(total, ledger_cap):
+                raise bad(index, f"run {run.run_id}: {what} takes all datasets to {format_exact(total)}, above the "
+                          f"ledger-wide cap {format_exact(ledger_cap)}")
+
+    for index, data in enumerate(entries):
+        try:
+            e = json.loads(data)
+            kind = e["type"]
+        except (ValueError, KeyError, TypeError):
+            raise bad(index, "is not a public log entry") from None
+        try:
+            if index == 0 or kind == "policy":
+                if index != 0 or kind != "policy":
+                    raise bad(index, "the log does not begin with its one policy entry")
+                unit = PrivacyDefinition(e["privacy_defn"])
+                policy_cap = parse_exact(e["lifetime_cap"])
+                non_confidential = bool(e["non_confidential"])
+                enforced = not non_confidential  # a throwaway ledger's caps are recorded, not enforced
+                ledger_cap = parse_exact(e["ledger_cap"]) if "ledger_cap" in e else None
+                if "witnesses" in e:
+                    witnesses, quorum = list(e["witnesses"]), int(e["quorum"])
+                    codes_required = True
+                continue
+            if kind == "log-bound":
+                if witnesses is not None:
+                    raise bad(index, "the log binds its witnesses a second time")
+                witnesses, quorum = list(e["witnesses"]), int(e["quorum"])
+                codes_required = True
+            elif kind == "cap-raised":
+                new, current = parse_exact(e["lifetime_cap"]), caps.get(e["dataset"], policy_cap)
+                if not amount_exceeds(new, current):
+                    raise bad(index, f"dataset {e['dataset']}'s cap is lowered from {format_exact(current)} to "
+                              f"{e['lifetime_cap']}: a cap is only ever raised")
+                caps[e["dataset"]] = new
+            elif kind == "dataset-version":
+                versions[e["dataset"]] += 1
+                if e["version"] != versions[e["dataset"]]:
+                    raise bad(index, f"dataset {e['dataset']}'s version {e['version']} follows version "
+                              f"{versions[e['dataset']] - 1}")
+            elif kind == "ledger-repaired":
+                pass
+            elif kind == "run-started":
+                run_id = e["run_id"]
+                if run_id in runs:
+                    raise bad(index, f"run {run_id} is started twice (entry {runs[run_id].started_at} and here)")
+                planned = _planned(e["planned"], e["privacy_defn"], f"{where}: entry {index}")
+                total: Amount = Fraction(0)
+                for spend in planned.values():
+                    total = add_amounts(total, spend.budget)
+                if parse_exact(e["planned_total"]) != total:
+                    raise bad(index, f"run {run_id} states a planned total of {e['planned_total']}; its plan adds up "
+                              f"to {format_exact(total)}")
+                if bool(e["non_confidential"]) != non_confidential:
+                    raise bad(index, f"run {run_id} is of another kind (confidential or not) than its ledger")
+                before = odometer(e["dataset"])
+                if parse_exact(e["spent_before"]) != before:
+                    raise bad(index, f"run {run_id} states dataset {e['dataset']} had spent {e['spent_before']} "
+                              f"before it; the log's spends add up to {format_exact(before)}")
+                cap = caps.get(e["dataset"], policy_cap)
+                if parse_exact(e["lifetime_cap"]) != cap:
+                    raise bad(index, f"run {run_id} states dataset {e['dataset']}'s cap is {e['lifetime_cap']}; the "
+                              f"log's policy and raises give {format_exact(cap)}")
+                run = _Run(run_id, index, e, e["dataset"], PrivacyDefinition(e["privacy_defn"]), planned,
+                           {k: p.budget for k, p in planned.items()})
+                runs[run_id] = run
+                within_caps(index, run, add_amounts(before, charge(run)), "its start")
+            else:
+                run = runs.get(e["run_id"])
+                if run is None:
+                    raise bad(index, f"{kind} of run {e['run_id']}, which was never started in the log")
+                if kind == "spend":
+                    spend = run.planned.get(e["key"])
+                    if spend is None or any(spend.record[f] != e[f] for f in ("budget", "sensitivity", "n_cells")):
+                        raise bad(index, f"a spend of run {run.run_id} that its plan does not hold ({e['key']})")
+                    if run.status != "running":
+                        raise bad(index, f"a spend of run {run.run_id}, which had {run.status}")
+                    if e["key"] in run.this_attempt:
+                        raise bad(index, f"run {run.run_id} spends {e['key']} twice in one attempt")
+                    respend = run.spends[e["key"]] > 0
+                    run.spends[e["key"]] += 1
+                    run.this_attempt.add(e["key"])
+                    if respend:
+                        within_caps(index, run, odometer(run.dataset), f"re-spending {e['key']}")
+                elif kind == "run-resumed":
+                    if run.status == "finished":
+                        raise bad(index, f"run {run.run_id} is resumed after its release (entry {run.released_at})")
+                    if e["dataset"] != run.dataset or e["attempt"] != run.attempt + 1:
+                        raise bad(index, f"run {run.run_id}'s resume states dataset {e['dataset']}, attempt "
+                                  f"{e['attempt']}; its run is of {run.dataset}, attempt {run.attempt}")
+                    run.status, run.attempt, run.this_attempt = "running", run.attempt + 1, set()
+                    within_caps(index, run, odometer(run.dataset), "its resume")
+                elif kind == "run-failed":
+                    if run.status != "running":
+                        raise bad(index, f"run {run.run_id} fails after it had {run.status}")
+                    if "reason" in e and (codes_required or "code" in e):
+                        raise bad(index, f"run {run.run_id}'s failure carries operator text (a reason), where the log "
+                                  "publishes a failure as a code and a stage only: text can name enclave paths")
+                    if codes_required and (e.get("code") not in FAILURE_CODES or e.get("stage") not in FAILURE_STAGES):
+                        raise bad(index, f"run {run.run_id}'s failure names no known code and stage")
+                    if e.get("stage") == "release" and any(run.spends[k] == 0 for k in run.planned):
+                        raise bad(index, f"run {run.run_id} failed at its release stage with a measurement never spent")
+                    run.status = "failed"
+                    if parse_exact(e["spent"]) != charge(run, own_unit=True):
+                        raise bad(index, f"run {run.run_id} failed stating it spent {e['spent']}; its spends in the "
+                                  f"log add up to {format_exact(charge(run, own_unit=True))}")
+                elif kind == "release":
+                    _check_release(index, e, run, charge, bad)
+                    run.status, run.released_at = "finished", index
+                else:
+                    raise bad(index, f"has an unknown type {kind!r}")
+        except VerificationFailure:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise bad(index, f"is not a well-formed {kind} entry ({type(exc).__name__})") from None
+    if unit is None:
+        raise _fail(where, "is empty")
+    unit_name = "rho" if unit is PrivacyDefinition.ZCDP else "epsilon"
+    out: dict[str, DatasetStatement] = {}
+    for run_id, run in runs.items():
+        s = out.setdefault(run.dataset, DatasetStatement(run.dataset, unit_name, caps.get(run.dataset, policy_cap)))
+        charged = charge(run)
+        s.spent = add_amounts(s.spent, charged)
+        if run.status == "finished":
+            s.releases.append(run_id)
+            s.released = add_amounts(s.released, charged)
+        else:
+            (s.open_runs if run.status == "running" else s.failed_runs).append(run_id)
+            s.unreleased = add_amounts(s.unreleased, charged)
+    for s in out.values():
+        if enforced and amount_exceeds(s.spent, s.cap):
+            raise _fail(where, f"dataset {s.dataset} spent {format_exact(s.spent)}, above its cap "
+                        f"{format_exact(s.cap)}")
+    return Statement(out, witnesses, quorum)
+
+
+def _check_release(index: int, e: dict[str, Any], run: _Run, charge: Any, bad: Any) -> None:
+    """A ``release`` entry is its run's one release and states exactly what the run's
+    ``run-started`` and ``spend`` entries give."""
+    if run.status == "finished":
+        raise bad(index, f"run {run.run_id} is released a second time (its release is entry {run.released_at}): a run "
+                  "is released once; a declared re-release is a run of its own")
+    if run.status != "running":
+        raise bad(index, f"run {run.run_id} is released after it {run.status} without a resume")
+    started = run.started
+    for name in ("dataset", "privacy_defn"):
+        if e[name] != started[name]:
+            raise bad(index, f"run {run.run_id}'s release states {name} {e[name]!r}; its run-started (entry "
+                      f"{run.started_at}) {started[name]!r}")
+    if e["planned"] != started["planned"]:
+        raise bad(index, f"run {run.run_id}'s release states another plan than its run-started (entry "
+                  f"{run.started_at}): {_plan_difference(e['planned'], started['planned'])}")
+    listed = {s["key"]: s for s in e["spends"]} if isinstance(e["spends"], list) else {}
+    for key, n in [(k, run.spends[k]) for k in run.planned]:
+        got = listed.get(key, {}).get("times")
+        if got != n:
+            raise bad(index, f"run {run.run_id}'s release states {got} spend(s) of {key}; the log holds {n}")
+    problem = _release_problem(e, run.planned)
+    if problem:
+        raise bad(index, f"run {run.run_id}: {problem}")
+    if parse_exact(e["spent"]) != charge(run, "finished", own_unit=True):
+        raise bad(index, f"run {run.run_id}'s release states it spent {e['spent']}; its spends in the log add up to "
+                  f"{format_exact(charge(run, 'finished', own_unit=True))}")
+    if not isinstance(e.get("manifest_sha256"), str) or not HEX64.fullmatch(e["manifest_sha256"]):
+        raise bad(index, f"run {run.run_id}'s release names no manifest digest: nothing pins its files")

@@ -1,0 +1,140 @@
+"""Durable writes: every file this package must not lose is written through these few functions.
+
+A write is *durable* when a crash (a killed process, or the machine losing power) afterwards
+cannot lose it or leave half of it where the whole was expected. Four shapes cover every file
+the library keeps:
+
+==========================  ==========================================================================
+:func:`create`              a new file that must not exist yet (a key, a ledger's first entry):
+                            ``O_CREAT | O_EXCL`` with its mode, write, ``fsync``, ``fsync`` the folder;
+                            a failure removes what it created
+:func:`replace`             a file replaced as a whole (a checkpoint, a state file): a temporary
+                            file beside it, write, ``fsync``, ``rename`` over the old one, ``fsync``
+                            the folder -- a reader, and a crash, see the old file or the new one
+:func:`append`              lines added at the end of an open append-only file (the ledger, the
+                            public log): one ``write`` loop, ``fsync``; on a failure the file is cut
+                            back to where it ended, so it never keeps half an append of a live process
+:func:`truncate`            an append-only file cut back (``ftruncate``, ``fsync``): the recovery of a
+                            torn append
+==========================  ==========================================================================
+
+plus :func:`fsync_folder` (a new or renamed name in a folder survives a crash only once the
+folder is synced) and :func:`write_all` (``os.write`` may write less than it was given).
+
+They raise :class:`OSError` as the operating system gives it (``FileExistsError`` from
+:func:`create`, ``ENOSPC`` ...): each caller says in its own words which file failed and what
+to do. Nothing here takes a lock; the owner of a file serialises its writers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+__all__ = ["create", "replace", "append", "truncate", "fsync_folder", "write_all", "TornAppend"]
+
+PathLike = str | os.PathLike[str]
+
+
+def fsync_folder(folder: PathLike) -> None:
+    """Make the names in ``folder`` (a file created, renamed or removed there) durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of ``data`` to ``fd`` (``os.write`` may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def create(path: PathLike, data: bytes, *, mode: int = 0o644) -> None:
+    """Create ``path`` -- it must not exist, not even as a symbolic link -- with exactly ``mode``
+    (whatever the umask), write ``data``, and make both durable.
+
+    Raises:
+        FileExistsError: Something is at ``path`` already; it is left untouched.
+        OSError: The file cannot be created or written; nothing of it is left.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        os.fchmod(fd, mode)
+        write_all(fd, data)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    fsync_folder(path.parent)
+
+
+def replace(path: PathLike, data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` as a whole with ``data`` (of ``mode``), atomically and durably.
+
+    The new bytes go to a temporary file in the same folder, which is synced and renamed over
+    ``path``; then the folder is synced. Killed at any point, ``path`` holds the old bytes or the
+    new ones (a temporary file may be left beside it, never read).
+
+    Raises:
+        OSError: The file cannot be written; ``path`` is unchanged.
+    """
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    fsync_folder(path.parent)
+
+
+class TornAppend(OSError):
+    """An append failed, and cutting the file back failed too: the file may end in a part of it.
+
+    Its ``errno`` and ``strerror`` are the failed write's (the first cause).
+    """
+
+
+def append(fd: int, data: bytes, *, end: int | None = None) -> None:
+    """Append ``data`` to the file open as ``fd`` (opened with ``O_APPEND``) and ``fsync`` it.
+
+    Args:
+        end: Where the file ends now, if the caller knows: on a failed write the file is cut
+            back to it (and synced), so that no part of the append stays. Without it a failed
+            write may leave a part of ``data`` behind.
+
+    Raises:
+        TornAppend: The write failed and so did cutting the file back (only with ``end``).
+        OSError: The write or the sync failed (``ENOSPC``, ``EFBIG``, ``EIO``); with ``end``,
+            the file ends where it did.
+    """
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        if end is not None:
+            try:
+                truncate(fd, end)
+            except OSError:
+                raise TornAppend(exc.errno, exc.strerror) from exc
+        raise
+
+
+def truncate(fd: int, size: int) -> None:
+    """Cut the file open as ``fd`` back to ``size`` bytes, durably."""
+    os.ftruncate(fd, size)
+    os.fsync(fd)

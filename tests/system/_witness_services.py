@@ -1,0 +1,54 @@
+"""Witness services for the system tests: ``phsafe witness serve``, each in a process of its own.
+
+Each has its own key (``phsafe witness init``), its own state folder and a folder of the logs it
+witnesses (a log is added by putting its verifier key there, as its operator would); it listens
+on a loopback port the system picks and prints its URL, which :meth:`Service.start` reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+PHSAFE = Path(sys.executable).parent / "phsafe"
+
+
+class Service:
+    """One witness service; ``url`` once started (a restart listens on a new port)."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.name = f"{name}.test"
+        self.folder = root / name
+        made = subprocess.run([str(PHSAFE), "witness", "init", str(self.folder / "key"), "--name", self.name],
+                              capture_output=True, text=True, timeout=300)
+        assert made.returncode == 0, made.stderr
+        self.vkey = self.folder / "key" / "witness.vkey"
+        self.key = self.folder / "key" / "witness.key"
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> "Service":
+        self.process = subprocess.Popen(
+            [str(PHSAFE), "witness", "serve", "--key", str(self.key), "--state", str(self.folder / "state"),
+             "--logs", str(self.folder / "logs"), "--bind", "127.0.0.1:0"],
+            stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        assert " at http://127.0.0.1:" in line, line
+        self.url = line.split(" at ", 1)[1].split()[0]
+        return self
+
+    def witness(self, log: Path) -> None:
+        """The log's operator hands its verifier key (``log``/log.vkey) to the witness's operator."""
+        (self.folder / "logs").mkdir(parents=True, exist_ok=True)
+        key = (log / "log.vkey").read_text()
+        (self.folder / "logs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.vkey").write_text(key)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        if self.process is not None:
+            self.process.wait(timeout=120)
