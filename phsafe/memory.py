@@ -258,11 +258,14 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
     Raises:
         PHSafeError: One line, nothing read, nothing spent.
     """
+    # The sizes are functions of the confidential records (a refusal's message leaves the enclave:
+    # a flow run's state, an alert): they go to the confidential log, the message says where.
     if plan is None:
+        where = _figures_logged("the inputs need more than the memory limit", needed_bytes=needed,
+                                memory_limit_bytes=None, suggested_limit=f"{math.ceil(needed / GIB * 10) / 10:g}G")
         raise PHSafeError(
-            f"the inputs cannot be processed within the memory limit: they need at least "
-            f"{format_size(needed)} (give {option('memory_limit')} {math.ceil(needed / GIB * 10) / 10:g}G "
-            "or more, on a machine that has it)")
+            f"the inputs need more than the memory limit; {where} (give {option('memory_limit')} more, on a "
+            "machine that has it)")
     if not plan.spills:
         return
     existing = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
@@ -278,11 +281,25 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
             f"(tmpfs): choose a work folder on disk ({option('work_dir')}), or raise {option('memory_limit')}")
     need = plan.spill_bytes + (1 << 30)
     if free < need:
+        where = _figures_logged("the spill needs more than the work folder's free space", spill_bytes=need,
+                                free_bytes=free, memory_limit_bytes=plan.limit)
         raise PHSafeError(
-            f"the inputs do not fit in the memory limit and are processed in MAFID ranges spilled to the "
-            f"work folder, whose file system has {format_size(free)} free of the {format_size(need)} the "
-            f"spill needs: free space, choose another work folder ({option('work_dir')}), or raise "
-            f"{option('memory_limit')}")
+            f"the inputs need more than the memory limit and are processed in MAFID ranges spilled to the "
+            f"work folder, whose file system has too little free space for the spill; {where}: free space, "
+            f"choose another work folder ({option('work_dir')}), or raise {option('memory_limit')}")
+
+
+def _figures_logged(event: str, **figures: object) -> str:
+    """Log a refusal's figures to the confidential log; the words that send the operator there."""
+    from phsafe.logs import current_log_file, get_logger
+
+    get_logger("phsafe.memory").info(event, **{k: v for k, v in figures.items() if v is not None})
+    log_file = current_log_file()
+    if log_file is None:  # the command line without --log: its console is the enclave's
+        shown = ", ".join(f"{k}={format_size(v) if isinstance(v, int) else v}" for k, v in figures.items()
+                          if v is not None)
+        return f"the figures: {shown}"
+    return f"the figures are in the enclave log at {log_file}"
 
 
 def _in_memory_file_system(path: Path) -> bool:

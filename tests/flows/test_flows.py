@@ -376,6 +376,14 @@ def test_a_memory_limit_too_small_is_refused_before_any_spend(tmp_path):
     assert state.is_failed()
     assert "memory limit" in state.message and "the flow parameter memory_limit" in state.message
     assert "No privacy-loss budget was spent." in state.message
+    # The sizes are functions of the confidential records: the message says where they are, not what.
+    log_file = tmp_path / "phsafe-log.jsonl"
+    assert state.message.startswith("the inputs need more than the memory limit; the figures are in the enclave "
+                                    f"log at {log_file} "), state.message
+    assert not re.search(r"\d", state.message.split(str(log_file))[1]), state.message
+    figures = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(e["event"] == "the inputs need more than the memory limit" and e["needed_bytes"] > 1 << 20
+               for e in figures)
     assert [e["kind"] for e in _ledger_entries(tmp_path / "us-ledger.jsonl")] == ["LEDGER_INIT"]
 
 
