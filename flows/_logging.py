@@ -51,6 +51,7 @@ PUBLIC_FIELDS = frozenset({
     "run_charge", "dataset_spent", "lifetime_cap", "left", "total_budget", "attempt_spend",  # budgets
     "checkpoint_size", "checkpoint_head", "checkpoint_signed",  # the public ledger checkpoint
     "error_type", "frames",  # a defect's type and code locations (never its message)
+    "code_version",
     "folders", "outputs", "work_folder", "validation_reports", "checkpoint",  # paths
 })
 """Fields that may reach the Prefect run log: public by construction. Anything else -- timings,
