@@ -65,6 +65,7 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
+from flows._ended import END_HOOKS
 from flows._logging import configure_once
 from phsafe import engine, interrupt, logs
 from phsafe.config import PHSafeConfig
@@ -345,7 +346,7 @@ def _dataset_flow(label: str, summary: str) -> Flow:
         DATASET_PARAMETERS, return_annotation=dict[str, Any] | State)
     dataset_flow.__doc__ = f"{summary}\n\n{_args_doc(DATASET_PARAMETERS, _description)}"
     return flow(name=f"sdhc-{label}", flow_run_name=flow_run_name(label), retries=0, validate_parameters=True,
-                persist_result=False)(dataset_flow)
+                persist_result=False, **END_HOOKS)(dataset_flow)
 
 
 us_flow = _dataset_flow("us", "S-DHC for the 50 states and DC: Nation and State levels.")
@@ -427,4 +428,4 @@ release_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     RELEASE_PARAMETERS, return_annotation=dict[str, Any] | State)
 release_flow.__doc__ = f"{inspect.getdoc(release_flow)}\n\n{_args_doc(RELEASE_PARAMETERS, _release_description)}"
 release_flow = flow(name="sdhc-release", flow_run_name=flow_run_name("release"), retries=0,  # type: ignore[assignment]
-                    validate_parameters=True, persist_result=False)(release_flow)
+                    validate_parameters=True, persist_result=False, **END_HOOKS)(release_flow)

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import phsafe
 
-__all__ = ["Provenance", "provenance", "code_version", "stamp", "STAMP_FILE"]
+__all__ = ["Provenance", "provenance", "provenance_of", "code_version", "stamp", "STAMP_FILE"]
 
 STAMP_FILE = "_stamp.json"
 """The stamp, in the package's folder (``phsafe/_stamp.json``); never committed."""
@@ -158,7 +158,12 @@ def _stamped(package: Path) -> dict | None:
 @functools.lru_cache(maxsize=1)
 def provenance() -> Provenance:
     """The code this process runs (read once per process; see the module docstring)."""
-    package = Path(phsafe.__file__).resolve().parent
+    return provenance_of(Path(phsafe.__file__).resolve().parent)
+
+
+def provenance_of(package: Path) -> Provenance:
+    """The code installed with the ``phsafe`` package folder ``package``: its stamp checked
+    against its files, else git, else unknown (see the module docstring)."""
     root = package.parent
     document = _stamped(package)
     if document is not None:

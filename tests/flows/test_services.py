@@ -178,18 +178,52 @@ def test_readme_cap_guidance_is_the_policy_limit_not_a_re_spend_margin():
     assert "policy limit" in section
 
 
-def test_worker_unit_stops_the_worker_first_then_its_flow_runs():
-    """Measured (docs/operations.md): the worker's graceful stop leaves its flow runs "Running"
-    forever; killed first, its flow runs get SIGTERM and end Crashed."""
+def test_worker_unit_stops_through_the_phsafe_worker():
+    """The unit runs deployments/worker.py, which on SIGTERM kills the Prefect worker and sends
+    SIGTERM to each flow run (the flows stop at their next safe point); systemd signals it alone
+    (KillMode=mixed) and SIGKILLs what is left only after TimeoutStopSec, beyond the worker's
+    own grace (the end-to-end test stops it and counts the INTENTs)."""
+    from deployments import worker
+
     service = _unit(SYSTEMD / "prefect-worker.service")["Service"]
-    assert service["ExecStop"] == ["/bin/kill -s KILL $MAINPID"]
-    assert service["KillMode"] == ["control-group"] and service["KillSignal"] == ["SIGTERM"]
-    assert service["SuccessExitStatus"] == ["SIGKILL"]
+    command = shlex.split(service["ExecStart"][0])
+    assert command[:2] == ["/opt/phsafe/.venv/bin/python", "/opt/phsafe/deployments/worker.py"]
+    assert (REPO / "deployments" / "worker.py").is_file()
+    assert command[2:] == ["--pool", "phsafe-process", "--type", "process", "--limit", "1"]
+    assert "ExecStop" not in service and "SuccessExitStatus" not in service
+    assert service["KillMode"] == ["mixed"] and service["KillSignal"] == ["SIGTERM"]
     timeout = service["TimeoutStopSec"][0]
-    assert timeout.endswith("s") and 30 <= int(timeout[:-1]) <= 300
+    assert timeout.endswith("s") and worker.DEFAULT_GRACE + 5 <= int(timeout[:-1]) <= 300
     # Heartbeats every 30 s, so that a run whose process died is marked Crashed (five missed).
     shared = _env(SYSTEMD / "prefect.env")
     assert shared["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+
+
+def test_the_server_writes_its_ui_where_its_user_may_write():
+    """The venv is root's; the server, as phsafe, writes its copy of the UI into its own folder."""
+    server = _env(SYSTEMD / "prefect-server.env")
+    home = Path(_env(SYSTEMD / "prefect.env")["PREFECT_HOME"])
+    assert Path(server["PREFECT_UI_STATIC_DIRECTORY"]).is_relative_to(home)
+
+
+def test_the_deploy_step_refuses_code_that_is_not_a_clean_commit(monkeypatch, capsys):
+    from phsafe import provenance
+
+    for found, why in (
+            (provenance.Provenance("0.1.0", None, None, "none", "the code's commit cannot be known: no install stamp"),
+             "the code's commit cannot be known"),
+            (provenance.Provenance("0.1.0", "a" * 40, False, "stamp", "2 file(s) of the code changed since it was "
+                                                                       "installed"), "2 file(s) of the code changed")):
+        monkeypatch.setattr(provenance, "provenance", lambda found=found: found)
+        with pytest.raises(deploy.Refused) as refused:
+            deploy.code_step(allow_dirty=False)
+        assert str(refused.value).startswith(why) and "--allow-dirty" in str(refused.value), refused.value
+        assert "\n" not in str(refused.value)
+        assert deploy.code_step(allow_dirty=True) == found.code_version
+        assert f"warning (--allow-dirty): {why}" in capsys.readouterr().out
+    clean = provenance.Provenance("0.1.0", "b" * 40, True, "stamp")
+    monkeypatch.setattr(provenance, "provenance", lambda: clean)
+    assert deploy.code_step(allow_dirty=False) == "0.1.0+gbbbbbbbbbbbb"
 
 
 def test_alerts_env_is_for_the_deploy_step_only():
@@ -305,6 +339,10 @@ def test_the_automations_file_is_prefect_s_format_once_the_deploy_step_fills_it(
     assert "past the time limit of 3h" in running.actions[0].body
     died = automations["phsafe: a run whose process died is marked Crashed"]
     assert died.trigger.within.total_seconds() == 150 and "prefect.flow-run.heartbeat" in died.trigger.expect
+    # The flows' last event (after their final state) ends the wait: a final run is never marked.
+    from flows._ended import ENDED
+
+    assert ENDED in died.trigger.expect
     (crash,) = died.actions
     assert isinstance(crash, ChangeFlowRunState) and crash.state.value == "CRASHED" and "2m30s" in crash.message
     assert "${" not in str(filled)  # every value filled
