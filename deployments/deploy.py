@@ -1,6 +1,6 @@
 """The deploy step of phsafe: per-host settings, work pool, deployments and alerts, idempotently.
 
-Run from any directory, with the environment of /etc/phsafe loaded (README, "Deploy")::
+Run from any directory, with the environment of /etc/phsafe loaded (docs/operations.md, "Deploy")::
 
     set -a; . /etc/phsafe/prefect.env; . /etc/phsafe/alerts.env; set +a
     .venv/bin/python deployments/deploy.py --set us_config=/srv/sdhc/us/config.json ...   # first time
@@ -25,9 +25,10 @@ refused is checked before ``prefect deploy`` runs:
 5. **Code version**: the commit the install stamp of ``make env`` names (``phsafe/provenance.py``),
    checked against the files; code whose commit is unknown, or that differs from its commit, is
    refused unless ``--allow-dirty`` (then runs record it as ``.dirty`` or ``+unknown``).
-   **Deployments**: ``prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
-   --version <code version>`` from the repository root, which stays untouched; each flow run
-   compares the deployment's version with the code it runs, and says so if they differ.
+   **Deployments**: ``prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml``
+   from the repository root, which stays untouched, with the code version as the deployments'
+   ``version`` (``PHSAFE_CODE_VERSION``); each flow run compares it with the code it runs, and
+   says so if they differ.
 6. **Automations** created, or updated where they differ, by name; automations named
    ``phsafe: ...`` that the file no longer has are deleted.
 
@@ -293,8 +294,9 @@ def code_step(allow_dirty: bool) -> str:
 
 def deployments_step(version: str) -> str:
     prefect = Path(sys.executable).parent / "prefect"
-    args = [str(prefect), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE), "--version", version]
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    args = [str(prefect), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PHSAFE_CODE_VERSION=version))  # prefect.yaml's `version:`
     if done.returncode != 0:
         tail = " | ".join(line.strip() for line in (done.stdout + done.stderr).splitlines()[-8:] if line.strip())
         raise Refused(f"`prefect deploy` failed: {tail}")

@@ -118,8 +118,16 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)  # a caught signal is SIG_DFL again in the worker
         prefect = Path(sys.executable).parent / "prefect"
+        env = dict(os.environ)
+        if not env.get("TMPDIR") and env.get("PREFECT_HOME"):
+            # Prefect's runner keeps its files in $TMPDIR/runner_storage: in a /tmp shared with
+            # other users (a worker started from a shell, not the unit's PrivateTmp) another
+            # user's runner_storage would stop it. Its own folder instead.
+            private = Path(env["PREFECT_HOME"]) / "tmp"
+            private.mkdir(parents=True, exist_ok=True, mode=0o700)
+            env["TMPDIR"] = str(private)
         # Its own session: a terminal's Ctrl-C reaches this process only, never the worker directly.
-        self.worker = subprocess.Popen([str(prefect), "worker", "start", *self.worker_args],
+        self.worker = subprocess.Popen([str(prefect), "worker", "start", *self.worker_args], env=env,
                                        start_new_session=True, preexec_fn=_die_with_parent)
         say(f"started the Prefect worker (pid {self.worker.pid}); SIGTERM or SIGINT stops its flow runs at their "
             "next safe point")

@@ -263,7 +263,25 @@ def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
         except Exception as refused:  # noqa: BLE001 -- before the log file: one line, nothing else anywhere
             return _failed(refused)
         with logs.log_to(log_file), interrupt.stop_at_safe_points(on_request=_stop_requested):
+            check_deployed_version()
             return _run_dataset(label, given)
+
+
+def check_deployed_version() -> None:
+    """Say so, in one line, when the code runs a version other than the one its deployment was
+    made with (the checkout changed after the deploy step); runs record the version they run."""
+    from prefect.runtime import deployment
+
+    from phsafe.provenance import code_version
+
+    try:
+        deployed = deployment.version
+    except Exception:  # noqa: BLE001 -- no deployment (a subflow, a flow called directly): nothing to compare
+        return
+    running = code_version()
+    if deployed and deployed != running:
+        log.warning(f"this code is {running}, not the {deployed} the deployment was made with: the checkout changed "
+                    "after the deploy step; runs record what runs -- re-run the deploy step")
 
 
 def _flow_preflight(values: dict[str, Any]) -> tuple[PrivateRunParameters, Path]:
@@ -378,6 +396,8 @@ def release_flow(**parameters: Any) -> dict[str, Any] | State:
     run resumes what its subflows started (and does nothing for a dataset already published).
     """
     logger = get_run_logger()
+    configure_once(None)
+    check_deployed_version()
     shared = {name: value for name, value in parameters.items() if not name.startswith(("us_", "pr_"))}
     shared["output_root"] = str(Path(shared["output_root"]).absolute())
     token = _RELEASE_PARAMETERS.set(_RELEASE_PARAMETER_NAMES)

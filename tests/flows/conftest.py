@@ -337,6 +337,12 @@ class Layout:
             for pair in shlex.split(assignment):
                 key, _, value = pair.partition("=")
                 env[key] = value
+        if service.get("PrivateTmp") == ["yes"]:  # a /tmp of its own: here, a TMPDIR of its own
+            private = self.root / "tmp" / name
+            private.mkdir(parents=True, exist_ok=True)
+            os.chown(private, self.uid, self.gid)
+            private.chmod(0o700)
+            env["TMPDIR"] = str(private)
         argv = [str(self.path(word)) if word.startswith("/") else word for word in shlex.split(service["ExecStart"][0])]
         return argv, env, self.path(service["WorkingDirectory"][0])
 
