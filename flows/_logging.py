@@ -107,14 +107,22 @@ def _to_prefect_run_log(level: str, event: dict[str, Any]) -> None:
 
 
 class RefusalsWithoutTraceback(logging.Filter):
-    """Prefect logs a failed task's exception with its traceback. A refusal of ours (bad input, a
-    budget refused, a release already made) is not a bug: the task run's log gets one line, and
-    the flow run's state message says the rest once."""
+    """Prefect logs a failed task's exception with its traceback, and the Failed state a flow
+    returns again with the engine's own. A refusal of ours (bad input, a budget refused, a release
+    already made, a stop) is not a bug: the task run's log gets one line, and the flow run's state
+    message says the rest once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import FailedRun
+
         from phsafe.errors import PHSafeError
 
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, FailedRun):
+            # Prefect's engine raising again the Failed state a flow returned ("Engine execution
+            # exited with unexpected exception" and its own frames): the flow run's state and its
+            # one error line say it already.
+            return False
         if isinstance(exc, PHSafeError):
             first = (str(exc).splitlines() or [""])[0]
             stopped = type(exc).__name__ == "StoppedBySignal"
