@@ -235,7 +235,7 @@ def complete_by_retry(stack: Stack, case: StopCase, stopped: Any, ledger: Path) 
     verified = subprocess.run([str(PHSAFE), "audit", "verify", str(ledger), "--outputs", str(out), "--public-key",
                                stack.settings["public_key"]], capture_output=True, text=True, timeout=300)
     assert verified.returncode == 0 and verified.stdout.rstrip().endswith("OK"), verified.stdout + verified.stderr
-    case.verify = next(line for line in verified.stdout.splitlines() if line.startswith(f"run {case.run_id}: "))
+    case.verify = next(line.strip() for line in verified.stdout.splitlines() if f"run {case.run_id}: " in line)
 
 
 def stop_the_worker_every_way(stack: Stack, tmp_path: Path) -> list[StopCase]:
