@@ -680,7 +680,7 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
         # it is scrolled) until the line is there.
         line = page.get_by_text(log_line).first
         page.get_by_role("tabpanel", name="Logs").hover()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # generous: the log pane loads its pages slowly on a busy machine
         while not line.is_visible() and time.monotonic() < deadline:
             page.mouse.wheel(0, 4000)
             page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
