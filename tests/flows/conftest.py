@@ -440,7 +440,7 @@ class Stack:
         """The worker as an operator starts it from a shell, in the background (``... &``: a
         non-interactive shell starts it with SIGINT ignored); the shell and the worker's pid."""
         etc = self.layout.etc
-        pid_file = self.folder / f"{log.stem}.pid"
+        pid_file = self.layout.home / f"{log.stem}.pid"  # where the service user may write
         script = (f"set -a; . {etc / 'prefect.env'}; set +a\n"
                   ".venv/bin/python deployments/worker.py --pool phsafe-process --type process --limit 1 &\n"
                   f"echo $! > {pid_file}\nwait\n")
