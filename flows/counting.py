@@ -94,7 +94,7 @@ def validate_and_count_on_dask(
         runner: A Dask task runner already entered (default: :func:`dask_task_runner` of
             ``address`` and ``n_workers``, for this call).
     """
-    validate = run.options.validate_inputs
+    validate = run.parameters.validate_inputs
     spill = SpillArea(run.run_dir / SPILL_FOLDER)  # empties what a killed attempt left
     try:
         plan = distributed.plan_cluster(

@@ -38,7 +38,8 @@ from pydantic import Field
 from flows._ended import END_HOOKS
 from flows._logging import configure_once, events_to_file_only
 from flows.sdhc import PositiveCount, flow_run_name, pr_flow, run_id_for, us_flow
-from phsafe.errors import PHSafeError, front_end
+from phsafe.errors import PHSafeError
+from phsafe.parameters import front_end
 from phsafe.rehearsal import DEFAULT_ALPHA
 from tasks import artifacts
 from tasks import rehearsal as t

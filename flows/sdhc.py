@@ -69,10 +69,12 @@ from flows._ended import END_HOOKS
 from flows._logging import configure_once
 from phsafe import engine, interrupt, logs
 from phsafe.config import PHSafeConfig
-from phsafe.errors import ConfigError, PHSafeError, cause_in_words, front_end
+from phsafe.errors import ConfigError, PHSafeError, cause_in_words
 from phsafe.ledger import Orchestration, check_ledger_file
-from phsafe.parameters import PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, on_flows
-from phsafe.sequence import LocalCounter, ReleaseHooks, ReleaseJob, run_release
+from phsafe.parameters import (
+    PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, front_end, on_flows,
+)
+from phsafe.sequence import LocalCounter, ReleaseHooks, run_release
 from tasks import artifacts
 from tasks._format import decimal_text
 from tasks.pipeline import PrefectStages
@@ -316,7 +318,7 @@ def _stop_requested(signal_name: str) -> None:
 def _failed(exc: BaseException) -> State:
     """The flow run's end on a failure: one line in its log, the whole message in its state."""
     if not isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
-        from phsafe.cli._common import crash_frames
+        from phsafe.logs import crash_frames
 
         log.error("flow run failed", error_type=type(exc).__name__, frames=crash_frames(exc))
     message = failure_message(exc)
@@ -339,10 +341,9 @@ def _run_dataset(label: str, given: PrivateRunParameters) -> dict[str, Any] | St
             from flows.counting import DaskCounter
 
             counter = DaskCounter(given.dask_address, given.dask_workers, given.partition_persons)
-        job = ReleaseJob(given.config, given.data, given.options(), output_root=root,
-                         resume_run_id=given.resume_run_id, orchestration=_orchestration(),
-                         new_run_id=run_id_for(label), counter=counter)
-        result = run_release(job, PrefectStages(), _Shown(label, shown))
+        result = run_release(given.model_copy(update={"output_root": root}), runner=PrefectStages(),
+                             hooks=_Shown(label, shown), orchestration=_orchestration(),
+                             counter=counter, new_run_id=run_id_for(label))
     except (Exception, interrupt.RunInterrupted) as exc:  # noqa: BLE001 -- the state says why
         return _failed(exc)
     summary = _summary(result)

@@ -113,24 +113,29 @@ def run_private(
     ledger: str | Path | None = None,
     dataset: str | None = None,
     new_version: str | None = None,
-    non_confidential: bool = False,
-    validate: bool = True,
-    validate_outputs: bool = False,
+    re_release: str | None = None,
+    overlap_reason: str | None = None,
     signing_key: str | Path | None = None,
     public_key: str | Path | None = None,
+    validate: bool = True,
+    validate_outputs: bool = False,
     lifetime_cap: Amount | None = None,
     cap_reason: str | None = None,
-    work_dir: str | Path | None = None,
     resume: str | None = None,
     resume_reason: str | None = None,
-    re_release: str | None = None,
+    non_confidential: bool = False,
+    work_dir: str | Path | None = None,
+    truncation_key: str | None = None,
+    memory_limit: str | int | None = None,
     progress: "Progress | None" = None,
 ) -> "RunResult":
     """Run PHSafe privately on ``data`` with ``config`` and publish the eleven tables to ``out``.
 
     Everything is checked first (config, ledger, keys, paths, space, and -- with ``validate`` --
     the inputs); nothing is spent if anything is wrong. Each measurement is recorded in the
-    ledger before its noise is drawn; the release is published, then recorded.
+    ledger before its noise is drawn; the release is published, then recorded. The arguments are
+    the fields of :class:`phsafe.parameters.PrivateRunParameters` (``phsafe private`` and the
+    flows take the same ones), where each is described once.
 
     Args:
         config, data, out: As ``phsafe private CONFIG DATA OUT``; ``out`` must not exist.
@@ -138,37 +143,33 @@ def run_private(
             one is made beside ``out`` when none is given.
         dataset: The dataset the run spends against (default: the config's ``"dataset"``).
         new_version: Why these records are a new content version of the dataset (recorded).
-        non_confidential: The data is synthetic or public.
-        validate: Run the full input suites first (recorded in the ledger).
-        validate_outputs: Validate the tables before publishing them.
-        signing_key, public_key: Sign the ledger checkpoints (Ed25519 PEM); the key must match
-            the public key if given.
-        lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
-        work_dir: Folder of the runs' confidential work folders (default: beside the ledger).
-        resume, resume_reason: Complete the failed run with this id, reusing what it committed.
         re_release: Why records that another run of the dataset already released are released
             again (recorded). Without it such a run is refused before any spend: a content
             version is released once, whatever room the lifetime cap leaves.
+        overlap_reason: Why records that overlap another dataset's (beyond 1%) are a version of
+            this dataset (recorded). Without it such a run is refused before any spend.
+        signing_key, public_key: Sign the ledger checkpoints (Ed25519 PEM); the key must match
+            the public key if given.
+        validate: Run the full input suites first (recorded in the ledger).
+        validate_outputs: Validate the tables before publishing them.
+        lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
+        resume, resume_reason: Complete the failed run with this id, reusing what it committed.
+        non_confidential: The data is synthetic or public.
+        work_dir: Folder of the runs' confidential work folders (default: beside the ledger).
+        truncation_key: Replay a run with this truncation key (hex) -- non-confidential data only.
+        memory_limit: Memory the input pass may use (bytes, or a size such as ``"8G"``).
         progress: Where to show progress (:mod:`phsafe.progress`).
 
     Returns:
         The run's id, output folder, released files, plan, stage timings, ledger and work folder.
     """
+    arguments = dict(locals())  # first: exactly the arguments, each named as the parameters' InPython says
+    del arguments["progress"]
+    arguments["lifetime_cap"] = _exact(lifetime_cap, "lifetime_cap")
     from phsafe.parameters import PrivateRunParameters
-    from phsafe.sequence import run_private as run
+    from phsafe.sequence import InProcess, run_release
 
-    # The same parameters model as `phsafe private` and the flows: one definition of a run's
-    # parameters and of the engine's options they make.
-    parameters = PrivateRunParameters(
-        config=Path(config), data=Path(data), output=Path(out), ledger=ledger, dataset=dataset,
-        new_version=new_version, re_release=re_release, signing_key=signing_key, public_key=public_key,
-        validate_inputs=validate, validate_outputs=validate_outputs,
-        lifetime_cap=_exact(lifetime_cap, "lifetime_cap"), cap_reason=cap_reason, resume_run_id=resume,
-        resume_reason=resume_reason, non_confidential=non_confidential, work_dir=work_dir,
-    )
-    assert parameters.output is not None
-    return run(parameters.config, parameters.data, parameters.output, parameters.options(), progress=progress,
-               run_id=parameters.resume_run_id, resume=parameters.resume_run_id is not None)
+    return run_release(PrivateRunParameters.from_python(arguments), runner=InProcess(progress))
 
 
 def run_nonprivate(

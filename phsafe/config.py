@@ -35,7 +35,8 @@ from typing import Any, Mapping
 from pydantic import BaseModel, ConfigDict
 
 from phsafe.amounts import INFINITE
-from phsafe.errors import BudgetError, ConfigError, option, os_reason
+from phsafe.errors import BudgetError, ConfigError, os_reason
+from phsafe.parameters import option
 from phsafe.iterations import GeographyLevel, PopulationGroupLevel
 from phsafe.schema import PUERTO_RICO, STATE_CODES
 from phsafe.tables import MEASURED_TABLES, TABLE_LEVELS, TAU_TABLES

@@ -1,32 +1,23 @@
-"""The private and non-private runs, stage by stage.
+"""The stages of a private run, what a failure records, and the non-private run.
 
-Private run, in this order -- everything that can fail on bad input or a bad setting fails before
-any budget is spent, and a failure after a spend can be completed without new noise:
-
-1. config (with its budget sanity checks), the run's identity (dataset, run id, paths);
-2. preflight (:func:`preflight`): the ledger, its lock and key files, the signing key, the output
-   folder's parent, free space, the run's work folder -- everything the run will need later --
-   and a first check of the dataset's lifetime cap;
-3. input validation (on by default), then read, preprocess, truncate-join-count every table
-   exactly, with the content fingerprint of the records (inconsistent codes stop the run);
-4. plan every measurement (exact budgets) and cross-check each with OpenDP's privacy map;
-5. start the run in the audit ledger: the dataset, its content version and its lifetime cap are
-   checked and the plan recorded under a lock;
-6. for each measurement, :func:`phsafe.noise.measure` records the spend, then draws the noise, and
-   the noisy vector is stored in the run's work folder before it is committed;
-7. write the release (tables, data package, manifest with a signed checkpoint) in the work folder,
-   optionally validate it, copy it beside the output folder, fsync, rename it into place -- and
-   only then record ``OUTPUTS_PUBLISHED`` and ``RUN_FINISHED``.
+Their order is written once, in :mod:`phsafe.sequence` (:data:`~phsafe.sequence.SEQUENCE`), which
+runs them for the command line in one process and for the flows as Prefect tasks. The rules they
+keep, whatever the order they are called in: everything that can fail on bad input or a bad
+setting fails before any budget is spent (:mod:`phsafe.preflight`, the validation); each
+measurement is recorded in the ledger before its noise is drawn (:func:`phsafe.noise.measure`)
+and its noisy vector stored in the run's work folder before it is committed; the release is
+written from committed vectors only, renamed into place, and only then recorded
+(``OUTPUTS_PUBLISHED``, ``RUN_FINISHED``); a failure after a spend can be completed without new
+noise.
 
 Two zones. The public release ``OUT`` holds the tables and what describes them (data package,
 manifest, signed checkpoint, a keyed lineage commitment). Everything else -- the ledger and its
 keys, the run's work folder (noisy vectors before publication, validation reports), logs -- is
 confidential and lives beside the ledger: ``<ledger folder>/runs/<run id>/`` (or ``work_dir``).
 
-:mod:`phsafe.sequence` runs these stages in this order (the command line in one process, the
-flows as Prefect tasks). The run's identity and options are :mod:`phsafe.private_run`'s, step 2 is
-:mod:`phsafe.preflight`; this module holds the other stages, what a failure records, and the
-non-private run. It re-exports what its callers know it by (``phsafe.engine.PrivateRunOptions``).
+The run's identity is :mod:`phsafe.private_run`'s (:class:`PrivateRun`, made from the operator's
+:class:`~phsafe.parameters.PrivateRunParameters`); this module re-exports what its callers know
+it by (``phsafe.engine.PrivateRun``).
 """
 
 from __future__ import annotations
@@ -46,7 +37,8 @@ from phsafe import interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
 from phsafe.counting import Counts, check_pass_memory, exact_counts
-from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words, option
+from phsafe.errors import LedgerError, OutputExistsError, PHSafeError, ValidationFailed, cause_in_words
+from phsafe.parameters import option
 from phsafe.intake import validated_counts
 from phsafe.iterations import GeographyLevel
 from phsafe.logs import get_logger
@@ -62,7 +54,6 @@ from phsafe.private_run import (
     NON_CONFIDENTIAL_DATASET,
     RUNS_DIR,
     PrivateRun,
-    PrivateRunOptions,
     RunResult,
     StageTimer,
     begin_private_run,
@@ -82,7 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     # the run (phsafe.private_run) and its preflight (phsafe.preflight)
-    "PrivateRunOptions", "PrivateRun", "RunResult", "StageTimer", "begin_private_run", "resolve_ledger",
+    "PrivateRun", "RunResult", "StageTimer", "begin_private_run", "resolve_ledger",
     "open_ledger", "new_run_id", "code_version", "LEDGER_ENV", "RUNS_DIR",
     "NON_CONFIDENTIAL_DATASET", "Preflight", "preflight", "estimated_release_bytes",
     # the stages
@@ -184,9 +175,9 @@ def validate_and_count(run: PrivateRun, stage: "StageTimer | None" = None):  # n
     """
     stage = stage or StageTimer(None)
     counts, report = validated_counts(run.config_file, run.data_dir, list(TABLES.values()),
-                                      key=run.truncation_key, validate=run.options.validate_inputs,
+                                      key=run.truncation_key, validate=run.parameters.validate_inputs,
                                       report_dir=run.report_dir, stage=stage, progress=stage.progress,
-                                      memory_limit=run.options.memory_limit, spill_dir=run.run_dir / SPILL_FOLDER)
+                                      memory_limit=run.parameters.memory_limit, spill_dir=run.run_dir / SPILL_FOLDER)
     return (ExactCounts(counts) if counts is not None else None), report
 
 
@@ -194,7 +185,7 @@ def count_exact(run: PrivateRun, config: PHSafeConfig, stage: "StageTimer | None
     """Read, preprocess, truncate (with the run's key), join and count every measured table."""
     stage = stage or StageTimer(None)
     return ExactCounts(exact_counts(config, run.data_dir, list(TABLES.values()), key=run.truncation_key,
-                                    stage=stage, progress=stage.progress, memory_limit=run.options.memory_limit,
+                                    stage=stage, progress=stage.progress, memory_limit=run.parameters.memory_limit,
                                     spill_dir=run.run_dir / SPILL_FOLDER))
 
 
@@ -251,27 +242,27 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
         LedgerError: The run cannot be resumed (finished, other records, ...).
     """
     ledger = open_ledger(run.ledger)
-    options = run.options
-    cap_raise = (options.lifetime_cap, options.cap_reason) if options.lifetime_cap is not None else None
+    parameters = run.parameters
+    cap_raise = (parameters.lifetime_cap, parameters.cap_reason) if parameters.lifetime_cap is not None else None
     if not run.resume:
-        new_version = options.new_version
-        if new_version is None and options.non_confidential:
+        new_version = parameters.new_version
+        if new_version is None and parameters.non_confidential:
             new_version = "non-confidential data: content version declared automatically"
         ledger.start_run(
             run_id=run.run_id, plan=plan, dataset=run.dataset, fingerprint=fingerprint,
             config_digest=run.config_sha256, input_digests=input_digests_, code_version=run.code_version,
-            truncation_key_hex=run.truncation_key.hex(), non_confidential=options.non_confidential,
-            validated=options.validate_inputs, new_version=new_version, cap_raise=cap_raise,
-            re_release=options.re_release, orchestration=run.orchestration, sketch=sketch,
-            overlap_reason=options.overlap_reason,
+            truncation_key_hex=run.truncation_key.hex(), non_confidential=parameters.non_confidential,
+            validated=parameters.validate_inputs, new_version=new_version, cap_raise=cap_raise,
+            re_release=parameters.re_release, orchestration=run.orchestration, sketch=sketch,
+            overlap_reason=parameters.overlap_reason,
         )
         return LedgerAttempt(1, {})
     recorder = ledger.resume_run(
         run.run_id, config_digest=run.config_sha256, dataset=run.dataset, fingerprint=fingerprint,
-        code_version=run.code_version, reason=options.resume_reason or "resumed by the operator",
+        code_version=run.code_version, reason=parameters.resume_reason or "resumed by the operator",
         cap_raise=cap_raise,
         plan=plan,  # the ledger refuses a resume whose plan differs from the recorded one
-        re_release=options.re_release, orchestration=run.orchestration,
+        re_release=parameters.re_release, orchestration=run.orchestration,
     )
     state = ledger.run(run.run_id)
     assert state is not None
@@ -389,7 +380,7 @@ def public_manifest(run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_d
         "dataset": run.dataset,
         "privacy_defn": config.privacy_defn.value,
         "total_budget": budget_text(plan.total),
-        "non_confidential": run.options.non_confidential,
+        "non_confidential": run.parameters.non_confidential,
         "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau)},
         "measurements": [
             {"table": m.table, "level": m.level.config_key, "budget": budget_text(m.budget),
@@ -425,7 +416,7 @@ def publish_private_run(
     and only recorded.
 
     Returns:
-        The checkpoint published in the manifest (signed if the options name a signing key).
+        The checkpoint published in the manifest (signed if the parameters name a signing key).
 
     Raises:
         PHSafeError: The output folder exists (not this run's), the copy or rename failed (no
@@ -433,8 +424,8 @@ def publish_private_run(
     """
     from phsafe.ledger import load_signing_key
 
-    options = run.options
-    signing_key = load_signing_key(options.signing_key, options.public_key) if options.signing_key else None
+    parameters = run.parameters
+    signing_key = load_signing_key(parameters.signing_key, parameters.public_key) if parameters.signing_key else None
     recorder = recorder_for(run, plan, attempt)
     release_files = dict(file_digests)
     if run.output_dir.exists() and existing_release_of(run):
@@ -581,16 +572,16 @@ def with_resume_hint(exc: BaseException, run: PrivateRun, status: "SpendStatus |
 
 def resume_hint(run: PrivateRun, status: "SpendStatus | None" = None) -> str:
     """What the run left in the ledger, and how the operator completes it from where they ran it."""
-    from phsafe.errors import flow_parameters
+    from phsafe.parameters import deployment_parameters
 
     if status is not None and status.known:
         recorded = f"{status.intents} spend(s) of run {run.run_id} are recorded in the ledger"
     else:
         recorded = f"run {run.run_id} spent budget"
-    if option("resume").startswith("--"):
+    if option("resume_run_id").startswith("--"):
         return (f"{recorded}; complete it without drawing noise again: phsafe private CONFIG DATA OUT --ledger "
                 f"{run.ledger} --resume {run.run_id} --resume-reason TEXT, with a new OUT if the old one is unusable")
-    known = flow_parameters()
+    known = deployment_parameters()
     also = (f", or run the deployment with resume_run_id={run.run_id}"
             if known is None or "resume_run_id" in known else "")
     return (f"{recorded}; Retry this flow run to resume it (committed measurements are reused, not drawn "
@@ -613,7 +604,7 @@ def run_nonprivate(
     Args:
         non_confidential: Must be True: the data is declared synthetic or public. Exact counts
             of confidential data are never written.
-        memory_limit: Bytes the input pass may use (see :class:`PrivateRunOptions`).
+        memory_limit: Bytes the input pass may use (see :class:`~phsafe.parameters.PrivateRunParameters`).
         work_dir: Where inputs too large for the limit are spilled (a private folder in it,
             removed at the end; default: the system's temporary folder).
 

@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
@@ -179,3 +180,9 @@ def get_logger(name: str = "phsafe") -> Any:
     if not structlog.is_configured():
         configure(console_level=logging.WARNING)
     return structlog.get_logger(name)
+
+
+def crash_frames(exc: BaseException) -> list[str]:
+    """Where ``exc`` was raised, as ``file:line in function`` per frame: no message, no values
+    (what a log may keep of an unforeseen error: its place, never the data it was handling)."""
+    return [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in traceback.extract_tb(exc.__traceback__)]

@@ -32,17 +32,16 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from phsafe.errors import PHSafeError, option
+from phsafe.errors import PHSafeError
+from phsafe.parameters import option
+from phsafe.sizes import GIB, MIB, format_size
 
-GIB = 1 << 30
-MIB = 1 << 20
 
 BASE_BYTES = 400 * MIB
 """The run's process before it reads: interpreter, numpy, pyarrow, pandas, the engine."""
@@ -80,37 +79,6 @@ def worker_processes() -> int:
 
 SPILL_BYTES_PER_ROW: Mapping[str, int] = {"persons": 12, "units": 20, "geo": 9}
 """Disk a spilled row takes (its compact columns, Arrow IPC), with a margin."""
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*$")
-_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str | int) -> int:
-    """``"8G"``, ``"8GiB"``, ``"8GB"``, ``"512M"``, ``"12.5g"``, ``"8589934592"`` -> bytes.
-
-    Units are binary (K = 1024 bytes, G = 1024^3): memory is counted in them.
-
-    Raises:
-        ValueError: Not a positive size.
-    """
-    if isinstance(text, int):
-        value = text
-    else:
-        m = _SIZE.match(text)
-        if not m:
-            raise ValueError(f"{text!r} is not a size (e.g. 8G, 512M, 12.5GiB)")
-        value = int(float(m.group(1)) * _SCALE[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"{text!r} is not a positive size")
-    return value
-
-
-def format_size(n: int) -> str:
-    """Bytes for people: ``11.8 GiB``, ``640 MiB``."""
-    if n >= GIB:
-        return f"{n / GIB:.1f} GiB"
-    return f"{max(1, round(n / MIB))} MiB"
-
 
 def _cgroup_limit() -> int | None:
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):

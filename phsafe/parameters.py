@@ -1,42 +1,50 @@
-"""The parameters of a private run, defined once.
+"""The parameters of a private run, defined once -- and how each front end spells them.
 
 :class:`PrivateRunParameters` is what an operator sets for one private run: where the inputs are,
 where the release goes, the ledger, the dataset and its version, the cap, the keys, what to
 validate, which run to resume, how to count. Each field says what it is once (its type, default
-and description), and how each front end spells it:
+and description), and how each front end takes it:
 
 * :class:`CommandLine` -- how ``phsafe private`` takes it (an argument, an option, a flag);
-  :mod:`phsafe.cli.private` makes its options from these fields;
+  :mod:`phsafe.cli._parameters` makes the command's options from these fields;
 * :class:`OnFlows` -- how the Prefect flows take it: a flat, typed flow parameter (its name,
   its type in the flow's signature -- from which Prefect builds the parameter form the UI shows
   and that ``prefect deployment run --param name=value`` fills -- and its default);
-  ``flows/sdhc.py`` makes the flows' signatures from these fields.
+  ``flows/sdhc.py`` makes the flows' signatures from these fields;
+* :class:`InPython` -- how :func:`phsafe.run_private` takes it (a keyword argument).
 
-The engine takes :meth:`PrivateRunParameters.options` (a :class:`~phsafe.engine.PrivateRunOptions`)
-and the sequence a :class:`~phsafe.sequence.ReleaseJob` built from the rest.
+The release sequence (:func:`phsafe.sequence.run_release`) takes the model itself: there is no
+second description of a run's options. Refusals name a parameter as the operator's front end
+spells it (:func:`option`: ``--lifetime-cap`` on the command line, ``the flow parameter
+lifetime_cap`` in a flow, or what to do instead on a deployment without that parameter).
 
 A description may name another parameter as ``{name}`` (its field name): each front end writes
 it as its operator types it (``--cap-reason`` on the command line, ``cap_reason`` in a flow).
+
+This is a leaf module (it imports nothing of the package but :mod:`phsafe.sizes`), so that every
+module that refuses something can name the option that fixes it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
 
-if TYPE_CHECKING:
-    from phsafe.private_run import PrivateRunOptions
+from phsafe.sizes import parse_size
 
-__all__ = ["PrivateRunParameters", "CommandLine", "OnFlows", "on_command_line", "on_flows", "describe",
-           "command_line_spelling", "flow_spelling", "flow_parameters", "exact_decimal", "Counting", "LifetimeCap",
-           "PositiveCount", "MemorySize", "REQUIRED"]
+__all__ = ["PrivateRunParameters", "CommandLine", "OnFlows", "InPython", "NotOnFlows", "on_command_line",
+           "on_flows", "in_python", "describe", "command_line_spelling", "flow_spelling", "flow_parameters",
+           "exact_decimal", "Counting", "LifetimeCap", "PositiveCount", "MemorySize", "REQUIRED",
+           "option", "front_end", "deployment_parameters"]
 
 _SAME = object()
 
@@ -91,6 +99,24 @@ class OnFlows:
     annotation: Any = _SAME
     default: Any = _SAME
     note: str = ""
+    elsewhere: str | None = None
+    """What an operator does instead on a deployment that lacks this parameter (the release
+    deployment has no ``lifetime_cap``: a cap is raised with ``phsafe ledger raise-cap``)."""
+
+
+@dataclass(frozen=True)
+class NotOnFlows:
+    """A parameter no flow takes, and what a flow's operator does instead (for refusals)."""
+
+    instead: str
+
+
+@dataclass(frozen=True)
+class InPython:
+    """How :func:`phsafe.run_private` takes a parameter: a keyword argument of this name
+    (default: the field's)."""
+
+    name: str | None = None
 
 
 # The types of the flow parameters as operators type them in the UI or with ``--param``: numbers
@@ -122,69 +148,82 @@ class PrivateRunParameters(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    config: Annotated[Path, CommandLine(("config",), "existing", argument=True), OnFlows(annotation=str)] = Field(
+    config: Annotated[Path, CommandLine(("config",), "existing", argument=True), OnFlows(annotation=str),
+                      InPython()] = Field(
         description="The dataset's production `config.json` (its `\"dataset\"` names the dataset the run "
                     "spends against, unless {dataset} does).")
-    data: Annotated[Path, CommandLine(("data",), "existing", argument=True), OnFlows(annotation=str)] = Field(
+    data: Annotated[Path, CommandLine(("data",), "existing", argument=True), OnFlows(annotation=str),
+                    InPython()] = Field(
         description="Folder with persons, units and geo (CSV, Parquet, or Parquet stored by state).")
-    output: Annotated[Path | None, CommandLine(("output",), "path", argument=True)] = Field(
+    output: Annotated[Path | None, CommandLine(("output",), "path", argument=True), InPython("out"),
+                      NotOnFlows("the flow parameter output_root (each run publishes to <output_root>/<run id>/)")] = Field(
         None, description="Where the release is published: a new folder (never overwritten).")
     output_root: Annotated[Path | None, OnFlows(annotation=str, default=REQUIRED)] = Field(
         None, description="Each run publishes its release to `<output_root>/<run id>/`.")
     ledger: Annotated[Path | None, CommandLine(("--ledger",), "path", envvar="PHSAFE_LEDGER"),
-                      OnFlows(annotation=str, default=REQUIRED)] = Field(
+                      OnFlows(annotation=str, default=REQUIRED), InPython()] = Field(
         None, description="The dataset's audit ledger, made once by `phsafe ledger init` (a run never creates "
                           "one, except a throwaway one for non-confidential data).")
-    dataset: Annotated[str | None, CommandLine(("--dataset",), metavar="NAME"), OnFlows()] = Field(
+    dataset: Annotated[str | None, CommandLine(("--dataset",), metavar="NAME"),
+                       OnFlows(elsewhere="the config's \"dataset\" key"), InPython()] = Field(
         None, description="The dataset this run spends against, e.g. cef2020-us (default: the config's "
                           "`\"dataset\"`).")
     new_version: Annotated[str | None, CommandLine(("--new-version",), metavar="REASON"),
-                           OnFlows(name="new_version_reason")] = Field(
+                           OnFlows(name="new_version_reason"), InPython()] = Field(
         None, description="Why these records are a new content version of the dataset (recorded); needed the "
                           "first time the dataset runs on records it has not seen.")
     re_release: Annotated[str | None, CommandLine(("--re-release",), metavar="REASON"),
-                          OnFlows(name="re_release_reason")] = Field(
+                          OnFlows(name="re_release_reason"), InPython()] = Field(
         None, description="Why records the dataset already released (or is releasing) are released again "
                           "(recorded; the lifetime cap still applies). Without it such a run is refused before "
                           "any spend.")
-    overlap_reason: Annotated[str | None, CommandLine(("--overlap-reason",), metavar="REASON"), OnFlows()] = Field(
+    overlap_reason: Annotated[str | None, CommandLine(("--overlap-reason",), metavar="REASON"), OnFlows(),
+                              InPython()] = Field(
         None, description="Why records that overlap another dataset's (beyond 1%) are a version of this dataset "
                           "and not of that one, e.g. a disjoint population (recorded). Without it such a run is "
                           "refused before any spend.")
     signing_key: Annotated[Path | None, CommandLine(("--signing-key",), "existing_file", metavar="PEM"),
-                           OnFlows(annotation=str | None)] = Field(
+                           OnFlows(annotation=str | None), InPython()] = Field(
         None, description="Ed25519 private key (PEM) that signs the ledger checkpoints.")
     public_key: Annotated[Path | None, CommandLine(("--public-key",), "existing_file", metavar="PEM"),
-                          OnFlows(annotation=str | None)] = Field(
+                          OnFlows(annotation=str | None), InPython()] = Field(
         None, description="The operator's Ed25519 public key (PEM): the signing key must match it.")
     validate_inputs: Annotated[bool, CommandLine(
         ("--no-validate", "validate_inputs"), "negated_flag",
         help="Skip the full input suites (recorded in the ledger); the config and file checks still run."),
-        OnFlows()] = Field(
+        OnFlows(elsewhere="the us or pr deployment's parameter validate_inputs=false"), InPython("validate")] = Field(
         True, description="Validate the config and the inputs first (Great Expectations; recorded in the ledger).")
     validate_outputs: Annotated[bool, CommandLine(("-vo", "--validate-private-output", "validate_outputs"), "flag"),
-                                OnFlows(default=True)] = Field(
+                                OnFlows(default=True), InPython()] = Field(
         False, description="Validate the output tables before publishing them.")
     lifetime_cap: Annotated[Fraction | None, CommandLine(("--lifetime-cap",), metavar="RHO"),
-                            OnFlows(annotation=LifetimeCap | None)] = Field(
+                            OnFlows(annotation=LifetimeCap | None, elsewhere=(
+                                "`phsafe ledger raise-cap LEDGER --dataset NAME --to CAP --reason TEXT` (in the "
+                                "enclave; then Retry this flow run)")), InPython()] = Field(
         None, description="Raise the dataset's lifetime cap to this number (rho under zCDP, epsilon under pure "
                           "DP, e.g. 2.5); needs {cap_reason}; recorded.")
-    cap_reason: Annotated[str | None, CommandLine(("--cap-reason",), metavar="TEXT"), OnFlows()] = Field(
+    cap_reason: Annotated[str | None, CommandLine(("--cap-reason",), metavar="TEXT"),
+                          OnFlows(elsewhere="raise-cap's --reason"), InPython()] = Field(
         None, description="Why the cap is raised (recorded in the ledger).")
     resume_run_id: Annotated[str | None, CommandLine(("--resume", "resume_run_id"), metavar="RUN_ID",
                                                      note="; OUT may be a new folder"),
-                             OnFlows(note=" (a Retry of the flow run that started it does the same by itself)")] = Field(
+                             OnFlows(note=" (a Retry of the flow run that started it does the same by itself)",
+                                     elsewhere="a Retry of this flow run"), InPython("resume")] = Field(
         None, description="Complete this failed run: its committed measurements are reused, not drawn again; "
                           "the rest are new spends.")
-    resume_reason: Annotated[str | None, CommandLine(("--resume-reason",), metavar="TEXT"), OnFlows()] = Field(
+    resume_reason: Annotated[str | None, CommandLine(("--resume-reason",), metavar="TEXT"),
+                             OnFlows(elsewhere="the Retry (its reason is recorded for you)"), InPython()] = Field(
         None, description="Why the run is resumed (recorded in the ledger).")
-    non_confidential: Annotated[bool, CommandLine(("--non-confidential",), "flag"), OnFlows()] = Field(
+    non_confidential: Annotated[bool, CommandLine(("--non-confidential",), "flag"), OnFlows(), InPython()] = Field(
         False, description="The data is synthetic or otherwise not confidential (Infinity budgets allowed, a "
                            "throwaway ledger).")
     work_dir: Annotated[Path | None, CommandLine(("--work-dir",), "path", metavar="DIR"),
-                        OnFlows(annotation=str | None)] = Field(
+                        OnFlows(annotation=str | None, elsewhere="the us or pr deployment's parameter work_dir"),
+                        InPython()] = Field(
         None, description="Folder of the runs' confidential work folders (default: `runs/` beside the ledger).")
-    truncation_key: Annotated[str | None, CommandLine(("--truncation-key",), metavar="HEX")] = Field(
+    truncation_key: Annotated[str | None, CommandLine(("--truncation-key",), metavar="HEX"), InPython(),
+                              NotOnFlows("nothing: flows run on confidential data, whose truncation key is drawn "
+                                         "fresh for every run")] = Field(
         None, description="Replay a run with this truncation key (hex) -- non-confidential data only.")
     log_file: Annotated[Path | None, OnFlows(annotation=str | None)] = Field(
         None, description="JSON-lines log file (default: `phsafe-log.jsonl` beside the ledger; confidential).")
@@ -198,7 +237,7 @@ class PrivateRunParameters(BaseModel):
     partition_persons: Annotated[int | None, OnFlows(annotation=PositiveCount | None)] = Field(
         None, description="Cut partitions larger than this many persons into MAFID ranges.")
     memory_limit: Annotated[int | None, CommandLine(("--memory-limit",), "size", metavar="SIZE"),
-                            OnFlows(annotation=MemorySize | None)] = Field(
+                            OnFlows(annotation=MemorySize | None), InPython()] = Field(
         None, description="Memory the input pass may use, e.g. 8G or 512M (default: half of the machine's "
                           "memory). Inputs too large for it are spilled in MAFID ranges to the run's confidential "
                           "work folder; inputs that cannot fit are refused before anything is spent.")
@@ -206,9 +245,7 @@ class PrivateRunParameters(BaseModel):
     @field_validator("memory_limit", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
-        # Typed as text (``8G``) in a flow; the command line gives bytes already.
-        from phsafe.memory import parse_size
-
+        # Typed as text (``8G``) in a flow or in Python; the command line gives bytes already.
         return parse_size(value) if isinstance(value, str) else value
 
     @field_validator("lifetime_cap", mode="before")
@@ -217,12 +254,11 @@ class PrivateRunParameters(BaseModel):
         # A flow's number arrives as a float: read it as the decimal the operator typed.
         return exact_decimal(value) if isinstance(value, float) else value
 
-    def options(self) -> "PrivateRunOptions":
-        """The engine's options of this run (its fields of the same names)."""
-        from phsafe.private_run import PrivateRunOptions
-
-        return PrivateRunOptions(**{f.name: getattr(self, f.name) for f in fields(PrivateRunOptions)
-                                    if f.name in type(self).model_fields})
+    @classmethod
+    def from_python(cls, arguments: dict[str, Any]) -> "PrivateRunParameters":
+        """The parameters of a call of :func:`phsafe.run_private` (its keyword names)."""
+        names = {spelling.name or name: name for name, spelling in in_python()}
+        return cls(**{names[key]: value for key, value in arguments.items()})
 
     @classmethod
     def from_flow(cls, parameters: dict[str, Any]) -> "PrivateRunParameters":
@@ -239,6 +275,14 @@ def on_command_line() -> Iterator[tuple[str, CommandLine]]:
     """(field name, how ``phsafe private`` takes it), in the model's order."""
     for name, info in PrivateRunParameters.model_fields.items():
         spelling = _spelling(info, CommandLine)
+        if spelling is not None:
+            yield name, spelling
+
+
+def in_python() -> Iterator[tuple[str, InPython]]:
+    """(field name, how :func:`phsafe.run_private` takes it), in the model's order."""
+    for name, info in PrivateRunParameters.model_fields.items():
+        spelling = _spelling(info, InPython)
         if spelling is not None:
             yield name, spelling
 
@@ -291,3 +335,58 @@ def command_line_spelling() -> dict[str, str]:
     return {name: spelling.spelling for name, spelling in on_command_line()} | {
         name: name for name in PrivateRunParameters.model_fields if _spelling(
             PrivateRunParameters.model_fields[name], CommandLine) is None}
+
+
+# --------------------------------------------------------------------------------------------
+# Naming a parameter in a refusal, as the operator's front end spells it
+# --------------------------------------------------------------------------------------------
+# A refusal says what to do ("raise the cap with --lifetime-cap ..."). The same library runs
+# behind the command line and behind the Prefect flows, whose operators set flow parameters, not
+# flags: messages name a parameter through :func:`option`, and each front end declares itself
+# with :func:`front_end`.
+
+_FRONT_END: contextvars.ContextVar[str] = contextvars.ContextVar("phsafe_front_end", default="cli")
+_DEPLOYMENT: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("phsafe_flow_parameters",
+                                                                                   default=None)
+
+
+def option(name: str) -> str:
+    """How the operator sets the parameter ``name`` (a field of :class:`PrivateRunParameters`) here:
+    ``--lifetime-cap`` (the command line and Python), ``the flow parameter lifetime_cap`` (a flow
+    that has it), or what to do instead (a deployment that has not)."""
+    info = PrivateRunParameters.model_fields[name]
+    if _FRONT_END.get() == "flow":
+        flows, instead = _spelling(info, OnFlows), _spelling(info, NotOnFlows)
+        if flows is None:
+            return instead.instead if instead is not None else f"{name} (not a parameter of the flows)"
+        parameter = flows.name or name
+        known = _DEPLOYMENT.get()
+        if known is None or parameter in known:
+            return f"the flow parameter {parameter}"
+        return flows.elsewhere or f"{parameter} (not a parameter of this deployment)"
+    cli = _spelling(info, CommandLine)
+    return cli.spelling if cli is not None else name
+
+
+def deployment_parameters() -> frozenset[str] | None:
+    """The parameters of the deployment whose run this is (None: unknown, or not a flow)."""
+    return _DEPLOYMENT.get() if _FRONT_END.get() == "flow" else None
+
+
+@contextlib.contextmanager
+def front_end(kind: str, parameters: frozenset[str] | None = None) -> Iterator[None]:
+    """Name parameters as ``kind`` (``cli`` or ``flow``) spells them inside the ``with`` block.
+
+    Args:
+        parameters: For a flow, the parameters its operator can set: a parameter the deployment
+            lacks is named by what to do instead (:attr:`OnFlows.elsewhere`).
+    """
+    if kind not in ("cli", "flow"):
+        raise ValueError(kind)
+    token = _FRONT_END.set(kind)
+    known = _DEPLOYMENT.set(parameters if kind == "flow" else None)
+    try:
+        yield
+    finally:
+        _DEPLOYMENT.reset(known)
+        _FRONT_END.reset(token)

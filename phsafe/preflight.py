@@ -19,7 +19,8 @@ from pathlib import Path
 from phsafe.accounting import RunPlan
 from phsafe.config import INFINITE, PHSafeConfig
 from phsafe.counting import check_pass_memory
-from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, option, os_reason
+from phsafe.errors import BudgetError, OutputExistsError, PHSafeError, os_reason
+from phsafe.parameters import option
 from phsafe.logs import get_logger
 from phsafe.outputs import MANIFEST
 from phsafe.private_run import PrivateRun, open_ledger
@@ -134,11 +135,11 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     from phsafe.ledger.format import operator_text
     from phsafe.ledger.store import check_private, make_private_folders
 
-    options = run.options
+    parameters = run.parameters
     for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
-        operator_text(getattr(options, name), option(name))  # a reason too long is refused now, not cut later
+        operator_text(getattr(parameters, name), option(name))  # a reason too long is refused now, not cut later
     created = False
-    if options.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
+    if parameters.non_confidential and not run.ledger.exists() and not os.path.islink(run.ledger):
         init_ledger(run.ledger, lifetime_cap=INFINITE, reason="throwaway ledger of a non-confidential run",
                     privacy_defn=config.privacy_defn, non_confidential=True, code_version=run.code_version)
         log.info("created a throwaway ledger for non-confidential data", ledger=str(run.ledger))
@@ -150,7 +151,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state
     assert state.policy is not None
-    check_ledger_kind(state.policy, options.non_confidential)
+    check_ledger_kind(state.policy, parameters.non_confidential)
     with ledger.locked():
         # The public log: its key readable, private and the log's; with witnesses, their quorum
         # cosigns the log as it is now -- a copied or rolled-back ledger is refused here.
@@ -160,9 +161,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
         raise PHSafeError("the ledger's file system has less than 1 MiB free: free space before running "
                           "(the ledger must be able to record every spend)")
-    if options.signing_key is not None:
-        load_signing_key(options.signing_key, options.public_key)
-    elif options.public_key is not None:
+    if parameters.signing_key is not None:
+        load_signing_key(parameters.signing_key, parameters.public_key)
+    elif parameters.public_key is not None:
         raise PHSafeError(f"{option('public_key')} is given without {option('signing_key')}: nothing would be signed")
 
     key = run.truncation_key
@@ -170,7 +171,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if run.resume:
         earlier = ledger.run(run.run_id)
         if earlier is None:
-            raise PHSafeError(f"{option('resume')} names run {run.run_id}, which is not in the ledger {run.ledger}; "
+            raise PHSafeError(f"{option('resume_run_id')} names run {run.run_id}, which is not in the ledger {run.ledger}; "
                               "nothing to resume")
         if earlier.status is RunStatus.FINISHED:
             raise PHSafeError(f"run {run.run_id} finished and published to {earlier.output_path}; a finished "
@@ -181,20 +182,20 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         if earlier.dataset != run.dataset:
             raise PHSafeError(f"run {run.run_id} was started as dataset {earlier.dataset!r}, not {run.dataset!r}")
         key = bytes.fromhex(earlier.truncation_key)
-        if options.truncation_key is not None and options.truncation_key.lower() != earlier.truncation_key:
+        if parameters.truncation_key is not None and parameters.truncation_key.lower() != earlier.truncation_key:
             raise PHSafeError(f"{option('truncation_key')} differs from the key run {run.run_id} recorded")
         republish = run.output_dir.exists() and existing_release_of(run)
         if not run.run_dir.is_dir():
             log.warning("the run's work folder is missing: its committed measurements cannot be reused, and "
                         "every measurement would be spent again", run_dir=str(run.run_dir))
     else:
-        if options.truncation_key is not None:
-            key = bytes.fromhex(options.truncation_key)
+        if parameters.truncation_key is not None:
+            key = bytes.fromhex(parameters.truncation_key)
         else:
             key = secrets.token_bytes(TRUNCATION_KEY_BYTES)
         if run.run_dir.exists():
             raise PHSafeError(f"the work folder {run.run_dir} exists: run {run.run_id} was started before; "
-                              f"resume it ({option('resume')})")
+                              f"resume it ({option('resume_run_id')})")
     if run.output_dir.exists() and not republish:
         raise OutputExistsError(f"the output folder {run.output_dir} already exists; a release is never "
                                 f"overwritten: choose a new output folder ({option('output')})")
@@ -211,13 +212,13 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
         raise PHSafeError(f"the work folder's file system has {_free_bytes(run.run_dir) >> 20} MiB free; the run "
                           f"needs about {2 * needed >> 20} MiB for its measurements and release")
     # The inputs can be read within the memory limit (spilled to the work folder if need be).
-    check_pass_memory(run.data_dir, config.states, memory_limit=options.memory_limit,
-                      validate=options.validate_inputs, spill_dir=run.run_dir / SPILL_FOLDER)
+    check_pass_memory(run.data_dir, config.states, memory_limit=parameters.memory_limit,
+                      validate=parameters.validate_inputs, spill_dir=run.run_dir / SPILL_FOLDER)
 
     # A dataset's first release needs its records declared as its first content version: say so
     # now, not after hours of reading (whether later records match a declared version is known
     # only once they are read; the ledger checks it when the run starts).
-    if not options.non_confidential and not run.resume and not (options.new_version or "").strip():
+    if not parameters.non_confidential and not run.resume and not (parameters.new_version or "").strip():
         known = state.dataset_states.get(run.dataset)
         if known is None or not known.versions:
             raise BudgetError(
@@ -228,10 +229,10 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
 
     # The dataset's cap, before hours of reading: the authoritative check is repeated under the
     # ledger's lock when the run starts (or resumes).
-    if not options.non_confidential and not run.resume:
+    if not parameters.non_confidential and not run.resume:
         cap = state.dataset_cap(run.dataset)
-        if options.lifetime_cap is not None:
-            cap = options.lifetime_cap
+        if parameters.lifetime_cap is not None:
+            cap = parameters.lifetime_cap
         spent = state.dataset_spent(run.dataset, state.policy.privacy_defn)
         planned = plan_charge(plan, state.policy.privacy_defn)
         need = add_amounts(spent, planned)
@@ -243,7 +244,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
                 f"cap to at least {format_exact(need)} with {option('lifetime_cap')} and say why with "
                 f"{option('cap_reason')} (both are recorded in the ledger)."
             )
-    if options.lifetime_cap is not None and not (options.cap_reason or "").strip():
+    if parameters.lifetime_cap is not None and not (parameters.cap_reason or "").strip():
         raise BudgetError(f"{option('lifetime_cap')} raises the dataset's cap: say why with {option('cap_reason')} "
                           "(it is recorded in the ledger)")
     return Preflight(replace(run, truncation_key=key), created_ledger=created, republish=republish)

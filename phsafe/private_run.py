@@ -1,9 +1,10 @@
-"""A private run: its options, its identity, its ledger handle, its result.
+"""A private run: its identity, its ledger handle, its result.
 
 What every stage of the private run (:mod:`phsafe.engine`, in the order :mod:`phsafe.sequence`
 runs them) needs to find its files: the run id, the config, the inputs, the output folder, the
 ledger and the dataset (:class:`PrivateRun`, fixed by :func:`begin_private_run` from the
-operator's :class:`PrivateRunOptions`), and the process's handle on the ledger (:func:`open_ledger`).
+operator's :class:`~phsafe.parameters.PrivateRunParameters`), and the process's handle on the
+ledger (:func:`open_ledger`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from typing import TYPE_CHECKING, Iterator
 import phsafe
 from phsafe.accounting import RunPlan
 from phsafe.config import ConfigFile, PHSafeConfig, check_budget_policy, read_config_file
-from phsafe.errors import LedgerError, PHSafeError, option
+from phsafe.errors import LedgerError, PHSafeError
+from phsafe.parameters import option
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
+from phsafe.parameters import PrivateRunParameters
 from phsafe.truncation import TRUNCATION_KEY_BYTES
 
 if TYPE_CHECKING:
@@ -39,63 +42,6 @@ LEDGER_ENV = "PHSAFE_LEDGER"
 """Environment variable naming the ledger when no ``--ledger`` is given."""
 RUNS_DIR = "runs"
 NON_CONFIDENTIAL_DATASET = "non-confidential"
-
-
-@dataclass(frozen=True)
-class PrivateRunOptions:
-    """Options of a private run, as the engine takes them.
-
-    The front ends make them from :class:`phsafe.parameters.PrivateRunParameters` (its fields of
-    the same names, where each is described and spelled for the command line and the flows);
-    ``report_dir`` is the engine's own.
-
-    Attributes:
-        ledger: The audit ledger (made by ``phsafe ledger init``). Required for confidential
-            data; a non-confidential run without one gets a throwaway ledger beside ``OUT``.
-        dataset: The declared dataset the run spends against (default: the config's
-            ``dataset`` key; non-confidential runs: ``non-confidential``).
-        new_version: Why these records are a new content version of the dataset (recorded);
-            needed the first time a dataset runs on records it has never seen.
-        lifetime_cap: Raise the dataset's lifetime cap to this (recorded with ``cap_reason``).
-        cap_reason: Why the cap is raised.
-        signing_key: Ed25519 private key (PEM) that signs the ledger checkpoints.
-        public_key: The operator's public key (PEM): the signing key must match it.
-        non_confidential: The data is synthetic/non-confidential (allows Infinity budgets and
-            scales below one count; needs a non-confidential ledger).
-        validate_inputs: Run the full input suites first (default; recorded in the ledger).
-        validate_outputs: Validate the output tables before publishing them.
-        work_dir: Folder of the runs' work folders (default: ``runs/`` beside the ledger).
-        report_dir: Where validation reports go (default: the run's work folder).
-        truncation_key: Replay a run with this truncation key (hex) -- non-confidential data
-            only: a chosen key must not depend on the data.
-        resume_reason: Why a failed run is resumed (recorded in the ledger).
-        overlap_reason: Why records that overlap another dataset's (beyond 1%) are a new version of
-            this dataset, e.g. a disjoint population (recorded). Without it such a run is refused
-            before any spend.
-        re_release: Why records that another run released (or is releasing) are released again
-            (recorded in the ledger). Without it such a run is refused before any spend.
-        memory_limit: Bytes the input pass may use (default: half of this machine's memory);
-            inputs too large for it are spilled in MAFID ranges to the run's work folder, and
-            inputs that cannot fit are refused in preflight (:func:`phsafe.counting.check_pass_memory`).
-    """
-
-    ledger: Path | None = None
-    dataset: str | None = None
-    new_version: str | None = None
-    lifetime_cap: Fraction | None = None
-    cap_reason: str | None = None
-    signing_key: Path | None = None
-    public_key: Path | None = None
-    non_confidential: bool = False
-    validate_inputs: bool = True
-    validate_outputs: bool = False
-    work_dir: Path | None = None
-    report_dir: Path | None = None
-    truncation_key: str | None = None
-    resume_reason: str | None = None
-    re_release: str | None = None
-    memory_limit: int | None = None
-    overlap_reason: str | None = None
 
 
 @dataclass
@@ -234,12 +180,11 @@ class PrivateRun:
         run_id: The ledger's run id.
         config_file: The run's one read of its config: the bytes whose digest the ledger
             records and whose parse every stage runs with (the file is not read again).
-        data_dir: The input folder.
-        output_dir: Where the release is published (must not exist yet).
-        options: The run's options.
-        ledger: The audit ledger (resolved: the option, ``$PHSAFE_LEDGER`` or the throwaway one).
+        output_dir: Where the release is published (must not exist yet): the parameter
+            ``output``, or ``<output_root>/<run id>``.
+        parameters: What the operator set for the run.
+        ledger: The audit ledger (resolved: the parameter, ``$PHSAFE_LEDGER`` or the throwaway one).
         dataset: The declared dataset name.
-        config_sha256: Digest of the config file, recorded in the ledger.
         code_version: Package version and commit, recorded in the ledger.
         resume: This continues an earlier, failed or interrupted attempt of ``run_id``.
         truncation_key: The key of the truncation hash: fresh for a new run, the recorded one
@@ -250,16 +195,24 @@ class PrivateRun:
 
     run_id: str
     config_file: ConfigFile
-    data_dir: Path
     output_dir: Path
-    options: PrivateRunOptions
+    parameters: PrivateRunParameters
     ledger: Path
     dataset: str
-    config_sha256: str
     code_version: str
     resume: bool = False
     truncation_key: bytes = field(default=b"", repr=False)
     orchestration: "Orchestration | None" = None
+
+    @property
+    def data_dir(self) -> Path:
+        """The input folder."""
+        return self.parameters.data
+
+    @property
+    def config_sha256(self) -> str:
+        """Digest of the config's bytes, recorded in the ledger."""
+        return self.config_file.sha256
 
     @property
     def config_path(self) -> Path:
@@ -273,12 +226,13 @@ class PrivateRun:
     @property
     def run_dir(self) -> Path:
         """The run's confidential work folder: ``<ledger folder>/runs/<run id>/``."""
-        base = self.options.work_dir or self.ledger.parent / RUNS_DIR
+        base = self.parameters.work_dir or self.ledger.parent / RUNS_DIR
         return Path(base).absolute() / self.run_id
 
     @property
     def report_dir(self) -> Path:
-        return Path(self.options.report_dir).absolute() if self.options.report_dir else self.run_dir / "validation"
+        """The run's validation reports (confidential: failing-row counts are a function of the data)."""
+        return self.run_dir / "validation"
 
     @property
     def release_dir(self) -> Path:
@@ -291,14 +245,14 @@ class PrivateRun:
         return MeasurementStore(self.run_dir / "measurements")
 
 
-def resolve_ledger(options: PrivateRunOptions, output_dir: Path) -> Path:
-    """The run's ledger: the option, else ``$PHSAFE_LEDGER``, else -- for non-confidential
+def resolve_ledger(parameters: PrivateRunParameters, output_dir: Path) -> Path:
+    """The run's ledger: the parameter, else ``$PHSAFE_LEDGER``, else -- for non-confidential
     data only -- a throwaway ledger beside the output folder (``<OUT>-ledger/ledger.jsonl``)."""
-    if options.ledger is not None:
-        return Path(options.ledger).absolute()
+    if parameters.ledger is not None:
+        return Path(parameters.ledger).absolute()
     if os.environ.get(LEDGER_ENV):
         return Path(os.environ[LEDGER_ENV]).absolute()
-    if options.non_confidential:
+    if parameters.non_confidential:
         return output_dir.parent / f"{output_dir.name}-ledger" / "ledger.jsonl"
     raise PHSafeError(
         f"name the audit ledger with {option('ledger')} (or ${LEDGER_ENV}). A ledger is created once, "
@@ -307,62 +261,56 @@ def resolve_ledger(options: PrivateRunOptions, output_dir: Path) -> Path:
 
 
 def begin_private_run(
-    config_path: Path,
-    data_dir: Path,
-    output_dir: Path,
-    options: PrivateRunOptions,
+    parameters: PrivateRunParameters,
     *,
-    run_id: str | None = None,
-    resume: bool = False,
+    run_id: str,
+    output_dir: Path,
     orchestration: "Orchestration | None" = None,
 ) -> tuple[PrivateRun, PHSafeConfig]:
     """Read the config and fix the run's identity; touches no file but the config.
 
     Args:
-        run_id: The run id (default: a fresh one). To resume, the id of the run to continue.
-        resume: Continue the failed or interrupted run ``run_id``: its committed measurements are
-            reused and its truncation key replayed; its config must be unchanged.
+        parameters: What the operator set.
+        run_id: The id of the new run (a resumed run's is set by the sequence once it knows
+            which run this attempt continues).
+        output_dir: Where this run publishes.
         orchestration: The orchestrator's flow run that runs this attempt (recorded).
 
     Raises:
         PHSafeError: A bad config or budget, no ledger or dataset named, a truncation key where
             none may be chosen. Nothing is spent.
     """
-    config_path, data_dir = Path(config_path), Path(data_dir)
-    config_file = read_config_file(config_path)  # the run's one read of its config
+    config_file = read_config_file(Path(parameters.config))  # the run's one read of its config
     config = config_file.model()
-    check_budget_policy(config, non_confidential=options.non_confidential)
+    check_budget_policy(config, non_confidential=parameters.non_confidential)
     output_dir = Path(output_dir).absolute()
-    if resume and not run_id:
-        raise PHSafeError("resuming needs the id of the run to resume")
-    if options.truncation_key is not None:
-        if not options.non_confidential:
+    if parameters.truncation_key is not None:
+        if not parameters.non_confidential:
             raise PHSafeError(
                 f"{option('truncation_key')} is for non-confidential data only: on confidential data the "
                 "truncation key is drawn fresh for every run (a chosen key could depend on the data), "
-                f"and a resumed run ({option('resume')}) replays the key its ledger recorded"
+                f"and a resumed run ({option('resume_run_id')}) replays the key its ledger recorded"
             )
         try:
-            key = bytes.fromhex(options.truncation_key)
+            key = bytes.fromhex(parameters.truncation_key)
         except ValueError:
             key = b""
         if len(key) != TRUNCATION_KEY_BYTES:
             raise PHSafeError(f"{option('truncation_key')} must be {2 * TRUNCATION_KEY_BYTES} hex digits "
                               f"({TRUNCATION_KEY_BYTES} bytes)")
-    dataset = options.dataset or config.dataset
-    if options.dataset and config.dataset and options.dataset != config.dataset:
+    dataset = parameters.dataset or config.dataset
+    if parameters.dataset and config.dataset and parameters.dataset != config.dataset:
         raise PHSafeError(f"the config names dataset {config.dataset!r} but {option('dataset')} says "
-                          f"{options.dataset!r}; they must agree")
+                          f"{parameters.dataset!r}; they must agree")
     if dataset is None:
-        if not options.non_confidential:
+        if not parameters.non_confidential:
             raise PHSafeError(f"name the dataset this run spends against: the config key \"dataset\" or "
                               f"{option('dataset')} NAME (e.g. cef2020-us)")
         dataset = NON_CONFIDENTIAL_DATASET
-    ledger = resolve_ledger(options, output_dir)
     run = PrivateRun(
-        run_id=run_id or new_run_id(), config_file=config_file, data_dir=data_dir,
-        output_dir=output_dir, options=options, ledger=ledger, dataset=dataset,
-        config_sha256=config_file.sha256, code_version=code_version(), resume=resume, orchestration=orchestration,
+        run_id=run_id, config_file=config_file, output_dir=output_dir, parameters=parameters,
+        ledger=resolve_ledger(parameters, output_dir), dataset=dataset, code_version=code_version(),
+        orchestration=orchestration,
     )
     return run, config
 

@@ -6,9 +6,10 @@ A private run is, in this order::
       ─► measure (each table: the spend recorded, then the noise) ─► write the tables
       ─► validate outputs ─► publish (signed checkpoint, manifest, rename, then the ledger)
 
-:func:`run_release` runs it. The command line (and :func:`phsafe.run_private`) runs it with
-:class:`InProcess`, which times each stage and shows it on the progress display; the Prefect
-flows run the very same function with a runner that makes each stage a task
+:func:`run_release` runs it, given the operator's
+:class:`~phsafe.parameters.PrivateRunParameters`. The command line (and :func:`phsafe.run_private`)
+runs it with :class:`InProcess`, which times each stage and shows it on the progress display;
+the Prefect flows run the very same function with a runner that makes each stage a task
 (``tasks/pipeline.py``). A runner decides *how* a stage runs -- in this process, as a task, the
 nine measurements one after another or concurrently -- never *whether* or *when*: the order, what
 a failure does, and which run a retry continues are decided here, once.
@@ -21,7 +22,7 @@ another order would be refused, not obeyed.
 
 Which run an attempt continues:
 
-* ``resume_run_id`` given: that run (the operator resumes it on purpose);
+* the parameter ``resume_run_id`` given: that run (the operator resumes it on purpose);
 * an orchestrator's retry (the same flow run, or a subflow of the same parent flow run, found
   through the flow run ids recorded in the ledger): the run it started -- resumed if it did not
   finish, or nothing at all if it published (the result says where);
@@ -33,7 +34,7 @@ how to complete the run without drawing noise again; before that, nothing was sp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
 
@@ -45,14 +46,13 @@ from phsafe.engine import (
     LedgerAttempt,
     MeasurementOutcome,
     PrivateRun,
-    PrivateRunOptions,
     RunResult,
     SpendStatus,
     StageTimer,
     ValidationFailed,
 )
-from phsafe.errors import PHSafeError, option
 from phsafe.logs import get_logger
+from phsafe.parameters import PrivateRunParameters
 from phsafe.tables import TABLES
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Stage", "SEQUENCE", "PLAN", "PREFLIGHT", "VALIDATE_AND_COUNT", "DIGEST_INPUTS", "OPEN_LEDGER_RUN",
     "MEASURE", "WRITE_TABLES", "VALIDATE_OUTPUTS", "PUBLISH", "RECORD_FAILURE",
-    "StageRunner", "InProcess", "Counter", "ReleaseHooks", "ReleaseJob", "run_release", "run_private",
+    "StageRunner", "InProcess", "Counter", "LocalCounter", "ReleaseHooks", "run_release",
 ]
 
 log = get_logger("phsafe.sequence")
@@ -187,66 +187,34 @@ class ReleaseHooks:
     ended: Callable[[PrivateRun, "RunPlan | None", RunResult | None, BaseException | None], None] | None = None
 
 
-@dataclass(frozen=True)
-class ReleaseJob:
-    """One private run as a front end asks for it.
-
-    Attributes:
-        config_path, data_dir: The config and the inputs.
-        options: The operator's options.
-        output_dir: Where the release goes; or ``output_root``: each run publishes to
-            ``<output_root>/<run id>/`` (the flows).
-        resume_run_id: Resume this run (the operator's explicit choice).
-        orchestration: The orchestrator's flow run, when one runs this (recorded in the ledger;
-            a retry of it finds its run).
-        new_run_id: The id a new run gets (default: a fresh one).
-        counter: How the inputs are validated and counted (default: one read in this process).
-    """
-
-    config_path: Path
-    data_dir: Path
-    options: PrivateRunOptions
-    output_dir: Path | None = None
-    output_root: Path | None = None
-    resume_run_id: str | None = None
-    orchestration: "Orchestration | None" = None
-    new_run_id: str | None = None
-    counter: Counter = field(default_factory=LocalCounter)
-
-    def __post_init__(self) -> None:
-        if (self.output_dir is None) == (self.output_root is None):
-            raise ValueError("give exactly one of output_dir and output_root")
-
-    def output_for(self, run_id: str) -> Path:
-        return Path(self.output_dir) if self.output_dir is not None else Path(self.output_root) / run_id
-
-
-def _continuation(job: ReleaseJob, dataset: str, ledger: Path) -> tuple[str | None, bool, Any]:
-    """Which run this attempt continues: ``(run_id, resume, finished_run)``.
+def _continuation(resume_run_id: str | None, orchestration: "Orchestration | None", dataset: str,
+                  ledger: Path) -> tuple[str | None, Any]:
+    """Which earlier run this attempt continues: ``(run_id, finished_run)``; ``(None, None)``
+    for a new run.
 
     ``finished_run`` is the ledger's record of a run this orchestrated attempt already finished
     (a retry of a completed flow run): there is nothing left to do.
     """
     from phsafe.ledger import RunStatus
 
-    if job.resume_run_id:
+    if resume_run_id:
         if ledger.is_file():
-            earlier = engine.open_ledger(ledger).run(job.resume_run_id)
+            earlier = engine.open_ledger(ledger).run(resume_run_id)
             if earlier is not None and earlier.status is RunStatus.FINISHED:
-                if job.orchestration is not None and any(job.orchestration.started(a) for a in earlier.attempts):
-                    return earlier.run_id, True, earlier  # a retry of the flow run that finished it
+                if orchestration is not None and any(orchestration.started(a) for a in earlier.attempts):
+                    return earlier.run_id, earlier  # a retry of the flow run that finished it
                 if _lacks_release_log_files(ledger, earlier):
-                    return earlier.run_id, True, earlier  # stopped before its log files were written
-        return job.resume_run_id, True, None
-    if job.orchestration is None or not ledger.is_file():
-        return job.new_run_id, False, None
-    mine = engine.open_ledger(ledger).state.runs_of(job.orchestration, dataset)
+                    return earlier.run_id, earlier  # stopped before its log files were written
+        return resume_run_id, None
+    if orchestration is None or not ledger.is_file():
+        return None, None
+    mine = engine.open_ledger(ledger).state.runs_of(orchestration, dataset)
     if not mine:
-        return job.new_run_id, False, None
+        return None, None
     latest = mine[0]
     if latest.status is RunStatus.FINISHED:
-        return latest.run_id, True, latest
-    return latest.run_id, True, None
+        return latest.run_id, latest
+    return latest.run_id, None
 
 
 def _lacks_release_log_files(ledger: Path, recorded: Any) -> bool:
@@ -259,9 +227,7 @@ def _lacks_release_log_files(ledger: Path, recorded: Any) -> bool:
             and not all((folder / name).is_file() for name in RELEASE_LOG_FILES))
 
 
-def _retry_reason(job: ReleaseJob) -> str:
-    orchestration = job.orchestration
-    assert orchestration is not None
+def _retry_reason(orchestration: "Orchestration") -> str:
     if orchestration.parent_flow_run_id:
         return f"Prefect flow run {orchestration.flow_run_id} retries its parent flow run {orchestration.parent_flow_run_id}"
     return f"Prefect flow run {orchestration.flow_run_id} retried"
@@ -309,8 +275,27 @@ def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseEx
     return failed
 
 
-def run_release(job: ReleaseJob, runner: StageRunner | None = None, hooks: ReleaseHooks | None = None) -> RunResult:
-    """Run the private release, stage by stage, with ``runner``; publish it; record it.
+def run_release(
+    parameters: PrivateRunParameters,
+    *,
+    runner: StageRunner | None = None,
+    hooks: ReleaseHooks | None = None,
+    orchestration: "Orchestration | None" = None,
+    counter: Counter | None = None,
+    new_run_id: str | None = None,
+) -> RunResult:
+    """Run the private release the operator asked for, stage by stage, with ``runner``; publish
+    it; record it.
+
+    Args:
+        parameters: What the operator set; exactly one of ``output`` (the release's folder) and
+            ``output_root`` (each run publishes to ``<output_root>/<run id>/``).
+        runner: How the stages run (default: :class:`InProcess`, without a progress display).
+        hooks: What a front end shows of the run beside it.
+        orchestration: The orchestrator's flow run running this attempt (recorded in the ledger;
+            a retry of it finds its run and continues it).
+        counter: How the inputs are validated and counted (default: one read in this process).
+        new_run_id: The id a new run gets (default: a fresh one).
 
     Raises:
         PHSafeError: Bad config, setting or input, a refusal (budget, a second release of the
@@ -318,26 +303,33 @@ def run_release(job: ReleaseJob, runner: StageRunner | None = None, hooks: Relea
             spending, whose message says how to complete the run without drawing noise again.
             The exception carries ``spend_status`` (:class:`~phsafe.engine.SpendStatus`).
     """
+    if (parameters.output is None) == (parameters.output_root is None):
+        raise ValueError("give exactly one of output and output_root")
+
+    def output_for(run_id: str) -> Path:
+        folder = parameters.output if parameters.output is not None else Path(parameters.output_root or "") / run_id
+        return Path(folder).absolute()
+
     runner = runner or InProcess()
     hooks = hooks or ReleaseHooks()
-    new_id = job.new_run_id or engine.new_run_id()
-    run, config = engine.begin_private_run(job.config_path, job.data_dir, job.output_for(new_id), job.options,
-                                           run_id=new_id, orchestration=job.orchestration)
+    counter = counter or LocalCounter()
+    new_id = new_run_id or engine.new_run_id()
+    run, config = engine.begin_private_run(parameters, run_id=new_id, output_dir=output_for(new_id),
+                                           orchestration=orchestration)
     if hooks.accepted is not None:
         hooks.accepted(run, config)
-    run_id, resume, finished = _continuation(job, run.dataset, run.ledger)
-    if resume:
-        options = run.options
-        if job.orchestration is not None and not options.resume_reason:
-            options = replace(options, resume_reason=_retry_reason(job))
-        run = replace(run, run_id=run_id, resume=True, output_dir=job.output_for(run_id).absolute(), options=options)
+    run_id, finished = _continuation(parameters.resume_run_id, orchestration, run.dataset, run.ledger)
+    if run_id is not None:
+        if orchestration is not None and not parameters.resume_reason:
+            run = replace(run, parameters=parameters.model_copy(update={"resume_reason": _retry_reason(orchestration)}))
+        run = replace(run, run_id=run_id, resume=True, output_dir=output_for(run_id))
     log.info("private run", run_id=run.run_id, config=str(run.config_path), data=str(run.data_dir),
              output=str(run.output_dir), privacy_defn=config.privacy_defn.value, resume=run.resume,
              dataset=run.dataset)
     if finished is not None:
         return _already_published(run, finished)
     with structlog.contextvars.bound_contextvars(run_id=run.run_id):
-        return _run(run, config, job, runner, hooks)
+        return _run(run, config, counter, runner, hooks)
 
 
 def _validation_text(hooks: ReleaseHooks, report: Any, run: PrivateRun) -> str:
@@ -346,16 +338,17 @@ def _validation_text(hooks: ReleaseHooks, report: Any, run: PrivateRun) -> str:
     return report.to_text() + f"\nreport: {run.report_dir}"
 
 
-def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: StageRunner, hooks: ReleaseHooks) -> RunResult:
+def _run(run: PrivateRun, config: "PHSafeConfig", counter: Counter, runner: StageRunner,
+         hooks: ReleaseHooks) -> RunResult:
     """The stages, in order; on a failure, what the ledger must record and the operator be told."""
-    options = run.options
+    parameters = run.parameters
     plan: "RunPlan | None" = None
     attempt: LedgerAttempt | None = None
     try:
         plan = runner.run(PLAN, engine.plan_private_run, config)
         run = runner.run(PREFLIGHT, _preflight, run, config, plan)
-        counting = VALIDATE_AND_COUNT if options.validate_inputs else replace(VALIDATE_AND_COUNT, title="count")
-        counts, report = runner.run(counting, job.counter, run, config, runner.timer, inline=job.counter.orchestrates)
+        counting = VALIDATE_AND_COUNT if parameters.validate_inputs else replace(VALIDATE_AND_COUNT, title="count")
+        counts, report = runner.run(counting, counter, run, config, runner.timer, inline=counter.orchestrates)
         if report is not None and hooks.validated is not None:
             hooks.validated(run, "input", report)
         if counts is None:  # validation failed: nothing spent
@@ -369,7 +362,7 @@ def _run(run: PrivateRun, config: "PHSafeConfig", job: ReleaseJob, runner: Stage
         del counts
         interrupt.check()
         files = runner.run(WRITE_TABLES, engine.write_private_outputs, run, config, plan)
-        if options.validate_outputs:
+        if parameters.validate_outputs:
             report = runner.run(VALIDATE_OUTPUTS, engine.check_outputs, run, config)
             if hooks.validated is not None:
                 hooks.validated(run, "output", report)
@@ -410,31 +403,3 @@ def _open_ledger_run(run: PrivateRun, plan: "RunPlan", digests: dict[str, str], 
     cap) or resume it; what earlier attempts committed."""
     return engine.open_run_in_ledger(run, plan, digests, engine.content_fingerprint(run, counts),
                                      engine.records_sketch(run, counts))
-
-
-def run_private(
-    config_path: Path,
-    data_dir: Path,
-    output_dir: Path,
-    options: PrivateRunOptions,
-    *,
-    progress: "Progress | None" = None,
-    run_id: str | None = None,
-    resume: bool = False,
-) -> RunResult:
-    """Run PHSafe privately in this process and publish the eleven tables to ``output_dir``.
-
-    Args:
-        progress: Where the run shows its stages and measurements (see :mod:`phsafe.progress`).
-        run_id: With ``resume``, the run to resume; else the id of the new run (default: fresh).
-        resume: Continue the failed or interrupted run ``run_id`` (its committed measurements are
-            reused, its truncation key replayed; same config and records).
-
-    Raises:
-        PHSafeError: See :func:`run_release`.
-    """
-    if resume and not run_id:
-        raise PHSafeError(f"resuming needs the id of the run to resume ({option('resume')})")
-    job = ReleaseJob(Path(config_path), Path(data_dir), options, output_dir=Path(output_dir).absolute(),
-                     resume_run_id=run_id if resume else None, new_run_id=None if resume else run_id)
-    return run_release(job, InProcess(progress))

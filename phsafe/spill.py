@@ -41,7 +41,8 @@ import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from phsafe.errors import PHSafeError, option
+from phsafe.errors import PHSafeError
+from phsafe.parameters import option
 from phsafe.reader import NULL, OK, Encoded, InputFile, encode
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, Column
 

@@ -247,8 +247,8 @@ def run_accuracy(
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
     from phsafe._plots import report_folder
-    from phsafe.engine import PrivateRunOptions, run_nonprivate
-    from phsafe.sequence import run_private
+    from phsafe.api import run_private
+    from phsafe.engine import run_nonprivate
     from phsafe.progress import NULL
     from phsafe.truncation import TRUNCATION_KEY_BYTES
 
@@ -276,12 +276,11 @@ def run_accuracy(
             key = secrets.token_hex(TRUNCATION_KEY_BYTES)
             # One ledger per trial (both of its runs): every spend is recorded, and appends stay
             # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
-            options = PrivateRunOptions(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True,
-                                        truncation_key=key)
+            options = dict(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True, truncation_key=key)
             task.update(trial - 1, item=f"trial {trial}: private run")
-            run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, options)
+            run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, **options)
             task.update(trial - 1, item=f"trial {trial}: truncated exact counts")
-            run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, options)
+            run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, **options)
             noisy = _private_long(output_dir / "trials" / name)
             exact = _private_long(output_dir / "truncated" / name)
             post = None

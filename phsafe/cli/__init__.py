@@ -48,9 +48,23 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+HELP_OPTIONS = ["-h", "--help"]
+
+
+def _help_everywhere(command: click.Command) -> None:
+    # Every command takes -h, also when invoked on its own (a test's CliRunner, the reference):
+    # click remembers a command's help option the first time it is asked, from the context of
+    # that call, so inheriting the names from the group is not enough.
+    command.context_settings.setdefault("help_option_names", HELP_OPTIONS)
+    for sub in getattr(command, "commands", {}).values():
+        _help_everywhere(sub)
+
+
 def _mount_commands() -> None:
     for module_name, attribute in COMMANDS:
-        main.add_command(getattr(importlib.import_module(module_name), attribute))
+        command = getattr(importlib.import_module(module_name), attribute)
+        _help_everywhere(command)
+        main.add_command(command)
 
 
 _mount_commands()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import traceback
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -32,12 +31,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class MemorySize(click.ParamType):
-    """A size in bytes: ``8G``, ``512M``, ``12.5GiB`` (binary units; :func:`phsafe.memory.parse_size`)."""
+    """A size in bytes: ``8G``, ``512M``, ``12.5GiB`` (binary units; :func:`phsafe.sizes.parse_size`)."""
 
     name = "SIZE"
 
     def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        from phsafe.memory import parse_size
+        from phsafe.sizes import parse_size
 
         if isinstance(value, int):
             return value
@@ -52,7 +51,8 @@ MEMORY_SIZE = MemorySize()
 
 def memory_limit_help() -> str:
     """``--memory-limit``'s help: the parameter's description and this machine's default."""
-    from phsafe.memory import default_memory_limit, format_size
+    from phsafe.memory import default_memory_limit
+    from phsafe.sizes import format_size
     from phsafe.parameters import PrivateRunParameters
 
     text = PrivateRunParameters.model_fields["memory_limit"].description or ""
@@ -63,11 +63,6 @@ def memory_limit_option(f: F) -> F:
     """``--memory-limit SIZE`` of validate and non-private (private takes it from its parameters)."""
     return click.option("--memory-limit", "memory_limit", type=MEMORY_SIZE, default=None, metavar="SIZE",
                         help=memory_limit_help())(f)
-
-
-def crash_frames(exc: BaseException) -> list[str]:
-    """Where ``exc`` was raised, as ``file:line in function`` per frame: no message, no values."""
-    return [f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in traceback.extract_tb(exc.__traceback__)]
 
 
 def fail(exc: BaseException, log_file: Path | None) -> None:
@@ -85,11 +80,11 @@ def fail(exc: BaseException, log_file: Path | None) -> None:
         raise SystemExit(1)
     if isinstance(exc, OSError):
         # An operating-system refusal the code did not foresee: its kind and the file, no data.
-        log.error("operating-system error", error_type=type(exc).__name__, frames=crash_frames(exc))
+        log.error("operating-system error", error_type=type(exc).__name__, frames=logs.crash_frames(exc))
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
         click.echo(f"phsafe: error: {os_reason(exc)}{where}", err=True)
         raise SystemExit(1)
-    log.error("internal error", error_type=type(exc).__name__, frames=crash_frames(exc))
+    log.error("internal error", error_type=type(exc).__name__, frames=logs.crash_frames(exc))
     where = f" (frames in {log_file})" if log_file else " (re-run with --log FILE for where it happened)"
     click.echo(f"phsafe: internal error: {type(exc).__name__}{where}", err=True)
     raise SystemExit(2)

@@ -36,14 +36,12 @@ def private(validate_flag: bool, log_file: Path | None, **given: Any) -> None:
     start(log_file)
     from phsafe.interrupt import stop_at_safe_points
     from phsafe.parameters import PrivateRunParameters
-    from phsafe.sequence import run_private
+    from phsafe.sequence import InProcess, run_release
 
     given["lifetime_cap"] = parse_amount(given["lifetime_cap"], "--lifetime-cap")
     parameters = PrivateRunParameters(**given)
     with stop_at_safe_points(), command_progress(log_file) as progress:
-        result = run_private(parameters.config, parameters.data, parameters.output, parameters.options(),
-                             progress=progress, run_id=parameters.resume_run_id,
-                             resume=parameters.resume_run_id is not None)
+        result = run_release(parameters, runner=InProcess(progress))
     throwaway = f"; throwaway ledger {result.ledger}" if parameters.ledger is None and parameters.non_confidential else ""
     result_line(f"phsafe: published {len(result.files)} files to {result.output_dir} (run {result.run_id}; "
                 f"confidential work folder {result.run_dir}{throwaway})")

@@ -16,7 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from phsafe.errors import LedgerError, PHSafeError, option, os_reason
+from phsafe.errors import LedgerError, PHSafeError, os_reason
+from phsafe.parameters import option
 from phsafe.ledger.format import canonical_json, checkpoint_message
 from phsafe.ledger.policy import Policy
 from phsafe.ledger.state import RunState

@@ -16,7 +16,8 @@ from typing import Any
 from phsafe.accounting import RunPlan
 from phsafe.amounts import INFINITE, Amount, add_amounts, is_infinite
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import BudgetError, LedgerError, option
+from phsafe.errors import BudgetError, LedgerError
+from phsafe.parameters import option
 from phsafe.ledger.format import NAME
 
 

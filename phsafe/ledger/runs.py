@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite
-from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError, option
+from phsafe.errors import AlreadyReleasedError, BudgetError, LedgerError
+from phsafe.parameters import option
 from phsafe.ledger.format import EntryKind, clean_text, operator_text, planned_item
 from phsafe.ledger.rules import largest_overlap, ledger_total_after
 from phsafe.overlap import OVERLAP_LIMIT, percent
@@ -274,7 +275,7 @@ class Ledger(LedgerFile):
                     f"{other.output_path or 'its output folder'} (entry {other.outputs_seq})")
         else:
             told = (f"run {other.run_id} on these records is still open (started at entry {other.started_seq}; "
-                    f"running, or crashed without ending): resume it ({option('resume')}) instead")
+                    f"running, or crashed without ending): resume it ({option('resume_run_id')}) instead")
         raise AlreadyReleasedError(
             f"{told}; {again}, whatever room the lifetime cap leaves. To release the same records again, "
             f"declare it and say why with {option('re_release')} (recorded in the ledger; the cap still applies)"

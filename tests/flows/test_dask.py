@@ -11,6 +11,7 @@ import pytest
 from prefect import flow
 
 from phsafe import engine
+from phsafe.parameters import PrivateRunParameters
 from phsafe.tables import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +24,9 @@ pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
 def _compare(data: str, config: str, ledger: str, out: str, partition_persons: int) -> int:
     from flows.counting import count_on_dask
 
-    options = engine.PrivateRunOptions(ledger=Path(ledger), non_confidential=True)
-    run, cfg = engine.begin_private_run(Path(config), Path(data), Path(out), options)
+    parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
+                                      non_confidential=True)
+    run, cfg = engine.begin_private_run(parameters, run_id=engine.new_run_id(), output_dir=Path(out))
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))  # a preflight draws it fresh
     local = engine.count_exact(run, cfg)
     on_dask = count_on_dask(run, cfg, n_workers=2, max_persons=partition_persons)
@@ -76,8 +78,9 @@ def _one_read(datasets: list[str], config: str, ledger: str, out: str) -> list[d
 def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> dict:  # noqa: ANN001
     from flows.counting import validate_and_count_on_dask
 
-    options = engine.PrivateRunOptions(ledger=Path(ledger), non_confidential=True)
-    run, cfg = engine.begin_private_run(Path(config), Path(data), Path(out), options)
+    parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
+                                      non_confidential=True)
+    run, cfg = engine.begin_private_run(parameters, run_id=engine.new_run_id(), output_dir=Path(out))
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))
     run.run_dir.mkdir(parents=True)
     local, local_report = engine.validate_and_count(run)

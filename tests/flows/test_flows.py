@@ -356,7 +356,8 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
     """The engine's refusals are raised in tasks (threads): they too name flow parameters."""
     from flows.sdhc import us_flow
     from phsafe import engine
-    from phsafe.errors import BudgetError, option
+    from phsafe.errors import BudgetError
+    from phsafe.parameters import option
 
     def refuse(run, plan, digests, fingerprint, sketch=None):
         raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
@@ -425,7 +426,7 @@ def test_lifetime_cap_is_exactly_the_decimal_typed():
     assert exact_decimal(1.4) == Fraction(14, 10)
     assert exact_decimal(3) == 3 and exact_decimal(None) is None
     given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "lifetime_cap": 2.514562})
-    assert given.options().lifetime_cap == Fraction(2514562, 1000000)
+    assert given.lifetime_cap == Fraction(2514562, 1000000)
 
 
 def _lost_signing_key(monkeypatch):  # noqa: ANN001 -- fine at preflight, unreadable at publish

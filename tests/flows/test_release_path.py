@@ -78,16 +78,16 @@ def test_the_cli_and_the_flow_run_the_same_sequence(tmp_path):
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.sdhc import us_flow
-    from phsafe.engine import PrivateRunOptions
-    from phsafe.sequence import SEQUENCE, run_private
+    from phsafe import run_private
+    from phsafe.sequence import SEQUENCE
     from tests._ledgers import new_ledger
 
     (tmp_path / "cli").mkdir()
     (tmp_path / "flow").mkdir()
     cli_ledger = new_ledger(tmp_path / "cli", cap="10").path
     flow_ledger = new_ledger(tmp_path / "flow", cap="10").path
-    run_private(DEMO / "us" / "config.json", DEMO / "us", tmp_path / "cli" / "out",
-                PrivateRunOptions(ledger=cli_ledger, new_version=NEW, validate_outputs=True))
+    run_private(DEMO / "us" / "config.json", DEMO / "us", tmp_path / "cli" / "out", ledger=cli_ledger, new_version=NEW,
+                validate_outputs=True)
     state = us_flow(config=str(DEMO / "us" / "config.json"), data=str(DEMO / "us"), ledger=str(flow_ledger),
                     output_root=str(tmp_path / "flow" / "out"), new_version_reason=NEW, return_state=True)
     assert state.is_completed(), state.message

@@ -18,9 +18,8 @@ import pytest
 
 import phsafe
 from phsafe import synthetic
-from phsafe.engine import PrivateRunOptions
 from phsafe.ledger import read_ledger
-from phsafe.sequence import run_private
+
 from tests.conftest import US_CONFIG
 
 STATES = ["01", "11"]
@@ -99,8 +98,8 @@ def test_a_config_edited_during_the_run_changes_nothing(tmp_path: Path, data: Pa
     # made under the edited tau of 1 would differ).
     monkeypatch.undo()
     config.write_bytes(original)
-    again = run_private(config, data, tmp_path / "again", PrivateRunOptions(
-        non_confidential=True, truncation_key=started[0]["truncation_key"]))
+    again = phsafe.run_private(config, data, tmp_path / "again", non_confidential=True,
+                        truncation_key=started[0]["truncation_key"])
     first, second = phsafe.read_release(result.output_dir), phsafe.read_release(again.output_dir)
     assert set(first) == set(second)
     for table in first:

@@ -21,8 +21,8 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.datapackage import DATAPACKAGE, REGION_NAMES, package_descriptor, write_datapackage
-from phsafe.engine import PrivateRunOptions, run_nonprivate
-from phsafe.sequence import run_private
+from phsafe.engine import run_nonprivate
+from phsafe import run_private
 from phsafe.iterations import ITERATION_LABELS
 from phsafe.release import ReleaseError, read_release, read_tables
 from phsafe.tables import OUTPUT_TABLES, output_spec
@@ -35,8 +35,8 @@ FRICTIONLESS_CLI = Path(sys.executable).parent / "frictionless"
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("datapackage")
-    options = PrivateRunOptions(ledger=root / "ledger.jsonl", non_confidential=True)
-    run_private(DEMO_US / "config.json", DEMO_US, root / "private", options)
+    options = dict(ledger=root / "ledger.jsonl", non_confidential=True)
+    run_private(DEMO_US / "config.json", DEMO_US, root / "private", **options)
     run_nonprivate(DEMO_US / "config.json", DEMO_US, root / "nonprivate", non_confidential=True)
     pr = root / "pr-data"
     synthetic.write(synthetic.generate(800, ["72"], seed=11), pr)
@@ -46,8 +46,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for key in levels:
             levels[key] = 0 if key.startswith("usa") else 0.5
     (pr / "config.json").write_text(json.dumps(raw))
-    run_private(pr / "config.json", pr, root / "pr-private",
-                PrivateRunOptions(ledger=root / "pr-ledger.jsonl", non_confidential=True))
+    run_private(pr / "config.json", pr, root / "pr-private", ledger=root / "pr-ledger.jsonl", non_confidential=True)
     return {"private": root / "private", "nonprivate": root / "nonprivate", "pr": root / "pr-private"}
 
 

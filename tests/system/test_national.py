@@ -32,8 +32,7 @@ from phsafe.cli import main
 from phsafe.config import load_config
 from phsafe.counting import InputPass, exact_counts
 from phsafe.intake import validated_counts
-from phsafe.engine import PrivateRunOptions
-from phsafe.sequence import run_private
+from phsafe import run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import read_ledger
 from phsafe.measurements import MeasurementStore
@@ -243,8 +242,8 @@ def test_a_spilled_private_run_publishes_the_same_tables_and_fingerprint(
     runs = {}
     for fmt, limit in (("parquet-partitioned", 1 << 50), ("csv", LIMIT)):
         forced_spill.clear()
-        runs[fmt] = run_private(config, datasets[fmt], tmp_path / f"out-{fmt}", PrivateRunOptions(
-            ledger=ledger, non_confidential=True, truncation_key=KEY.hex(), memory_limit=limit))
+        runs[fmt] = run_private(config, datasets[fmt], tmp_path / f"out-{fmt}",
+                                ledger=ledger, non_confidential=True, truncation_key=KEY.hex(), memory_limit=limit)
         assert bool(forced_spill) == (fmt == "csv")
     # The CSV files were hashed as they were read: one read of their bytes, whose digests the
     # ledger records; the Parquet folders (read column by column) are hashed on their own.
@@ -270,7 +269,7 @@ def test_spill_files_are_removed_after_a_failure_and_a_resume(
         monkeypatch: pytest.MonkeyPatch) -> None:
     config = _infinity_config(config_path, tmp_path)
     ledger = new_ledger(tmp_path, cap="inf", non_confidential=True).path
-    options = PrivateRunOptions(ledger=ledger, non_confidential=True, memory_limit=LIMIT)
+    options = dict(ledger=ledger, non_confidential=True, memory_limit=LIMIT)
     made = _spill_watch(monkeypatch)
 
     # A failure in the pass itself: the counting refuses (nothing spent).
@@ -282,7 +281,7 @@ def test_spill_files_are_removed_after_a_failure_and_a_resume(
     with monkeypatch.context() as m:
         m.setattr(counting, "tabulate", broken)
         with pytest.raises(PHSafeError, match="could not complete"):  # validation's own wrapper
-            run_private(config, datasets["csv"], tmp_path / "out0", options)
+            run_private(config, datasets["csv"], tmp_path / "out0", **options)
     assert made and not any(f.exists() for f in made)
     assert not read_ledger(ledger).runs  # nothing was started in the ledger
 
@@ -298,7 +297,7 @@ def test_spill_files_are_removed_after_a_failure_and_a_resume(
     with monkeypatch.context() as m:
         m.setattr(MeasurementStore, "save", save)
         with pytest.raises(OSError):
-            run_private(config, datasets["csv"], tmp_path / "out", options)
+            run_private(config, datasets["csv"], tmp_path / "out", **options)
     (run_id, run), = read_ledger(ledger).runs.items()
     assert run.status.value == "failed" and run.intents
     work = ledger.parent / "runs" / run_id
@@ -307,7 +306,7 @@ def test_spill_files_are_removed_after_a_failure_and_a_resume(
     leftover.mkdir(parents=True)
     (leftover / "block-000000-0.arrow").write_bytes(b"records of a killed attempt")
     made.clear()
-    result = run_private(config, datasets["csv"], tmp_path / "out", options, run_id=run_id, resume=True)
+    result = run_private(config, datasets["csv"], tmp_path / "out", **options, resume=run_id)
     assert made and all(f.is_relative_to(work / "spill") for f in made)
     assert not (work / "spill").exists() and result.output_dir.is_dir()
 

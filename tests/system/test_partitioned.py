@@ -26,8 +26,7 @@ import pytest
 
 from phsafe.config import load_config
 from phsafe.counting import combine_counts, count_partition, exact_counts, plan_partitions
-from phsafe.engine import PrivateRunOptions
-from phsafe.sequence import run_private
+from phsafe import run_private
 from phsafe.errors import InputError
 from phsafe.reader import input_digests, locate_inputs, read_inputs
 from phsafe.synthetic import synthesize
@@ -174,9 +173,8 @@ def test_private_run_with_infinity_budget_is_identical(
     outs = {}
     for fmt in ("csv", "parquet-partitioned"):
         outs[fmt] = tmp_path / f"out-{fmt}"
-        run_private(config, datasets[fmt], outs[fmt],
-                    PrivateRunOptions(ledger=tmp_path / f"ledger-{fmt}.jsonl", non_confidential=True,
-                                      truncation_key=key_hex))
+        run_private(config, datasets[fmt], outs[fmt], ledger=tmp_path / f"ledger-{fmt}.jsonl", non_confidential=True,
+                    truncation_key=key_hex)
     for table in OUTPUT_TABLES:
         a = pd.read_csv(outs["csv"] / table / f"{table}.csv", sep="|", dtype=str)
         b = pd.read_csv(outs["parquet-partitioned"] / table / f"{table}.csv", sep="|", dtype=str)

@@ -1,5 +1,5 @@
 """The private run end to end (spec §5-§7), on synthetic data through the documented API
-``run_private(config, data, out, PrivateRunOptions(...))``.
+``run_private(config, data, out, ...)``.
 
 * Infinity budgets: the output equals the exact truncated counts (computed with the run's
   truncation key, read back from the ledger's RUN_STARTED entry), and a replay with that key
@@ -25,8 +25,8 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.config import load_config
-from phsafe.engine import PrivateRunOptions, run_nonprivate
-from phsafe.sequence import run_private
+from phsafe.engine import run_nonprivate
+from phsafe import run_private
 from phsafe.preprocess import prepare
 from phsafe.reader import read_inputs
 from phsafe.tables import TABLES
@@ -86,8 +86,8 @@ def write_config(directory: Path, budget: dict, *, tau: int | dict[str, int] = 3
     return path
 
 
-def options(tmp: Path, **kw: Any) -> PrivateRunOptions:
-    return PrivateRunOptions(ledger=tmp / "ledger" / "ledger.jsonl", non_confidential=True, **kw)
+def options(tmp: Path, **kw: Any) -> dict[str, Any]:
+    return dict(ledger=tmp / "ledger" / "ledger.jsonl", non_confidential=True, **kw)
 
 
 def read_output(out: Path, table: str) -> pd.DataFrame:
@@ -170,7 +170,7 @@ def expected_domain(table: str, levels: list[str], states: list[str]) -> set[tup
 def test_infinity_budgets_equal_the_exact_truncated_counts(tmp_path: Path, us_data: Path) -> None:
     config = write_config(tmp_path / "cfg", budgets(float("inf")), tau=2)
     out = tmp_path / "out"
-    result = run_private(config, us_data, out, options(tmp_path))
+    result = run_private(config, us_data, out, **options(tmp_path))
     started = [e for e in ledger_entries(tmp_path) if e["kind"] == "RUN_STARTED"]
     assert len(started) == 1 and started[0]["run_id"] == result.run_id
     key = bytes.fromhex(started[0]["truncation_key"])
@@ -195,8 +195,8 @@ def test_infinity_budgets_equal_the_exact_truncated_counts(tmp_path: Path, us_da
 def test_replay_with_the_recorded_truncation_key(tmp_path: Path, us_data: Path) -> None:
     config = write_config(tmp_path / "cfg", budgets(float("inf")), tau=1)
     key = "0123456789abcdef0123456789abcdef"
-    run_private(config, us_data, tmp_path / "a", options(tmp_path, truncation_key=key))
-    run_private(config, us_data, tmp_path / "b", options(tmp_path, truncation_key=key))
+    run_private(config, us_data, tmp_path / "a", **options(tmp_path, truncation_key=key))
+    run_private(config, us_data, tmp_path / "b", **options(tmp_path, truncation_key=key))
     started = [e for e in ledger_entries(tmp_path) if e["kind"] == "RUN_STARTED"]
     assert [e["truncation_key"] for e in started] == [key, key]
     exact = exact_truncated(config, us_data, bytes.fromhex(key))
@@ -212,7 +212,7 @@ def test_households_within_tau_equal_the_nonprivate_basis_cells(tmp_path: Path, 
     biggest = int(units.FINAL_POP.astype(int).max())
     assert biggest > 3  # the data has households larger than the tau of the other tests
     config = write_config(tmp_path / "cfg", budgets(float("inf")), tau=biggest)
-    run_private(config, us_data, tmp_path / "private", options(tmp_path))
+    run_private(config, us_data, tmp_path / "private", **options(tmp_path))
     run_nonprivate(config, us_data, tmp_path / "nonprivate", non_confidential=True)
     for table in ELEVEN:
         private = cells(read_output(tmp_path / "private", table), table)
@@ -239,7 +239,7 @@ def test_zcdp_variance_is_delta_squared_over_two_rho(tmp_path: Path, us_data: Pa
     tau = {"PH1_num": 2, "PH2": 3, "PH3": 4, "PH4": 5, "PH6": 6, "PH7": 7}
     config = write_config(tmp_path / "cfg", budget, tau=tau)
     out = tmp_path / "out"
-    run_private(config, us_data, out, options(tmp_path))
+    run_private(config, us_data, out, **options(tmp_path))
 
     def delta(table: str) -> int:
         return 2 * tau[table] + 2 if table in tau else 2
@@ -265,7 +265,7 @@ def test_puredp_variance_is_the_geometric_formula(tmp_path: Path, us_data: Path)
     budget = {t: {lv: eps[lv] for lv in LEVELS[t]} for t in MEASURED}
     config = write_config(tmp_path / "cfg", budget, tau=5, defn="puredp")
     out = tmp_path / "out"
-    run_private(config, us_data, out, options(tmp_path))
+    run_private(config, us_data, out, **options(tmp_path))
     for table in ELEVEN:
         frame = read_output(out, table)
         source, mapping = DERIVED.get(table, (table, None))
@@ -289,7 +289,7 @@ def test_puerto_rico_has_no_usa_rows(tmp_path: Path, pr_data: Path) -> None:
     budget = budgets(0.5, **zero_usa)
     config = write_config(tmp_path / "cfg", budget, tau=4, states=["72"])
     out = tmp_path / "out"
-    run_private(config, pr_data, out, options(tmp_path))
+    run_private(config, pr_data, out, **options(tmp_path))
     for table in ELEVEN:
         frame = read_output(out, table)
         assert len(frame) > 0, table
@@ -304,7 +304,7 @@ def test_production_pr_config_has_no_usa_rows(tmp_path: Path, pr_data: Path) -> 
     from tests.conftest import PR_CONFIG
 
     out = tmp_path / "out"
-    run_private(PR_CONFIG, pr_data, out, options(tmp_path))
+    run_private(PR_CONFIG, pr_data, out, **options(tmp_path))
     for table in ELEVEN:
         frame = read_output(out, table)
         assert "USA" not in set(frame.REGION_TYPE), table
@@ -321,7 +321,7 @@ def test_zero_budget_levels_are_absent(tmp_path: Path, us_data: Path) -> None:
     )
     config = write_config(tmp_path / "cfg", budget, tau=3)
     out = tmp_path / "out"
-    run_private(config, us_data, out, options(tmp_path))
+    run_private(config, us_data, out, **options(tmp_path))
     for table in ELEVEN:
         source = DERIVED.get(table, (table,))[0]
         measured = [lv for lv in LEVELS[source] if budget[source][lv] != 0]
@@ -342,7 +342,7 @@ def test_all_zero_tables_produce_no_folder(tmp_path: Path, us_data: Path) -> Non
                      PH7=dict(zero))
     config = write_config(tmp_path / "cfg", budget, tau=3)
     out = tmp_path / "out"
-    result = run_private(config, us_data, out, options(tmp_path))
+    result = run_private(config, us_data, out, **options(tmp_path))
     absent = {"PH4", "PH5_num", "PH6", "PH7", "PH8_num", "PH8_denom"}
     present = set(ELEVEN) - absent
     folders = {p.name for p in out.iterdir() if p.is_dir() and p.name != "parquet"}
@@ -363,7 +363,7 @@ def test_state_filter_without_records_still_releases_the_full_domain(tmp_path: P
     from tests.conftest import PR_CONFIG
 
     out = tmp_path / "out"
-    run_private(PR_CONFIG, us_data, out, options(tmp_path))
+    run_private(PR_CONFIG, us_data, out, **options(tmp_path))
     for table in ELEVEN:
         frame = read_output(out, table)
         source = DERIVED.get(table, (table,))[0]

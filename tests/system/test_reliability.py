@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from phsafe.engine import PrivateRunOptions
-from phsafe.sequence import run_private
+from phsafe import run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import lock_path, read_ledger
 from tests._ledgers import new_ledger
@@ -239,7 +238,7 @@ def test_full_disk_under_out_after_spending_is_recovered_without_new_noise(ledge
     monkeypatch.setattr(phsafe.outputs.shutil, "copyfile", no_space)
     out = tmp_path / "out"
     with pytest.raises(PHSafeError, match=r"no space left on device \(ENOSPC\)") as raised:
-        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False))
+        run_private(CONFIG, DEMO_US, out, ledger=ledger, new_version="demo", validate=False)
     assert "--resume" in str(raised.value)
     monkeypatch.undo()
     assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
@@ -266,8 +265,8 @@ def test_a_signing_key_lost_before_publishing_is_recovered_without_new_noise(key
     monkeypatch.setattr(phsafe.ledger, "load_signing_key", flaky)
     out = tmp_path / "out"
     with pytest.raises(PHSafeError, match="signing key"):
-        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False,
-                                                            signing_key=keys["good"]))
+        run_private(CONFIG, DEMO_US, out, ledger=ledger, new_version="demo", validate=False,
+                                                            signing_key=keys["good"])
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert not out.exists() and not run.published and run.status.value == "failed"
@@ -291,7 +290,7 @@ def test_two_runs_racing_for_one_out_lose_nothing(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(phsafe.engine, "publish_release", another_run_publishes_first)
     with pytest.raises(PHSafeError, match="already exists"):
-        run_private(CONFIG, DEMO_US, out, PrivateRunOptions(ledger=ledger, new_version="demo", validate_inputs=False))
+        run_private(CONFIG, DEMO_US, out, ledger=ledger, new_version="demo", validate=False)
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert run.status.value == "failed" and not run.published
@@ -355,7 +354,7 @@ def test_no_traceback_or_raw_value_reaches_the_log_file_on_a_bug(tmp_path: Path,
     def broken(*a, **k):  # noqa: ANN001
         raise ValueError("raw value 123456789 of a record")
 
-    monkeypatch.setattr(phsafe.sequence, "run_private", broken)
+    monkeypatch.setattr(phsafe.sequence, "run_release", broken)
     log = tmp_path / "run.log"
     result = CliRunner().invoke(main, ["private", str(CONFIG), str(DEMO_US), str(tmp_path / "out"), "--ledger",
                                        str(tmp_path / "l"), "-l", str(log)])

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from phsafe.engine import PrivateRunOptions
-from phsafe.sequence import run_private
+from phsafe import run_private
 from phsafe.errors import BudgetError, PHSafeError
 from phsafe.ledger import read_ledger
 from phsafe.measurements import MeasurementStore
@@ -33,8 +32,8 @@ def _ledger(tmp_path: Path) -> Path:
     return new_ledger(tmp_path, cap="1.257281").path
 
 
-def _options(ledger: Path) -> PrivateRunOptions:
-    return PrivateRunOptions(ledger=ledger, new_version="the demo's synthetic records")
+def _options(ledger: Path) -> dict:
+    return dict(ledger=ledger, new_version="the demo's synthetic records")
 
 
 def _fail_on_save(monkeypatch, n: int) -> None:
@@ -54,7 +53,7 @@ def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monke
     out = tmp_path / "out"
     _fail_on_save(monkeypatch, 10)
     with pytest.raises(OSError):
-        run_private(DEMO_US / "config.json", DEMO_US, out, _options(ledger))
+        run_private(DEMO_US / "config.json", DEMO_US, out, **_options(ledger))
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert run.status.value == "failed" and len(run.reusable) == 9 and len(run.intents) == 10
@@ -88,19 +87,19 @@ def test_resume_needs_the_same_config(tmp_path, monkeypatch):
     ledger = _ledger(tmp_path)
     _fail_on_save(monkeypatch, 3)
     with pytest.raises(OSError):
-        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", _options(ledger))
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", **_options(ledger))
     monkeypatch.undo()
     (run_id, _), = read_ledger(ledger).runs.items()
     other = tmp_path / "config.json"
     other.write_text((DEMO_US / "config.json").read_text().replace('"zcdp"', '"zcdp" '))
     with pytest.raises(PHSafeError, match="different config"):
-        run_private(other, DEMO_US, tmp_path / "out", PrivateRunOptions(ledger=ledger), run_id=run_id, resume=True)
+        run_private(other, DEMO_US, tmp_path / "out", ledger=ledger, resume=run_id)
 
 
 def test_a_finished_run_is_never_resumed(tmp_path):
     ledger = _ledger(tmp_path)
-    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", _options(ledger))
+    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", **_options(ledger))
     with pytest.raises((BudgetError, PHSafeError)):
-        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out2", PrivateRunOptions(ledger=ledger),
-                    run_id=result.run_id, resume=True)
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out2", ledger=ledger,
+                    resume=result.run_id)
     assert sum(_intents(ledger, result.run_id).values()) == len(_intents(ledger, result.run_id))

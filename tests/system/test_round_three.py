@@ -183,9 +183,8 @@ STRUCTURAL = {  # bad-input case -> what the one line says, with --no-validate
 
 @pytest.mark.parametrize("name", sorted(STRUCTURAL))
 def test_no_validate_still_refuses_broken_structure_before_any_spend(name: str, tmp_path: Path):
-    from phsafe.engine import PrivateRunOptions
     from phsafe.errors import InputError
-    from phsafe.sequence import run_private
+    from phsafe import run_private
     from tests.system._bad_inputs import CASES, base_dataset, build
 
     (case,) = [c for c in CASES if c.name == name]
@@ -193,9 +192,9 @@ def test_no_validate_still_refuses_broken_structure_before_any_spend(name: str, 
     dataset = build(case, base_dataset(), data)
     ledger = new_ledger(tmp_path / "ledger", cap="10").path
     out = tmp_path / "out"
-    options = PrivateRunOptions(ledger=ledger, new_version="records", validate_inputs=False)
+    options = dict(ledger=ledger, new_version="records", validate=False)
     with pytest.raises(InputError) as refused:
-        run_private(data / "config.json", data, out, options)
+        run_private(data / "config.json", data, out, **options)
     message = str(refused.value)
     assert message.startswith(STRUCTURAL[name]) and "\n" not in message, message
     assert not any(secret in message for secret in case.secrets)

@@ -359,8 +359,7 @@ ROWS_PER_GROUP = {"PH1": 3, "PH2": 13, "PH3": 10, "PH4": 3, "PH5": 3, "PH6": 21,
 def _release(root: Path, config: Path, states: list[str], persons: int, seed: int, budgets) -> Path:
     """A published private release of synthetic data, its budgets replaced by ``budgets(key, b)``."""
     from phsafe import synthetic
-    from phsafe.engine import PrivateRunOptions
-    from phsafe.sequence import run_private
+    from phsafe import run_private
 
     data = root / "data"
     synthetic.write(synthetic.generate(persons, states, seed=seed), data)
@@ -372,8 +371,7 @@ def _release(root: Path, config: Path, states: list[str], persons: int, seed: in
     if config == PR_CONFIG:
         raw["privacy_defn"] = "puredp"  # Puerto Rico in pure DP: the geometric noise
     (root / "config.json").write_text(json.dumps(raw))
-    run_private(root / "config.json", data, root / "out", PrivateRunOptions(ledger=root / "ledger.jsonl",
-                                                                            non_confidential=True))
+    run_private(root / "config.json", data, root / "out", ledger=root / "ledger.jsonl", non_confidential=True)
     return root / "out"
 
 

@@ -1,36 +1,44 @@
-"""The parameters of a private run are defined once (:mod:`phsafe.parameters`), and every front end
-spells them from there: the command line's options, the flows' parameters, the engine's options,
-and the names refusals give them (:func:`phsafe.errors.option`)."""
+"""The parameters of a private run are defined once (:class:`phsafe.parameters.PrivateRunParameters`),
+and every front end is made from that definition: the command line's options, the flows'
+parameters, the Python API's keyword arguments, and the names refusals give them
+(:func:`phsafe.parameters.option`). Each test fails when a field exists in one and not the others."""
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 from fractions import Fraction
 from pathlib import Path
 
 import click
 import pytest
 
+import phsafe
 from phsafe.cli.private import private
-from phsafe.engine import PrivateRunOptions
-from phsafe.errors import FLOW_PARAMETERS, OPTIONS
-from phsafe.parameters import PrivateRunParameters, command_line_spelling, flow_parameters, on_command_line, on_flows
+from phsafe.parameters import (
+    CommandLine,
+    InPython,
+    NotOnFlows,
+    OnFlows,
+    PrivateRunParameters,
+    command_line_spelling,
+    flow_parameters,
+    front_end,
+    in_python,
+    on_command_line,
+    on_flows,
+    option,
+)
 
-ENGINE_ONLY = {"report_dir"}
-"""Options of the engine that no front end sets."""
-OPTION_NAMES = {"resume": "resume_run_id", "no_validate": "validate_inputs"}
-"""How :data:`phsafe.errors.OPTIONS` names a parameter when it is not by its field's name."""
+
+def _spelled(name: str, kind: type) -> bool:
+    return any(isinstance(m, kind) for m in PrivateRunParameters.model_fields[name].metadata)
 
 
-def test_the_engine_options_are_fields_of_the_model() -> None:
-    engine = {f.name for f in dataclasses.fields(PrivateRunOptions)}
-    assert engine - ENGINE_ONLY <= set(PrivateRunParameters.model_fields)
-    given = PrivateRunParameters(config=Path("c.json"), data=Path("d"), output=Path("out"), dataset="x",
-                                 lifetime_cap=Fraction(5, 2), validate_inputs=False, truncation_key="ab")
-    options = given.options()
-    assert (options.dataset, options.lifetime_cap, options.validate_inputs, options.truncation_key) == \
-        ("x", Fraction(5, 2), False, "ab")
-    assert options.report_dir is None
+def test_every_field_has_a_front_end() -> None:
+    for name in PrivateRunParameters.model_fields:
+        assert _spelled(name, CommandLine) or _spelled(name, OnFlows) or _spelled(name, InPython), name
+        # A field no flow takes says what a flow's operator does instead (refusals name it).
+        assert _spelled(name, OnFlows) or _spelled(name, NotOnFlows) or not _spelled(name, CommandLine), name
 
 
 def test_the_command_line_options_are_the_models() -> None:
@@ -42,6 +50,8 @@ def test_the_command_line_options_are_the_models() -> None:
     # what the command adds of its own: the production release's -v, quiet/verbose (its --log is the
     # log_file field, spelled as every command spells it)
     assert set(params) - set(PrivateRunParameters.model_fields) == {"validate_flag", "quiet", "verbose"}
+    assert {n for n in params if n in PrivateRunParameters.model_fields} == {n for n, _ in on_command_line()} | {
+        "log_file"}
     ledger = params["ledger"]
     assert isinstance(ledger, click.Option) and ledger.envvar == "PHSAFE_LEDGER"
     assert "--cap-reason" in (params["lifetime_cap"].help or "")  # other options named as typed
@@ -53,15 +63,49 @@ def test_the_flow_parameters_are_the_models() -> None:
     assert "new_version_reason" in names and "new_version" not in names and "truncation_key" not in names
 
 
-@pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_refusals_name_each_option_as_the_front_ends_spell_it(option: str) -> None:
-    field = OPTION_NAMES.get(option, option)
-    if field not in PrivateRunParameters.model_fields:
-        pytest.skip(f"{option} is not a parameter of a private run")
-    assert OPTIONS[option] == command_line_spelling()[field]
-    flows = {name: spelling.name or name for name, spelling in on_flows()}
-    if field in flows:
-        assert FLOW_PARAMETERS.get(option, option).split("=")[0] == flows[field]
+def test_the_python_api_takes_the_models_fields() -> None:
+    signature = inspect.signature(phsafe.run_private)
+    taken = {name: p for name, p in signature.parameters.items() if name != "progress"}
+    spelled = {spelling.name or name: name for name, spelling in in_python()}
+    assert list(taken) == list(spelled), "phsafe.run_private's arguments are the fields with an InPython spelling"
+    for keyword, field in spelled.items():
+        info = PrivateRunParameters.model_fields[field]
+        if taken[keyword].default is not inspect.Parameter.empty:  # ``out`` is required in Python
+            assert taken[keyword].default == info.get_default(), keyword
+        assert f"{keyword}" in (phsafe.run_private.__doc__ or ""), f"{keyword} is documented"
+    given = PrivateRunParameters.from_python({"config": "c.json", "data": "d", "out": "o", "resume": "r1",
+                                              "validate": False, "memory_limit": "1.5G"})
+    assert (given.output, given.resume_run_id, given.validate_inputs, given.memory_limit) == \
+        (Path("o"), "r1", False, 3 << 29)
+
+
+def test_a_float_budget_is_refused_in_python() -> None:
+    with pytest.raises(phsafe.PHSafeError, match="not a float"):
+        phsafe.run_private("c.json", "d", "o", lifetime_cap=2.5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(PrivateRunParameters.model_fields))
+def test_refusals_name_each_parameter_as_the_front_ends_spell_it(name: str) -> None:
+    cli = command_line_spelling()[name]
+    assert option(name) == cli
+    flows = {field: spelling.name or field for field, spelling in on_flows()}
+    with front_end("flow"):
+        if name in flows:
+            assert option(name) == f"the flow parameter {flows[name]}"
+        else:
+            assert "flow parameter" not in option(name) or "output_root" in option(name)
+    if name in flows:
+        with front_end("flow", frozenset({"config"})):  # a deployment without the parameter
+            assert "flow parameter" not in option(name) or name == "config"
+
+
+def test_a_deployment_without_a_parameter_says_what_to_do_instead() -> None:
+    with front_end("flow", frozenset({"config", "data", "ledger", "output_root"})):
+        assert "raise-cap" in option("lifetime_cap")
+        assert option("resume_run_id") == "a Retry of this flow run"
+        assert option("ledger") == "the flow parameter ledger"
+    with front_end("flow"):
+        assert "output_root" in option("output")
 
 
 def test_the_memory_limit_is_typed_as_a_size_on_every_front_end() -> None:
@@ -76,9 +120,15 @@ def test_the_memory_limit_is_typed_as_a_size_on_every_front_end() -> None:
             adapter.validate_python(bad)
     given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "output_root": "o", "ledger": "l",
                                             "memory_limit": "1.5G"})
-    assert given.options().memory_limit == 3 << 29
+    assert given.memory_limit == 3 << 29
     # Command line: bytes, refused in one usage line when not a size.
     ctx = private.make_context("private", ["c.json", "d", "out", "--memory-limit", "512M"], resilient_parsing=True)
     assert ctx.params["memory_limit"] == 512 << 20
     with pytest.raises(click.BadParameter, match="not a size"):
         private.make_context("private", ["c.json", "d", "out", "--memory-limit", "8X"])
+
+
+def test_a_flow_cap_is_read_as_the_decimal_typed() -> None:
+    given = PrivateRunParameters.from_flow({"config": "c.json", "data": "d", "output_root": "o", "ledger": "l",
+                                            "lifetime_cap": 2.514562})
+    assert given.lifetime_cap == Fraction(2514562, 1000000)

@@ -351,8 +351,7 @@ def private_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A published private output of synthetic data with the production (US) budgets; the
     input data is deleted afterwards, so nothing can read it."""
     from phsafe import synthetic
-    from phsafe.engine import PrivateRunOptions
-    from phsafe.sequence import run_private
+    from phsafe import run_private
 
     root = tmp_path_factory.mktemp("pp")
     data = root / "data"
@@ -362,7 +361,7 @@ def private_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = root / "config.json"
     config.write_text(json.dumps(raw))
     out = root / "out"
-    run_private(config, data, out, PrivateRunOptions(ledger=root / "ledger.jsonl", non_confidential=True))
+    run_private(config, data, out, ledger=root / "ledger.jsonl", non_confidential=True)
     shutil.rmtree(data)
     config.unlink()
     return out

@@ -176,11 +176,9 @@ def test_validate_and_private_show_the_input_files_read(tmp_path: Path) -> None:
 
 def test_verbose_shows_log_events(tmp_path: Path) -> None:
     private = tmp_path / "out"
-    from phsafe.engine import PrivateRunOptions
-    from phsafe.sequence import run_private
+    from phsafe import run_private
 
-    run_private(DEMO_US / "config.json", DEMO_US, private,
-                PrivateRunOptions(ledger=tmp_path / "ledger.jsonl", non_confidential=True))
+    run_private(DEMO_US / "config.json", DEMO_US, private, ledger=tmp_path / "ledger.jsonl", non_confidential=True)
     quiet_log = _invoke("postprocess", private, "--dest", tmp_path / "pp1", "--draws", "20")
     loud = _invoke("-v", "postprocess", private, "--dest", tmp_path / "pp2", "--draws", "20")
     assert quiet_log.exit_code == loud.exit_code == 0

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from phsafe import memory
+from phsafe import memory, sizes
 from phsafe.errors import PHSafeError
 from phsafe.preprocess import AsideMafids, Joiner, geo_side
 from phsafe.reader import NULL, OK, Encoded
@@ -26,18 +26,18 @@ GIB = 1 << 30
     ("1T", 1 << 40), ("4096", 4096), (" 2 k ", 2048),
 ])
 def test_parse_size(text: str, size: int) -> None:
-    assert memory.parse_size(text) == size
+    assert sizes.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "G", "-1G", "0", "8Q", "eight", "1e9"])
 def test_parse_size_refuses(text: str) -> None:
     with pytest.raises(ValueError):
-        memory.parse_size(text)
+        sizes.parse_size(text)
 
 
 def test_default_limit_is_half_the_machine_and_said_in_the_help() -> None:
     assert memory.default_memory_limit() == memory.machine_memory() // 2
-    assert memory.format_size(memory.default_memory_limit()) in memory.memory_limit_help()
+    assert sizes.format_size(memory.default_memory_limit()) in memory.memory_limit_help()
 
 
 def test_plan_keeps_what_fits_in_memory_and_cuts_the_rest() -> None:
