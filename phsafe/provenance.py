@@ -202,7 +202,10 @@ def code_version() -> str:
         _said = True
         from phsafe.logs import get_logger
 
-        get_logger("phsafe.provenance").warning(found.note, code_version=found.code_version)
+        # An unknown commit is a warning (the operator's console gets it); code that differs from
+        # a known commit is in the version itself (".dirty"), and the note goes to the log.
+        say = get_logger("phsafe.provenance").warning if found.commit is None else get_logger("phsafe.provenance").info
+        say(found.note, code_version=found.code_version)
     return found.code_version
 
 
