@@ -5,10 +5,10 @@ Retry of the stopped flow run spends.
 Each case runs a dataset deployment on a ledger of its own, with a worker started the way the
 case says, and stops it while the run is measuring. To stop it *at* a spend, whatever the
 machine's speed, the test holds the ledger's lock (as an append does) once some spends are
-recorded: every measurement thread then waits at its next append, the signal is sent, and the
-lock is released only once the flow run's process has said "stop requested" in its confidential
-log -- so the stop request certainly precedes every later append, and "no INTENT after the
-request" is exact: the INTENTs are counted under the lock.
+recorded (:func:`held_at_a_spend`): every measurement thread then waits at its next append, the
+signal is sent, and the lock is released only once the flow run's process has said "stop
+requested" in its confidential log -- so the stop request certainly precedes every later append,
+and "no INTENT after the request" is exact: the INTENTs are counted under the lock.
 
 * SIGTERM from the service unit: ``systemctl stop prefect-worker`` -- SIGTERM to the unit's main
   process (deployments/worker.py, KillMode=mixed).
@@ -77,11 +77,25 @@ def _uncommitted(ledger: Path) -> int:
 
 
 @contextlib.contextmanager
-def _ledger_lock(ledger: Path) -> Iterator[None]:
-    """The ledger's file lock, held by this process (every append of the run waits for it)."""
-    fd = os.open(f"{ledger}.lock", os.O_RDWR)
+def held_at_a_spend(ledger: Path, spends: int = 3, timeout: float = 600) -> Iterator[None]:
+    """The ledger's file lock, held by this process once the run has recorded at least
+    ``spends`` INTENTs, whatever the machine's speed: every append of the run waits for the lock,
+    and this process takes it back after each of the run's appends (a turnstile), so between two
+    of its holds the run appends at most once per thread waiting for the lock -- far fewer than
+    the 46 or 23 spends and commits a run has to make. Inside the block the run is stopped at
+    its next append; the lock is released when the block ends."""
+    fd = os.open(f"{ledger}.lock", os.O_RDWR)  # made by `ledger init`, never by this process
+    deadline = time.monotonic() + timeout
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        while _intents(ledger) < spends:
+            size = ledger.stat().st_size
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            while ledger.stat().st_size == size:  # let the run make one more append
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{ledger}: fewer than {spends} spends within {timeout} s")
+                time.sleep(0.01)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -177,8 +191,7 @@ def stop_mid_spend(stack: Stack, how: str, deployment: str, tmp_path: Path) -> t
         worker = stack.start_worker(log)
         main_pid = worker.pid
     run = _trigger(stack, deployment, ledger)
-    _wait(lambda: ledger.exists() and _intents(ledger) >= 3, f"{how}: three spends of {deployment}", 600)
-    with _ledger_lock(ledger):
+    with held_at_a_spend(ledger):
         case.intents_at_signal = _intents(ledger)
         clock = time.monotonic()
         if how == "SIGTERM from the service unit":
@@ -266,8 +279,7 @@ def _start_the_sigkill_case(stack: Stack, tmp_path: Path) -> tuple[StopCase, Any
     ledger = _new_ledger(stack, "pr-sigkill")
     worker = stack.start_worker(stack.folder / "worker-SIGKILL.log")
     run = _trigger(stack, case.deployment, ledger)
-    _wait(lambda: ledger.exists() and _intents(ledger) >= 3, "SIGKILL: three spends of sdhc-pr/pr", 600)
-    with _ledger_lock(ledger):
+    with held_at_a_spend(ledger):
         case.intents_at_signal = _intents(ledger)
         for pid in _unit_processes(worker.pid):
             with contextlib.suppress(ProcessLookupError):
