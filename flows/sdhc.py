@@ -265,7 +265,6 @@ def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
         except Exception as refused:  # noqa: BLE001 -- before the log file: one line, nothing else anywhere
             return _failed(refused)
         with logs.log_to(log_file), interrupt.stop_at_safe_points(on_request=_stop_requested):
-            check_deployed_version()
             return _run_dataset(label, given)
 
 
@@ -333,6 +332,7 @@ def _run_dataset(label: str, given: PrivateRunParameters) -> dict[str, Any] | St
     shown = f"nonconfidential-{label}" if given.non_confidential else label
     assert given.output_root is not None
     try:
+        check_deployed_version()
         interrupt.check()  # a stop requested before this run began (during the release's US run)
         root = given.output_root.absolute()
         root.mkdir(parents=True, exist_ok=True)  # the release area: each run publishes a folder in it
