@@ -20,6 +20,9 @@ never written anywhere):
   inputs, writing the tables from stored vectors).
 * The measurements of the nine tables run as concurrent tasks: each records its spend in the
   ledger before it draws, under the ledger's lock.
+* An unforeseen error inside a stage reaches Prefect (the task run's log and state message, in
+  the Prefect database) as :class:`UnexpectedError`: its type only -- its message may quote a
+  value of the confidential data. The error itself is raised again in the flow.
 * A stop request (SIGTERM or SIGINT to the flow run's process, :mod:`phsafe.interrupt`) ends a
   stage at its next safe point with :class:`phsafe.interrupt.RunInterrupted`, a
   ``KeyboardInterrupt`` that Prefect would record as a *crash* of the task. Inside a task it
@@ -54,6 +57,18 @@ _IO_RETRIES: dict[str, Any] = {"retries": 3, "retry_delay_seconds": exponential_
 _NO_RETRIES: dict[str, Any] = {"retries": 0}
 
 
+class UnexpectedError(Exception):
+    """An unforeseen error inside a stage, as Prefect sees it (the task run's log and state): its
+    type, never its message, which may quote a value of the confidential data. The error itself
+    travels with it, in memory, and is raised again in the flow, where the sequence handles it
+    and the confidential log file gets its frames."""
+
+    def __init__(self, original: Exception) -> None:
+        super().__init__(f"internal error: {type(original).__name__} (its frames are in the run's confidential log "
+                         "file)")
+        self.original = original
+
+
 class StoppedBySignal(PHSafeError):
     """A stop request inside a task (see the module docstring): an ordinary exception, so that
     the task run ends Failed, not Crashed."""
@@ -70,12 +85,21 @@ def _stops_as_failures(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except RunInterrupted as stop:
             raise StoppedBySignal(str(stop), stop.could_spend) from None
+        except PHSafeError:
+            raise  # our own refusals and failures: value-free by construction
+        except Exception as exc:  # noqa: BLE001 -- Prefect gets the type only; the flow gets the error
+            raise UnexpectedError(exc) from None
 
     return body
 
 
-def _as_stop(failure: StoppedBySignal) -> RunInterrupted:
-    return RunInterrupted(str(failure), could_spend=failure.could_spend)
+def _original(failure: Exception) -> BaseException:
+    """What a stage task's failure is for the sequence: the stop, or the error itself."""
+    if isinstance(failure, StoppedBySignal):
+        return RunInterrupted(str(failure), could_spend=failure.could_spend)
+    if isinstance(failure, UnexpectedError):
+        return failure.original
+    return failure
 
 
 class PrefectStages:
@@ -104,8 +128,8 @@ class PrefectStages:
             return fn(*args)
         try:
             return self.task_for(stage, fn)(*args)
-        except StoppedBySignal as stopped:
-            raise _as_stop(stopped) from None
+        except (StoppedBySignal, UnexpectedError) as failure:
+            raise _original(failure) from None
 
     def map(self, stage: Stage, fn: Callable[..., T], items: Sequence[str], *args: Any, total: int) -> list[T]:
         work = self.task_for(stage, fn)
@@ -113,5 +137,5 @@ class PrefectStages:
         wait(futures)  # every measurement in flight ends (committed) before a stop is acted on
         try:
             return [future.result() for future in futures]  # raises the first failure, once all ended
-        except StoppedBySignal as stopped:
-            raise _as_stop(stopped) from None
+        except (StoppedBySignal, UnexpectedError) as failure:
+            raise _original(failure) from None

@@ -671,3 +671,29 @@ def test_a_stop_during_the_us_run_of_a_release_does_not_start_puerto_rico(tmp_pa
     assert [e["kind"] for e in _ledger_entries(pr_ledger)] == ["LEDGER_INIT"]  # Puerto Rico untouched
     summary = next(a for a in _artifacts(_flow_run_id(state)) if a.key == "release-summary")
     assert "**failed**: not started: stopped by a signal (SIGTERM)" in summary.data
+
+
+def test_an_unforeseen_error_reaches_prefect_as_its_type_only(tmp_path, monkeypatch):
+    """A bug inside a stage whose message quotes a value: the flow run's state, its log lines and
+    its task runs' states in the Prefect database name the error's type, never the value."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.sdhc import us_flow
+    from phsafe import engine
+
+    def broken_check(run, config):  # noqa: ANN001
+        raise ValueError("unexpected MAFID 987654321012 in a row")
+
+    monkeypatch.setattr(engine, "check_outputs", broken_check)
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("internal error: ValueError (its frames are in the run's confidential log file)"), \
+        state.message
+    messages = _log_messages(_flow_run_id(state))
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[_flow_run_id(state)])))
+    texts = messages + [r.state.message or "" for r in task_runs if r.state is not None] + [state.message]
+    assert any("internal error: ValueError" in t for t in texts)
+    assert not [t for t in texts if "987654321012" in t], texts
