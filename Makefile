@@ -4,9 +4,12 @@ VENV := .venv
 UV_VERSION := 0.13.9
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-fast env clean bench chromium
+.PHONY: demo test test-fast env clean bench chromium provenance
 
-env: $(STAMP)
+# A service user must be able to run the venv's python: in production build it with the
+# system's (`make env PYTHON=/usr/bin/python3`), never one under a home folder others cannot
+# enter (pyenv's under /root); `make env` says so when the venv's python is out of their reach.
+env: $(STAMP) provenance
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -15,14 +18,20 @@ $(STAMP): pyproject.toml requirements.lock
 	$(VENV)/bin/uv pip install --quiet --python $(VENV)/bin/python --compile-bytecode --no-deps -e .
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The install stamp: which commit this is and whether the tracked code differs from it, written
+# into the package (phsafe/_stamp.json) for runs to record -- every time, as the checkout's
+# owner, since a checkout moves on without the dependencies changing (phsafe/provenance.py).
+provenance: $(STAMP)
+	@$(VENV)/bin/python -m phsafe.provenance stamp
+
+demo: env
 	$(VENV)/bin/python demo/run_demo.py
 
-test: $(STAMP) chromium
+test: env chromium
 	$(VENV)/bin/python -m pytest -n 2 --durations=15
 
 # The unit lane alone: no subprocess, no server, no command run end to end (under 2 minutes).
-test-fast: $(STAMP)
+test-fast: env
 	$(VENV)/bin/python -m pytest -n 2 tests/unit
 
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
@@ -33,7 +42,7 @@ chromium:
 	    apt-get install -y -q chromium >/dev/null 2>&1 || \
 	    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null; }; } ; } || true
 
-bench: $(STAMP)
+bench: env
 	$(VENV)/bin/python benchmarks/bench_private.py --persons 1000000
 
 clean:

@@ -1,6 +1,6 @@
 """The deploy step of phsafe: per-host settings, work pool, deployments and alerts, idempotently.
 
-Run from any directory, with the environment of /etc/phsafe loaded (README, "Deploy")::
+Run from any directory, with the environment of /etc/phsafe loaded (docs/operations.md, "Deploy")::
 
     set -a; . /etc/phsafe/prefect.env; . /etc/phsafe/alerts.env; set +a
     .venv/bin/python deployments/deploy.py --set us_config=/srv/sdhc/us/config.json ...   # first time
@@ -22,8 +22,13 @@ refused is checked before ``prefect deploy`` runs:
 4. **Alert block**: the Custom Webhook block ``phsafe-alerts`` saved (overwritten) from the URL,
    or the named block looked up; the automations of ``deployments/automations.yaml`` filled in
    and validated.
-5. **Deployments**: ``prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml``
-   from the repository root, which stays untouched (a release's code_version is the commit's).
+5. **Code version**: the commit the install stamp of ``make env`` names (``phsafe/provenance.py``),
+   checked against the files; code whose commit is unknown, or that differs from its commit, is
+   refused unless ``--allow-dirty`` (then runs record it as ``.dirty`` or ``+unknown``).
+   **Deployments**: ``prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml``
+   from the repository root, which stays untouched, with the code version as the deployments'
+   ``version`` (``PHSAFE_CODE_VERSION``); each flow run compares it with the code it runs, and
+   says so if they differ.
 6. **Automations** created, or updated where they differ, by name; automations named
    ``phsafe: ...`` that the file no longer has are deleted.
 
@@ -208,11 +213,21 @@ def automations_from_file(path: Path, values: dict[str, Any]) -> list[dict[str, 
 # --------------------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
+def _checkout_files() -> dict[str, tuple[int, int]]:
+    """Every file of the checkout (but .git and the venv) with its size and modification time:
+    what ``prefect deploy`` must leave as it found it. Read without git, which the services'
+    user may not be allowed to run on a checkout root owns."""
+    found: dict[str, tuple[int, int]] = {}
+    for folder, subfolders, files in os.walk(REPO):
+        subfolders[:] = [d for d in subfolders if d not in (".git", ".venv", "__pycache__")]
+        for name in files:
+            path = Path(folder) / name
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            found[str(path.relative_to(REPO))] = (st.st_size, st.st_mtime_ns)
+    return found
 
 
 async def settings_step(client: Any, assignments: dict[str, str], demo: bool) -> dict[str, str]:
@@ -261,10 +276,27 @@ async def work_pool_step(client: Any) -> str:
     return f"work pool {WORK_POOL} (process) already there"
 
 
-def deployments_step() -> str:
+def code_step(allow_dirty: bool) -> str:
+    """The code version runs will record, from the install stamp; refused when it is unknown or
+    not a clean commit, unless ``allow_dirty``."""
+    from phsafe.provenance import provenance
+
+    found = provenance()
+    if found.commit is None or not found.clean:
+        why = found.note or f"the code is {found.code_version}"
+        if not allow_dirty:
+            raise Refused(f"{why}. Deploy a clean checkout of a commit, stamped by `make env` as its owner "
+                          f"(git checkout <tag> && make env), or give --allow-dirty to deploy it anyway as "
+                          f"{found.code_version}")
+        say(f"warning (--allow-dirty): {why}")
+    return found.code_version
+
+
+def deployments_step(version: str) -> str:
     prefect = Path(sys.executable).parent / "prefect"
     args = [str(prefect), "--no-prompt", "deploy", "--all", "--prefect-file", str(PREFECT_FILE)]
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PHSAFE_CODE_VERSION=version))  # prefect.yaml's `version:`
     if done.returncode != 0:
         tail = " | ".join(line.strip() for line in (done.stdout + done.stderr).splitlines()[-8:] if line.strip())
         raise Refused(f"`prefect deploy` failed: {tail}")
@@ -370,7 +402,7 @@ def _comparable(automation: Any) -> dict[str, Any]:
     return dumped
 
 
-async def deploy(assignments: list[str], demo: bool) -> None:
+async def deploy(assignments: list[str], demo: bool, allow_dirty: bool = False) -> None:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL
 
@@ -380,6 +412,7 @@ async def deploy(assignments: list[str], demo: bool) -> None:
     alerts = AlertSettings.from_environment(dict(os.environ), demo=demo)
     names = setting_names()
     values = parse_assignments(assignments, names)
+    version = code_step(allow_dirty)
     total = time.perf_counter()
     async with get_client() as client:
         clock = time.perf_counter()
@@ -399,16 +432,11 @@ async def deploy(assignments: list[str], demo: bool) -> None:
             wanted = wanted_automations(block_id, alerts)
             alert_seconds = time.perf_counter() - clock
 
-        from phsafe.engine import code_version
-
-        before = _git("status", "--porcelain")
-        if _git("status", "--porcelain", "--untracked-files=no").strip():
-            say("warning: the checkout has uncommitted changes to tracked files; runs will record the code "
-                f"version {code_version()} -- deploy a clean commit for production")
+        before = _checkout_files()
         clock = time.perf_counter()
-        say(f"{deployments_step()} ({time.perf_counter() - clock:.1f} s)")
-        if _git("status", "--porcelain") != before:
-            say("warning: `prefect deploy` changed files in the checkout: see `git status`")
+        say(f"{deployments_step(version)} ({time.perf_counter() - clock:.1f} s)")
+        if _checkout_files() != before:
+            say("warning: `prefect deploy` changed files in the checkout")
 
         if alerts is None:
             say("alerts: none (--demo without PHSAFE_ALERT_WEBHOOK_URL): no one is notified of a failed run")
@@ -416,7 +444,7 @@ async def deploy(assignments: list[str], demo: bool) -> None:
             clock = time.perf_counter()
             summary = await automations_step(client, wanted, alerts)
             say(f"{summary}, through {block} ({alert_seconds + time.perf_counter() - clock:.1f} s)")
-    say(f"done in {time.perf_counter() - total:.1f} s; runs will record code version {code_version()}")
+    say(f"done in {time.perf_counter() - total:.1f} s; runs will record code version {version}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,9 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--demo", action="store_true",
                         help="Fill unset settings with the bundled demo's values (a first look, the tests); "
                              "alerts are then optional.")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="Deploy code whose commit is unknown or that differs from its commit (runs record "
+                             "it as +unknown or .dirty); refused without this.")
     args = parser.parse_args(argv)
     try:
-        asyncio.run(deploy(args.assignments, args.demo))
+        asyncio.run(deploy(args.assignments, args.demo, args.allow_dirty))
     except Refused as refusal:
         print(f"deploy: refused: {refusal}", file=sys.stderr)
         return 1

@@ -5,13 +5,18 @@ The library logs with structlog only. Each event goes
 * to the JSON-lines log file, whole: every field, with the run id, the flow run id, and the
   table and population-group level bound as context (for machines and for the auditors);
 * to the Prefect run log of the flow or task it happened in, as one short readable line for
-  the operator in the UI -- the event, then its key fields in a fixed order (stage, table,
-  level, status, seconds, ...), rendered by structlog's console renderer without colours:
+  the operator in the UI -- the event, then its public fields in a fixed order (stage, table,
+  level, status, ...), rendered by structlog's console renderer without colours:
   ``measurement: table=PH1_num level=state_A-G status=drawn cells=70``. Fields that the flow
   run page shows already (run ids, dataset, time, severity) are left out there, and budgets
   read as decimals (``total=1.257281``, not ``1257281/1000000``).
 
-Events hold stage names, timings, paths and sizes of public domains, never microdata.
+The Prefect database is outside the enclave. Timings, memory figures and sizes of a run's stages
+are functions of the confidential records (the input pass takes longer and needs more memory for
+more records), so only the fields of :data:`PUBLIC_FIELDS` -- names, outcomes, budgets, sizes of
+public domains, paths -- reach the Prefect run log; every other field (``seconds``,
+``peak_rss_mib``, bytes, rows, rates, partitions) stays in the confidential JSON-lines file.
+A field is public because it is listed here, never because nobody thought of it.
 """
 
 from __future__ import annotations
@@ -34,10 +39,24 @@ _lock = threading.Lock()
 _configured = False
 _to_run_log: contextvars.ContextVar[bool] = contextvars.ContextVar("phsafe_events_to_run_log", default=True)
 
-# The key fields first, in this order; any other field follows in alphabetical order.
-KEY_FIELDS = ("stage", "table", "level", "status", "seconds", "cells", "partition", "measurements", "total")
-# Shown by the flow run page already (or the file's business): not repeated on every line.
-_CONTEXT_FIELDS = {"timestamp", "log_level", "run_id", "flow_run_id", "dataset", "exception", "exc_info", "stack"}
+# The key fields first, in this order; any other public field follows in alphabetical order.
+KEY_FIELDS = ("stage", "table", "level", "status", "cells", "measurements", "total")
+PUBLIC_FIELDS = frozenset({
+    *KEY_FIELDS,
+    "measurement",  # TABLE/level: names of the plan
+    "signal",  # the signal that asked a run to stop
+    "attempt", "reusable", "files",  # counts of the plan's measurements and of the release's files
+    "privacy_defn", "resume", "already_published", "unit",
+    "output", "config", "data", "ledger", "destination", "rehearsal",  # paths and names the operator gave
+    "run_charge", "dataset_spent", "lifetime_cap", "left", "total_budget", "attempt_spend",  # budgets
+    "checkpoint_size", "checkpoint_head", "checkpoint_signed",  # the public ledger checkpoint
+    "error_type", "frames",  # a defect's type and code locations (never its message)
+    "code_version",
+    "folders", "outputs", "work_folder", "validation_reports", "checkpoint",  # paths
+})
+"""Fields that may reach the Prefect run log: public by construction. Anything else -- timings,
+memory figures, sizes and counts of the input pass -- stays in the confidential log file."""
+
 # Privacy-loss amounts: exact fractions in the file, decimals for people.
 BUDGET_FIELDS = {"total", "budget", "rho", "epsilon", "lifetime_cap", "planned_total", "charge"}
 
@@ -50,7 +69,7 @@ _FIELDS.columns = [c for c in _FIELDS.columns if c.key == ""]
 
 def run_log_message(event: dict[str, Any]) -> str:
     """One readable line for the Prefect run log: ``<event>: key=value ...``."""
-    fields = {k: v for k, v in event.items() if k not in _CONTEXT_FIELDS and k != "event"}
+    fields = {k: v for k, v in event.items() if k in PUBLIC_FIELDS}
     if "table" in fields and "level" in fields:
         fields.pop("measurement", None)  # "PH1_num/state_*" says table and level again
     for key in BUDGET_FIELDS & fields.keys():
@@ -88,18 +107,28 @@ def _to_prefect_run_log(level: str, event: dict[str, Any]) -> None:
 
 
 class RefusalsWithoutTraceback(logging.Filter):
-    """Prefect logs a failed task's exception with its traceback. A refusal of ours (bad input, a
-    budget refused, a release already made) is not a bug: the task run's log gets one line, and
-    the flow run's state message says the rest once."""
+    """Prefect logs a failed task's exception with its traceback, and the Failed state a flow
+    returns again with the engine's own. A refusal of ours (bad input, a budget refused, a release
+    already made, a stop) is not a bug: the task run's log gets one line, and the flow run's state
+    message says the rest once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import FailedRun
+
         from phsafe.errors import PHSafeError
 
         exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, FailedRun):
+            # Prefect's engine raising again the Failed state a flow returned ("Engine execution
+            # exited with unexpected exception" and its own frames): the flow run's state and its
+            # one error line say it already.
+            return False
         if isinstance(exc, PHSafeError):
             first = (str(exc).splitlines() or [""])[0]
-            record.msg = "refused (%s): %s -- the flow run's message says what to do"
-            record.args = (type(exc).__name__, first[:200])
+            stopped = type(exc).__name__ == "StoppedBySignal"
+            record.msg = "%s: %s -- the flow run's message says what to do" if stopped else \
+                "refused (%s): %s -- the flow run's message says what to do"
+            record.args = ("stopped", first[:200]) if stopped else (type(exc).__name__, first[:200])
             record.exc_info = None
             record.exc_text = None
         return True

@@ -35,6 +35,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 from pydantic import Field
 
+from flows._ended import END_HOOKS
 from flows._logging import configure_once, events_to_file_only
 from flows.sdhc import PositiveCount, flow_run_name, pr_flow, run_id_for, us_flow
 from phsafe.errors import PHSafeError
@@ -66,7 +67,8 @@ def _prune(work_root: Path, keep: int, current: Path) -> list[str]:
     return [p.name for p in doomed]
 
 
-@flow(name="sdhc-rehearsal", flow_run_name=flow_run_name("rehearsal"), retries=0, validate_parameters=True)
+@flow(name="sdhc-rehearsal", flow_run_name=flow_run_name("rehearsal"), retries=0, validate_parameters=True,
+      **END_HOOKS)
 def rehearsal_flow(
     us_config: str,
     pr_config: str,

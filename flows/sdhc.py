@@ -32,6 +32,21 @@ A refusal ends the flow run Failed with one message -- what is wrong, and either
 privacy-loss budget was spent." or how many spends the ledger records and that a Retry resumes
 the run -- with no traceback (a refusal is not a bug) and nothing persisted: the flows return
 their final state instead of raising (Prefect writes a raised exception to result storage).
+What a flow run needs before its first log line -- the ledger it names, and the confidential
+log file beside it (or ``log_file``) -- is checked first, so that even a mistyped ledger path
+ends in that one message.
+
+**Stopping.** SIGTERM or SIGINT to the flow run's process (the worker stopped by systemd or from
+a shell, a host shutting down) stops the run as ``phsafe private`` stops: at once before it can
+spend; once it can, at the next safe point -- no INTENT after the request, a measurement whose
+spend is recorded drawn and committed first (:mod:`phsafe.interrupt`). The ledger records the
+run failed, "stopped by a signal"; the flow run ends Failed saying so, and a Retry resumes it
+with every committed measurement reused. The release does not start Puerto Rico once a stop was
+requested during the US run.
+
+Nothing computed from the confidential records goes to Prefect: the run logs there carry stage
+names and outcomes, budgets and public domain sizes (:mod:`flows._logging`); timings, memory and
+sizes stay in the confidential log file.
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ import contextvars
 import inspect
 import textwrap
 from datetime import datetime, timezone
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,11 +65,12 @@ from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
+from flows._ended import END_HOOKS
 from flows._logging import configure_once
-from phsafe import engine, logs
+from phsafe import engine, interrupt, logs
 from phsafe.config import PHSafeConfig
 from phsafe.errors import ConfigError, PHSafeError, cause_in_words
-from phsafe.ledger import Orchestration
+from phsafe.ledger import Orchestration, check_ledger_file
 from phsafe.parameters import (
     PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, front_end, on_flows,
 )
@@ -116,7 +133,7 @@ def _check_dataset(label: str, config: PHSafeConfig, config_path: Path) -> None:
 
 def failure_message(exc: BaseException) -> str:
     """The flow run's state message for a failure: the reason, then what the ledger holds."""
-    if isinstance(exc, PHSafeError):
+    if isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
         text = str(exc)
     elif isinstance(exc, OSError):
         where = f" on {Path(exc.filename).name}" if getattr(exc, "filename", None) else ""
@@ -126,8 +143,8 @@ def failure_message(exc: BaseException) -> str:
     status = getattr(exc, "spend_status", None)
     if status is None or not status.spent:
         return f"{text}\nNo privacy-loss budget was spent."
-    if isinstance(exc, PHSafeError):
-        return text  # the engine added what the ledger records and how to resume
+    if isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
+        return text  # the sequence added what the ledger records and how to resume
     return f"{text}\n{getattr(exc, 'resume_hint', None) or 'the run spent budget: Retry this flow run to resume it'}"
 
 
@@ -179,11 +196,27 @@ def _summary(result: engine.RunResult, plan_total: Any = None) -> dict[str, Any]
     }
     if result.plan is not None:
         summary.update(total_budget=decimal_text(result.plan.total), privacy_defn=result.plan.privacy_defn.value)
+    summary["attempt_spend"] = decimal_text(_attempt_spend(result)) if not result.already_published else None
     if budget is not None:
         summary.update(unit=budget.unit, run_charge=decimal_text(budget.run_charge),
                        dataset_spent=decimal_text(budget.spent), lifetime_cap=decimal_text(budget.cap),
                        left=decimal_text(budget.left))
     return summary
+
+
+def _attempt_spend(result: engine.RunResult) -> Any:
+    """What this attempt spent: the budgets of the measurements it recorded a spend for (all of
+    them for a new run; only those drawn again for a resume; nothing for a retry of a run that
+    had published)."""
+    from phsafe.amounts import add_amounts
+
+    spent: Any = Fraction(0)
+    if result.plan is not None:
+        recorded = {o.key for o in result.outcomes if o.status in ("drawn", "noiseless")}
+        for m in result.plan.measurements:
+            if m.key in recorded:
+                spent = add_amounts(spent, m.budget)
+    return spent
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,42 +257,101 @@ def run_dataset(label: str, values: dict[str, Any]) -> dict[str, Any] | State:
         values: The flow run's parameters (see :data:`DATASET_PARAMETERS`).
     """
     configure_once(None)
+    known = _RELEASE_PARAMETERS.get() or _DATASET_PARAMETER_NAMES
+    with front_end("flow", known), structlog.contextvars.bound_contextvars(flow_run_id=str(flow_run.id),
+                                                                          dataset=label):
+        try:
+            given, log_file = _flow_preflight(values)
+        except Exception as refused:  # noqa: BLE001 -- before the log file: one line, nothing else anywhere
+            return _failed(refused)
+        with logs.log_to(log_file), interrupt.stop_at_safe_points(on_request=_stop_requested):
+            return _run_dataset(label, given)
+
+
+def check_deployed_version() -> None:
+    """Say so, in one line, when the code runs a version other than the one its deployment was
+    made with (the checkout changed after the deploy step); runs record the version they run."""
+    from prefect.runtime import deployment
+
+    from phsafe.provenance import code_version
+
+    try:
+        deployed = deployment.version
+    except Exception:  # noqa: BLE001 -- no deployment (a subflow, a flow called directly): nothing to compare
+        return
+    running = code_version()
+    if deployed and deployed != running:
+        log.warning(f"this code is {running}, not the {deployed} the deployment was made with: the checkout changed "
+                    "after the deploy step; runs record what runs -- re-run the deploy step")
+
+
+def _flow_preflight(values: dict[str, Any]) -> tuple[PrivateRunParameters, Path]:
+    """What the flow run needs before it writes anything: the ledger it names (a confidential
+    run's is never created here) and a writable confidential log file (``log_file``, or
+    ``phsafe-log.jsonl`` beside the ledger) -- in that order, so that a mistyped ledger path is
+    refused as such, not as a log file that cannot be created at the root of the disk.
+
+    Raises:
+        PHSafeError: One line; nothing was written.
+    """
     given = PrivateRunParameters.from_flow(values)
     assert given.ledger is not None and given.output_root is not None  # required flow parameters
     ledger_path = given.ledger.absolute()
     given = given.model_copy(update={"ledger": ledger_path})
-    known = _RELEASE_PARAMETERS.get() or _DATASET_PARAMETER_NAMES
-    log_file = given.log_file or ledger_path.parent / "phsafe-log.jsonl"
-    with front_end("flow", known), logs.log_to(log_file), \
-            structlog.contextvars.bound_contextvars(flow_run_id=str(flow_run.id), dataset=label):
-        # Artifacts of runs on non-confidential (synthetic) data get keys of their own, so the
-        # versions of `us-budget-spends` in the UI are those of runs on the real inputs only.
-        shown = f"nonconfidential-{label}" if given.non_confidential else label
-        try:
-            root = given.output_root.absolute()
-            root.mkdir(parents=True, exist_ok=True)  # the release area: each run publishes a folder in it
-            counter: Any = LocalCounter()
-            if given.counting == "dask":
-                from flows.counting import DaskCounter
+    if not given.non_confidential:  # a non-confidential run may get a throwaway ledger in preflight
+        check_ledger_file(ledger_path)
+    log_file = (given.log_file or ledger_path.parent / logs.LOG_FILE_NAME).absolute()
+    try:
+        logs.check_log_file(log_file, "the confidential log file")
+    except PHSafeError as refused:
+        raise PHSafeError(f"{refused} (the flow parameter log_file names another)") from None
+    return given, log_file
 
-                counter = DaskCounter(given.dask_address, given.dask_workers, given.partition_persons)
-            result = run_release(given.model_copy(update={"output_root": root}), runner=PrefectStages(),
-                                 hooks=_Shown(label, shown), orchestration=_orchestration(),
-                                 counter=counter, new_run_id=run_id_for(label))
-        except Exception as exc:  # noqa: BLE001 -- the state says why; a bug's frames go to the log file
-            if not isinstance(exc, PHSafeError):
-                from phsafe.logs import crash_frames
 
-                log.error("flow run failed", error_type=type(exc).__name__, frames=crash_frames(exc))
-            message = failure_message(exc)
-            get_run_logger().error(message.splitlines()[0])
-            return Failed(message=message)
-        summary = _summary(result)
-        if result.already_published:
-            get_run_logger().info(f"run {result.run_id} already published its release to {result.output_dir}; "
-                                  "nothing to do (a retry of a completed run)")
-        log.info("run published", **{k: v for k, v in summary.items() if k != "measurements"})
-        return summary
+def _stop_requested(signal_name: str) -> None:
+    """Said once in the run's logs (the flow run's and the confidential file) when a stop is asked."""
+    log.warning("stop requested by a signal: the run stops at its next safe point, no new spend starts",
+                signal=signal_name)
+
+
+def _failed(exc: BaseException) -> State:
+    """The flow run's end on a failure: one line in its log, the whole message in its state."""
+    if not isinstance(exc, (PHSafeError, interrupt.RunInterrupted)):
+        from phsafe.logs import crash_frames
+
+        log.error("flow run failed", error_type=type(exc).__name__, frames=crash_frames(exc))
+    message = failure_message(exc)
+    get_run_logger().error(message.splitlines()[0])
+    return Failed(message=message)
+
+
+def _run_dataset(label: str, given: PrivateRunParameters) -> dict[str, Any] | State:
+    """The release sequence of one dataset, with the flow's log file and stop handling in place."""
+    # Artifacts of runs on non-confidential (synthetic) data get keys of their own, so the
+    # versions of `us-budget-spends` in the UI are those of runs on the real inputs only.
+    shown = f"nonconfidential-{label}" if given.non_confidential else label
+    assert given.output_root is not None
+    try:
+        check_deployed_version()
+        interrupt.check()  # a stop requested before this run began (during the release's US run)
+        root = given.output_root.absolute()
+        root.mkdir(parents=True, exist_ok=True)  # the release area: each run publishes a folder in it
+        counter: Any = LocalCounter()
+        if given.counting == "dask":
+            from flows.counting import DaskCounter
+
+            counter = DaskCounter(given.dask_address, given.dask_workers, given.partition_persons)
+        result = run_release(given.model_copy(update={"output_root": root}), runner=PrefectStages(),
+                             hooks=_Shown(label, shown), orchestration=_orchestration(),
+                             counter=counter, new_run_id=run_id_for(label))
+    except (Exception, interrupt.RunInterrupted) as exc:  # noqa: BLE001 -- the state says why
+        return _failed(exc)
+    summary = _summary(result)
+    if result.already_published:
+        get_run_logger().info(f"run {result.run_id} already published its release to {result.output_dir}; "
+                              "nothing to do (a retry of a completed run)")
+    log.info("run published", **{k: v for k, v in summary.items() if k != "measurements"})
+    return summary
 
 
 def _dataset_flow(label: str, summary: str) -> Flow:
@@ -273,7 +365,7 @@ def _dataset_flow(label: str, summary: str) -> Flow:
         DATASET_PARAMETERS, return_annotation=dict[str, Any] | State)
     dataset_flow.__doc__ = f"{summary}\n\n{_args_doc(DATASET_PARAMETERS, _description)}"
     return flow(name=f"sdhc-{label}", flow_run_name=flow_run_name(label), retries=0, validate_parameters=True,
-                persist_result=False)(dataset_flow)
+                persist_result=False, **END_HOOKS)(dataset_flow)
 
 
 us_flow = _dataset_flow("us", "S-DHC for the 50 states and DC: Nation and State levels.")
@@ -305,40 +397,56 @@ def release_flow(**parameters: Any) -> dict[str, Any] | State:
     run resumes what its subflows started (and does nothing for a dataset already published).
     """
     logger = get_run_logger()
+    configure_once(None)
+    check_deployed_version()
     shared = {name: value for name, value in parameters.items() if not name.startswith(("us_", "pr_"))}
     shared["output_root"] = str(Path(shared["output_root"]).absolute())
     token = _RELEASE_PARAMETERS.set(_RELEASE_PARAMETER_NAMES)
+    messages: dict[str, str] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
     try:
-        states = {
-            label: dataset_flow(**{name: parameters[f"{label}_{name}"] for name in _PER_DATASET},
-                                return_state=True, **shared)
-            for label, dataset_flow in (("us", us_flow), ("pr", pr_flow))
-        }
+        # A stop requested during the US run stops it at a safe point (its subflow's block) and
+        # Puerto Rico is then not started; a request here, between the two, is only recorded.
+        with interrupt.stop_at_safe_points(at_once=False):
+            for label, dataset_flow in (("us", us_flow), ("pr", pr_flow)):
+                stopped = interrupt.requested()
+                if stopped is not None:
+                    messages[label] = (f"not started: {interrupt.STOPPED_BY_A_SIGNAL} ({stopped}) during the "
+                                       "release; Retry the release to run it\nNo privacy-loss budget was spent.")
+                    outcomes[label] = {"failed": messages[label].splitlines()[0]}
+                    logger.error(f"{label}: {messages[label].splitlines()[0]}")
+                    continue
+                state = dataset_flow(**{name: parameters[f"{label}_{name}"] for name in _PER_DATASET},
+                                     return_state=True, **shared)
+                if state.is_completed():
+                    outcomes[label] = o = state.result()
+                    done = "was already published at" if o["already_published"] else "published to"
+                    logger.info(f"{label}: run {o['run_id']} {done} {o['outputs']}; {_attempt_text(o)}; dataset "
+                                f"{o['dataset']} has spent {o.get('dataset_spent')} of its cap "
+                                f"{o.get('lifetime_cap')} ({o.get('unit')}), {o.get('left')} left")
+                else:
+                    reason = (state.message or state.type.value.lower()).strip()
+                    messages[label] = reason
+                    outcomes[label] = {"failed": reason.splitlines()[0][:300]}
+                    logger.error(f"{label}: {state.type.value.lower()}: {reason.splitlines()[0][:300]}")
     finally:
         _RELEASE_PARAMETERS.reset(token)
-    outcomes: dict[str, dict[str, Any]] = {}
-    for label, state in states.items():
-        if state.is_completed():
-            outcomes[label] = state.result()
-            o = outcomes[label]
-            done = "was already published at" if o["already_published"] else "published to"
-            logger.info(f"{label}: run {o['run_id']} {done} {o['outputs']}; this run charged {o.get('run_charge')}, "
-                        f"dataset {o['dataset']} has spent {o.get('dataset_spent')} of its cap {o.get('lifetime_cap')} "
-                        f"({o.get('unit')}), {o.get('left')} left")
-        else:
-            reason = (state.message or state.type.value.lower()).strip()
-            outcomes[label] = {"failed": reason.splitlines()[0][:300]}
-            logger.error(f"{label}: {state.type.value.lower()}: {reason.splitlines()[0][:300]}")
     artifacts.release_summary(flow_run.name or "release", outcomes)
     failed = [label for label, o in outcomes.items() if "failed" in o]
     if failed:
-        return Failed(message="release incomplete -- " + "\n".join(
-            f"{label}: {states[label].message or states[label].type.value.lower()}" for label in failed))
+        return Failed(message="release incomplete -- " + "\n".join(f"{label}: {messages[label]}" for label in failed))
     return outcomes
+
+
+def _attempt_text(outcome: dict[str, Any]) -> str:
+    """``this attempt spent 1.257281 (the run's charge 1.257281)`` or ``nothing spent by this attempt ...``."""
+    spent = artifacts.attempt_spend_text(outcome)
+    prefix = spent if spent.startswith("nothing") else f"this attempt spent {spent}"
+    return f"{prefix} (the run's charge {outcome.get('run_charge')})"
 
 
 release_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     RELEASE_PARAMETERS, return_annotation=dict[str, Any] | State)
 release_flow.__doc__ = f"{inspect.getdoc(release_flow)}\n\n{_args_doc(RELEASE_PARAMETERS, _release_description)}"
 release_flow = flow(name="sdhc-release", flow_run_name=flow_run_name("release"), retries=0,  # type: ignore[assignment]
-                    validate_parameters=True, persist_result=False)(release_flow)
+                    validate_parameters=True, persist_result=False, **END_HOOKS)(release_flow)

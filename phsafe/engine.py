@@ -273,7 +273,9 @@ def recorder_for(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt):
     """A spend recorder for this attempt of the run (each caller gets its own ledger handle)."""
     from phsafe.ledger import RunRecorder
 
-    return RunRecorder(open_ledger(run.ledger), run.run_id, plan, attempt=attempt.attempt)
+    # A stop request is checked under the ledger's lock right before each INTENT: none follows it.
+    return RunRecorder(open_ledger(run.ledger), run.run_id, plan, attempt=attempt.attempt,
+                       before_spend=interrupt.check)
 
 
 def measure_table(

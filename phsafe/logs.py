@@ -1,7 +1,10 @@
 """Logging with structlog: JSON lines to the log file, readable lines on the console.
 
 Log events describe stages, timings, files and digests -- never microdata and never a value of a
-record. Data-dependent statistics are not logged on the private path either.
+record. The log file is confidential (it lies in the enclave, beside the ledger): timings, memory
+figures and sizes of a run's input pass are functions of the confidential records and go there
+only -- a front end that forwards events outside the enclave (the flows' Prefect run log) keeps
+the public fields only (``flows/_logging.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +30,14 @@ def _add_log_level(logger: Any, method: str, event: dict[str, Any]) -> dict[str,
     return event
 
 
+LOG_FILE_NAME = "phsafe-log.jsonl"
+"""The confidential JSON-lines log of the runs on a ledger, beside it (the flows' default)."""
+
 _file_here: contextvars.ContextVar[TextIO | None] = contextvars.ContextVar("phsafe_log_file", default=None)
+_path_here: contextvars.ContextVar[Path | None] = contextvars.ContextVar("phsafe_log_path", default=None)
 _open_files: dict[Path, TextIO] = {}
 _open_files_lock = threading.Lock()
+_log_path: Path | None = None
 
 
 class _JsonFileTee:
@@ -56,16 +64,43 @@ def log_to(log_file: Path) -> Iterator[None]:
     instead of the process's log file: each dataset's log lies beside its own ledger, even when
     one process runs two datasets (the release flow's US and Puerto Rico subflows)."""
     path = Path(log_file).absolute()
+    stream = _open(path)
+    token, path_token = _file_here.set(stream), _path_here.set(path)
+    try:
+        yield
+    finally:
+        _file_here.reset(token)
+        _path_here.reset(path_token)
+
+
+def _open(path: Path) -> TextIO:
     with _open_files_lock:
         stream = _open_files.get(path)
         if stream is None or stream.closed:
             path.parent.mkdir(parents=True, exist_ok=True)
             stream = _open_files[path] = open(path, "a", encoding="utf-8")
-    token = _file_here.set(stream)
+        return stream
+
+
+def check_log_file(log_file: Path, what: str = "the log file") -> None:
+    """That ``log_file`` can be appended to (its folder is created if missing), or one line why not.
+
+    Raises:
+        PHSafeError: ``<what> <path> cannot be written: permission denied (EACCES)``.
+    """
+    from phsafe.errors import PHSafeError, os_reason
+
+    path = Path(log_file).absolute()
     try:
-        yield
-    finally:
-        _file_here.reset(token)
+        _open(path)
+    except OSError as exc:
+        raise PHSafeError(f"{what} {path} cannot be written: {os_reason(exc)}") from None
+
+
+def current_log_file() -> Path | None:
+    """The file this context's events go to (:func:`log_to`, else :func:`configure`'s), if any:
+    where a message can send the operator for figures it must not state itself."""
+    return _path_here.get() or _log_path
 
 
 class _Forward:
@@ -92,10 +127,11 @@ def configure(
     they go to the console (human-readable), to ``log_file`` as JSON lines if given, and to each
     of ``sinks`` as ``(level, event dict)``.
     """
-    global _log_stream
+    global _log_stream, _log_path
     if _log_stream is not None:
         _log_stream.close()
         _log_stream = None
+    _log_path = Path(log_file).absolute() if log_file is not None else None
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         _add_log_level,

@@ -227,11 +227,19 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
     Raises:
         PHSafeError: One line, nothing read, nothing spent.
     """
+    # The sizes are functions of the confidential records, and a refusal's message may leave the
+    # enclave (a flow run's state, an alert): they go to the confidential log, and the message says
+    # where -- or, with no log file (the command line without --log, whose console is the
+    # enclave's), what they are.
     if plan is None:
+        suggested = f"{math.ceil(needed / GIB * 10) / 10:g}G"
+        log_file = _log_figures("the inputs need more than the memory limit", needed_bytes=needed,
+                                suggested_limit=suggested)
+        figures = (f"the figures are in the enclave log at {log_file}" if log_file is not None
+                   else f"at least {format_size(needed)}")
         raise PHSafeError(
-            f"the inputs cannot be processed within the memory limit: they need at least "
-            f"{format_size(needed)} (give {option('memory_limit')} {math.ceil(needed / GIB * 10) / 10:g}G "
-            "or more, on a machine that has it)")
+            f"the inputs need more than the memory limit; {figures} (give {option('memory_limit')} more, on a "
+            "machine that has it)")
     if not plan.spills:
         return
     existing = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
@@ -247,11 +255,22 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
             f"(tmpfs): choose a work folder on disk ({option('work_dir')}), or raise {option('memory_limit')}")
     need = plan.spill_bytes + (1 << 30)
     if free < need:
+        log_file = _log_figures("the spill needs more than the work folder's free space", spill_bytes=need,
+                                free_bytes=free, memory_limit_bytes=plan.limit)
+        figures = (f"the figures are in the enclave log at {log_file}" if log_file is not None
+                   else f"{format_size(free)} free of the {format_size(need)} the spill needs")
         raise PHSafeError(
-            f"the inputs do not fit in the memory limit and are processed in MAFID ranges spilled to the "
-            f"work folder, whose file system has {format_size(free)} free of the {format_size(need)} the "
-            f"spill needs: free space, choose another work folder ({option('work_dir')}), or raise "
-            f"{option('memory_limit')}")
+            f"the inputs need more than the memory limit and are processed in MAFID ranges spilled to the "
+            f"work folder, whose file system has too little free space for the spill ({figures}): free space, "
+            f"choose another work folder ({option('work_dir')}), or raise {option('memory_limit')}")
+
+
+def _log_figures(event: str, **figures: object) -> Path | None:
+    """Log a refusal's figures (to the confidential log); that log's path, if events go to a file."""
+    from phsafe.logs import current_log_file, get_logger
+
+    get_logger("phsafe.memory").info(event, **figures)
+    return current_log_file()
 
 
 def _in_memory_file_system(path: Path) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import resource
-import subprocess
 import threading
 import time
 import uuid
@@ -22,10 +21,9 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
-import phsafe
 from phsafe.accounting import RunPlan
 from phsafe.config import ConfigFile, PHSafeConfig, check_budget_policy, read_config_file
-from phsafe.errors import LedgerError, PHSafeError
+from phsafe.errors import PHSafeError
 from phsafe.parameters import option
 from phsafe.logs import get_logger
 from phsafe.measurements import MeasurementStore
@@ -115,24 +113,11 @@ def new_run_id() -> str:
 
 
 def code_version() -> str:
-    """Package version and, in a git checkout, the commit (``+dirty`` if modified)."""
-    root = Path(phsafe.__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-        # --no-optional-locks: reading the version never writes the checkout's index (a run under
-        # a file-size limit, or killed, must not leave a stale index.lock behind).
-        dirty = subprocess.run(
-            ["git", "--no-optional-locks", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit, dirty = "", ""
-    version = phsafe.__version__
-    if commit:
-        version += f"+g{commit[:12]}" + (".dirty" if dirty else "")
-    return version
+    """Package version and commit (``.dirty`` if the code differs from it), from the install
+    stamp (:mod:`phsafe.provenance`): the services' user need not be able to run git."""
+    from phsafe.provenance import code_version as stamped
+
+    return stamped()
 
 
 def _peak_rss_mib() -> int:

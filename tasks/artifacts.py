@@ -3,8 +3,9 @@
 ``<dataset>-budget-spends`` (table; the dataset's spent / cap / left beside the plan),
 ``<dataset>-input-validation`` and ``<dataset>-output-validation`` (table of broken rules, or a
 note that every rule holds), ``<dataset>-output-manifest`` and ``<dataset>-ledger-checkpoint``
-(Markdown); the release run's ``release-summary`` (per dataset: where published, this run's
-spend, the dataset's lifetime spend, cap and what is left, the ledger checkpoint).
+(Markdown); the release run's ``release-summary`` (per dataset: where published, what this
+attempt spent -- "nothing spent by this attempt" on a Retry of a published release -- the run's
+charge, the dataset's lifetime spend, cap and what is left, the ledger checkpoint).
 
 Artifacts live in the Prefect database, outside the data's trust boundary: each holds public
 facts only -- budgets (as decimals), sensitivities, variances, MOEs, cell counts of public
@@ -57,22 +58,34 @@ def budget_spends(label: str, run_id: str, rows: list[dict[str, Any]], total: An
     )
 
 
+def attempt_spend_text(outcome: dict[str, Any]) -> str:
+    """What this attempt of a dataset run spent: ``1.257281``, or ``nothing spent by this attempt``
+    (a Retry of a run that had published, or a resume that reused every measurement)."""
+    spent = outcome.get("attempt_spend")
+    if outcome.get("already_published") or spent in (None, "0"):
+        return "nothing spent by this attempt"
+    return decimal_text(spent)
+
+
 def release_summary(run_name: str, outcomes: dict[str, dict[str, Any]]) -> None:
-    """The release run's summary: one row per dataset (published where, this run's spend, the
-    dataset's lifetime spend, cap and what is left, the ledger checkpoint), or why it failed."""
+    """The release run's summary: one row per dataset (published where, what this attempt spent,
+    the run's charge, the dataset's lifetime spend, cap and what is left, the ledger checkpoint),
+    or why it failed."""
     lines = [f"# Release `{run_name}`", "",
-             "| dataset | outcome | release | this run's spend | lifetime spent | cap | left | ledger checkpoint |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| dataset | outcome | release | spent by this attempt | the run's charge | lifetime spent | cap | left "
+             "| ledger checkpoint |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, o in outcomes.items():
         if o.get("failed"):
-            lines.append(f"| {label} | **failed**: {o['failed']} | - | - | - | - | - | - |")
+            lines.append(f"| {label} | **failed**: {o['failed']} | - | - | - | - | - | - | - |")
             continue
         outcome = "already published (nothing done)" if o.get("already_published") else (
             "published" + (f", attempt {o['attempt']}" if o.get("attempt", 1) > 1 else ""))
         checkpoint = (f"size {o['checkpoint_size']}, head `{o['checkpoint_head']}`"
                       + ("" if o.get("checkpoint_signed") else " (unsigned)")) if o.get("checkpoint_size") else "-"
         lines.append(f"| {label} (`{o['dataset']}`) | {outcome}: run `{o['run_id']}` | `{o['outputs']}` "
-                     f"| {decimal_text(o.get('run_charge', '-'))} | {decimal_text(o.get('dataset_spent', '-'))} "
+                     f"| {attempt_spend_text(o)} | {decimal_text(o.get('run_charge', '-'))} "
+                     f"| {decimal_text(o.get('dataset_spent', '-'))} "
                      f"| {decimal_text(o.get('lifetime_cap', '-'))} ({o.get('unit', '')}) "
                      f"| {decimal_text(o.get('left', '-'))} | {checkpoint} |")
     lines += ["", "Each dataset's spends, validation, manifest and checkpoint are in its subflow run's artifacts "

@@ -4,8 +4,10 @@ check of its releases, the accuracy experiment, its verdict.
 Thin wrappers over :mod:`phsafe.synthetic`, :mod:`phsafe.signing`, :mod:`phsafe.audit.verify`,
 :mod:`phsafe.accuracy` and :mod:`phsafe.rehearsal`.
 Everything here runs on synthetic data declared non-confidential; the rules of the production
-tasks hold all the same (DEVELOPERS.md): nothing cached or persisted, and the task that draws
-noise (the accuracy experiment, 2·K private runs) is never retried.
+tasks hold all the same: no task caches or persists its result (a cached result could replay
+noise, a persisted one would write data outside the enclave), and a task that draws noise (the
+accuracy experiment, 2·K private runs) is never retried by Prefect -- a retried draw would be a
+new spend.
 """
 
 from __future__ import annotations

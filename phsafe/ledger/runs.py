@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.amounts import Amount, add_amounts, format_exact
@@ -492,11 +492,15 @@ class RunRecorder:
     publish, finish or fail on behalf of the attempt that replaced it.
     """
 
-    def __init__(self, ledger: Ledger, run_id: str, plan: RunPlan, *, attempt: int = 1) -> None:
+    def __init__(self, ledger: Ledger, run_id: str, plan: RunPlan, *, attempt: int = 1,
+                 before_spend: Callable[[], None] | None = None) -> None:
+        """``before_spend`` is called under the ledger's lock right before an INTENT is appended;
+        raising refuses the spend (a stop request: no INTENT follows it)."""
         self._ledger = ledger
         self.run_id = run_id
         self.attempt = attempt
         self._plan = {m.key: m for m in plan.measurements}
+        self._before_spend = before_spend
 
     @property
     def ledger(self) -> Ledger:
@@ -535,6 +539,8 @@ class RunRecorder:
         with self._ledger.locked() as state:
             run = self._current(state)
             self._ledger.confirm()  # still the history the witnesses cosigned
+            if self._before_spend is not None:
+                self._before_spend()  # a stop request is acted on here, under the lock, before any INTENT
             rec = run.planned[key].record
             entry = self._ledger._append(state, [(
                 EntryKind.INTENT, self.run_id,

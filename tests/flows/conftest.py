@@ -2,11 +2,14 @@
 
 * ``prefect_server``: a temporary Prefect server on SQLite (``prefect_test_harness``), one per
   test process, for flows called in-process.
-* :func:`production_stack`: what the README's production section sets up, started for real --
-  a throwaway PostgreSQL cluster on a loopback port, ``prefect server start`` on it, the host's
-  ledgers and signing key (``phsafe ledger init``, ``phsafe keys generate``), the deploy step
-  (``deployments/deploy.py --set ...`` with the environment files of deployments/systemd), a
-  process worker -- and stopped again.
+* :func:`production_layout`: phsafe installed as docs/operations.md installs it -- a checkout
+  built by root with the system's python, a service user made with ``useradd`` -- in a folder
+  of its own.
+* :func:`production_stack`: what docs/operations.md then sets up, started for real in that
+  layout -- a throwaway PostgreSQL cluster on a loopback port, the server as its unit runs it
+  (the service user, the unit's environment files), the host's ledgers and signing key
+  (``runuser -u phsafe -- phsafe ...``), the deploy step as the service user, the worker as its
+  unit runs it -- and stopped again as the units stop.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from concurrent import futures as concurrent_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -78,40 +82,26 @@ def start(cmd: list[str], env: dict, log: Path, **kwargs: Any) -> subprocess.Pop
                             stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
 
 
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, *, group: bool = True, timeout: float = 90) -> None:
+    """``sig`` to the process's group (systemd's KillMode=control-group) or to it alone
+    (KillMode=mixed); SIGKILL to the group after ``timeout`` (TimeoutStopSec)."""
     if proc.poll() is None:
-        os.killpg(proc.pid, sig)
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
 def stop_worker(worker: subprocess.Popen, timeout: float = 90) -> None:
-    """Stop a Prefect worker as ``prefect-worker.service`` does: SIGKILL the worker (its graceful
-    stop would leave a flow run in progress "Running" for ever, and waits 30 s for a flow process
-    that is still exiting), then SIGTERM its flow runs' processes (in sessions of their own), which
-    end a run in progress Crashed; SIGKILL what is left after ``timeout`` (TimeoutStopSec)."""
-    if worker.poll() is not None:
-        return
-    tree, todo = [], [worker.pid]
-    while todo:  # the worker's descendants, before it dies and they are reparented
-        pid = todo.pop()
-        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        tree += [int(c) for c in children]
-        todo += [int(c) for c in children]
-    os.killpg(worker.pid, signal.SIGKILL)  # ExecStop=/bin/kill -s KILL $MAINPID
-    worker.wait()
-    for pid in tree:  # KillMode=control-group, KillSignal=SIGTERM
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(pid) for pid in tree):
-        time.sleep(0.2)
-    for pid in tree:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """Stop a worker as ``systemctl stop prefect-worker`` does: SIGTERM to its main process
+    (deployments/worker.py: KillMode=mixed), which stops the Prefect worker and then its flow
+    runs at their next safe point; SIGKILL to what is left after ``timeout`` (TimeoutStopSec)."""
+    stop(worker, group=False, timeout=timeout)
 
 
 def _alive(pid: int) -> bool:
@@ -221,38 +211,250 @@ def postgres_cluster(log_dir: Path) -> Iterator[PostgresCluster]:
 
 
 # --------------------------------------------------------------------------------------------
-# The production stack: server, work pool, deployments, worker
+# The production layout and stack: the operator's document (docs/operations.md), followed
 # --------------------------------------------------------------------------------------------
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The venv's python in production: Debian's, which every user can run (docs/operations.md)."""
+SERVICE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""systemd's PATH for services."""
+HEARTBEAT_TIMEOUT = 150
+"""Five missed heartbeats at prefect.env's PREFECT_FLOWS_HEARTBEAT_FREQUENCY=30: when the
+no-heartbeat automation marks a run whose process died Crashed."""
+TEST_OVERRIDES = {"PREFECT_WORKER_QUERY_SECONDS": "2"}
+"""Appended to the installed prefect.env: workers poll every 2 s instead of 10, to keep the test short."""
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=phsafe test", "-c",
+                           "user.email=test@phsafe.invalid", *args], capture_output=True, text=True, check=True).stdout
+
+
+def checkout_under_test(dest: Path) -> str:
+    """``git clone`` of this repository at its HEAD into ``dest`` -- with the working tree's
+    uncommitted changes committed on top there, so that the stack runs the code under test --
+    and the commit ``dest`` is at."""
+    head = _git(REPO, "rev-parse", "HEAD").strip()
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(REPO), str(dest)], check=True, capture_output=True)
+    _git(dest, "checkout", "-q", "--detach", head)
+    changed = [p for p in _git(REPO, "ls-files", "-z", "-m", "-o", "--exclude-standard").split("\0") if p]
+    deleted = [p for p in _git(REPO, "ls-files", "-z", "-d").split("\0") if p]
+    for path in changed:
+        if (REPO / path).is_file():
+            (dest / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / path, dest / path)
+    for path in deleted:
+        (dest / path).unlink(missing_ok=True)
+    if _git(dest, "status", "--porcelain"):
+        _git(dest, "add", "-A")
+        _git(dest, "commit", "-q", "-m", "the working tree under test")
+    return _git(dest, "rev-parse", "HEAD").strip()
+
+
+@dataclass
+class Layout:
+    """The production layout of docs/operations.md under one folder, for real: ``opt/phsafe``
+    (the checkout, built by root with ``make env PYTHON=/usr/bin/python3``), ``etc/phsafe`` (the
+    environment files), ``var/lib/phsafe`` (the service user's home, Prefect's home), and
+    ``srv/sdhc`` (the enclave and the releases) -- and a system user made with ``useradd`` that
+    runs every service and every command the document runs as ``phsafe``."""
+
+    root: Path
+    user: str
+    uid: int
+    gid: int
+    commit: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    make_output: str = ""
+
+    @property
+    def checkout(self) -> Path:
+        return self.root / "opt" / "phsafe"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc" / "phsafe"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "var" / "lib" / "phsafe"
+
+    @property
+    def srv(self) -> Path:
+        return self.root / "srv" / "sdhc"
+
+    @property
+    def enclave(self) -> Path:
+        return self.srv / "enclave"
+
+    def path(self, production: str) -> Path:
+        """Where a path of the document (``/opt/phsafe/.venv/bin/python``) is in this layout."""
+        for prefix, here in (("/opt/phsafe", self.checkout), ("/etc/phsafe", self.etc),
+                             ("/var/lib/phsafe", self.home), ("/srv/sdhc", self.srv)):
+            if production == prefix or production.startswith(prefix + "/"):
+                return here / production[len(prefix):].lstrip("/")
+        return Path(production)
+
+    def text(self, production: str) -> str:
+        """A text of the document with its paths mapped into this layout."""
+        for prefix in ("/opt/phsafe", "/etc/phsafe", "/var/lib/phsafe", "/srv/sdhc"):
+            production = production.replace(prefix, str(self.path(prefix)))
+        return production
+
+    @property
+    def as_user(self) -> dict[str, Any]:
+        """``subprocess`` arguments that run a command as the service user (systemd's ``User=``)."""
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+
+    def runuser(self, *argv: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        """``cd /opt/phsafe && runuser -u phsafe -- ARGV``, as the document writes its commands."""
+        return subprocess.run(["runuser", "-u", self.user, "--", *argv], cwd=self.checkout,
+                              env=env if env is not None else _without_prefect(dict(os.environ)),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def unit(self, name: str) -> tuple[list[str], dict[str, str], Path]:
+        """What systemd runs for ``deployments/systemd/NAME``: its ExecStart, its environment (the
+        service defaults, then each EnvironmentFile as installed in ``etc/phsafe``) and its
+        WorkingDirectory -- mapped into this layout."""
+        sections: dict[str, dict[str, list[str]]] = {}
+        current: dict[str, list[str]] = {}
+        for raw in (self.checkout / "deployments" / "systemd" / name).read_text().splitlines():
+            line = raw.strip()
+            if not line or line.startswith(("#", ";")):
+                continue
+            if line.startswith("["):
+                current = sections.setdefault(line.strip("[]"), {})
+                continue
+            key, _, value = line.partition("=")
+            current.setdefault(key.strip(), []).append(value.strip())
+        service = sections["Service"]
+        assert service["User"] == ["phsafe"] and service["Group"] == ["phsafe"], name
+        env = {"PATH": SERVICE_PATH, "LANG": "C.UTF-8", "HOME": str(self.home), "USER": self.user,
+               "LOGNAME": self.user, "SHELL": "/usr/sbin/nologin"}
+        for env_file in service.get("EnvironmentFile", []):
+            env.update(_env_file(self.path(env_file.lstrip("-"))))
+        for assignment in service.get("Environment", []):
+            for pair in shlex.split(assignment):
+                key, _, value = pair.partition("=")
+                env[key] = value
+        if service.get("PrivateTmp") == ["yes"]:  # a /tmp of its own: here, a TMPDIR of its own
+            private = self.root / "tmp" / name
+            private.mkdir(parents=True, exist_ok=True)
+            os.chown(private, self.uid, self.gid)
+            private.chmod(0o700)
+            env["TMPDIR"] = str(private)
+        argv = [str(self.path(word)) if word.startswith("/") else word for word in shlex.split(service["ExecStart"][0])]
+        return argv, env, self.path(service["WorkingDirectory"][0])
+
+    def start_unit(self, name: str, log: Path) -> subprocess.Popen:
+        """Start ``name`` as systemd would (as the service user, its own session: its main process)."""
+        argv, env, cwd = self.unit(name)
+        return start(argv, env, log, cwd=cwd, **self.as_user)
+
+
+@contextlib.contextmanager
+def production_layout(timings: dict[str, float] | None = None) -> Iterator[Layout]:
+    """Install phsafe as docs/operations.md says, on this host, under a folder of its own: the
+    checkout by root (a clone of the code under test; ``make env PYTHON=/usr/bin/python3``), a
+    system user (``useradd``), the enclave's and the releases' folders. Root only (useradd,
+    runuser); the user and the folder are removed at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("the production layout needs root (useradd, runuser), as its installation does")
+    timings = {} if timings is None else timings
+    root = Path(tempfile.mkdtemp(prefix="phsafe-layout-"))
+    root.chmod(0o755)  # the service user goes through it, as through /
+    user = f"phsafe-{secrets.token_hex(4)}"  # several sessions share this host: never `phsafe` itself
+    made_user = False
+    try:
+        layout = Layout(root, user, 0, 0, timings=timings)
+        (root / "opt").mkdir()
+        (root / "var" / "lib").mkdir(parents=True)
+        clock = time.perf_counter()
+        layout.commit = checkout_under_test(layout.checkout)
+        timings["git clone and checkout"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        built = subprocess.run(["make", "-C", str(layout.checkout), "env", f"PYTHON={SYSTEM_PYTHON}"],
+                               capture_output=True, text=True, timeout=1800,
+                               env=_without_prefect(dict(os.environ)))
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        timings["make env (the venv with the system's python, from the lock)"] = time.perf_counter() - clock
+        layout.make_output = built.stdout
+
+        clock = time.perf_counter()
+        subprocess.run(["useradd", "--system", "--home-dir", str(layout.home), "--create-home", "--shell",
+                        "/usr/sbin/nologin", "--user-group", user], check=True, capture_output=True, text=True)
+        made_user = True
+        account = pwd.getpwnam(user)
+        layout.uid, layout.gid = account.pw_uid, account.pw_gid
+        for folder, mode in ((layout.enclave, 0o700), (layout.enclave / "us", 0o700), (layout.enclave / "pr", 0o700),
+                             (layout.srv / "releases", 0o755), (layout.home / "rehearsals", 0o755)):
+            folder.mkdir(parents=True, exist_ok=True)  # install -d -o phsafe -g phsafe -m MODE
+            os.chown(folder, layout.uid, layout.gid)
+            folder.chmod(mode)
+        os.chown(layout.srv, 0, 0)
+        layout.srv.chmod(0o755)
+        # The production inputs, each dataset's with its config (the demo's records here).
+        for label in ("us", "pr"):
+            shutil.copytree(REPO / "demo" / "data" / label, layout.enclave / label / "inputs")
+            shutil.copy(REPO / "demo" / "data" / label / "config.json", layout.enclave / label / "config.json")
+            for path in (layout.enclave / label).rglob("*"):
+                os.chown(path, layout.uid, layout.gid)
+        timings["service user and folders (useradd, install -d)"] = time.perf_counter() - clock
+        yield layout
+    finally:
+        if made_user:
+            subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @dataclass
 class Stack:
     api: str
     env: dict[str, str]
+    """The services' environment (prefect.env as installed)."""
     folder: Path
+    """Where the test keeps its logs."""
     database: PostgresCluster
     settings: dict[str, str]
     """The per-host settings the deploy step was given (``us_ledger`` -> path, ...)."""
     deploy_output: str
     """What the deploy step printed."""
+    layout: Layout
     timings: dict[str, float] = field(default_factory=dict)
-
-    def prefect(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([str(PREFECT), *args], cwd=REPO, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)
+    worker: subprocess.Popen | None = None
+    """The worker the stack keeps running (stopped as its unit stops at the end)."""
 
     def deploy(self, *args: str) -> subprocess.CompletedProcess:
-        """The README's deploy step: load /etc/phsafe/prefect.env and alerts.env, run deploy.py."""
-        etc = self.folder / "etc-phsafe"
+        """The document's deploy step: as the service user, in the checkout, with /etc/phsafe's
+        prefect.env and alerts.env loaded, ``.venv/bin/python deployments/deploy.py ARGS``."""
+        etc = self.layout.etc
         script = (f"set -a; . {etc / 'prefect.env'}; . {etc / 'alerts.env'}; set +a\n"
-                  f"exec {sys.executable} deployments/deploy.py " + " ".join(shlex.quote(a) for a in args))
-        return subprocess.run(["bash", "-c", script], cwd=REPO, env=_without_prefect(self.env), capture_output=True,
-                              text=True, timeout=600)
+                  "exec .venv/bin/python deployments/deploy.py " + " ".join(shlex.quote(a) for a in args))
+        return self.layout.runuser("bash", "-c", script)
 
-    def start_worker(self, log: Path, *extra: str) -> subprocess.Popen:
-        """``prefect worker start --pool phsafe-process --type process`` as the worker unit runs it."""
-        return start([str(PREFECT), "worker", "start", "--pool", "phsafe-process", "--type", "process", *extra],
-                     self.env, log)
+    def start_worker(self, log: Path) -> subprocess.Popen:
+        """The worker as ``prefect-worker.service`` starts it (its main process: deployments/worker.py)."""
+        return self.layout.start_unit("prefect-worker.service", log)
+
+    def start_worker_from_a_shell(self, log: Path) -> tuple[subprocess.Popen, int]:
+        """The worker as an operator starts it from a shell, in the background (``... &``: a
+        non-interactive shell starts it with SIGINT ignored); the shell and the worker's pid."""
+        etc = self.layout.etc
+        pid_file = self.layout.home / f"{log.stem}.pid"  # where the service user may write
+        script = (f"set -a; . {etc / 'prefect.env'}; set +a\n"
+                  ".venv/bin/python deployments/worker.py --pool phsafe-process --type process --limit 1 &\n"
+                  f"echo $! > {pid_file}\nwait\n")
+        shell = subprocess.Popen(["runuser", "-u", self.layout.user, "--", "bash", "-c", script],
+                                 cwd=self.layout.checkout, env=_without_prefect(dict(os.environ)),
+                                 stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return shell, int(pid_file.read_text())
+
+    def phsafe(self, *args: str) -> subprocess.CompletedProcess:
+        """``runuser -u phsafe -- .venv/bin/phsafe ARGS`` in the checkout."""
+        return self.layout.runuser(".venv/bin/phsafe", *args)
 
     @property
     def ui(self) -> str:
@@ -269,102 +471,115 @@ def _without_prefect(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not k.startswith(("PREFECT_", "PHSAFE_")) and k != "DO_NOT_TRACK"}
 
 
-def _tree_state() -> str:
+def _tree_state(root: Path = REPO) -> str:
     """The checkout as git sees it: changed and untracked files, and the content of the changes."""
-    status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
-    diff = subprocess.run(["git", "-C", str(REPO), "diff", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
+    diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, text=True)
     return status.stdout + diff.stdout
+
+
+def _install_env(layout: Layout, name: str, mode: int, group: int, edits: dict[str, str]) -> None:
+    """``install -m MODE [-g phsafe] deployments/systemd/NAME /etc/phsafe/NAME``, then the host's
+    edits (the document's ``sed``: the database password; here also the ports, the folders of
+    this layout and the test's webhook)."""
+    target = layout.etc / name
+    lines = []
+    for line in layout.text((layout.checkout / "deployments" / "systemd" / name).read_text()).splitlines():
+        key = line.split("=", 1)[0]
+        if not line.lstrip().startswith("#") and "=" in line and key in edits:
+            line = f"{key}={edits.pop(key)}"
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in edits.items()]  # not in the file: appended
+    target.write_text("\n".join(lines) + "\n")
+    os.chown(target, 0, group)
+    target.chmod(mode)
 
 
 @contextlib.contextmanager
 def production_stack(folder: Path, *, alert_url: str, running_limit: str = "3h",
                      timings: dict[str, float] | None = None) -> Iterator[Stack]:
-    """The README's production setup, for real, on loopback; everything stopped on exit.
-
-    PostgreSQL cluster; ``prefect server start`` against it; the host's ledgers (``phsafe ledger
-    init``, US and Puerto Rico) and signing key pair (``phsafe keys generate``); the deploy step as
-    the README gives it -- the environment files of deployments/systemd installed into
-    ``<folder>/etc-phsafe`` (API URL, Prefect home, the alert webhook ``alert_url``, the running
-    limit) and ``deployments/deploy.py --set ...`` for every setting; ``prefect worker start --pool
-    phsafe-process --type process --limit 1``. The time of each step is in ``Stack.timings``; the
-    checkout must be the same before and after the deploy step.
-
-    The workers poll every 2 s instead of Prefect's 10 s (``PREFECT_WORKER_QUERY_SECONDS``), to
-    keep the test short.
+    """docs/operations.md's installation, followed on this host in a layout of its own
+    (:func:`production_layout`), and its services started as their units start them -- systemd
+    itself cannot run here, so each unit's ExecStart is run as its User, with its
+    EnvironmentFiles and WorkingDirectory: PostgreSQL (a throwaway cluster on a loopback port
+    standing in for Debian's), ``prefect-server.service``, the host's ledgers and signing key pair
+    (``runuser -u phsafe -- .venv/bin/phsafe ...``), the deploy step as the service user with the
+    environment files loaded, ``prefect-worker.service``. Everything is stopped on exit, the
+    worker as its unit stops it (SIGTERM to its main process). The time of each step is in
+    ``Stack.timings``; the checkout must be the same before and after the deploy step.
     """
-    started: list[subprocess.Popen] = []
+    started: list[tuple[str, subprocess.Popen]] = []
     timings = {} if timings is None else timings
-    clock = time.perf_counter()
-    with postgres_cluster(folder) as database:
-        timings["postgresql cluster"] = time.perf_counter() - clock
-        try:
-            port = free_port()
-            api = f"http://127.0.0.1:{port}/api"
-            home = folder / "prefect-home"
-            # /etc/phsafe as the README installs it, with this stack's address, home and webhook.
-            etc = folder / "etc-phsafe"
-            etc.mkdir()
-            systemd = REPO / "deployments" / "systemd"
-            shared = _env_file(systemd / "prefect.env") | {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
-            alerts = _env_file(systemd / "alerts.env") | {"PHSAFE_ALERT_WEBHOOK_URL": alert_url,
-                                                          "PHSAFE_ALERT_RUNNING_LIMIT": running_limit}
-            for name, values in (("prefect.env", shared), ("alerts.env", alerts)):
-                (etc / name).write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-            env = dict(_without_prefect(dict(os.environ)), **shared, PREFECT_SERVER_API_HOST="127.0.0.1",
-                       PREFECT_SERVER_API_PORT=str(port), PREFECT_WORKER_QUERY_SECONDS="2")
-            clock = time.perf_counter()
-            log = folder / "server.log"
-            server = start([str(PREFECT), "server", "start"],
-                           dict(env, PREFECT_API_DATABASE_CONNECTION_URL=database.url), log)
-            started.append(server)
-            wait_until(lambda: _healthy(api), "prefect server", server, log)
-            timings["server start (migrations on PostgreSQL)"] = time.perf_counter() - clock
+    stack: Stack | None = None
+    with production_layout(timings) as layout:
+        clock = time.perf_counter()
+        with postgres_cluster(folder) as database:
+            timings["postgresql cluster"] = time.perf_counter() - clock
+            try:
+                port = free_port()
+                api = f"http://127.0.0.1:{port}/api"
+                # /etc/phsafe as the document installs it: root:phsafe 0750, the files 0640 / 0600.
+                layout.etc.mkdir(parents=True)
+                os.chown(layout.etc, 0, layout.gid)
+                layout.etc.chmod(0o750)
+                _install_env(layout, "prefect.env", 0o640, layout.gid, {"PREFECT_API_URL": api, **TEST_OVERRIDES})
+                _install_env(layout, "prefect-server.env", 0o600, 0, {
+                    "PREFECT_API_DATABASE_CONNECTION_URL": database.url, "PREFECT_SERVER_API_PORT": str(port)})
+                _install_env(layout, "alerts.env", 0o640, layout.gid, {
+                    "PHSAFE_ALERT_WEBHOOK_URL": alert_url, "PHSAFE_ALERT_RUNNING_LIMIT": running_limit})
+                env = _env_file(layout.etc / "prefect.env")
 
-            # The host's enclave: one ledger per dataset, the signing key pair (README, Install).
-            phsafe = Path(sys.executable).parent / "phsafe"
-            enclave = folder / "enclave"
-            settings = {
-                "us_config": str(REPO / "demo" / "data" / "us" / "config.json"),
-                "us_data": str(REPO / "demo" / "data" / "us"),
-                "us_ledger": str(enclave / "us" / "ledger.jsonl"),
-                "pr_config": str(REPO / "demo" / "data" / "pr" / "config.json"),
-                "pr_data": str(REPO / "demo" / "data" / "pr"),
-                "pr_ledger": str(enclave / "pr" / "ledger.jsonl"),
-                "output_root": str(folder / "releases"),
-                "signing_key": str(enclave / "keys" / "signing-key.pem"),
-                "public_key": str(enclave / "keys" / "public-key.pem"),
-                "rehearsal_root": str(folder / "rehearsals"),
-            }
-            clock = time.perf_counter()
-            commands = [[str(phsafe), "keys", "generate", str(enclave / "keys")]]
-            for label in ("us", "pr"):
-                (enclave / label).mkdir(parents=True, mode=0o700)
-                commands.append([str(phsafe), "ledger", "init", settings[f"{label}_ledger"], "--lifetime-cap", "2.6",
-                                 "--reason", "test policy: the dataset's lifetime limit"])
-            made = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
-            for proc in made:  # three independent commands, run side by side
-                _, err = proc.communicate(timeout=120)
-                assert proc.returncode == 0, err
-            timings["ledgers and signing key (phsafe ledger init x2, phsafe keys generate, side by side)"] = \
-                time.perf_counter() - clock
-
-            stack = Stack(api, env, folder, database, settings, "", timings)
-            before = _tree_state()
-            clock = time.perf_counter()
-            done = stack.deploy(*(a for name, value in settings.items() for a in ("--set", f"{name}={value}")))
-            timings["deploy step (deployments/deploy.py, first time)"] = time.perf_counter() - clock
-            assert done.returncode == 0, done.stdout + done.stderr
-            stack.deploy_output = done.stdout
-            assert _tree_state() == before, "the deploy step changed the checkout"
-
-            worker = stack.start_worker(folder / "worker.log", "--limit", "1")
-            started.append(worker)
-            yield stack
-        finally:
-            for proc in reversed(started):
                 clock = time.perf_counter()
-                (stop_worker if proc.args[1:3] == ["worker", "start"] else stop)(proc)
-                timings[f"stop the {proc.args[1]} (as its unit does)"] = time.perf_counter() - clock
+                log = folder / "server.log"
+                server = layout.start_unit("prefect-server.service", log)
+                started.append(("server", server))
+                wait_until(lambda: _healthy(api), "prefect server", server, log)
+                timings["prefect-server.service to healthy (migrations on PostgreSQL)"] = time.perf_counter() - clock
+
+                # The host's enclave: one ledger per dataset, the signing key pair (as phsafe).
+                settings = {
+                    "us_config": "/srv/sdhc/enclave/us/config.json", "us_data": "/srv/sdhc/enclave/us/inputs",
+                    "us_ledger": "/srv/sdhc/enclave/us/ledger.jsonl",
+                    "pr_config": "/srv/sdhc/enclave/pr/config.json", "pr_data": "/srv/sdhc/enclave/pr/inputs",
+                    "pr_ledger": "/srv/sdhc/enclave/pr/ledger.jsonl",
+                    "output_root": "/srv/sdhc/releases",
+                    "signing_key": "/srv/sdhc/enclave/keys/signing-key.pem",
+                    "public_key": "/srv/sdhc/enclave/keys/public-key.pem",
+                    "rehearsal_root": "/var/lib/phsafe/rehearsals",
+                }
+                settings = {name: str(layout.path(value)) for name, value in settings.items()}
+                clock = time.perf_counter()
+                commands = [["keys", "generate", settings["signing_key"].rsplit("/", 1)[0]]]
+                for label in ("us", "pr"):
+                    commands.append(["ledger", "init", settings[f"{label}_ledger"], "--lifetime-cap", "2.6",
+                                     "--reason", "test policy: the dataset's lifetime limit"])
+                with concurrent_futures.ThreadPoolExecutor(3) as pool:  # three independent commands
+                    for done in pool.map(lambda c: layout.runuser(".venv/bin/phsafe", *c), commands):
+                        assert done.returncode == 0, done.stderr
+                timings["ledgers and signing key (runuser -u phsafe -- phsafe ..., side by side)"] = \
+                    time.perf_counter() - clock
+
+                stack = Stack(api, env, folder, database, settings, "", layout, timings)
+                before = _tree_state(layout.checkout)
+                clock = time.perf_counter()
+                done = stack.deploy(*(a for name, value in settings.items() for a in ("--set", f"{name}={value}")))
+                timings["deploy step (deployments/deploy.py as phsafe, first time)"] = time.perf_counter() - clock
+                assert done.returncode == 0, done.stdout + done.stderr
+                stack.deploy_output = done.stdout
+                assert _tree_state(layout.checkout) == before, "the deploy step changed the checkout"
+
+                stack.worker = stack.start_worker(folder / "worker.log")
+                yield stack
+            finally:
+                if stack is not None and stack.worker is not None:
+                    clock = time.perf_counter()
+                    stop_worker(stack.worker)
+                    timings["stop the worker (systemctl stop: SIGTERM to its main process)"] = \
+                        time.perf_counter() - clock
+                for what, proc in reversed(started):
+                    clock = time.perf_counter()
+                    stop(proc)  # KillMode=control-group (the server's default): SIGTERM to all of it
+                    timings[f"stop the {what} (as its unit does)"] = time.perf_counter() - clock
 
 
 def _healthy(api: str) -> bool:

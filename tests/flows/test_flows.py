@@ -171,8 +171,12 @@ def test_dataset_flow_completes_with_nine_tasks_and_artifacts(tmp_path, dataset)
     assert not [m for m in messages if m.lstrip().startswith("{")]
     assert sum(bool(re.fullmatch(r"measurement: table=PH\w+ level=(usa|state)_\S+ status=drawn cells=\d+", m))
                for m in messages) == len(rows)
-    assert any(re.fullmatch(r"stage finished: stage='read, check, join and count' seconds=[\d.]+ .*", m)
-               for m in messages), messages
+    # The input pass's stages by name and outcome only: its times and memory are functions of the
+    # confidential records, and stay in the confidential file.
+    assert "stage finished: stage='read, check, join and count'" in messages, messages
+    assert not [m for m in messages if re.search(r"seconds=|peak_rss|bytes=|rows=", m)], messages
+    finished = [e for e in events if e.get("event") == "stage finished"]
+    assert finished and all(isinstance(e["seconds"], float) and e["peak_rss_mib"] > 0 for e in finished)
 
 
 def test_validation_failure_ends_failed_before_any_spend(tmp_path):
@@ -377,6 +381,14 @@ def test_a_memory_limit_too_small_is_refused_before_any_spend(tmp_path):
     assert state.is_failed()
     assert "memory limit" in state.message and "the flow parameter memory_limit" in state.message
     assert "No privacy-loss budget was spent." in state.message
+    # The sizes are functions of the confidential records: the message says where they are, not what.
+    log_file = tmp_path / "phsafe-log.jsonl"
+    assert state.message.startswith("the inputs need more than the memory limit; the figures are in the enclave "
+                                    f"log at {log_file} "), state.message
+    assert not re.search(r"\d", state.message.split(str(log_file))[1]), state.message
+    figures = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(e["event"] == "the inputs need more than the memory limit" and e["needed_bytes"] > 1 << 20
+               for e in figures)
     assert [e["kind"] for e in _ledger_entries(tmp_path / "us-ledger.jsonl")] == ["LEDGER_INIT"]
 
 
@@ -561,3 +573,127 @@ def test_flow_retry_does_not_record_a_file_planted_in_the_release_folder(tmp_pat
     assert state.result()["measurements"]["drawn"] == 0
     assert [e["kind"] for e in _ledger_entries(ledger)].count("OUTPUTS_PUBLISHED") == 1
     _verify(ledger, out)
+
+
+# --------------------------------------------------------------------------------------------
+# A stop request (SIGTERM to the flow run's process) while the run spends
+# --------------------------------------------------------------------------------------------
+
+
+class _SignalAtACommit:
+    """SIGTERM to this process right after the ``n``-th COMMITTED, as a stopping worker sends it
+    to its flow run, at a moment every measurement thread waits for the ledger: this thread holds
+    the ledger's file lock (a lock of its own, as another process would) until the flow's handler
+    has recorded the request. So the INTENTs counted then are all there may ever be."""
+
+    def __init__(self, monkeypatch, ledger: Path, n: int) -> None:
+        import fcntl
+        import os
+        import signal
+        import time
+
+        from phsafe import interrupt
+        from phsafe.ledger.runs import RunRecorder
+
+        self.intents_at_signal: int | None = None
+        original = RunRecorder.record_committed
+        calls: list[int] = []
+
+        def record_committed(recorder, receipt, *, noisy_digest):  # noqa: ANN001
+            original(recorder, receipt, noisy_digest=noisy_digest)
+            calls.append(1)
+            if len(calls) == n:
+                fd = os.open(f"{ledger}.lock", os.O_RDWR)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    self.intents_at_signal = _count(ledger, "INTENT")
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 60
+                    while interrupt.requested() is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                finally:
+                    os.close(fd)
+
+        monkeypatch.setattr(RunRecorder, "record_committed", record_committed)
+
+
+def _count(ledger: Path, kind: str) -> int:
+    return sum(e["kind"] == kind for e in _ledger_entries(ledger))
+
+
+def test_sigterm_while_measuring_stops_at_a_safe_point_and_retry_resumes(tmp_path, monkeypatch):
+    """The flow run's process gets SIGTERM (its worker is stopping) in the middle of the spends:
+    no INTENT after the request, every recorded spend committed, RUN_FAILED "stopped by a
+    signal", the flow run Failed saying so -- and its Retry completes with nothing spent twice."""
+    from flows.sdhc import us_flow
+    from phsafe.ledger import read_ledger
+
+    ledger = Path(_ledger(tmp_path, "us"))
+    stop = _SignalAtACommit(monkeypatch, ledger, n=5)
+    log_file = tmp_path / "phsafe-log.jsonl"
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    monkeypatch.undo()
+    assert state.is_failed(), state
+    assert state.message.startswith("stopped by a signal (SIGTERM) at a safe point (no spend after it) -- "), \
+        state.message
+    assert "Retry this flow run to resume it" in state.message
+    assert stop.intents_at_signal is not None and _count(ledger, "INTENT") == stop.intents_at_signal
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert set(run.intents) == set(run.reusable)  # the measurements in flight were committed
+    assert run.failure_reason.startswith("stopped by a signal (SIGTERM)"), run.failure_reason
+    events = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert [e["signal"] for e in events if e["event"].startswith("stop requested")] == ["SIGTERM"]
+    messages = _log_messages(_flow_run_id(state))
+    assert sum(m.startswith("stop requested by a signal") for m in messages) == 1, messages
+    assert not [m for m in messages if "Traceback" in m or "Crash detected" in m], messages
+
+    resumed = retry(us_flow, state)
+    assert resumed.is_completed(), resumed.message
+    final = read_ledger(ledger).runs[run_id]
+    assert all(len(seqs) == 1 for seqs in final.intents.values()) and len(final.intents) == len(final.planned)
+    assert final.charge() == final.planned_total
+    _verify(ledger, Path(resumed.result()["outputs"]))
+
+
+def test_a_stop_during_the_us_run_of_a_release_does_not_start_puerto_rico(tmp_path, monkeypatch):
+    from flows.sdhc import release_flow
+
+    us_ledger, pr_ledger = Path(_ledger(tmp_path, "us")), Path(_ledger(tmp_path, "pr"))
+    _SignalAtACommit(monkeypatch, us_ledger, n=3)
+    state = release_flow(
+        us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"), us_ledger=str(us_ledger),
+        pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"), pr_ledger=str(pr_ledger),
+        output_root=str(tmp_path / "out"), new_version_reason="the demo's records", return_state=True)
+    assert state.is_failed(), state
+    assert "us: stopped by a signal (SIGTERM) at a safe point" in state.message, state.message
+    assert "pr: not started: stopped by a signal (SIGTERM) during the release; Retry the release to run it" \
+        in state.message, state.message
+    assert [e["kind"] for e in _ledger_entries(pr_ledger)] == ["LEDGER_INIT"]  # Puerto Rico untouched
+    summary = next(a for a in _artifacts(_flow_run_id(state)) if a.key == "release-summary")
+    assert "**failed**: not started: stopped by a signal (SIGTERM)" in summary.data
+
+
+def test_an_unforeseen_error_reaches_prefect_as_its_type_only(tmp_path, monkeypatch):
+    """A bug inside a stage whose message quotes a value: the flow run's state, its log lines and
+    its task runs' states in the Prefect database name the error's type, never the value."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.sdhc import us_flow
+    from phsafe import engine
+
+    def broken_check(run, config):  # noqa: ANN001
+        raise ValueError("unexpected MAFID 987654321012 in a row")
+
+    monkeypatch.setattr(engine, "check_outputs", broken_check)
+    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    assert state.is_failed()
+    assert state.message.startswith("internal error: ValueError (its frames are in the run's confidential log file)"), \
+        state.message
+    messages = _log_messages(_flow_run_id(state))
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[_flow_run_id(state)])))
+    texts = messages + [r.state.message or "" for r in task_runs if r.state is not None] + [state.message]
+    assert any("internal error: ValueError" in t for t in texts)
+    assert not [t for t in texts if "987654321012" in t], texts

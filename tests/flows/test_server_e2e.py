@@ -1,11 +1,16 @@
-"""The production setup for real: a Prefect server on PostgreSQL, the host's ledgers and signing
-key, the deploy step as the README gives it (``deployments/deploy.py --set ...``: settings as
-Prefect variables, work pool, deployments with their concurrency limits, alert block and
-automations), a process worker -- then what an operator does and sees with it: two releases
-triggered at the same moment (one runs, the other is refused), the deploy step re-run in the
-middle of it (it changes nothing), the release's US run read back through the API and its page
-in a real Chromium, a failing run and the alert a loopback webhook receives, nothing persisted
-under $PREFECT_HOME/storage.
+"""The production setup for real, installed as docs/operations.md says: the checkout built by
+root with the system's python, a service user, the units' commands run as the units define
+them (as that user, with their environment files), a Prefect server on PostgreSQL, the host's
+ledgers and signing key, the deploy step as the service user (``deployments/deploy.py --set
+...``: settings as Prefect variables, work pool, deployments with their concurrency limits and
+the code version, alert block and automations), the worker -- then what an operator does and
+sees with it: the UI served, two releases triggered at the same moment (one runs, the other is
+refused; its Retry does what the document says), the deploy step re-run in the middle of it (it
+changes nothing), the commit recorded in the ledger and the manifests, the release's US run read
+back through the API and its page in a real Chromium, the documented alert test and the alert a
+loopback webhook receives, a memory-limit refusal, the worker stopped mid-spend four ways and
+each run retried (tests/flows/_worker_stops.py), the Prefect database scanned for figures of the
+inputs, nothing persisted under $PREFECT_HOME/storage.
 
 Everything started is stopped at the end. If the PostgreSQL server binaries are missing, the test
 fails saying how to install them; if chromium is missing, likewise.
@@ -31,6 +36,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests.flows._worker_stops import print_case_table, retry, stop_the_worker_every_way
 from tests.flows.conftest import (
     DeploymentRun,
     Stack,
@@ -55,14 +61,18 @@ pytestmark = pytest.mark.slow
 
 
 def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
-    """One stack, and what an operator does and sees with it, in order. One test rather than
-    several sharing a fixture: pytest-xdist would start a stack for each worker that gets one."""
+    """One stack, installed and run as docs/operations.md says (a checkout built by root, a service
+    user), and what an operator does and sees with it, in order. One test rather than several
+    sharing a fixture: pytest-xdist would start a stack for each worker that gets one."""
     clock = time.perf_counter()
     timings: dict[str, float] = {}
     try:
         # The alert limit for a run still Running is Prefect's minimum here, so that the release trips it.
         with alert_receiver() as alerts, production_stack(tmp_path_factory.mktemp("stack"), alert_url=alerts.url,
                                                           running_limit="10s", timings=timings) as stack:
+            step = time.perf_counter()
+            check_the_ui_is_served(stack, tmp_path)
+            timings["chromium: the UI served by the service user's server"] = time.perf_counter() - step
             step = time.perf_counter()
             before = check_the_deploy_step(stack)
             check_deployments_schedules_and_parameter_types(stack)
@@ -86,12 +96,11 @@ def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
             check_still_running_alert(alerts, release)
             timings["the still-running alert"] = time.perf_counter() - step
 
-            # A US run on a ledger that does not exist fails before spending; the operators hear of it.
+            # The documented alert test: a ledger path that does not exist, refused in the flow's
+            # preflight in one line, no traceback, nothing stored; the operators hear of it.
             step = time.perf_counter()
-            failed = run_deployment(stack, "sdhc-us/us", {"ledger": str(stack.folder / "nowhere" / "ledger.jsonl")})
-            assert failed.flow_run.state.is_failed(), failed.flow_run.state
-            check_failure_alert(alerts, failed)
-            timings["a failing us run, trigger to its alert"] = time.perf_counter() - step
+            failed = check_the_documented_alert_test(stack, alerts)
+            timings["the alert test (ledger=/nonexistent), trigger to its alert"] = time.perf_counter() - step
 
             # The release again, once the first is published: refused before any spend.
             step = time.perf_counter()
@@ -101,10 +110,33 @@ def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
             step = time.perf_counter()
             check_retry_of_the_completed_release(stack, release, tmp_path)
             timings["chromium: Retry of the completed release"] = time.perf_counter() - step
+            # Retry on the trigger the concurrency limit cancelled: what the document says it does.
+            step = time.perf_counter()
+            check_retry_of_a_run_cancelled_by_the_concurrency_limit(stack, refused)
+            timings["Retry of the cancelled trigger"] = time.perf_counter() - step
             # A US run that fails after its spends; the operator fixes the cause and clicks Retry.
             step = time.perf_counter()
             check_a_run_that_failed_after_spending_is_retried(stack, tmp_path)
             timings["a US run failed after spending, fixed, Retry in chromium"] = time.perf_counter() - step
+            # Inputs too large for the memory limit: refused, the figures in the enclave log only.
+            step = time.perf_counter()
+            check_a_memory_refusal(stack)
+            timings["a memory-limit refusal"] = time.perf_counter() - step
+
+            # The worker stopped in the middle of a spend, every way it is stopped: nothing is
+            # spent twice (SIGKILL excepted: what it cut is re-spent, visibly).
+            step = time.perf_counter()
+            cases = stop_the_worker_every_way(stack, tmp_path)
+            timings["the worker stopped mid-spend, four ways, and each run retried"] = time.perf_counter() - step
+            print_case_table(cases)
+            # The no-heartbeat automation fired for the run SIGKILL left behind, never for a final one.
+            check_the_heartbeat_automation_skipped_final_runs(stack, failed.flow_run, cases)
+
+            # Nothing computed from the confidential records is in the Prefect database: after
+            # releases, refusals and stopped runs, no timing, memory figure, size or record count.
+            step = time.perf_counter()
+            check_no_input_figures_in_the_prefect_database(stack)
+            timings["the Prefect database scanned for figures of the inputs"] = time.perf_counter() - step
 
             # Results are never persisted: after failed and successful runs, nothing under
             # PREFECT_HOME/storage (a failed flow that raised would leave its pickled exception there).
@@ -113,6 +145,8 @@ def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):
             assert persisted == [], f"results persisted under {storage}: {persisted[:5]}"
     finally:
         timings["whole test"] = time.perf_counter() - clock
+        load = Path("/proc/loadavg").read_text().split()[:3]
+        print(f"load average at the end: {' '.join(load)}")
         print("timings: " + "; ".join(f"{step} {seconds:.1f} s" for step, seconds in timings.items()))
 
 
@@ -192,18 +226,54 @@ async def _deployed_state(client) -> dict[str, Any]:
     return {"deployments": deployments, "automations": automations, "blocks": blocks, "variables": variables}
 
 
+def code_version_of(stack: Stack) -> str:
+    """The version runs of the stack's checkout must record: its commit, clean."""
+    import phsafe
+
+    return f"{phsafe.__version__}+g{stack.layout.commit[:12]}"
+
+
+def check_the_ui_is_served(stack: Stack, tmp_path: Path) -> None:
+    """The server runs as the service user from root's venv: it writes its copy of the UI under
+    its own home (PREFECT_UI_STATIC_DIRECTORY of prefect-server.env), and the UI answers -- in
+    Chromium, the Deployments page lists the deployed flows."""
+    import urllib.request
+
+    from playwright.sync_api import expect
+
+    from tests._browser import browser_page
+
+    package = stack.layout.checkout / ".venv" / "lib" / "python3.11" / "site-packages" / "prefect"
+    assert package.stat().st_uid == 0 and not package.stat().st_mode & 0o002  # root's: not the server's to write
+    static = stack.layout.path("/var/lib/phsafe/prefect/ui")
+    assert (static / "v1").is_dir() and static.stat().st_uid == stack.layout.uid, static
+    server_log = (stack.folder / "server.log").read_text()
+    assert "Permission denied" not in server_log and "Failed to create" not in server_log, server_log[-2000:]
+    with urllib.request.urlopen(stack.ui + "/", timeout=30) as response:
+        assert response.status == 200 and b"<html" in response.read(4096).lower()
+    with browser_page(allow=(stack.ui,)) as page:
+        page.goto(f"{stack.ui}/deployments")
+        expect(page.get_by_text("sdhc-release", exact=True).first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text("sdhc-us", exact=True).first).to_be_visible()
+        page.screenshot(path=tmp_path / "ui-deployments.png", full_page=True)
+        assert page.failed_requests == []
+    assert (tmp_path / "ui-deployments.png").stat().st_size > 10_000
+
+
 def check_the_deploy_step(stack: Stack) -> dict[str, Any]:
     """Settings became Prefect variables and the deployments' parameters; release, us and pr have a
     concurrency limit of 1 that cancels a colliding run; the alerts exist, through one webhook
-    block; the checkout is untouched (the fixture checks) and runs will record its commit."""
+    block; the checkout is untouched (the fixture checks) and runs will record its commit -- read
+    from the install stamp, since git refuses the root-owned checkout to the service user."""
     from prefect.client.schemas.objects import ConcurrencyLimitStrategy
-
-    from phsafe.engine import code_version
 
     out = stack.deploy_output
     assert "deployed sdhc-release/release, sdhc-us/us, sdhc-pr/pr, sdhc-rehearsal/rehearsal" in out, out
     assert "automations: 3 created, 0 updated, 0 unchanged, 0 deleted" in out and "running past 10s" in out, out
-    assert f"runs will record code version {code_version()}" in out, out
+    assert f"runs will record code version {code_version_of(stack)}" in out, out
+    assert "warning" not in out, out
+    refused = stack.layout.runuser("git", "-C", str(stack.layout.checkout), "rev-parse", "HEAD")
+    assert refused.returncode != 0 and "dubious ownership" in refused.stderr, refused.stderr
 
     state = _api(stack, _deployed_state)
     assert state["variables"] == {f"phsafe_{name}": value for name, value in stack.settings.items()}
@@ -213,6 +283,8 @@ def check_the_deploy_step(stack: Stack) -> dict[str, Any]:
     assert release["signing_key"] == us["signing_key"] == stack.settings["signing_key"]
     assert release["public_key"] == stack.settings["public_key"]
     assert deployments["sdhc-rehearsal/rehearsal"].parameters["work_root"] == stack.settings["rehearsal_root"]
+    for name in DEPLOYMENTS:  # the code version the deploy step found, for each flow run to compare
+        assert deployments[name].version == code_version_of(stack), (name, deployments[name].version)
     for name in SPENDING:
         d = deployments[name]
         assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == 1, name
@@ -250,9 +322,9 @@ def two_releases_at_once_while_redeploying(stack: Stack) -> tuple[Any, Any, subp
                 return runs
 
         def redeploy() -> subprocess.CompletedProcess:
-            tree_before = _tree_state()
+            tree_before = _tree_state(stack.layout.checkout)
             done = stack.deploy()  # no --set: the settings are kept in the server
-            done.tree_before, done.tree_after = tree_before, _tree_state()  # type: ignore[attr-defined]
+            done.tree_before, done.tree_after = tree_before, _tree_state(stack.layout.checkout)  # type: ignore[attr-defined]
             return done
 
         clock = time.perf_counter()
@@ -334,19 +406,16 @@ def check_the_deploy_step_changed_nothing(stack: Stack, redeploy: Any, before: d
 
 
 def check_the_release_records_the_checkout(stack: Stack, release: Any) -> None:
-    """The deployed release ran the checkout as it is: its manifests say the checkout's code
-    version, without ``.dirty`` when the checkout is clean (CI: a fresh clone)."""
-    from phsafe.engine import code_version
-
+    """The deployed release ran the checkout as it is, as the service user (whom git refuses the
+    root-owned checkout): its ledger entries and its manifests record the checkout's commit."""
     root = Path(stack.settings["output_root"])
     manifests = sorted(root.glob("*/manifest.json"))
     assert sorted(p.parent.name.split("-")[0] for p in manifests) == ["pr", "us"], manifests
     recorded = {json.loads(p.read_text())["code_version"] for p in manifests}
-    assert recorded == {code_version()}
-    clean = not subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-    if clean:
-        assert ".dirty" not in code_version()
+    assert recorded == {code_version_of(stack)}, recorded
+    for ledger in _ledgers(stack).values():
+        started = [json.loads(line) for line in ledger.read_text().splitlines() if '"kind":"RUN_STARTED"' in line]
+        assert [e["code_version"] for e in started] == [code_version_of(stack)], started
 
 
 def subflow_run(stack: Stack, parent: Any, flow_name: str) -> Any:
@@ -375,7 +444,7 @@ def check_failure_alert(alerts: _Receiver, failed: DeploymentRun) -> None:
     body = message["body"].splitlines()
     assert body[:3] == ["Deployment: sdhc-us/us", f"Flow run: {run.name} ({run.id})", "State: Failed"]
     reason = run.state.message.splitlines()[0]
-    assert "nowhere" in reason and "ledger" in reason, reason  # why: the ledger is not there
+    assert "/nonexistent does not exist" in reason and "ledger" in reason, reason  # why: the ledger is not there
     assert message["body"].split("Reason: ", 1)[1].startswith(reason)
     assert f"/runs/flow-run/{run.id}" in message["body"]
     assert message["text"].startswith(message["subject"] + "\n")  # what chat webhooks show
@@ -487,7 +556,7 @@ def check_deployments_schedules_and_parameter_types(stack: Stack) -> None:
     # Deployed without a terminal and without prompting: nothing to pull from remote storage.
     for deployment in deployments.values():
         assert deployment.pull_steps == [
-            {"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}]
+            {"prefect.deployments.steps.set_working_directory": {"directory": str(stack.layout.checkout)}}]
 
 
 def check_flow_run_page_in_chromium(stack: Stack, us_run: DeploymentRun, tmp_path: Path) -> None:
@@ -611,7 +680,7 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
         # it is scrolled) until the line is there.
         line = page.get_by_text(log_line).first
         page.get_by_role("tabpanel", name="Logs").hover()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # generous: the log pane loads its pages slowly on a busy machine
         while not line.is_visible() and time.monotonic() < deadline:
             page.mouse.wheel(0, 4000)
             page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
@@ -640,6 +709,9 @@ def check_retry_of_the_completed_release(stack: Stack, release: Any, tmp_path: P
     again = read_flow_run(stack, release.id, until=lambda run: sum(a.key == "release-summary" for a in run.artifacts) >= 2)
     summaries = sorted((a for a in again.artifacts if a.key == "release-summary"), key=lambda a: a.created)
     assert summaries[-1].data.count("already published (nothing done)") == 2, summaries[-1].data
+    assert summaries[-1].data.count("| nothing spent by this attempt | 1.2") == 2, summaries[-1].data
+    assert sum("was already published at" in e.message and "; nothing spent by this attempt (the run's charge 1.2"
+               in e.message for e in again.logs) == 2, [e.message for e in again.logs]
     assert any(m.startswith("us: run us-") and "was already published at" in m for m in (e.message for e in again.logs))
 
 
@@ -647,15 +719,17 @@ def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Pa
     """A US run (its own dataset ledger) loses its signing key after its first spends: it ends
     Failed saying what is recorded and that a Retry resumes it. The key is put back; Retry in the
     UI completes the run with no new INTENT, and the auditors' check of the release holds."""
-    phsafe = Path(sys.executable).parent / "phsafe"
-    enclave = stack.folder / "enclave" / "us-second"
+    phsafe = Path(sys.executable).parent / "phsafe"  # the auditors' copy
+    enclave = stack.layout.enclave / "us-second"
     enclave.mkdir(mode=0o700)
+    os.chown(enclave, stack.layout.uid, stack.layout.gid)
     ledger = enclave / "ledger.jsonl"
-    made = subprocess.run([str(phsafe), "ledger", "init", str(ledger), "--lifetime-cap", "2.6", "--reason", "test"],
-                          capture_output=True, text=True)
+    made = stack.phsafe("ledger", "init", str(ledger), "--lifetime-cap", "2.6", "--reason", "test")
     assert made.returncode == 0, made.stderr
-    keys = stack.folder / "keys-second"
+    keys = stack.layout.enclave / "keys-second"
     shutil.copytree(Path(stack.settings["signing_key"]).parent, keys)
+    for path in (keys, *keys.iterdir()):
+        os.chown(path, stack.layout.uid, stack.layout.gid)
     key, away = keys / "signing-key.pem", keys / "signing-key.pem.away"
     parameters = {"ledger": str(ledger), "new_version_reason": "the demo's records, a dataset of its own",
                   "signing_key": str(key), "public_key": str(keys / "public-key.pem")}
@@ -687,3 +761,160 @@ def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Pa
                                "--public-key", str(keys / "public-key.pem")], capture_output=True, text=True)
     assert verified.returncode == 0 and verified.stdout.rstrip().endswith("OK"), verified.stdout + verified.stderr
     assert "2 attempts (1 failed or crashed)" in verified.stdout
+
+
+# --------------------------------------------------------------------------------------------
+# The documented alert test, Retry of a cancelled trigger, a memory refusal (issue 28)
+# --------------------------------------------------------------------------------------------
+
+
+def check_the_documented_alert_test(stack: Stack, alerts: _Receiver) -> DeploymentRun:
+    """``prefect deployment run 'sdhc-us/us' --param ledger=/nonexistent``, as the document says to
+    try the alerts: refused in the flow's preflight -- before the confidential log file, which
+    would be ``/phsafe-log.jsonl``, is opened -- with one line in the run's log and no traceback;
+    the alert arrives (nothing stored under $PREFECT_HOME/storage: checked at the end)."""
+    failed = run_deployment(stack, "sdhc-us/us", {"ledger": "/nonexistent"})
+    state = failed.flow_run.state
+    assert state.is_failed(), state
+    first, *rest = state.message.splitlines()
+    assert first.startswith("the ledger /nonexistent does not exist. A ledger is created once"), state.message
+    assert rest == ["No privacy-loss budget was spent."], state.message
+    errors = [e.message for e in failed.logs if e.level >= 40]
+    assert errors == [first], errors  # one line; Prefect's own "Finished in state Failed" is INFO
+    messages = "\n".join(e.message for e in failed.logs)
+    assert "Traceback" not in messages and "exception" not in messages.lower(), messages
+    assert "PermissionError" not in messages and "phsafe-log.jsonl" not in messages, messages
+    assert not Path("/phsafe-log.jsonl").exists()
+    check_failure_alert(alerts, failed)
+    return failed
+
+
+def check_retry_of_a_run_cancelled_by_the_concurrency_limit(stack: Stack, refused: Any) -> None:
+    """Retry on the trigger the concurrency limit cancelled (the UI offers it) runs it now, as a
+    new trigger of the release with its parameters: here, on records already published, it is
+    refused before any spend -- the ledgers unchanged -- exactly as docs/operations.md says."""
+    if not refused.state.is_cancelled():
+        return  # it ran after the first (no worker tried it meanwhile): nothing was cancelled
+    ledgers = _ledgers(stack)
+    before = {label: path.read_bytes() for label, path in ledgers.items()}
+    final = retry(stack, refused)
+    assert final.run_count == 1, final.run_count  # it ran now, for the first time
+    assert final.state.is_failed(), final.state
+    for label in ("us", "pr"):
+        assert re.search(rf"{label}: these records were already released: run {label}-\S+ published them",
+                         final.state.message), final.state.message
+    assert final.state.message.count("No privacy-loss budget was spent.") == 2, final.state.message
+    assert {label: path.read_bytes() for label, path in ledgers.items()} == before
+
+
+def check_a_memory_refusal(stack: Stack) -> None:
+    """Inputs that cannot be read within the memory limit: refused in preflight; the message --
+    which reaches the Prefect database and the alerts -- says where the figures are, not what."""
+    refused = run_deployment(stack, "sdhc-us/us", {"memory_limit": "1M"})
+    state = refused.flow_run.state
+    assert state.is_failed(), state
+    log_file = Path(stack.settings["us_ledger"]).parent / "phsafe-log.jsonl"
+    assert state.message.startswith("the inputs need more than the memory limit; the figures are in the enclave "
+                                    f"log at {log_file} (give the flow parameter memory_limit more"), state.message
+    assert not re.search(r"\d", state.message.replace(str(log_file), "")), state.message
+    figures = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(e["event"] == "the inputs need more than the memory limit" and e["needed_bytes"] > 1 << 20
+               for e in figures)
+
+
+# --------------------------------------------------------------------------------------------
+# The no-heartbeat automation, and what the Prefect database holds
+# --------------------------------------------------------------------------------------------
+
+
+def check_the_heartbeat_automation_skipped_final_runs(stack: Stack, alert_test_run: Any, cases: list) -> None:
+    """The no-heartbeat automation fired for the run SIGKILL left behind (it marked it Crashed),
+    and for no run that was already final -- among them the alert test's, which fails in its
+    first second, long enough ago for any wait its heartbeats opened to have expired."""
+    from tests.flows.conftest import HEARTBEAT_TIMEOUT
+
+    automation = next(a for a in _api(stack, lambda client: client.read_automations())
+                      if a.name == "phsafe: a run whose process died is marked Crashed")
+    ended = alert_test_run.state.timestamp.timestamp()
+    while time.time() < ended + HEARTBEAT_TIMEOUT + 30:  # past any wait it opened, and one evaluation
+        time.sleep(1)
+    rows = _database_rows(stack, "SELECT payload::text AS payload FROM events WHERE event = "
+                                 f"'prefect.automation.triggered' AND resource_id = 'prefect.automation.{automation.id}'")
+    fired_for = {json.loads(r["payload"])["triggering_labels"].get("prefect.resource.id") for r in rows}
+    killed = [c for c in cases if c.how == "SIGKILL"]
+    assert fired_for == {f"prefect.flow-run.{c.flow_run_id}" for c in killed}, (fired_for, killed)
+
+
+_CONTEXT_FIELDS = {"timestamp", "log_level", "run_id", "flow_run_id", "dataset", "event", "table", "level"}
+_FIGURE_NAMES = ("peak_rss_mib", "seconds=", "needed_bytes", "spill_bytes", "free_bytes", "memory_limit_bytes",
+                 "suggested_limit")
+_NUMBER = re.compile(r"(?<![\w.:/+-])\d+(?:\.\d+)?(?![\w.:/])")
+
+
+def _confidential_figures(stack: Stack) -> dict[str, str]:
+    """Numbers computed from the confidential records, as text -> where each comes from: every
+    figure of the input pass and of the refusals in the enclave logs (timings, memory, sizes,
+    rows), the input files' sizes (in bytes, KiB, MiB) and record counts."""
+    from flows._logging import PUBLIC_FIELDS
+    from phsafe.memory import format_size
+
+    figures: dict[str, str] = {}
+
+    def add(value: Any, where: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return
+        text = json.dumps(value)
+        digits = len(text.replace(".", "").lstrip("0"))
+        if (isinstance(value, int) and value >= 1000) or (isinstance(value, float) and digits >= 3):
+            figures.setdefault(text, where)
+
+    for log in stack.layout.enclave.rglob("phsafe-log.jsonl"):
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            for key, value in event.items():
+                if key not in PUBLIC_FIELDS and key not in _CONTEXT_FIELDS:
+                    add(value, f"{log.parent.name}/phsafe-log.jsonl {event['event']!r} {key}")
+    for label in ("us", "pr"):
+        for path in sorted((stack.layout.enclave / label / "inputs").glob("*.csv")):
+            size = path.stat().st_size
+            add(size, f"size of {label}/{path.name}")
+            for text in (f"{size / 1024:.1f}", f"{size / (1 << 20):.1f}", f"{size / (1 << 20):.2f}",
+                         format_size(size).split()[0]):
+                if len(text.replace(".", "").lstrip("0")) >= 3:
+                    figures.setdefault(text, f"size of {label}/{path.name} ({text})")
+            rows = len(path.read_text().splitlines()) - 1
+            add(rows, f"records in {label}/{path.name}")
+    return figures
+
+
+def check_no_input_figures_in_the_prefect_database(stack: Stack) -> None:
+    """Every text the phsafe runs left in the Prefect database (PostgreSQL) -- log lines,
+    artifacts, state messages, parameters, run names, event payloads -- scanned for the numbers
+    computed from the confidential records (:func:`_confidential_figures`) and for the names of
+    the input pass's figures: none is there. The same scan finds them in the enclave logs (it is
+    able to find them)."""
+    figures = _confidential_figures(stack)
+    assert any("'stage finished' seconds" in where for where in figures.values()), figures  # timings were taken
+    assert sum("size of" in where for where in figures.values()) >= 6 and \
+        any("records in" in where for where in figures.values()), figures
+    enclave_text = "\n".join(log.read_text() for log in stack.layout.enclave.rglob("phsafe-log.jsonl"))
+    assert set(_NUMBER.findall(enclave_text)) & set(figures)  # the scan finds them there
+
+    texts = _database_rows(stack, """
+        SELECT 'log' AS source, message AS text FROM log
+        UNION ALL SELECT 'artifact', coalesce(data::text, '') || ' ' || coalesce(description, '') FROM artifact
+        UNION ALL SELECT 'flow_run_state', coalesce(message, '') FROM flow_run_state
+        UNION ALL SELECT 'task_run_state', coalesce(message, '') FROM task_run_state
+        UNION ALL SELECT 'flow_run', name || ' ' || parameters::text FROM flow_run
+        UNION ALL SELECT 'task_run', name FROM task_run
+        UNION ALL SELECT 'events', payload::text FROM events""")
+    assert len(texts) > 500, len(texts)  # the runs' lines are there to scan
+    hits = []
+    for row in texts:
+        text = row["text"]
+        for name in _FIGURE_NAMES:
+            if name in text:
+                hits.append(f"{row['source']}: the figure {name!r} in {text[:200]!r}")
+        for token in set(_NUMBER.findall(text)) & set(figures):
+            hits.append(f"{row['source']}: {token} ({figures[token]}) in {text[:200]!r}")
+    assert not hits, "\n".join(hits[:20])

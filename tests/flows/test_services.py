@@ -1,9 +1,9 @@
 """The service definitions in deployments/systemd and the deploy step's pure parts, checked as far
 as a machine without a running systemd allows: ``systemd-analyze verify`` on the units installed
-into the layout the README describes (``/opt/phsafe`` = this repository with its .venv,
+into the layout docs/operations.md describes (``/opt/phsafe`` = this repository with its .venv,
 ``/etc/phsafe`` = the environment files), and what the units promise: restart policies, every
 ExecStart binary, WorkingDirectory and EnvironmentFile present, telemetry off, the database
-password for the server only, the worker's stop sequence; the README's install and deploy
+password for the server only, the worker's stop sequence; the document's install and deploy
 commands; the deploy step's settings, refusals and automations (the whole step runs for real in
 test_server_e2e.py)."""
 
@@ -24,8 +24,8 @@ from deployments import deploy
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "deployments" / "systemd"
 UNITS = ("prefect-server.service", "prefect-worker.service")
-INSTALL_ROOT = Path("/opt/phsafe")  # README: the repository, built with `make env`
-CONFIG_DIR = Path("/etc/phsafe")  # README: deployments/systemd/*.env installed here
+INSTALL_ROOT = Path("/opt/phsafe")  # docs/operations.md: the repository, built with `make env`
+CONFIG_DIR = Path("/etc/phsafe")  # docs/operations.md: deployments/systemd/*.env installed here
 
 
 def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
@@ -56,7 +56,7 @@ def _env(path: Path) -> dict[str, str]:
 
 
 def _installed(path: str, env_dir: Path) -> Path:
-    """Where a path named in a unit is in this test's copy of the README's layout."""
+    """Where a path named in a unit is in this test's copy of the operator's document's layout."""
     p = Path(path.lstrip("-"))
     if p.is_relative_to(INSTALL_ROOT):
         return REPO / p.relative_to(INSTALL_ROOT)
@@ -67,7 +67,7 @@ def _installed(path: str, env_dir: Path) -> Path:
 
 @pytest.fixture
 def env_dir(tmp_path) -> Path:
-    """/etc/phsafe as the README installs it: the environment files from deployments/systemd."""
+    """/etc/phsafe as docs/operations.md installs it: the environment files from deployments/systemd."""
     target = tmp_path / "etc-phsafe"
     target.mkdir()
     for env_file in SYSTEMD.glob("*.env"):
@@ -115,7 +115,7 @@ def test_server_and_worker_agree_with_each_other_and_with_the_deployments(env_di
 
 
 def test_systemd_analyze_verify(tmp_path, env_dir):
-    """The units, with the README's paths mapped onto this checkout, pass `systemd-analyze verify`
+    """The units, with the document's paths mapped onto this checkout, pass `systemd-analyze verify`
     without a warning (syntax, unknown keys, executables)."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -136,12 +136,11 @@ def test_systemd_analyze_verify(tmp_path, env_dir):
 
 
 def _production_section() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Run it in production"):]
-    return section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    """The operator's document: installation, deploy step, operations."""
+    return (REPO / "docs" / "operations.md").read_text()
 
 
-def test_readme_installs_every_file_and_orders_keys_deploy_worker():
+def test_the_operations_doc_installs_every_file_and_orders_keys_deploy_worker():
     section = _production_section()
     for path in sorted(SYSTEMD.rglob("*")):
         if path.is_file():
@@ -150,12 +149,19 @@ def test_readme_installs_every_file_and_orders_keys_deploy_worker():
     deploy_step = section.index(". /etc/phsafe/alerts.env; set +a\n  .venv/bin/python deployments/deploy.py")
     worker = section.index("systemctl enable --now prefect-worker")
     assert section.index("phsafe ledger init") < keys < deploy_step < worker
-    # Nobody edits the tracked deployments/prefect.yaml: the README never asks to.
+    # Nobody edits the tracked deployments/prefect.yaml: the document never asks to.
     assert "Edit** the `inputs:` block" not in section and "edit the parameters" not in section.lower()
+    # The layout a service user can run: the system's python; the UI written where phsafe may write.
+    assert "make env PYTHON=/usr/bin/python3" in section and "PREFECT_UI_STATIC_DIRECTORY" in section
+    assert section.index("make env PYTHON=/usr/bin/python3") < section.index("useradd --system")
+    # Every worker an operator is told to start is deployments/worker.py (its stop is safe).
+    commands = [line for block in re.findall(r"```bash\n(.*?)```", section, re.S) for line in block.splitlines()]
+    assert any("deployments/worker.py --pool phsafe-process" in line for line in commands)
+    assert not [line for line in commands if "prefect worker start" in line and not line.lstrip().startswith("#")]
 
 
-def test_readme_deploy_command_sets_every_setting_and_the_keys_it_made():
-    """The first deploy in the README gives every setting prefect.yaml uses, once, and the signing
+def test_the_operations_doc_deploy_command_sets_every_setting_and_the_keys_it_made():
+    """The first deploy in the operator's document gives every setting prefect.yaml uses, once, and the signing
     key pair is the one `phsafe keys generate` made."""
     section = _production_section()
     command = section[section.index(".venv/bin/python deployments/deploy.py \\"):]
@@ -171,25 +177,59 @@ def test_readme_deploy_command_sets_every_setting_and_the_keys_it_made():
     assert values["pr_ledger"] == "/srv/sdhc/enclave/pr/ledger.jsonl" in section
 
 
-def test_readme_cap_guidance_is_the_policy_limit_not_a_re_spend_margin():
+def test_the_operations_doc_cap_guidance_is_the_policy_limit_not_a_re_spend_margin():
     section = _production_section()
     assert "and one re-spend margin" not in section and "planned 1.257281, and one" not in section
     assert "refused by each dataset's lifetime cap" not in section
     assert "policy limit" in section
 
 
-def test_worker_unit_stops_the_worker_first_then_its_flow_runs():
-    """Measured (docs/operations.md): the worker's graceful stop leaves its flow runs "Running"
-    forever; killed first, its flow runs get SIGTERM and end Crashed."""
+def test_worker_unit_stops_through_the_phsafe_worker():
+    """The unit runs deployments/worker.py, which on SIGTERM kills the Prefect worker and sends
+    SIGTERM to each flow run (the flows stop at their next safe point); systemd signals it alone
+    (KillMode=mixed) and SIGKILLs what is left only after TimeoutStopSec, beyond the worker's
+    own grace (the end-to-end test stops it and counts the INTENTs)."""
+    from deployments import worker
+
     service = _unit(SYSTEMD / "prefect-worker.service")["Service"]
-    assert service["ExecStop"] == ["/bin/kill -s KILL $MAINPID"]
-    assert service["KillMode"] == ["control-group"] and service["KillSignal"] == ["SIGTERM"]
-    assert service["SuccessExitStatus"] == ["SIGKILL"]
+    command = shlex.split(service["ExecStart"][0])
+    assert command[:2] == ["/opt/phsafe/.venv/bin/python", "/opt/phsafe/deployments/worker.py"]
+    assert (REPO / "deployments" / "worker.py").is_file()
+    assert command[2:] == ["--pool", "phsafe-process", "--type", "process", "--limit", "1"]
+    assert "ExecStop" not in service and "SuccessExitStatus" not in service
+    assert service["KillMode"] == ["mixed"] and service["KillSignal"] == ["SIGTERM"]
     timeout = service["TimeoutStopSec"][0]
-    assert timeout.endswith("s") and 30 <= int(timeout[:-1]) <= 300
+    assert timeout.endswith("s") and worker.DEFAULT_GRACE + 5 <= int(timeout[:-1]) <= 300
     # Heartbeats every 30 s, so that a run whose process died is marked Crashed (five missed).
     shared = _env(SYSTEMD / "prefect.env")
     assert shared["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
+
+
+def test_the_server_writes_its_ui_where_its_user_may_write():
+    """The venv is root's; the server, as phsafe, writes its copy of the UI into its own folder."""
+    server = _env(SYSTEMD / "prefect-server.env")
+    home = Path(_env(SYSTEMD / "prefect.env")["PREFECT_HOME"])
+    assert Path(server["PREFECT_UI_STATIC_DIRECTORY"]).is_relative_to(home)
+
+
+def test_the_deploy_step_refuses_code_that_is_not_a_clean_commit(monkeypatch, capsys):
+    from phsafe import provenance
+
+    for found, why in (
+            (provenance.Provenance("0.1.0", None, None, "none", "the code's commit cannot be known: no install stamp"),
+             "the code's commit cannot be known"),
+            (provenance.Provenance("0.1.0", "a" * 40, False, "stamp", "2 file(s) of the code changed since it was "
+                                                                       "installed"), "2 file(s) of the code changed")):
+        monkeypatch.setattr(provenance, "provenance", lambda found=found: found)
+        with pytest.raises(deploy.Refused) as refused:
+            deploy.code_step(allow_dirty=False)
+        assert str(refused.value).startswith(why) and "--allow-dirty" in str(refused.value), refused.value
+        assert "\n" not in str(refused.value)
+        assert deploy.code_step(allow_dirty=True) == found.code_version
+        assert f"warning (--allow-dirty): {why}" in capsys.readouterr().out
+    clean = provenance.Provenance("0.1.0", "b" * 40, True, "stamp")
+    monkeypatch.setattr(provenance, "provenance", lambda: clean)
+    assert deploy.code_step(allow_dirty=False) == "0.1.0+gbbbbbbbbbbbb"
 
 
 def test_alerts_env_is_for_the_deploy_step_only():
@@ -305,6 +345,10 @@ def test_the_automations_file_is_prefect_s_format_once_the_deploy_step_fills_it(
     assert "past the time limit of 3h" in running.actions[0].body
     died = automations["phsafe: a run whose process died is marked Crashed"]
     assert died.trigger.within.total_seconds() == 150 and "prefect.flow-run.heartbeat" in died.trigger.expect
+    # The flows' last event (after their final state) ends the wait: a final run is never marked.
+    from flows._ended import ENDED
+
+    assert ENDED in died.trigger.expect
     (crash,) = died.actions
     assert isinstance(crash, ChangeFlowRunState) and crash.state.value == "CRASHED" and "2m30s" in crash.message
     assert "${" not in str(filled)  # every value filled

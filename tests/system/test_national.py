@@ -322,9 +322,17 @@ def test_inputs_too_large_for_the_limit_are_refused_in_preflight(datasets: dict[
     refused = _invoke("-q", "private", config_path, datasets["csv"], tmp_path / "out", "--ledger", ledger,
                       "--dataset", "test", "--new-version", "test records", "--memory-limit", "64M")
     assert refused.exit_code == 1
-    assert refused.stderr.count("\n") == 1 and refused.stderr.startswith("phsafe: error: the inputs cannot be "
-                                                                         "processed within the memory limit")
-    assert "--memory-limit" in refused.stderr and "G or more" in refused.stderr
+    assert refused.stderr.count("\n") == 1 and refused.stderr.startswith("phsafe: error: the inputs need more than "
+                                                                         "the memory limit")
+    # No log file: the console (inside the enclave) gets the figures; with --log they go there.
+    assert "--memory-limit" in refused.stderr and "; at least " in refused.stderr and "GiB" in refused.stderr
+    logged = _invoke("-q", "private", config_path, datasets["csv"], tmp_path / "out", "--ledger", ledger,
+                     "--dataset", "test", "--new-version", "test records", "--memory-limit", "64M",
+                     "--log", tmp_path / "run.jsonl")
+    assert logged.exit_code == 1 and "GiB" not in logged.stderr
+    assert logged.stderr.startswith("phsafe: error: the inputs need more than the memory limit; the figures are in "
+                                    f"the enclave log at {tmp_path / 'run.jsonl'} (give --memory-limit more"), \
+        logged.stderr
     assert ledger.read_text() == before  # no RUN_STARTED, no INTENT: nothing spent
     assert not (tmp_path / "out").exists()
     validate = _invoke("-q", "validate", config_path, datasets["csv"], "--memory-limit", "64M")

@@ -219,8 +219,9 @@ def test_a_signal_while_measuring_stops_at_a_safe_point_and_says_how_to_resume(m
     lines = [line for line in stopped.stderr.splitlines() if line.startswith("phsafe: interrupted:")]
     assert len(lines) == 1 and not [line for line in stopped.stderr.splitlines() if "error" in line], stopped.stderr
     (run_id, run), = read_ledger(ledger).runs.items()
-    signal_name = "Ctrl-C (SIGINT)" if mode == "sigint" else "SIGTERM"
-    assert lines[0].startswith(f"phsafe: interrupted: stopped by {signal_name} at a safe point"), lines[0]
+    signal_name = "SIGINT" if mode == "sigint" else "SIGTERM"
+    assert lines[0].startswith(f"phsafe: interrupted: stopped by a signal ({signal_name}) at a safe point"), lines[0]
+    assert run.failure_reason.startswith(f"stopped by a signal ({signal_name})"), run.failure_reason
     assert f"--resume {run_id} --resume-reason TEXT" in lines[0], lines[0]
     # No INTENT after the request: the one in flight was committed, and nothing was left dangling.
     assert run.status.value == "failed" and run.intents and set(run.intents) == set(run.reusable)
