@@ -176,7 +176,7 @@ def _release_and_check(root: Path, enclave: Path, public: Path, ledgers: dict[st
         print(f"    {label.upper()} JSON-lines log                {ledger.parent / 'phsafe-log.jsonl'}")
     print(f"  public key for the auditors    {public_key}")
     print("  Prefect artifacts (budget spends, validation, manifest, checkpoint) are in the run's")
-    print("  ephemeral database; run against a server to browse them in the UI (README: Run it in production).")
+    print("  ephemeral database; run against a server to browse them in the UI (docs/operations.md).")
     return 0
 
 
