@@ -184,3 +184,91 @@ def test_no_import_circle_in_the_library() -> None:
 def test_no_private_name_is_imported_from_another_module() -> None:
     borrowed = {str(m.path.relative_to(REPO)): m.borrowed for m in MODULES.values() if m.borrowed}
     assert not borrowed, "\n".join(f"{path}: {', '.join(items)}" for path, items in borrowed.items())
+
+
+def _private_path(target: str) -> str | None:
+    """The package whose private module ``target`` is (``phsafe.validation`` for
+    ``phsafe.validation._inputs``), or None when no part of it is private."""
+    parts = target.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            return ".".join(parts[:i])
+    return None
+
+
+def test_no_public_name_is_taken_from_another_packages_private_module() -> None:
+    """``from phsafe.validation._inputs import InputValidation`` outside ``phsafe.validation``: the
+    package's front (its ``__init__``) is what others may use."""
+    found = []
+    for module in MODULES.values():
+        for target, line in module.imports.items():
+            owner = _private_path(target)
+            if owner is not None and module.name != owner and not module.name.startswith(owner + "."):
+                found.append(f"{module.path.relative_to(REPO)}:{line}: {target}")
+    assert not found, "\n".join(found)
+
+
+def _unit(name: str) -> str | None:
+    """The top-level part of the library a module belongs to: its package (``phsafe.ledger``) or
+    itself (``phsafe.engine``); None for the root package's front."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 else None
+
+
+def test_no_import_circle_between_packages() -> None:
+    """Packages (and top-level modules) form no circle either: ``phsafe.ledger`` never imports
+    ``phsafe.publog`` back (the log follows the ledger, registered as a follower)."""
+    graph: dict[str, set[str]] = {}
+    for name, module in MODULES.items():
+        unit = _unit(name)
+        if unit is None:
+            continue
+        graph.setdefault(unit, set())
+        for target in module.imports:
+            other = _unit(target)
+            if other is not None and other != unit:
+                graph[unit].add(other)
+    for targets in list(graph.values()):
+        for t in targets:
+            graph.setdefault(t, set())
+    circles = _cycles(graph)
+    report = []
+    for circle in circles:
+        edges = []
+        for a, b in zip(circle, circle[1:]):
+            where = next(f"{m.path.relative_to(REPO)}:{line}" for n, m in MODULES.items() if _unit(n) == a
+                         for t, line in m.imports.items() if _unit(t) == b)
+            edges.append(f"{a} -> {b} ({where})")
+        report.append("circle: " + " -> ".join(circle) + "\n  " + "\n  ".join(edges))
+    assert not circles, "\n".join(report)
+
+
+OUTSIDE = [p for folder in ("flows", "tasks", "deployments", "demo") for p in sorted((REPO / folder).rglob("*.py"))]
+
+
+def test_no_private_name_of_the_library_is_used_outside_it() -> None:
+    """The Prefect project (flows, tasks, deployments) and the demo use the library's public names only."""
+    found = []
+    for path in OUTSIDE:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "phsafe":
+                        if _private_path(alias.name) is not None:
+                            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {alias.name}")
+                        aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else "phsafe"
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "phsafe":
+                assert node.module is not None
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    if _private_path(node.module) is not None or _private(alias.name):
+                        found.append(f"{path.relative_to(REPO)}:{node.lineno}: {full}")
+                    if full in MODULES:
+                        aliases[alias.asname or alias.name] = full
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr)
+                    and node.value.id in aliases):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    assert OUTSIDE and not found, "\n".join(found)
