@@ -45,7 +45,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 import pandas as pd
 
-from phsafe.progress import budget_text
+from phsafe.amounts import amount_text
 
 HERE = Path(__file__).resolve().parent
 PHSAFE = Path(sys.executable).parent / "phsafe"
@@ -136,7 +136,7 @@ def _release_and_check(root: Path, enclave: Path, public: Path, ledgers: dict[st
         _run("audit", "report", summary["ledger"])
         frame = pd.read_csv(Path(summary["outputs"]) / "PH1_num" / "PH1_num.csv", sep="|", dtype={"REGION_ID": str})
         print(f"\n{label.upper()}: run {summary['run_id']} of dataset {summary['dataset']}, {summary['privacy_defn']} "
-              f"total {budget_text(summary['total_budget'])}; PH1_num, first rows of {len(frame)}:")
+              f"total {amount_text(summary['total_budget'])}; PH1_num, first rows of {len(frame)}:")
         print(frame.head(6).to_string(index=False))
     _section("4. The same records again: refused before any spend (a content version is released once)")
     again = subprocess.run([str(PHSAFE), "-q", "private", str(HERE / "data" / "us" / "config.json"),

@@ -10,7 +10,7 @@ agree digit for digit on every amount they record.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +52,44 @@ def format_exact(value: Amount) -> str:
     if digits:
         text = f"{text[:-digits]}.{text[-digits:]}".rstrip("0").rstrip(".")
     return text
+
+
+def amount_text(value: Amount | float | int | str, significant: int = 10) -> str:
+    """An amount for people -- screens, logs, reports: ``1.257281``, ``0.000022``, ``Infinity``.
+
+    The one formatter of amounts for people. Terminating decimals are exact; others (1/3) get
+    ``significant`` digits after a leading ``≈``, in plain notation (never an exponent). The
+    exact text stays in the ledger and the manifests (:func:`format_exact`).
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("infinity", "inf"):
+            return "Infinity"
+        value = Fraction(text)
+    if isinstance(value, float):
+        if value == float("inf"):
+            return "Infinity"
+        value = Fraction(Decimal(repr(value)))
+    if isinstance(value, Decimal):
+        if value.is_infinite():
+            return "Infinity"
+        value = Fraction(value)
+    value = Fraction(value)
+    if value < 0:
+        return "-" + amount_text(-value, significant)
+    exact = format_exact(value)
+    if "/" not in exact:  # a terminating decimal: exact
+        return exact
+    with localcontext() as ctx:
+        ctx.prec = significant
+        return "≈ " + _plain(Decimal(value.numerator) / Decimal(value.denominator))
+
+
+def _plain(d: Decimal) -> str:
+    text = format(d, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text if text not in ("", "-0") else "0"
 
 
 def parse_exact(text: Any) -> Amount:

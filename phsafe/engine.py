@@ -62,7 +62,7 @@ from phsafe.private_run import (
     open_ledger,
     resolve_ledger,
 )
-from phsafe.progress import budget_text
+from phsafe.amounts import amount_text
 from phsafe.reader import file_digest, input_digests, locate_inputs
 from phsafe.tables import DERIVED_TABLES, TABLES
 from phsafe.tabulate import TableCounts
@@ -193,7 +193,7 @@ def plan_private_run(config: PHSafeConfig) -> RunPlan:
     plan = plan_run(config)
     for m in plan.measurements:
         check_privacy_map(m)
-    log.info("plan", measurements=len(plan.measurements), total=budget_text(plan.total),
+    log.info("plan", measurements=len(plan.measurements), total=amount_text(plan.total),
              cells=sum(m.n_cells for m in plan.measurements))
     return plan
 
@@ -316,7 +316,7 @@ def measure_table(
                 done(m.key)
             outcomes.append(MeasurementOutcome(
                 key=m.key, table=m.table, level=m.level.config_key, status=status,
-                privacy_defn=m.privacy_defn.value, budget=budget_text(m.budget), sensitivity=m.sensitivity,
+                privacy_defn=m.privacy_defn.value, budget=amount_text(m.budget), sensitivity=m.sensitivity,
                 variance=m.variance, moe90=m.moe90, cells=m.n_cells,
             ))
     return outcomes
@@ -378,12 +378,12 @@ def public_manifest(run: PrivateRun, config: PHSafeConfig, plan: RunPlan, file_d
         "mode": "private",
         "dataset": run.dataset,
         "privacy_defn": config.privacy_defn.value,
-        "total_budget": budget_text(plan.total),
+        "total_budget": amount_text(plan.total),
         "non_confidential": run.parameters.non_confidential,
         "config": {"state_filter": list(config.state_filter), "tau": dict(config.tau),
                    "sensitivity": config.sensitivity.value},
         "measurements": [
-            {"table": m.table, "level": m.level.config_key, "budget": budget_text(m.budget),
+            {"table": m.table, "level": m.level.config_key, "budget": amount_text(m.budget),
              "sensitivity": m.sensitivity, "variance": m.variance, "moe90": m.moe90, "cells": m.n_cells,
              "noise": m.distribution.value}
             for m in plan.measurements
@@ -704,7 +704,7 @@ def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:
         rows.append({
             "table": m.table,
             "level": m.level.config_key,
-            budget_name: budget_text(m.budget),
+            budget_name: amount_text(m.budget),
             "sensitivity": m.sensitivity,
             "variance": m.variance,
             "moe90": m.moe90,

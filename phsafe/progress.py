@@ -40,7 +40,7 @@ Log events: :meth:`Progress.log_sink` is a structlog sink (:func:`phsafe.logs.co
 display, so they never tear the live bars; it never shows errors, which the command reports in
 one line of its own. The JSON log file is unaffected.
 
-Budgets are shown to people as decimals (:func:`budget_text`: ``1.257281``, never
+Budgets are shown to people as decimals (:func:`phsafe.amounts.amount_text`: ``1.257281``, never
 ``1257281/1000000``); exact fractions stay in the ledger and its JSON.
 
 Nothing here may show a confidential value: stage and task names, counts of files, partitions,
@@ -54,8 +54,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from decimal import Decimal
-from fractions import Fraction
 from typing import Any, Callable, Iterator, Protocol, TextIO, runtime_checkable
 
 __all__ = [
@@ -66,7 +64,6 @@ __all__ = [
     "Progress",
     "RichProgress",
     "Task",
-    "budget_text",
     "for_stream",
 ]
 
@@ -111,38 +108,6 @@ class Progress(Protocol):
 # --------------------------------------------------------------------------------------------
 # Numbers for people
 # --------------------------------------------------------------------------------------------
-
-
-def budget_text(value: Fraction | Decimal | float | int | str, significant: int = 10) -> str:
-    """A privacy-loss budget as a decimal for people: ``1.257281``, ``0.000022``, ``Infinity``.
-
-    Terminating decimals are exact; others (e.g. 1/3) get ``significant`` digits and a leading
-    ``≈``. Exact fractions stay in the ledger; this is for screens, logs and reports.
-    """
-    if isinstance(value, str):
-        text = value.strip()
-        if text.lower() in ("infinity", "inf"):
-            return "Infinity"
-        value = Fraction(text)
-    if isinstance(value, float):
-        if value == float("inf"):
-            return "Infinity"
-        value = Fraction(Decimal(repr(value)))
-    if isinstance(value, Decimal):
-        if value.is_infinite():
-            return "Infinity"
-        value = Fraction(value)
-    value = Fraction(value)
-    den = value.denominator
-    for p in (2, 5):
-        while den % p == 0:
-            den //= p
-    if den == 1:  # terminating: exact
-        text = format(Decimal(value.numerator) / Decimal(value.denominator), "f")
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
-        return text
-    return "≈ " + format(float(value), f".{significant}g")
 
 
 def _seconds(s: float) -> str:
@@ -479,7 +444,6 @@ class RichProgress(_Base):
             redirect_stdout=False,
             redirect_stderr=False,
         )
-        self._stage_rows: list[Any] = []
         self._tasks: list[_RichTask] = []
 
     def __enter__(self) -> "RichProgress":

@@ -53,7 +53,7 @@ import pyarrow.parquet as pq
 
 from phsafe.schema import FILES, MAFID_MAX, MAFID_MIN, ColumnKind
 
-__all__ = ["FORMATS", "SynthesisResult", "SyntheticData", "generate", "main", "synthesize", "write"]
+__all__ = ["FORMATS", "SynthesisResult", "SyntheticData", "generate", "synthesize", "write"]
 
 IntArray = npt.NDArray[np.integer]
 

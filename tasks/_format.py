@@ -1,7 +1,7 @@
 """How privacy-loss amounts read in what operators see (Prefect artifacts, run logs, results).
 
 The library keeps amounts exact (:class:`fractions.Fraction`, whose text is ``1257281/1000000``);
-people read decimals: :func:`phsafe.progress.budget_text`, the one formatter of budgets for
+people read decimals: :func:`phsafe.amounts.amount_text`, the one formatter of amounts for
 people. Here it is applied to fields that may or may not hold an amount.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phsafe.progress import budget_text
+from phsafe.amounts import amount_text
 
 
 def decimal_text(value: Any) -> str:
@@ -21,6 +21,6 @@ def decimal_text(value: Any) -> str:
     if isinstance(value, bool):
         return str(value)
     try:
-        return budget_text(value)
+        return amount_text(value)
     except (ValueError, TypeError, ZeroDivisionError, ArithmeticError):
         return str(value)

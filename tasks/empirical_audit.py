@@ -4,7 +4,7 @@ report, and its artifacts.
 Thin wrappers over :mod:`phsafe.audit.empirical`. The audit runs the release code on data it
 generates itself, never on inputs: its numbers are public facts about the code, so its report is
 shown whole in the Prefect UI (the artifacts say so). The production rules of noise-drawing tasks
-hold all the same (DEVELOPERS.md): nothing cached or persisted, no retry that draws again.
+hold all the same (as in tasks/pipeline.py): nothing cached or persisted, no retry that draws again.
 """
 
 from __future__ import annotations

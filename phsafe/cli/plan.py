@@ -57,7 +57,7 @@ def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None
     """
     from phsafe import planner
     from phsafe.config import PrivacyDefinition
-    from phsafe.progress import budget_text
+    from phsafe.amounts import amount_text
 
     if (targets_file is None) == (config_file is None):
         raise click.UsageError("give exactly one of --targets FILE and --from-config CONFIG")
@@ -78,7 +78,7 @@ def plan(ctx: click.Context, targets_file: Path | None, config_file: Path | None
     total = result.total(measure)
 
     def text(x: object) -> str:
-        return "n/a" if x is None else budget_text(x)  # type: ignore[arg-type]
+        return "n/a" if x is None else amount_text(x)  # type: ignore[arg-type]
 
     factor = result.bounded_factor(measure)
     result_line(f"phsafe: planned {len(result.levels)} population-group levels; total {measure} "

@@ -49,15 +49,10 @@ def config_text(raw: Mapping[str, Any]) -> str:
 
 
 def amount_text(x: Fraction | Decimal | None, significant: int = 10) -> str:
-    """An exact amount as text: terminating decimals exactly, others as ``≈`` ``significant`` digits."""
-    if x is None:
-        return "n/a"
-    if isinstance(x, Decimal):
-        return "Infinity" if x == INFINITE else decimal_text(x)
-    from phsafe.amounts import format_exact
+    """An amount for the plan's reports (:func:`phsafe.amounts.amount_text`), ``n/a`` when none."""
+    from phsafe.amounts import amount_text as text
 
-    exact = format_exact(x)
-    return exact if "/" not in exact else "≈ " + fraction_text(x, significant)
+    return "n/a" if x is None else text(x, significant)
 
 
 def _exact_text(x: Fraction) -> str:

@@ -17,7 +17,7 @@ from phsafe.tables import TABLES
 REPO = Path(__file__).resolve().parents[2]
 DEMO_US = REPO / "demo" / "data" / "us"
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 @flow(name="test-dask-counting")

@@ -14,7 +14,7 @@ import pytest
 from tests._empirical import write_config
 from tests.flows.test_flows import _artifacts, _flow_run_id, _task_run_names
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def test_the_flow_audits_the_release_path_and_shows_its_report(tmp_path: Path) -> None:

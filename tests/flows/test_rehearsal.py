@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import PR_CONFIG, US_CONFIG
 from tests.flows.test_flows import _artifacts, _flow_run_id, _log_messages
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.slow]
+pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def _subflow_runs(parent_id) -> list:

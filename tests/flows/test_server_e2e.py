@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pandas as pd
-import pytest
 import yaml
 
 from tests.flows._worker_stops import print_case_table, retry, stop_the_worker_every_way
@@ -57,7 +56,6 @@ SPENDING = ("sdhc-release/release", "sdhc-us/us", "sdhc-pr/pr")
 DEPLOYMENTS = (*SPENDING, "sdhc-rehearsal/rehearsal")
 AUTOMATIONS = [a["name"] for a in yaml.safe_load((REPO / "deployments" / "automations.yaml").read_text())["automations"]]
 
-pytestmark = pytest.mark.slow
 
 
 def test_production_stack_on_postgresql(tmp_path_factory, tmp_path):

@@ -150,7 +150,6 @@ def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
     assert not (out / "comparison.csv").exists()  # --no-production
 
 
-@pytest.mark.slow
 def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
     """Production budgets on the demo data: coverage of the stated MOE and of the credible
     intervals, pooled over 8 trials (about 11,700 cells; standard error about 0.003)."""

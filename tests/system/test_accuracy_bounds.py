@@ -27,7 +27,6 @@ from phsafe.tables import TABLES, TableKind
 
 from tests.conftest import US_CONFIG
 
-pytestmark = pytest.mark.slow
 
 TAUS = {"PH1_num": 10, "PH2": 10, "PH3": 6, "PH4": 10, "PH6": 6, "PH7": 10}
 

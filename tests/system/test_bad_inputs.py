@@ -170,7 +170,6 @@ def _ledger_spends(ledger: Path) -> list[str]:
             or '"kind":"INTENT"' in line]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", [c for c in CASES if c.cli], ids=[c.name for c in CASES if c.cli])
 def test_private_run_refuses_bad_input(case: Case, base: Dataset, tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -193,7 +192,6 @@ def test_private_run_refuses_bad_input(case: Case, base: Dataset, tmp_path: Path
     assert_value_free([message], ds, case.secrets)
 
 
-@pytest.mark.slow
 def test_validate_command_names_the_config_file(base: Dataset, tmp_path: Path) -> None:
     case = next(c for c in CASES if c.name == "config_privacy_defn_typo")
     data = tmp_path / "data"
@@ -204,7 +202,6 @@ def test_validate_command_names_the_config_file(base: Dataset, tmp_path: Path) -
     assert 'config.json [privacy_defn]: must be "zcdp" or "puredp"' in proc.stderr
 
 
-@pytest.mark.slow
 def test_validate_command_rejects_reference_fixture(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(PHSAFE), "validate", str(END_TO_END / "config.json"), str(END_TO_END), "--report-dir",

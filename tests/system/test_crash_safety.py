@@ -51,7 +51,6 @@ KILLS = 20
 ENTRY_TRIGGERED = 14
 CAP = "1000"
 
-pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

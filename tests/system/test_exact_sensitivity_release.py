@@ -39,7 +39,6 @@ from phsafe.sensitivity import SensitivityBound, exact, squared
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
-pytestmark = pytest.mark.slow
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
 STATES = ["01", "02"]

@@ -170,7 +170,6 @@ class Attack:
         return found
 
 
-@pytest.mark.slow
 def test_the_digest_attack_finds_nothing_in_the_public_zone(world: dict, tmp_path: Path) -> None:
     attack = Attack(world["data"], STATES, world["config"])
     public = _public_tokens(world["out"])
@@ -283,7 +282,6 @@ def _parquet(src: Path, dst: Path) -> None:
 BYPASSES = [("shuffled", _shuffled), ("blank-line", _blank_line), ("crlf", _crlf), ("parquet", _parquet)]
 
 
-@pytest.mark.slow
 def test_the_same_records_cannot_be_released_again(world: dict, tmp_path: Path) -> None:
     ledger, config = world["ledger"], world["config"]
     spent = intents(ledger)
@@ -322,7 +320,6 @@ def _renamed(config: Path, folder: Path, name: str) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_a_changed_record_is_a_new_version_of_the_same_dataset(world: dict, tmp_path: Path) -> None:
     # On a copy of the ledger (its cap is raised below; the other tests need it as it is).
     ledger = tmp_path / "enclave" / "ledger.jsonl"

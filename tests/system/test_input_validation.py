@@ -95,7 +95,6 @@ def test_geo_values_checked_column_by_column_give_exact_counts(
         ("geo.csv", "geo.PLACEFP.present", 1)}
 
 
-@pytest.mark.slow
 def test_second_process_gives_the_same_report(
     small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

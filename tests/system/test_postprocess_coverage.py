@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from phsafe import postprocess as pp
 from phsafe.accounting import geometric_variance, plan_run
@@ -16,7 +15,6 @@ from tests._noisy_tables import DG, GEO, average_frames, opendp_noise
 from tests.conftest import US_CONFIG
 
 
-@pytest.mark.slow
 def test_moe_coverage_full_simulation() -> None:
     """OpenDP noise at every distinct production variance (zCDP) and at pure-DP scales."""
     results = {}
@@ -33,7 +31,6 @@ def test_moe_coverage_full_simulation() -> None:
         assert 0.888 <= cov <= 0.915, (key, cov)  # exact values 0.8975-0.9083, SE 0.0017
 
 
-@pytest.mark.slow
 def test_credible_interval_coverage_full_simulation() -> None:
     """Count intervals for truths spread over the range where the boundary at 0 matters, and far
     from it, for the discrete Gaussian (one and two parts) and the geometric."""
@@ -64,7 +61,6 @@ def test_credible_interval_coverage_full_simulation() -> None:
         assert 0.9 <= exact_far <= 0.94 and abs(far - exact_far) <= 0.012, (key, far, exact_far)
 
 
-@pytest.mark.slow
 def test_average_coverage_full_simulation() -> None:
     """The averages' 90% equal-tailed intervals on 1,500 groups (4,500 intervals), small and large
     households counts, sigma 41 (the production's state-level PH1 sigma is 122)."""

@@ -52,7 +52,6 @@ from phsafe.tlog.proof import format_tlog_proof, parse_tlog_proof
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
-pytestmark = pytest.mark.slow
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
 

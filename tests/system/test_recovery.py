@@ -33,7 +33,6 @@ from phsafe.ledger import format_exact, read_ledger
 from tests._ledgers import new_ledger
 from tests.conftest import US_CONFIG
 
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 PHSAFE = Path(sys.executable).parent / "phsafe"

@@ -414,7 +414,6 @@ def _county_not_numeric(directory: Path) -> None:
     geo.to_csv(directory / "geo.csv", index=False, lineterminator="\n")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", _UNVALIDATED_PUBLISHED + ["persons_header_only", "geo_header_only",
                                                            "county_not_numeric"])
 def test_broken_inputs_are_refused_by_the_command_as_typed(name: str, tmp_path: Path) -> None:

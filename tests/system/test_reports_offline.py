@@ -74,7 +74,6 @@ def _check_link(href: str, page: Path) -> None:
         assert f'id="{url.fragment}"' in target.read_text(encoding="utf-8"), f"{page.name}: no anchor {href}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", [
     "plan", "plan-puredp", "risk", "accuracy", "postprocess",
     "validation-reports", "validation-summary", "validation-suite", "validation-passed",
@@ -105,7 +104,6 @@ def test_report_opens_offline(reports: dict[str, Path], browser, kind: str) -> N
     assert path.with_suffix(".png").stat().st_size > 10_000
 
 
-@pytest.mark.slow
 def test_validation_pages_name_the_run_and_hold_counts_only(reports: dict[str, Path]) -> None:
     suite = reports["validation-suite"].read_text(encoding="utf-8")
     summary = json.loads((reports["validation-summary"].parent / "report.json").read_text())

@@ -182,7 +182,6 @@ def test_a_state_missing_from_a_file_holds_no_rows_of_it(small: synthetic.Synthe
     assert _failure(report, "persons_in_units.unit_exists") == dc_persons
 
 
-@pytest.mark.slow
 def test_states_on_a_second_process_give_the_same_report(small: synthetic.SyntheticData, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     by_state = _write_by_state(_broken(small), tmp_path / "by_state")

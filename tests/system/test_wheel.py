@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 UV = Path(sys.executable).parent / "uv"
@@ -27,7 +26,6 @@ def _run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complete
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.slow
 def test_wheel_in_a_fresh_environment_validates_the_demo_data(tmp_path: Path) -> None:
     assert UV.exists(), f"uv is installed in the environment by `make env` ({UV})"
     dist, venv, elsewhere = tmp_path / "dist", tmp_path / "venv", tmp_path / "elsewhere"

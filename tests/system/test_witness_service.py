@@ -44,7 +44,6 @@ from phsafe.tlog import (
 from phsafe.tlog.note import ALG_COSIGNATURE_V1
 from tests._tlog import ORIGIN, entries, log_signer, log_verifier, private_key, signed_checkpoint
 
-pytestmark = pytest.mark.slow
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
 REPO = Path(__file__).resolve().parents[2]

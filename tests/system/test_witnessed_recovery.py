@@ -37,7 +37,6 @@ from phsafe.publog import log_path, witnesses_path
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
-pytestmark = pytest.mark.slow
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,6 @@ import errno
 import hashlib
 import hmac
 import json
-import multiprocessing as mp
 import os
 import stat
 from decimal import Decimal
@@ -1338,69 +1337,6 @@ def test_replay_rejects_a_migration_that_does_not_name_every_old_dataset(tmp_pat
     empty.write_bytes(b"")
     craft(empty, "LEDGER_MIGRATED", None, {**policy, "datasets": {}})
     rejected(empty, 0, "LEDGER_MIGRATED", "a ledger starts with LEDGER_INIT")
-
-
-# --------------------------------------------------------------------------------------------
-# Concurrency: check-and-record is atomic across processes
-# --------------------------------------------------------------------------------------------
-
-
-def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
-    ledger = open_ledger(Path(path))
-    barrier.wait()
-    try:
-        rec = start(ledger, PLAN, run_id)
-    except BudgetError:
-        results.put((run_id, "refused"))
-        return
-    for m in PLAN.measurements:
-        measure(m, np.zeros(m.n_cells, dtype=np.int64), rec)
-    rec.record_published(FILES, Path(out))
-    results.put((run_id, "ran"))
-
-
-@pytest.mark.parametrize("round_", range(3))
-def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int) -> None:
-    """Both declare the same new version; exactly one DATASET_VERSION and one run are recorded."""
-    ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
-    path = new_ledger(tmp_path, cap=PLAN.total).path
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_contender, args=(str(path), f"run-{i}", str(tmp_path / f"out-{i}"), barrier, results))
-             for i in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    outcome = sorted(results.get(timeout=5)[1] for _ in procs)
-    assert outcome == ["ran", "refused"]
-    state = read_ledger(path)
-    assert len(state.runs) == 1 and next(iter(state.runs.values())).status is RunStatus.FINISHED
-    assert len(state.dataset_states[DATASET].versions) == 1
-
-
-def _writer(path: str, i: int, barrier) -> None:
-    ledger = open_ledger(Path(path))
-    barrier.wait()
-    rec = start(ledger, PLAN, f"w{i}", dataset=f"data-{i}", fingerprint=f"{i}" * 64)
-    run_all(rec, PLAN)
-    rec.record_published(FILES, Path(path).parent / f"out-{i}")
-
-
-def test_concurrent_appends_keep_one_valid_chain(tmp_path: Path) -> None:
-    ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
-    path = new_ledger(tmp_path).path
-    barrier = ctx.Barrier(3)
-    procs = [ctx.Process(target=_writer, args=(str(path), i, barrier)) for i in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
-    state = read_ledger(path)
-    assert {r.run_id for r in state.runs.values() if r.status is RunStatus.FINISHED} == {"w0", "w1", "w2"}
-    # LEDGER_INIT, then per run: DATASET_VERSION, RUN_STARTED, INTENT+COMMITTED each, published, finished.
-    assert state.size == 1 + 3 * (2 * len(PLAN.measurements) + 4)
 
 
 def test_checkpoint_signature(tmp_path: Path) -> None:

@@ -434,7 +434,6 @@ def _draw(m: PlannedMeasurement) -> np.ndarray:
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("delta", "rho"), [(22, "0.016371"), (2, "0.5")])
 def test_discrete_gaussian_goodness_of_fit(delta: int, rho: str) -> None:
     m = planned(ZCDP, rho, delta, N_DRAWS, table="PH1_num" if delta == 22 else "PH1_denom")
@@ -449,7 +448,6 @@ def test_discrete_gaussian_goodness_of_fit(delta: int, rho: str) -> None:
         assert chi_square_pvalue(sample, k2, p2)[0] < ALPHA, factor
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("delta", "eps"), [(12, "0.33"), (2, "1")])
 def test_two_sided_geometric_goodness_of_fit(delta: int, eps: str) -> None:
     m = planned(PUREDP, eps, delta, N_DRAWS, table="PH3" if delta == 12 else "PH1_denom")

@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from phsafe._plots import ReportFolderExists, report_folder
-from phsafe.progress import NULL, NullProgress, PlainProgress, Progress, RichProgress, budget_text, for_stream
+from phsafe.amounts import amount_text, format_exact
+from phsafe.progress import NULL, NullProgress, PlainProgress, Progress, RichProgress, for_stream
 
 
 # --------------------------------------------------------------------------------------------
@@ -29,9 +30,11 @@ from phsafe.progress import NULL, NullProgress, PlainProgress, Progress, RichPro
     (Decimal("Infinity"), "Infinity"),
     ("Infinity", "Infinity"),
     (Fraction(1, 3), "≈ 0.3333333333"),
+    (Fraction(1, 3 * 10**6), "≈ 0.0000003333333333"),  # plain notation, never an exponent
+    (Fraction(1, 2**60), format_exact(Fraction(1, 2**60))),  # terminating: every digit
 ])
-def test_budget_text(value: object, text: str) -> None:
-    assert budget_text(value) == text  # type: ignore[arg-type]
+def test_amount_text(value: object, text: str) -> None:
+    assert amount_text(value) == text  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------------------

@@ -109,12 +109,11 @@ def test_the_pair_signs_a_checkpoint_that_the_auditors_check_verifies(tmp_path: 
     import json
 
     from phsafe.audit.verify import VerificationFailure, verify
-    from phsafe.engine import code_version
     from phsafe.publog import create_ledger
 
     pair, other = generate_signing_key(tmp_path / "keys"), generate_signing_key(tmp_path / "other")
     ledger = create_ledger(tmp_path / "ledger.jsonl", lifetime_cap=1, reason="test policy",
-                           code_version=code_version())
+                           code_version="test")
     checkpoint = tmp_path / "checkpoint.json"
     checkpoint.write_text(json.dumps(ledger.checkpoint(pair.private_key)))
     result = verify(tmp_path / "ledger.jsonl", checkpoints=[checkpoint], public_key=pair.public_key)

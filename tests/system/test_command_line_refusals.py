@@ -1,4 +1,4 @@
-"""Reliability round three (issue 22): what an insider, a typo and Ctrl-C could still do.
+"""What an insider, a typo and Ctrl-C can do at the command line, and what they get.
 
 Each test drives the command line as an operator types it and checks what the operator sees (one
 ``phsafe: error:`` line, no traceback) and what the ledger holds afterwards.
