@@ -32,7 +32,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["create", "replace", "append", "truncate", "fsync_folder", "write_all", "TornAppend"]
+__all__ = ["create", "replace", "append", "truncate", "fsync_file", "fsync_folder", "write_all", "TornAppend"]
 
 PathLike = str | os.PathLike[str]
 
@@ -40,6 +40,15 @@ PathLike = str | os.PathLike[str]
 def fsync_folder(folder: PathLike) -> None:
     """Make the names in ``folder`` (a file created, renamed or removed there) durable."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: PathLike) -> None:
+    """Make the bytes of ``path`` durable: a file another library wrote (pyarrow, a copy)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import structlog
 
-from phsafe import interrupt
+from phsafe import durable, interrupt
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig, check_budget_policy, read_config_file
 from phsafe.counting import Counts
@@ -440,7 +440,8 @@ def publish_private_run(
     recorder.record_published(release_files, run.output_dir)
     write_release_log_files(recorder.ledger, run.run_id, run.output_dir)
     final = recorder.checkpoint(signing_key)
-    (run.run_dir / "checkpoint.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    durable.replace(run.run_dir / "checkpoint.json", (json.dumps(final, indent=2, sort_keys=True) + "\n").encode(),
+                    mode=0o600)
     shutil.rmtree(run.store.directory, ignore_errors=True)
     shutil.rmtree(run.release_dir, ignore_errors=True)
     log.info("published", run_id=run.run_id, output=str(run.output_dir), files=len(release_files))

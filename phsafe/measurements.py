@@ -12,13 +12,13 @@ run's staging directory and are removed before the outputs are published.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from phsafe import durable
 from phsafe.logs import get_logger
 from phsafe.noise import vector_digest
 
@@ -46,23 +46,11 @@ class MeasurementStore:
         return self.directory / _file_name(key)
 
     def save(self, key: str, vector: npt.NDArray[np.int64]) -> None:
-        """Write ``vector`` atomically and durably (temp file, fsync, rename, fsync the folder)."""
+        """Write ``vector`` atomically and durably (:func:`phsafe.durable.replace`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".npy")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, np.ascontiguousarray(vector, dtype="<i8"), allow_pickle=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path(key))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(vector, dtype="<i8"), allow_pickle=False)
+        durable.replace(self.path(key), buffer.getvalue(), mode=0o600)
 
     def load(self, key: str, digest: str, n_cells: int) -> npt.NDArray[np.int64] | None:
         """The stored vector of ``key`` if it is there, has ``n_cells`` cells and hashes to

@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from phsafe import durable
 from phsafe.accounting import PlannedMeasurement, RunPlan
 from phsafe.config import PHSafeConfig
 from phsafe.datapackage import DATAPACKAGE, write_datapackage
@@ -129,14 +130,6 @@ def nonprivate_tables(config: PHSafeConfig, counts: Mapping[str, TableCounts]) -
     return out
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path, *, plan: RunPlan | None = None) -> dict[str, str]:
     """Write each table as ``<T>/<T>.csv`` (``|``-separated) and ``parquet/<T>.parquet``, and
     their labelled description ``datapackage.json`` (:mod:`phsafe.datapackage`; a private
@@ -154,11 +147,11 @@ def write_tables(frames: Mapping[str, pd.DataFrame], directory: Path, *, plan: R
         pq_path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), pq_path)
         for p in (csv_path, pq_path):
-            _fsync(p)
+            durable.fsync_file(p)
             digests[p.relative_to(directory).as_posix()] = file_digest(p)
     if frames:  # the labelled Frictionless descriptor of these tables (public, in the manifest)
         package = write_datapackage(directory, frames, plan=plan)
-        _fsync(package)
+        durable.fsync_file(package)
         digests[package.relative_to(directory).as_posix()] = file_digest(package)
     return digests
 
@@ -192,12 +185,12 @@ class Publication:
         """Atomically rename the staging directory to the target."""
         for sub in sorted(self.staging.rglob("*"), reverse=True):
             if sub.is_dir():
-                _fsync(sub)
-        _fsync(self.staging)
+                durable.fsync_folder(sub)
+        durable.fsync_folder(self.staging)
         if self.target.exists():
             raise OutputExistsError(f"output directory {self.target} appeared during the run")
         os.rename(self.staging, self.target)
-        _fsync(self.target.parent)
+        durable.fsync_folder(self.target.parent)
         return self.target
 
     def abandon(self) -> None:
@@ -214,7 +207,7 @@ def _copy_tree(source: Path, destination: Path) -> None:
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, target)
-            _fsync(target)
+            durable.fsync_file(target)
 
 
 def public_files(directory: Path) -> list[str]:
@@ -274,8 +267,7 @@ def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *,
     target = Path(target).absolute()
     path = Path(release) / MANIFEST
     public_files(Path(release))  # the public zone holds the tables and what describes them, only
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    _fsync(path)
+    durable.replace(path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     digest = file_digest(path)
     publication = Publication(target, Path(release)) if move else None
     try:

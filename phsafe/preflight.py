@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from phsafe import durable
 from phsafe.accounting import RunPlan
 from phsafe.config import INFINITE, PHSafeConfig
 from phsafe.intake import SPILL_FOLDER, check_pass_memory
@@ -39,17 +40,9 @@ def _probe_folder(folder: Path, what: str) -> None:
     try:
         probe.mkdir()
         try:
-            f = probe / "probe"
-            with open(f, "wb") as fh:
-                fh.write(b"phsafe\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            f.rename(probe / "renamed")
-            fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            durable.create(probe / "probe", b"phsafe\n")  # written and synced, as a run writes
+            (probe / "probe").rename(probe / "renamed")
+            durable.fsync_folder(probe)
         finally:
             shutil.rmtree(probe, ignore_errors=True)
     except OSError as exc:

@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import phsafe
+from phsafe import durable
 
 __all__ = ["Provenance", "provenance", "provenance_of", "code_version", "stamp", "STAMP_FILE"]
 
@@ -121,10 +122,8 @@ def stamp(root: Path | None = None) -> Provenance:
     document = {"version": found.version, "commit": found.commit, "clean": found.clean,
                 "stamped": datetime.now(timezone.utc).isoformat(timespec="seconds"), "files": files}
     target = root / "phsafe" / STAMP_FILE
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    partial.chmod(0o644)  # the services' user reads it
-    partial.replace(target)
+    # 0644: the services' user reads it
+    durable.replace(target, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"), mode=0o644)
     provenance.cache_clear()
     return found
 

@@ -221,8 +221,7 @@ def repair_ledger(path: Path, *, followers: FollowerSource | None = None,
         dropped = data[cut:]
         fd = os.open(path, os.O_WRONLY)
         try:
-            os.ftruncate(fd, cut)
-            os.fsync(fd)
+            durable.truncate(fd, cut)
         finally:
             os.close(fd)
     except OSError as exc:

@@ -158,3 +158,26 @@ def test_truncate_cuts_a_torn_tail(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert path.stat().st_size == 32
+
+
+def test_durable_writes_are_written_once() -> None:
+    """Every ``fsync`` and atomic file rename of the library goes through phsafe.durable. Allowed
+    besides: the ledger's preflight probe (can this process sync the file it will append to?) and
+    the renames of whole folders -- a release published (outputs.Publication, used by postprocess
+    too) and an old estimate folder moved aside before it."""
+    import ast
+
+    package = Path(durable.__file__).parent
+    allowed = {("ledger/store.py", "fsync"), ("outputs.py", "rename"), ("postprocess/command.py", "rename")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        name = path.relative_to(package).as_posix()
+        if name == "durable.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"
+                    and node.func.attr in ("fsync", "fdatasync", "replace", "rename")
+                    and (name, node.func.attr) not in allowed):
+                found.append(f"{name}:{node.lineno} os.{node.func.attr}")
+    assert not found, found
