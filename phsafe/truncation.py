@@ -15,6 +15,9 @@ truncated person frame by at most 2 rows (the person, and one person pushed into
 kept tau of that MAFID) and the unit frame by at most 2 rows (the household's unit record is
 replaced: one removal, one addition). After truncation a MAFID has at most tau persons and one
 unit, so the join changes by at most tau * 2 (unit side) + 1 * 2 (person side) = 2*tau + 2 rows.
+That bound on rows is the production calibration (config ``"sensitivity": "paper"``); the
+exact L1 and L2 sensitivities of each table's counts are smaller and proven in
+``docs/sensitivity.md`` (:mod:`phsafe.sensitivity`, config ``"sensitivity": "exact"``).
 
 Steps 3 and 4 commute here (both key on MAFID), so the join is done first: persons of MAFIDs with
 no unique in-universe unit are dropped before counting, which selects the same rows.
