@@ -28,7 +28,7 @@ demo: env
 	$(VENV)/bin/python demo/run_demo.py
 
 test: env chromium
-	$(VENV)/bin/python -m pytest -n 2 --durations=15
+	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup --durations=15
 
 # The unit lane alone: no subprocess, no server, no command run end to end (under 2 minutes).
 test-fast: env

@@ -64,8 +64,7 @@ class UnexpectedError(Exception):
     and the confidential log file gets its frames."""
 
     def __init__(self, original: Exception) -> None:
-        super().__init__(f"internal error: {type(original).__name__} (its frames are in the run's confidential log "
-                         "file)")
+        super().__init__(f"internal error: {type(original).__name__} (its frames are in the run's log file)")
         self.original = original
 
 

@@ -688,7 +688,7 @@ def test_an_unforeseen_error_reaches_prefect_as_its_type_only(tmp_path, monkeypa
     monkeypatch.setattr(engine, "check_outputs", broken_check)
     state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
     assert state.is_failed()
-    assert state.message.startswith("internal error: ValueError (its frames are in the run's confidential log file)"), \
+    assert state.message.startswith("internal error: ValueError (its frames are in the run's log file)"), \
         state.message
     messages = _log_messages(_flow_run_id(state))
     with get_client(sync_client=True) as client:
