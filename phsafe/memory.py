@@ -235,11 +235,11 @@ def check_memory(plan: MemoryPlan | None, needed: int, spill_dir: Path | None) -
         suggested = f"{math.ceil(needed / GIB * 10) / 10:g}G"
         log_file = _log_figures("the inputs need more than the memory limit", needed_bytes=needed,
                                 suggested_limit=suggested)
-        figures = (f"the figures are in the enclave log at {log_file}" if log_file is not None
-                   else f"at least {format_size(needed)}")
-        raise PHSafeError(
-            f"the inputs need more than the memory limit; {figures} (give {option('memory_limit')} more, on a "
-            "machine that has it)")
+        if log_file is not None:
+            figures = f"the figures are in the enclave log at {log_file} (give {option('memory_limit')} more"
+        else:
+            figures = f"at least {format_size(needed)} (give {option('memory_limit')} {suggested} or more"
+        raise PHSafeError(f"the inputs need more than the memory limit; {figures}, on a machine that has it)")
     if not plan.spills:
         return
     existing = Path(spill_dir) if spill_dir is not None else Path(tempfile.gettempdir())
