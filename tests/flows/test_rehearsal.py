@@ -146,11 +146,12 @@ def test_rehearsal_fails_when_the_noise_is_wider_than_the_stated_moe(tmp_path, m
     assert state.is_failed()
     assert "outside its binomial tolerance" in state.message and "ALL (measured tables)" in state.message
     rows = _rows(next(a for a in _artifacts(_flow_run_id(state)) if a.key == "rehearsal-moe-coverage"))
-    pooled = [r for r in rows if r["table"] == "ALL"]
-    assert all(r["verdict"] == "OUTSIDE" for r in pooled)
-    # Twice the variance: coverage P(|Z| < 1.645/sqrt 2) = 0.755 instead of 0.90 (the US row
-    # pools 10K cells; Puerto Rico's 200 only bound it loosely).
-    assert float(next(r for r in pooled if r["dataset"] == "us")["coverage"]) < 0.8
+    pooled = {r["dataset"]: r for r in rows if r["table"] == "ALL"}
+    # Twice the variance: coverage P(|Z| < 1.645/sqrt 2) = 0.755 instead of 0.90. The US row pools
+    # 10K cells: certainly outside. Puerto Rico's pools 200, whose tolerance at the rehearsal's
+    # family-wise alpha is wide enough to hold 0.755 now and then (unseeded noise): not asserted.
+    assert pooled["us"]["verdict"] == "OUTSIDE" and float(pooled["us"]["coverage"]) < 0.8, pooled["us"]
+    assert float(pooled["pr"]["coverage"]) < 0.9, pooled["pr"]
 
 
 def test_rehearsal_fails_when_a_release_does_not_verify(tmp_path, monkeypatch):
