@@ -267,7 +267,10 @@ def publish_release(release: Path, target: Path, run_id: str, manifest: dict, *,
     target = Path(target).absolute()
     path = Path(release) / MANIFEST
     public_files(Path(release))  # the public zone holds the tables and what describes them, only
-    durable.replace(path, (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    # Written in place (the release folder is a staging copy): a temporary file left by a crash
+    # here would be copied into the published folder on the next attempt.
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    durable.fsync_file(path)
     digest = file_digest(path)
     publication = Publication(target, Path(release)) if move else None
     try:
