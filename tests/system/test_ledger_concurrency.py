@@ -3,17 +3,12 @@ several processes keep one valid chain."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
-from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from phsafe.accounting import RunPlan, plan_run
-from phsafe.config import PHSafeConfig, parse_config
 from phsafe.errors import BudgetError
 from phsafe.ledger import (
     RunStatus,
@@ -26,86 +21,9 @@ from tests._ledgers import (
     new_ledger,
     start,
 )
-from tests.conftest import US_CONFIG
 
-DATASET = "test-data"  # the dataset tests._ledgers.start runs by default
-FILES = {"PH2/PH2.csv": "d" * 64, "manifest.json": "e" * 64}
-
-
-def small_config(defn: str = "zcdp", **budgets: Any) -> PHSafeConfig:
-    """Two states; a few measured levels (others 0) so runs are quick."""
-    raw = json.loads(US_CONFIG.read_text())
-    for table, levels in raw["privacy_budget"].items():
-        for level in levels:
-            levels[level] = 0
-    chosen = budgets or {
-        "PH1_num": {"state_*": Decimal("0.25"), "usa_*": Decimal("0.125")},
-        "PH2": {"usa_*": Decimal("0.0625")},
-        "PH8_denom": {"state_A-G": Decimal("0.0625")},
-    }
-    for table, levels in chosen.items():
-        raw["privacy_budget"][table].update(levels)
-    raw["state_filter"] = ["02", "01"]
-    raw["privacy_defn"] = defn
-    return parse_config(raw)
-
-
-PLAN = plan_run(small_config())
-
-
-def run_all(recorder, plan: RunPlan) -> None:
-    for m in plan.measurements:
-        measure(m, np.arange(m.n_cells, dtype=np.int64), recorder)
-
-
-# --------------------------------------------------------------------------------------------
-# Totals
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Format: canonical JSON, chain, domain-separated hash
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Init: the policy, the lineage key, and the only way a ledger comes to exist
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Write-ahead: the INTENT is on disk (fsynced) before any noise is drawn
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# A failed append is rolled back (a full disk)
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# TAIL_REPAIRED
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Lifetime budget of a dataset: the policy cap, raises, content versions
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Publication: OUTPUTS_PUBLISHED and RUN_FINISHED, recorded after the release is in place
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Ledgers of the first format: still verified, migrated in place
-# --------------------------------------------------------------------------------------------
-
-
-# --------------------------------------------------------------------------------------------
-# Concurrency: check-and-record is atomic across processes
-# --------------------------------------------------------------------------------------------
+# The small plan and its helpers are the ledger unit tests' own.
+from tests.unit.test_ledger import DATASET, FILES, PLAN, run_all  # noqa: E402
 
 
 def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
