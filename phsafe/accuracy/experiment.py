@@ -4,7 +4,8 @@
 every released cell with the truth, using only the public engine API
 (:func:`phsafe.sequence.run_private`, :func:`phsafe.engine.run_nonprivate`):
 
-* truth: one non-private run (no truncation, no noise) -- ``OUT/truth/``;
+* truth: one non-private run (no truncation, no noise) -- ``OUT/truth/``; it validates the inputs,
+  once, and the trials' runs do not again;
 * trial t: one private run with the config as given -- ``OUT/trials/NNN/`` -- and one with the
   same truncation key and every positive budget replaced by ``Infinity`` -- ``OUT/truncated/NNN/``
   -- whose output is the exact *truncated* count of every released cell (no noise). Each trial
@@ -221,7 +222,9 @@ def run_accuracy(
         seed = secrets.randbits(62)
 
     with progress.stage("truth: non-private run"):
-        run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth", non_confidential=True)
+        # The inputs are validated once, here, before any trial spends: the 2K private runs read
+        # the same files, and validating them again would cost a pass over the inputs each.
+        run_nonprivate(Path(config_path), Path(data_dir), output_dir / "truth", non_confidential=True, validate=True)
         truth = {t: f for t in OUTPUT_TABLES if (f := _read_nonprivate(output_dir / "truth", t)) is not None}
         truth_ratios = exact_ratios(truth)
 
@@ -237,7 +240,8 @@ def run_accuracy(
             key = secrets.token_hex(TRUNCATION_KEY_BYTES)
             # One ledger per trial (both of its runs): every spend is recorded, and appends stay
             # cheap -- appending to one ledger of 2K runs costs time that grows with its size.
-            options = dict(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True, truncation_key=key)
+            options = dict(ledger=output_dir / "ledgers" / f"{name}.jsonl", non_confidential=True, truncation_key=key,
+                           validate=False)
             task.update(trial - 1, item=f"trial {trial}: private run")
             run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, **options)
             task.update(trial - 1, item=f"trial {trial}: truncated exact counts")

@@ -39,7 +39,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _cli("risk", PR_CONFIG, "--out", root / "risk")
     _cli("validate", END_TO_END / "config.json", END_TO_END, "--report-dir", root / "validation-failed")
     _cli("validate", DEMO_US / "config.json", DEMO_US, "--report-dir", root / "validation-passed")
-    _cli("accuracy", DEMO_US / "config.json", DEMO_US, root / "accuracy", "--trials", "2", "--draws", "200",
+    _cli("accuracy", DEMO_US / "config.json", DEMO_US, root / "accuracy", "--trials", "1", "--draws", "200",
          "--non-confidential")
     _cli("postprocess", root / "accuracy" / "trials" / "001", "--dest", root / "postprocessed", "--draws", "200")
     pages = {
