@@ -21,11 +21,11 @@ bind that leaf at ``index`` to the checkpoint's root hash in a tree of the check
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
+from phsafe.tlog.framing import MAX_PROOF_HASHES, parse_hash_lines, parse_tree_size, split_body
 from phsafe.errors import MalformedError, ProofError
 from phsafe.tlog.log import TransparencyLog
 from phsafe.tlog.merkle import HASH_SIZE, MAX_TREE_SIZE, leaf_hash, verify_inclusion
@@ -33,8 +33,6 @@ from phsafe.tlog.note import Verifier, decode_base64, parse_note
 
 PROOF_HEADER = "c2sp.org/tlog-proof@v1"
 PROOF_FILE_SUFFIX = ".tlog-proof"
-MAX_PROOF_HASHES = 63
-_DECIMAL = re.compile(r"0|[1-9][0-9]*")
 
 
 @dataclass(frozen=True)
@@ -67,13 +65,7 @@ def format_tlog_proof(proof: TlogProof) -> bytes:
 def parse_tlog_proof(data: bytes) -> TlogProof:
     """The proof a file holds; MalformedError on any deviation from the format."""
     what = "tlog-proof"
-    head, separator, checkpoint = bytes(data).partition(b"\n\n")
-    if not separator or not checkpoint:
-        raise MalformedError(what, "no empty line followed by a checkpoint")
-    try:
-        lines = head.decode("ascii").split("\n")
-    except UnicodeDecodeError:
-        raise MalformedError(what, "its header is not ASCII") from None
+    lines, checkpoint = split_body(data, what)
     if lines[0] != PROOF_HEADER:
         raise MalformedError(what, f"the first line is not {PROOF_HEADER}")
     position = 1
@@ -85,20 +77,10 @@ def parse_tlog_proof(data: bytes) -> TlogProof:
         position += 1
     if position >= len(lines) or not lines[position].startswith("index "):
         raise MalformedError(what, "no 'index <n>' line")
-    index_text = lines[position][len("index "):]
-    if not _DECIMAL.fullmatch(index_text) or int(index_text) > MAX_TREE_SIZE:
-        raise MalformedError(what, "the index is not a decimal number below 2^63 without leading zeros")
-    hashes = lines[position + 1:]
-    if len(hashes) > MAX_PROOF_HASHES:
-        raise MalformedError(what, f"more than {MAX_PROOF_HASHES} inclusion-proof lines")
-    proof = []
-    for line in hashes:
-        h = decode_base64(line, "tlog-proof hash line")
-        if len(h) != HASH_SIZE:
-            raise MalformedError(what, "an inclusion-proof line is not a 32-byte hash")
-        proof.append(h)
+    index = parse_tree_size(lines[position][len("index "):], what, "index")
+    proof = parse_hash_lines(lines[position + 1:], what, "inclusion-proof")
     parse_note(checkpoint)
-    return TlogProof(int(index_text), tuple(proof), checkpoint, extra)
+    return TlogProof(index, proof, checkpoint, extra)
 
 
 def make_tlog_proof(log: TransparencyLog, index: int, checkpoint: bytes, extra: bytes | None = None) -> TlogProof:

@@ -47,21 +47,19 @@ Request body (``add-checkpoint``), every line ending in a newline::
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, parse_checkpoint, verify_checkpoint
+from phsafe.tlog.framing import DECIMAL, MAX_PROOF_HASHES, parse_hash_lines, parse_tree_size, split_body
 from phsafe.tlog.log import TransparencyLog
 from phsafe.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
 from phsafe.tlog.cosignature import CosignatureSigner
-from phsafe.tlog.note import NoteSignature, Verifier, decode_base64, format_note, parse_note, parse_signature_lines
+from phsafe.tlog.note import NoteSignature, Verifier, format_note, parse_note, parse_signature_lines
 from phsafe.tlog.state import CheckpointStore
 
-MAX_PROOF_HASHES = 63
-_DECIMAL = re.compile(r"0|[1-9][0-9]*")
 
 
 @dataclass(frozen=True)
@@ -89,28 +87,12 @@ def format_add_checkpoint_request(request: AddCheckpointRequest) -> bytes:
 def parse_add_checkpoint_request(body: bytes) -> AddCheckpointRequest:
     """The request an ``add-checkpoint`` body carries; MalformedError on any deviation."""
     what = "add-checkpoint request"
-    head, separator, checkpoint = bytes(body).partition(b"\n\n")
-    if not separator or not checkpoint:
-        raise MalformedError(what, "no empty line followed by a checkpoint")
-    try:
-        lines = head.decode("ascii").split("\n")
-    except UnicodeDecodeError:
-        raise MalformedError(what, "its header is not ASCII") from None
-    first = lines[0]
-    if not first.startswith("old ") or not _DECIMAL.fullmatch(first[4:]):
+    lines, checkpoint = split_body(body, what)
+    if not lines[0].startswith("old "):
         raise MalformedError(what, "the first line is not 'old <size>'")
-    old_size = int(first[4:])
-    if old_size > MAX_TREE_SIZE:
-        raise MalformedError(what, "the old size is 2^63 or more")
-    if len(lines) - 1 > MAX_PROOF_HASHES:
-        raise MalformedError(what, f"more than {MAX_PROOF_HASHES} consistency-proof lines")
-    proof = []
-    for line in lines[1:]:
-        h = decode_base64(line, "consistency-proof line")
-        if len(h) != HASH_SIZE:
-            raise MalformedError(what, "a consistency-proof line is not a 32-byte hash")
-        proof.append(h)
-    return AddCheckpointRequest(old_size, tuple(proof), checkpoint)
+    old_size = parse_tree_size(lines[0][len("old "):], what, "old size")
+    proof = parse_hash_lines(lines[1:], what, "consistency-proof")
+    return AddCheckpointRequest(old_size, proof, checkpoint)
 
 
 def with_cosignatures(checkpoint: bytes, lines: bytes) -> bytes:
@@ -315,7 +297,7 @@ def read_add_checkpoint_answer(status: int, content_type: str | None, body: byte
     text = bytes(body[:500]).decode("utf-8", "replace").strip()
     if status == 409:
         media = (content_type or "").split(";")[0].strip().lower()
-        if media != SIZE_CONTENT_TYPE or not _DECIMAL.fullmatch(text):
+        if media != SIZE_CONTENT_TYPE or not DECIMAL.fullmatch(text):
             raise WitnessRefusal(502, "the witness answered 409 without the size it last cosigned")
         return_size = int(text)
         raise WitnessRefusal(409, f"the witness last cosigned a tree of {return_size} entries", latest_size=return_size)

@@ -137,7 +137,9 @@ def test_add_checkpoint_request_round_trip_and_junk() -> None:
     assert parse_add_checkpoint_request(format_add_checkpoint_request(_request(log, 0))).consistency_proof == ()
     h = base64.b64encode(b"\x00" * 32)
     for junk in (b"old 05\n\n" + request.checkpoint, b"new 5\n\n" + request.checkpoint, b"old 5\n" + h + b"\n",
-                 b"old 5\n" + h[:-2] + b"\n\n" + request.checkpoint, b"old 5\n" + (h + b"\n") * 64 + b"\n" + request.checkpoint):
+                 b"old 5\n" + h[:-2] + b"\n\n" + request.checkpoint, b"old 5\n" + (h + b"\n") * 64 + b"\n" + request.checkpoint,
+                 b"old 9223372036854775808\n\n" + request.checkpoint, "old 5\n\u00e9\n\n".encode() + request.checkpoint,
+                 b"old 5\n" + base64.b64encode(b"\x00" * 31) + b"\n\n" + request.checkpoint):
         with pytest.raises(MalformedError):
             parse_add_checkpoint_request(junk)
 
@@ -318,6 +320,8 @@ def test_proof_file_tampering_is_refused() -> None:
     lambda d: d.replace(b"c2sp.org/tlog-proof@v1", b"c2sp.org/tlog-proof@v2"),
     lambda d: d.replace(b"index 6", b"index 06"),
     lambda d: d.replace(b"index 6", b"index -6"),
+    lambda d: d.replace(b"index 6", b"index 9223372036854775808"),  # 2^63
+    lambda d: d.replace(b"index 6\n", "index 6\n\u00e9\n".encode()),  # a header line not ASCII
     lambda d: d.replace(b"index 6\n", b""),
     lambda d: d.replace(b"index 6\n", b"index 6\nextra AAAA\n"),  # extra after index
     lambda d: d.replace(b"index 6\n", b"extra \nindex 6\n"),
