@@ -495,28 +495,22 @@ def failure_reason(exc: BaseException) -> str:
 
 def failure_code(exc: BaseException) -> str:
     """The public kind of a failure (:data:`phsafe.ledger.FAILURE_CODES`): the public log gets it
-    instead of the message, which may name the enclave's folders."""
+    instead of the message, which may name the enclave's folders. The first kind that matches,
+    in order: a witness refusal is a refusal, and a refusal is a PHSafeError."""
     from phsafe.errors import BudgetError, ForkRefused, OutputExistsError, ValidationFailed, WitnessesUnavailable
 
-    if isinstance(exc, (interrupt.RunInterrupted, KeyboardInterrupt)):
-        return "interrupted"
-    if isinstance(exc, WitnessesUnavailable):
-        return "witness-unreachable"
-    if isinstance(exc, ForkRefused):
-        return "witness-refused"
-    if isinstance(exc, BudgetError):
-        return "budget-refused"
-    if isinstance(exc, LedgerError):
-        return "ledger-error"
-    if isinstance(exc, ValidationFailed):
-        return "outputs-invalid"
-    if isinstance(exc, OutputExistsError):
-        return "output-exists"
-    if isinstance(exc, OSError):
-        return "storage-error"
-    if isinstance(exc, PHSafeError):
-        return "refused"
-    return "internal-error"
+    kinds: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
+        ((interrupt.RunInterrupted, KeyboardInterrupt), "interrupted"),
+        (WitnessesUnavailable, "witness-unreachable"),
+        (ForkRefused, "witness-refused"),
+        (BudgetError, "budget-refused"),
+        (LedgerError, "ledger-error"),
+        (ValidationFailed, "outputs-invalid"),
+        (OutputExistsError, "output-exists"),
+        (OSError, "storage-error"),
+        (PHSafeError, "refused"),
+    )
+    return next((code for kind, code in kinds if isinstance(exc, kind)), "internal-error")
 
 
 @dataclass(frozen=True)
