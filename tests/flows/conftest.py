@@ -36,6 +36,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.flows._systemd_files import read_unit
+
 REPO = Path(__file__).resolve().parents[2]
 PREFECT = Path(sys.executable).parent / "prefect"
 POSTGRES_HINT = (
@@ -316,17 +318,7 @@ class Layout:
         """What systemd runs for ``deployments/systemd/NAME``: its ExecStart, its environment (the
         service defaults, then each EnvironmentFile as installed in ``etc/phsafe``) and its
         WorkingDirectory -- mapped into this layout."""
-        sections: dict[str, dict[str, list[str]]] = {}
-        current: dict[str, list[str]] = {}
-        for raw in (self.checkout / "deployments" / "systemd" / name).read_text().splitlines():
-            line = raw.strip()
-            if not line or line.startswith(("#", ";")):
-                continue
-            if line.startswith("["):
-                current = sections.setdefault(line.strip("[]"), {})
-                continue
-            key, _, value = line.partition("=")
-            current.setdefault(key.strip(), []).append(value.strip())
+        sections = read_unit(self.checkout / "deployments" / "systemd" / name)
         service = sections["Service"]
         assert service["User"] == ["phsafe"] and service["Group"] == ["phsafe"], name
         env = {"PATH": SERVICE_PATH, "LANG": "C.UTF-8", "HOME": str(self.home), "USER": self.user,

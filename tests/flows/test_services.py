@@ -20,39 +20,13 @@ import pytest
 import yaml
 
 from deployments import deploy
+from tests.flows._systemd_files import read_env_file, read_unit
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "deployments" / "systemd"
 UNITS = ("prefect-server.service", "prefect-worker.service")
 INSTALL_ROOT = Path("/opt/phsafe")  # docs/operations.md: the repository, built with `make env`
 CONFIG_DIR = Path("/etc/phsafe")  # docs/operations.md: deployments/systemd/*.env installed here
-
-
-def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
-    """Sections -> key -> values (systemd allows a key more than once, e.g. EnvironmentFile)."""
-    sections: dict[str, dict[str, list[str]]] = {}
-    current = None
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith(("#", ";")):
-            continue
-        if line.startswith("["):
-            current = sections.setdefault(line.strip("[]"), {})
-            continue
-        key, _, value = line.partition("=")
-        assert current is not None, f"{path.name}: {line!r} outside a section"
-        current.setdefault(key.strip(), []).append(value.strip())
-    return sections
-
-
-def _env(path: Path) -> dict[str, str]:
-    pairs = {}
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.lstrip().startswith("#"):
-            key, sep, value = line.partition("=")
-            assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key) and not re.search(r"[\s'\"]", value), line
-            pairs[key] = value
-    return pairs
 
 
 def _installed(path: str, env_dir: Path) -> Path:
@@ -77,7 +51,7 @@ def env_dir(tmp_path) -> Path:
 
 @pytest.mark.parametrize("name", UNITS)
 def test_unit_names_only_what_the_layout_holds(name, env_dir):
-    unit = _unit(SYSTEMD / name)
+    unit = read_unit(SYSTEMD / name)
     service = unit["Service"]
     assert service["Restart"][0] in ("on-failure", "always"), "a service must restart"
     assert service["User"] == ["phsafe"] and service["Group"] == ["phsafe"]
@@ -87,7 +61,7 @@ def test_unit_names_only_what_the_layout_holds(name, env_dir):
     env_files = [_installed(p, env_dir) for p in service["EnvironmentFile"]]
     assert all(p.is_file() for p in env_files), env_files
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
-    env = {k: v for p in env_files for k, v in _env(p).items()}
+    env = {k: v for p in env_files for k, v in read_env_file(p).items()}
     assert env["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and env["DO_NOT_TRACK"] == "1"
     assert env["PREFECT_API_URL"].startswith("http://127.0.0.1:")
     # Only the server holds the database password; the worker and its flow runs never see it.
@@ -96,12 +70,12 @@ def test_unit_names_only_what_the_layout_holds(name, env_dir):
 
 
 def test_server_and_worker_agree_with_each_other_and_with_the_deployments(env_dir):
-    shared = _env(SYSTEMD / "prefect.env")
-    server = _env(SYSTEMD / "prefect-server.env")
+    shared = read_env_file(SYSTEMD / "prefect.env")
+    server = read_env_file(SYSTEMD / "prefect-server.env")
     assert server["PREFECT_API_DATABASE_CONNECTION_URL"].startswith("postgresql+asyncpg://prefect:")
     assert shared["PREFECT_API_URL"] == (f"http://{server['PREFECT_SERVER_API_HOST']}:"
                                          f"{server['PREFECT_SERVER_API_PORT']}/api")
-    worker = shlex.split(_unit(SYSTEMD / "prefect-worker.service")["Service"]["ExecStart"][0])
+    worker = shlex.split(read_unit(SYSTEMD / "prefect-worker.service")["Service"]["ExecStart"][0])
     pool = worker[worker.index("--pool") + 1]
     deployments = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
     assert {d["work_pool"]["name"] for d in deployments} == {pool}
@@ -131,7 +105,7 @@ def test_systemd_analyze_verify(tmp_path, env_dir):
     assert result.returncode == 0 and not result.stderr.strip() and not result.stdout.strip(), \
         result.stdout + result.stderr
 
-    drop_in = _unit(SYSTEMD / "postgresql@.service.d" / "phsafe-restart.conf")
+    drop_in = read_unit(SYSTEMD / "postgresql@.service.d" / "phsafe-restart.conf")
     assert drop_in["Service"]["Restart"] == ["on-failure"]
 
 
@@ -191,7 +165,7 @@ def test_worker_unit_stops_through_the_phsafe_worker():
     own grace (the end-to-end test stops it and counts the INTENTs)."""
     from deployments import worker
 
-    service = _unit(SYSTEMD / "prefect-worker.service")["Service"]
+    service = read_unit(SYSTEMD / "prefect-worker.service")["Service"]
     command = shlex.split(service["ExecStart"][0])
     assert command[:2] == ["/opt/phsafe/.venv/bin/python", "/opt/phsafe/deployments/worker.py"]
     assert (REPO / "deployments" / "worker.py").is_file()
@@ -201,14 +175,14 @@ def test_worker_unit_stops_through_the_phsafe_worker():
     timeout = service["TimeoutStopSec"][0]
     assert timeout.endswith("s") and worker.DEFAULT_GRACE + 5 <= int(timeout[:-1]) <= 300
     # Heartbeats every 30 s, so that a run whose process died is marked Crashed (five missed).
-    shared = _env(SYSTEMD / "prefect.env")
+    shared = read_env_file(SYSTEMD / "prefect.env")
     assert shared["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
 
 
 def test_the_server_writes_its_ui_where_its_user_may_write():
     """The venv is root's; the server, as phsafe, writes its copy of the UI into its own folder."""
-    server = _env(SYSTEMD / "prefect-server.env")
-    home = Path(_env(SYSTEMD / "prefect.env")["PREFECT_HOME"])
+    server = read_env_file(SYSTEMD / "prefect-server.env")
+    home = Path(read_env_file(SYSTEMD / "prefect.env")["PREFECT_HOME"])
     assert Path(server["PREFECT_UI_STATIC_DIRECTORY"]).is_relative_to(home)
 
 
@@ -233,14 +207,14 @@ def test_the_deploy_step_refuses_code_that_is_not_a_clean_commit(monkeypatch, ca
 
 
 def test_alerts_env_is_for_the_deploy_step_only():
-    alerts = _env(SYSTEMD / "alerts.env")
+    alerts = read_env_file(SYSTEMD / "alerts.env")
     assert set(alerts) == {"PHSAFE_ALERT_WEBHOOK_URL", "PHSAFE_ALERT_RUNNING_LIMIT"}
     assert alerts["PHSAFE_ALERT_WEBHOOK_URL"].startswith("https://")
     assert deploy.parse_duration(alerts["PHSAFE_ALERT_RUNNING_LIMIT"]) == 3 * 3600
     settings = deploy.AlertSettings.from_environment(alerts, demo=False)
     assert settings is not None and settings.block is None
     for name in UNITS:  # neither service reads it: the server gets the URL from the block
-        assert not any("alerts.env" in f for f in _unit(SYSTEMD / name)["Service"]["EnvironmentFile"])
+        assert not any("alerts.env" in f for f in read_unit(SYSTEMD / name)["Service"]["EnvironmentFile"])
 
 
 # --------------------------------------------------------------------------------------------
