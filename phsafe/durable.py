@@ -84,18 +84,25 @@ def create(path: PathLike, data: bytes, *, mode: int = 0o644) -> None:
     fsync_folder(path.parent)
 
 
-def replace(path: PathLike, data: bytes, *, mode: int = 0o644) -> None:
+def replace(path: PathLike, data: bytes, *, mode: int = 0o644, beside: PathLike | None = None) -> None:
     """Replace ``path`` as a whole with ``data`` (of ``mode``), atomically and durably.
 
-    The new bytes go to a temporary file in the same folder, which is synced and renamed over
-    ``path``; then the folder is synced. Killed at any point, ``path`` holds the old bytes or the
-    new ones (a temporary file may be left beside it, never read).
+    The new bytes go to a temporary file, which is synced and renamed over ``path``; then the
+    folder is synced. Killed at any point, ``path`` holds the old bytes or the new ones (a
+    temporary file may be left behind, never read). The temporary file is in ``path``'s folder,
+    or in ``beside`` (a folder on the same file system) when nothing but the finished file may
+    ever appear in ``path``'s folder -- a published release -- and is then named after that
+    folder too: ``.<folder>.<name>.<pid>.<random>.tmp``.
 
     Raises:
         OSError: The file cannot be written; ``path`` is unchanged.
     """
     path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    suffix = f"{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    if beside is None:
+        temporary = path.with_name(f".{path.name}.{suffix}")
+    else:
+        temporary = Path(beside) / f".{path.parent.name}.{path.name}.{suffix}"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         try:

@@ -97,7 +97,11 @@ def check_public_log(ledger: Path, state: LedgerState) -> list[str]:
 
 
 def check_release_log_files(ledger: Path, state: LedgerState, outdir: Path, run_id: str) -> str:
-    """A release folder's log entry and proof: its run's ``release`` entry, proved in the log."""
+    """A release folder's log entry and proof: its run's ``release`` entry, proved in the log.
+
+    They are written after the release is recorded, so a run stopped in between has neither or
+    (between the two renames) one of them: what is there must be right, and what is not is
+    reported as not yet written (resuming or retrying the run writes it)."""
     folder = log_path(ledger)
     present = [name for name in (ENTRY_FILE, PROOF_FILE) if (outdir / name).is_file()]
     if not present:
@@ -105,14 +109,17 @@ def check_release_log_files(ledger: Path, state: LedgerState, outdir: Path, run_
             return (f"public log: the release has no {ENTRY_FILE}/{PROOF_FILE} yet (stopped after recording it); "
                     "resuming or retrying the run writes them")
         return "public log: none"
-    if len(present) == 1:
-        missing = ({ENTRY_FILE, PROOF_FILE} - set(present)).pop()
-        raise VerificationFailure(missing, "is missing beside its partner file")
     expected = project(state.lines)
     index = release_entry_index(expected, run_id)
-    entry = (outdir / ENTRY_FILE).read_bytes()
-    if index is None or entry != expected[index]:
+    if index is None:
+        raise VerificationFailure(present[0], f"is in a release folder of run {run_id}, which has no release entry "
+                                  "in the public log")
+    if ENTRY_FILE in present and (outdir / ENTRY_FILE).read_bytes() != expected[index]:
         raise VerificationFailure(ENTRY_FILE, f"is not the public log's release entry of run {run_id}")
+    if PROOF_FILE not in present:
+        return (f"public log: {ENTRY_FILE} is entry {index}, the projection of run {run_id}'s release; the release "
+                f"has no {PROOF_FILE} yet (stopped while writing it): resuming or retrying the run writes it")
+    entry = expected[index]
     verifier, witnesses, quorum = _bound_keys(ledger, state)
     try:
         proof = parse_tlog_proof((outdir / PROOF_FILE).read_bytes())
@@ -124,6 +131,10 @@ def check_release_log_files(ledger: Path, state: LedgerState, outdir: Path, run_
             or TransparencyLog.of_entries(expected[:size]).root() != verified.checkpoint.root_hash:
         raise VerificationFailure(PROOF_FILE, "proves the entry against a checkpoint that is not a tree head of the "
                                   "ledger's projection")
+    if ENTRY_FILE not in present:
+        return (f"public log: {PROOF_FILE} proves the release entry of run {run_id} (entry {index}) in the "
+                f"checkpoint of {size} entries; the release has no {ENTRY_FILE} yet (stopped while writing it): "
+                "resuming or retrying the run writes it")
     cosigned = f", cosigned by {', '.join(verified.cosigners)}" if verified.cosigners else ""
     return (f"public log: {ENTRY_FILE} is entry {index}, the projection of run {run_id}'s release; "
             f"{PROOF_FILE} proves it in the checkpoint of {verified.checkpoint.size} entries{cosigned}")

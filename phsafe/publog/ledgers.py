@@ -20,6 +20,7 @@ ledger's follower. The functions below are what the command line, the flows and 
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -245,8 +246,12 @@ def write_release_log_files(ledger: Ledger, run_id: str, output_dir: Path) -> bo
         ledger.confirm()
         files = log.release_files(run_id)
     output_dir = Path(output_dir)
-    for stale in output_dir.glob(".privacy-loss.*.tmp"):  # a write killed before its rename
+    # The release folder is public and verified file by file: the temporary files are written
+    # beside it, so that a write killed before its rename leaves nothing in it. A kill between
+    # the two renames leaves one of the files, which the audit reports as not yet written too.
+    for stale in [*output_dir.glob(".privacy-loss.*.tmp"),  # left inside by an earlier version
+                  *output_dir.parent.glob(f".{glob.escape(output_dir.name)}.privacy-loss.*.tmp")]:
         stale.unlink(missing_ok=True)
     for name, data in files.items():
-        durable.replace(output_dir / name, data)
+        durable.replace(output_dir / name, data, beside=output_dir.parent)
     return True

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -594,11 +595,63 @@ def test_audit_verify_allows_exactly_the_two_log_files(world: dict, tmp_path: Pa
     (extra / "privacy-loss.note").write_text("an unlogged file\n")
     refused = cli("audit", "verify", world["ledger"], "--outputs", extra)
     assert refused.returncode == 1 and "privacy-loss.note: is in the output directory but not in" in refused.stderr
-    alone = tmp_path / "alone"
-    shutil.copytree(world["out"], alone)
-    (alone / "privacy-loss.tlog-proof").unlink()
-    refused = cli("audit", "verify", world["ledger"], "--outputs", alone)
-    assert refused.returncode == 1 and "privacy-loss.tlog-proof: is missing beside its partner file" in refused.stderr
+
+
+def test_a_release_stopped_between_its_two_log_files_verifies_what_is_there(world: dict, tmp_path: Path) -> None:
+    """The entry and the proof are renamed into the release one after the other, after it is
+    recorded: a run stopped between the renames has one of them. That one is checked as it must
+    be; the other is reported as not yet written (as when both are missing), not as a fault."""
+    for kept, gone in (("privacy-loss.entry", "privacy-loss.tlog-proof"), ("privacy-loss.tlog-proof", "privacy-loss.entry")):
+        alone = tmp_path / f"alone-{kept}"
+        shutil.copytree(world["out"], alone)
+        (alone / gone).unlink()
+        checked = cli("audit", "verify", world["ledger"], "--outputs", alone)
+        assert checked.returncode == 0, checked.stderr
+        assert f"the release has no {gone} yet (stopped while writing it)" in checked.stdout
+    entry = tmp_path / "alone-privacy-loss.entry" / "privacy-loss.entry"
+    entry.write_bytes(entry.read_bytes().replace(b'"spent":"', b'"spent":"0', 1))
+    refused = cli("audit", "verify", world["ledger"], "--outputs", entry.parent)
+    assert refused.returncode == 1 and "privacy-loss.entry: is not the public log's release entry" in refused.stderr
+    proof = tmp_path / "alone-privacy-loss.tlog-proof" / "privacy-loss.tlog-proof"
+    text = proof.read_bytes()
+    index = int(re.search(rb"\nindex (\d+)\n", text).group(1))
+    proof.write_bytes(text.replace(b"\nindex %d\n" % index, b"\nindex %d\n" % (index + 1), 1))
+    refused = cli("audit", "verify", world["ledger"], "--outputs", proof.parent)
+    assert refused.returncode == 1 and "privacy-loss.tlog-proof: " in refused.stderr
+
+
+def test_the_log_files_temporaries_are_written_beside_the_release(world: dict, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write killed before its rename leaves its temporary file beside the release folder, never
+    in it (the audit checks the folder file by file); the next write removes it."""
+    from phsafe import durable
+    from phsafe.publog import open_ledger, write_release_log_files
+
+    release = tmp_path / "releases" / "out"
+    shutil.copytree(world["out"], release)
+    for name in ("privacy-loss.entry", "privacy-loss.tlog-proof"):
+        (release / name).unlink()
+    stale = release.parent / ".out.privacy-loss.entry.999.0badcafe.tmp"  # a write killed before its rename
+    stale.write_bytes(b"partial")
+    other = release.parent / ".other.privacy-loss.entry.999.0badcafe.tmp"  # another release's: not ours to remove
+    other.write_bytes(b"partial")
+    renamed: list[tuple[Path, Path]] = []
+    real_replace = durable.os.replace
+
+    def replace(source, target):  # type: ignore[no-untyped-def]
+        renamed.append((Path(source), Path(target)))
+        return real_replace(source, target)
+
+    monkeypatch.setattr(durable.os, "replace", replace)
+    run_id = json.loads((release / "manifest.json").read_text())["run_id"]
+    assert write_release_log_files(open_ledger(world["ledger"]), run_id, release)
+    into = [(source, target) for source, target in renamed if target.parent == release]  # (the log's own files too)
+    assert sorted(target.name for _, target in into) == ["privacy-loss.entry", "privacy-loss.tlog-proof"]
+    assert all(source.parent == release.parent for source, _ in into)
+    assert not stale.exists() and other.exists()
+    assert sorted(p.name for p in release.iterdir() if p.name.startswith(".")) == []
+    checked = cli("audit", "verify", world["ledger"], "--outputs", release)
+    assert checked.returncode == 0 and "proves it in the checkpoint" in checked.stdout, checked.stderr
 
 
 def test_ledger_cosign_refreshes_the_cosignatures_outsiders_see(world: dict, tmp_path: Path) -> None:
