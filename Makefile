@@ -28,9 +28,10 @@ demo: env
 	$(VENV)/bin/python demo/run_demo.py
 
 # --dist loadscope: a module's tests on one worker, so that its module-scoped fixtures (a release,
-# a ledger with its log and witnesses, a folder of reports) are built once, not once per worker.
+# a ledger with its log and witnesses, a folder of reports) are built once, not once per worker;
+# --no-loadscope-reorder: modules in collection order, the longest first (tests/conftest.py).
 test: env chromium
-	$(VENV)/bin/python -m pytest -n 2 --dist loadscope --durations=15
+	$(VENV)/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # The unit lane alone: no subprocess, no server, no command run end to end (under 2 minutes).
 test-fast: env
