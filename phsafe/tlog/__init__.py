@@ -34,6 +34,7 @@ Modules and formats (each module's docstring states its format precisely):
 - :mod:`.client` -- :class:`SeenCheckpoints`: rollback and fork detection against the largest
   checkpoint seen.
 - :mod:`.proof` -- C2SP tlog-proof files (``c2sp.org/tlog-proof@v1``).
+- :mod:`.framing` -- the framing the proof file and the ``add-checkpoint`` request share (pure).
 - :mod:`.layout` -- the published log's static files, and their verification (pure).
 - :mod:`.files` -- I/O: the hash file, the checkpoint-state JSON files (a witness's, a
   client's), key files; every write through :mod:`phsafe.durable`.

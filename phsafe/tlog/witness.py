@@ -61,7 +61,6 @@ from phsafe.tlog.note import NoteSignature, Verifier, format_note, parse_note, p
 from phsafe.tlog.state import CheckpointStore
 
 
-
 @dataclass(frozen=True)
 class AddCheckpointRequest:
     """What a log sends a witness: the size it believes the witness last cosigned, the
