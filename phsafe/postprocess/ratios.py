@@ -300,6 +300,8 @@ def _mean_in_range(mean: float, lo: float, hi: float) -> float:
     in [lo, hi] too, but the log-space sums land a few units in the last place outside when the
     whole posterior sits on a bound (every family of PH5 at tau = 2 has exactly 2 persons, and the
     sums give 2.0000000000000004). Such rounding is removed; a larger miss is a fault, not rounding."""
+    if math.isnan(mean):  # no mass: left for the checks to judge, as before
+        return mean
     slack = 1e-9 * max(1.0, *(abs(v) for v in (lo, hi) if math.isfinite(v)))
     if not lo - slack <= mean <= hi + slack:
         raise PostprocessError(f"a posterior mean of a ratio ({mean!r}) lies outside its support [{lo}, {hi}]")
