@@ -75,5 +75,11 @@ def test_average_coverage_full_simulation() -> None:
     covered = ((out["CI90_LOWER"] <= truth) & (truth <= out["CI90_UPPER"])).to_numpy()
     small = np.repeat(den < 50, 3)
     print({"pooled": covered.mean(), "small denominators": covered[small].mean(), "large": covered[~small].mean()})
-    assert 0.88 <= covered.mean() <= 0.94
+    # Where the counts dominate (50 to 3,000 households) the intervals cover about 90%. Where
+    # the constraints dominate (under 50 households, sigma 41: the posterior is mostly the band
+    # 1 <= S / H <= 10) they over-cover, about 97%, but are not vacuous. The pooled figure is
+    # their mean, about 0.935 (0.925-0.942 over ten runs): it once had 0.94 as its upper bound
+    # and failed a correct run at 0.9422.
     assert 0.87 <= covered[~small].mean() <= 0.94
+    assert 0.93 <= covered[small].mean() <= 0.99
+    assert 0.88 <= covered.mean() <= 0.96
