@@ -131,8 +131,8 @@ def _new_ledger(stack: Stack, name: str) -> Path:
 
 
 def _trigger(stack: Stack, deployment: str, ledger: Path) -> Any:
-    parameters = {"ledger": str(ledger), "new_version_reason": "the demo's records, a dataset of their own",
-                  "validate_inputs": False}  # the stop does not depend on validation; it is minutes shorter
+    parameters = {"ledger": str(ledger), "new_version": "the demo's records, a dataset of their own",
+                  "validate": False}  # the stop does not depend on validation; it is minutes shorter
 
     async def create(client):
         found = await client.read_deployment_by_name(deployment)

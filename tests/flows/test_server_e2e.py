@@ -308,7 +308,7 @@ def two_releases_at_once_while_redeploying(stack: Stack) -> tuple[Any, Any, subp
         async def both() -> list[Any]:
             async with PrefectClient(api=stack.api) as client:
                 deployment = await client.read_deployment_by_name("sdhc-release/release")
-                parameters = {"new_version_reason": "the demo's synthetic records"}
+                parameters = {"new_version": "the demo's synthetic records"}
                 runs = await asyncio.gather(*(client.create_flow_run_from_deployment(deployment.id, parameters=parameters)
                                               for _ in range(2)))
                 deadline = time.monotonic() + 600
@@ -637,7 +637,7 @@ def check_a_second_trigger_is_refused_before_spending(stack: Stack) -> None:
         assert re.search(rf"{label}: these records were already released: run {label}-\S+ published them to ",
                          state.message), state.message
     assert state.message.count("No privacy-loss budget was spent.") == 2, state.message
-    assert "re_release_reason" in state.message
+    assert "re_release" in state.message
     summary = next(a for a in again.artifacts if a.key == "release-summary")
     assert summary.data.count("**failed**: these records were already released") == 2
 
@@ -729,7 +729,7 @@ def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Pa
     for path in (keys, *keys.iterdir()):
         os.chown(path, stack.layout.uid, stack.layout.gid)
     key, away = keys / "signing-key.pem", keys / "signing-key.pem.away"
-    parameters = {"ledger": str(ledger), "new_version_reason": "the demo's records, a dataset of its own",
+    parameters = {"ledger": str(ledger), "new_version": "the demo's records, a dataset of its own",
                   "signing_key": str(key), "public_key": str(keys / "public-key.pem")}
 
     async def start(client):
