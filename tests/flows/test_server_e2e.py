@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any, Iterator
 import pandas as pd
 import yaml
 
+from tests._cli import phsafe
 from tests.flows._worker_stops import print_case_table, retry, stop_the_worker_every_way
 from tests.flows.conftest import (
     DeploymentRun,
@@ -717,7 +717,6 @@ def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Pa
     """A US run (its own dataset ledger) loses its signing key after its first spends: it ends
     Failed saying what is recorded and that a Retry resumes it. The key is put back; Retry in the
     UI completes the run with no new INTENT, and the auditors' check of the release holds."""
-    phsafe = Path(sys.executable).parent / "phsafe"  # the auditors' copy
     enclave = stack.layout.enclave / "us-second"
     enclave.mkdir(mode=0o700)
     os.chown(enclave, stack.layout.uid, stack.layout.gid)
@@ -759,8 +758,7 @@ def check_a_run_that_failed_after_spending_is_retried(stack: Stack, tmp_path: Pa
     assert _intents(ledger) == spent  # committed measurements reused: nothing drawn again
     (out,) = [p for p in Path(stack.settings["output_root"]).glob("us-*")
               if json.loads((p / "manifest.json").read_text())["run_id"] in ledger.read_text()]
-    verified = subprocess.run([str(phsafe), "audit", "verify", str(ledger), "--outputs", str(out),
-                               "--public-key", str(keys / "public-key.pem")], capture_output=True, text=True)
+    verified = phsafe("audit", "verify", ledger, "--outputs", out, "--public-key", keys / "public-key.pem")  # the auditors' copy
     assert verified.returncode == 0 and verified.stdout.rstrip().endswith("OK"), verified.stdout + verified.stderr
     assert "2 attempts (1 failed or crashed)" in verified.stdout
 
