@@ -39,11 +39,9 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _cli("risk", PR_CONFIG, "--out", root / "risk")
     _cli("validate", END_TO_END / "config.json", END_TO_END, "--report-dir", root / "validation-failed")
     _cli("validate", DEMO_US / "config.json", DEMO_US, "--report-dir", root / "validation-passed")
-    # Whether a report opens offline does not depend on how many posterior draws its figures
-    # average: 20 (the production method's Gibbs sampler costs per draw), not 200.
-    _cli("accuracy", DEMO_US / "config.json", DEMO_US, root / "accuracy", "--trials", "1", "--draws", "20",
+    _cli("accuracy", DEMO_US / "config.json", DEMO_US, root / "accuracy", "--trials", "1", "--draws", "200",
          "--non-confidential")
-    _cli("postprocess", root / "accuracy" / "trials" / "001", "--dest", root / "postprocessed", "--draws", "20")
+    _cli("postprocess", root / "accuracy" / "trials" / "001", "--dest", root / "postprocessed", "--draws", "200")
     pages = {
         "plan": root / "plan" / "plan_report.html",
         "plan-puredp": root / "plan-puredp" / "plan_report.html",
