@@ -33,7 +33,8 @@ demo: env
 test: env chromium
 	$(VENV)/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
-# The unit lane alone: no subprocess, no server, no command run end to end (under 2 minutes).
+# The unit lane alone: no subprocess, no server, no command run end to end (at most a minute on
+# the quiet 2-core machine), its tests spread one by one over the two workers.
 test-fast: env
 	$(VENV)/bin/python -m pytest -n 2 tests/unit
 

@@ -128,7 +128,7 @@ def _release_and_check(root: Path, enclave: Path, public: Path, ledgers: dict[st
         pr_config=str(HERE / "data" / "pr" / "config.json"), pr_data=str(HERE / "data" / "pr"),
         pr_ledger=str(ledgers["pr"]),
         output_root=str(public), signing_key=str(signing_key), public_key=str(public_key),
-        new_version_reason="the bundled synthetic demo records",
+        new_version="the bundled synthetic demo records",
     )
     _section("3. The auditors' check, offline: each ledger against its release and the public key")
     for label, summary in summaries.items():

@@ -123,7 +123,7 @@ def rehearsal_flow(
                 config=str(config), data=inputs[label]["data"], output_root=str(folder / "runs"),
                 ledger=str(folder / "ledgers" / f"{label}.jsonl"), non_confidential=True,
                 signing_key=keys["signing_key"], public_key=keys["public_key"],
-                validate_inputs=True, validate_outputs=True, log_file=str(folder / "phsafe-log.jsonl"),
+                validate=True, validate_private_output=True, log_file=str(folder / "phsafe-log.jsonl"),
                 return_state=True)
         runs = {label: ("Completed, run " + s.result()["run_id"]) if s.is_completed()
                 else f"{s.type.value.title()}: {s.message}" for label, s in states.items()}

@@ -21,12 +21,14 @@ Re-running never re-draws noise silently, and never releases the same records tw
   its run and resumes it: committed measurements are read back, not drawn again; a retry of a
   completed run does nothing and ends Completed, saying where the release is;
 * a **new** run on records the dataset already released (a second trigger) is refused before any
-  spend, whatever room the cap leaves, unless ``re_release_reason`` declares a re-release;
-* ``resume_run_id`` resumes a named run by hand.
+  spend, whatever room the cap leaves, unless ``re_release`` declares a re-release;
+* ``resume`` resumes a named run by hand.
 
 The flows' parameters are the fields of :class:`phsafe.parameters.PrivateRunParameters` (where
 each is typed, defaulted and described once, for the command line too), made into the flows'
-signatures below: flat and typed, as the UI's form and ``--param name=value`` take them.
+signatures below: flat and typed, as the UI's form and ``--param name=value`` take them, and
+named as ``phsafe private`` names them (``--new-version``: ``new_version``). A run given a
+former name (``new_version_reason``, ...) is refused in one line naming the new one.
 
 A refusal ends the flow run Failed with one message -- what is wrong, and either "No
 privacy-loss budget was spent." or how many spends the ledger records and that a Retry resumes
@@ -54,13 +56,14 @@ from __future__ import annotations
 import contextvars
 import inspect
 import textwrap
+import warnings
 from datetime import datetime, timezone
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable
 
 import structlog
-from prefect import Flow, flow
+from prefect import Flow
 from prefect.logging import get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
@@ -73,6 +76,7 @@ from phsafe.errors import ConfigError, PHSafeError, cause_in_words
 from phsafe.ledger import Orchestration, check_ledger_file
 from phsafe.parameters import (
     PositiveCount, PrivateRunParameters, describe, flow_parameters, flow_spelling, front_end, on_flows,
+    refuse_former_names,
 )
 from phsafe.sequence import LocalCounter, ReleaseHooks, run_release
 from tasks import artifacts
@@ -246,6 +250,22 @@ def _description(parameter: str) -> str:
 
 DATASET_PARAMETERS = flow_parameters()
 """The parameters of the US and Puerto Rico flows, in order."""
+
+# The flow parameter ``validate`` (``phsafe private --validate``) is a field of the model Prefect
+# builds to validate a run's parameters, where pydantic notes that it shadows BaseModel.validate
+# (deprecated, and not what Prefect calls): harmless, and not the operator's concern.
+warnings.filterwarnings("ignore", message=r'Field name "validate" in ".*" shadows an attribute', category=UserWarning)
+
+
+class _Flow(Flow):
+    """A flow whose runs given a former parameter name (``new_version_reason``: now
+    ``new_version``) are refused in one line naming the new name, before anything runs
+    (:func:`phsafe.parameters.refuse_former_names`) -- an old deployment's stored parameters, an
+    old trigger. Prefect ends the run Failed with that line."""
+
+    def validate_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        refuse_former_names(parameters)
+        return super().validate_parameters(parameters)
 _DATASET_PARAMETER_NAMES = frozenset(p.name for p in DATASET_PARAMETERS)
 
 
@@ -364,8 +384,8 @@ def _dataset_flow(label: str, summary: str) -> Flow:
     dataset_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         DATASET_PARAMETERS, return_annotation=dict[str, Any] | State)
     dataset_flow.__doc__ = f"{summary}\n\n{_args_doc(DATASET_PARAMETERS, _description)}"
-    return flow(name=f"sdhc-{label}", flow_run_name=flow_run_name(label), retries=0, validate_parameters=True,
-                persist_result=False, **END_HOOKS)(dataset_flow)
+    return _Flow(dataset_flow, name=f"sdhc-{label}", flow_run_name=flow_run_name(label), retries=0,
+                 validate_parameters=True, persist_result=False, **END_HOOKS)
 
 
 us_flow = _dataset_flow("us", "S-DHC for the 50 states and DC: Nation and State levels.")
@@ -392,8 +412,8 @@ def release_flow(**parameters: Any) -> dict[str, Any] | State:
     """The release: the US and Puerto Rico flows as subflows, each with its own ledger and log.
 
     Both datasets run even if one fails; the release fails if either does. Each config names its
-    dataset; ``new_version_reason`` is recorded for either dataset whose records are new to it,
-    ``re_release_reason`` for either whose records were released before. A Retry of this flow
+    dataset; ``new_version`` is recorded for either dataset whose records are new to it,
+    ``re_release`` for either whose records were released before. A Retry of this flow
     run resumes what its subflows started (and does nothing for a dataset already published).
     """
     logger = get_run_logger()
@@ -448,5 +468,5 @@ def _attempt_text(outcome: dict[str, Any]) -> str:
 release_flow.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     RELEASE_PARAMETERS, return_annotation=dict[str, Any] | State)
 release_flow.__doc__ = f"{inspect.getdoc(release_flow)}\n\n{_args_doc(RELEASE_PARAMETERS, _release_description)}"
-release_flow = flow(name="sdhc-release", flow_run_name=flow_run_name("release"), retries=0,  # type: ignore[assignment]
-                    validate_parameters=True, persist_result=False, **END_HOOKS)(release_flow)
+release_flow = _Flow(release_flow, name="sdhc-release", flow_run_name=flow_run_name("release"),  # type: ignore[assignment]
+                     retries=0, validate_parameters=True, persist_result=False, **END_HOOKS)

@@ -121,7 +121,7 @@ def run_private(
     signing_key: str | Path | None = None,
     public_key: str | Path | None = None,
     validate: bool = True,
-    validate_outputs: bool = False,
+    validate_private_output: bool = False,
     lifetime_cap: Amount | None = None,
     cap_reason: str | None = None,
     resume: str | None = None,
@@ -154,7 +154,7 @@ def run_private(
         signing_key, public_key: Sign the ledger checkpoints (Ed25519 PEM); the key must match
             the public key if given.
         validate: Run the full input suites first (recorded in the ledger).
-        validate_outputs: Validate the tables before publishing them.
+        validate_private_output: Validate the tables before publishing them (``-vo/--validate-private-output``).
         lifetime_cap, cap_reason: Raise the dataset's lifetime cap (recorded with the reason).
         resume, resume_reason: Complete the failed run with this id, reusing what it committed.
         non_confidential: The data is synthetic or public.

@@ -590,7 +590,7 @@ def with_resume_hint(exc: BaseException, run: PrivateRun, status: "SpendStatus |
 
 def resume_hint(run: PrivateRun, status: "SpendStatus | None" = None) -> str:
     """What the run left in the ledger, and how the operator completes it from where they ran it."""
-    from phsafe.parameters import deployment_parameters
+    from phsafe.parameters import deployment_parameters, name_of
 
     if status is not None and status.known:
         recorded = f"{status.intents} spend(s) of run {run.run_id} are recorded in the ledger"
@@ -599,9 +599,9 @@ def resume_hint(run: PrivateRun, status: "SpendStatus | None" = None) -> str:
     if option("resume_run_id").startswith("--"):
         return (f"{recorded}; complete it without drawing noise again: phsafe private CONFIG DATA OUT --ledger "
                 f"{run.ledger} --resume {run.run_id} --resume-reason TEXT, with a new OUT if the old one is unusable")
-    known = deployment_parameters()
-    also = (f", or run the deployment with resume_run_id={run.run_id}"
-            if known is None or "resume_run_id" in known else "")
+    known, parameter = deployment_parameters(), name_of("resume_run_id")
+    also = (f", or run the deployment with {parameter}={run.run_id}"
+            if known is None or parameter in known else "")
     return (f"{recorded}; Retry this flow run to resume it (committed measurements are reused, not drawn "
             f"again){also}")
 

@@ -18,6 +18,14 @@ second description of a run's options. Refusals name a parameter as the operator
 spells it (:func:`option`: ``--lifetime-cap`` on the command line, ``the flow parameter
 lifetime_cap`` in a flow, or what to do instead on a deployment without that parameter).
 
+**One name per parameter.** A parameter the command line takes as an option has one name
+everywhere else: the snake_case form of the option (:func:`name_of`) -- ``--new-version`` is the
+flow parameter ``new_version`` and ``run_private(new_version=...)``; a negated flag names what it
+turns off (``--no-validate``: ``validate``). Only the command line's positional arguments
+(``CONFIG DATA OUT``) and the fields it does not take have names of their own. The flows' former
+names (:data:`FORMER_FLOW_NAMES`: ``new_version_reason`` and the like) are refused in one line
+naming the new one (:func:`refuse_former_names`), never taken as a second spelling.
+
 A description may name another parameter as ``{name}`` (its field name): each front end writes
 it as its operator types it (``--cap-reason`` on the command line, ``cap_reason`` in a flow).
 
@@ -29,12 +37,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.fields import FieldInfo
@@ -44,7 +53,8 @@ from phsafe.sizes import parse_size
 __all__ = ["PrivateRunParameters", "CommandLine", "OnFlows", "InPython", "NotOnFlows", "on_command_line",
            "on_flows", "in_python", "describe", "command_line_spelling", "flow_spelling", "flow_parameters",
            "exact_decimal", "Counting", "LifetimeCap", "PositiveCount", "MemorySize", "REQUIRED",
-           "option", "front_end", "deployment_parameters"]
+           "option", "front_end", "deployment_parameters", "name_of", "snake_case", "FORMER_FLOW_NAMES",
+           "refuse_former_names"]
 
 _SAME = object()
 
@@ -81,13 +91,27 @@ class CommandLine:
             return self.decls[0].upper() if self.decls[0] != "output" else "OUT"
         return max((d for d in self.decls if d.startswith("--")), key=len, default=self.decls[0])
 
+    @property
+    def snake_case(self) -> str:
+        """The option as a name in the flows and in Python (:func:`snake_case`)."""
+        return snake_case(self.spelling, negated=self.kind == "negated_flag")
+
+
+def snake_case(option: str, *, negated: bool = False) -> str:
+    """``--new-version`` -> ``new_version``; a negated flag names what it turns off:
+    ``--no-validate`` -> ``validate``."""
+    name = option.lstrip("-").replace("-", "_")
+    return name.removeprefix("no_") if negated else name
+
 
 @dataclass(frozen=True)
 class OnFlows:
     """How the Prefect flows take a parameter.
 
     Attributes:
-        name: The flow parameter's name (default: the field's).
+        name: The flow parameter's name: leave it to :func:`name_of` (the snake_case form of the
+            command-line option, else the field's name); only a field the command line does not
+            take as an option may have another.
         annotation: Its type in the flow's signature (default: the field's; ``str`` for paths,
             which operators type as text).
         default: Its default (default: the field's; :data:`inspect.Parameter.empty` makes it
@@ -114,7 +138,8 @@ class NotOnFlows:
 @dataclass(frozen=True)
 class InPython:
     """How :func:`phsafe.run_private` takes a parameter: a keyword argument of this name
-    (default: the field's)."""
+    (default: :func:`name_of`; only a positional argument of the command line, ``OUT``, has
+    another)."""
 
     name: str | None = None
 
@@ -169,11 +194,11 @@ class PrivateRunParameters(BaseModel):
         None, description="The dataset this run spends against, e.g. cef2020-us (default: the config's "
                           "`\"dataset\"`).")
     new_version: Annotated[str | None, CommandLine(("--new-version",), metavar="REASON"),
-                           OnFlows(name="new_version_reason"), InPython()] = Field(
+                           OnFlows(), InPython()] = Field(
         None, description="Why these records are a new content version of the dataset (recorded); needed the "
                           "first time the dataset runs on records it has not seen.")
     re_release: Annotated[str | None, CommandLine(("--re-release",), metavar="REASON"),
-                          OnFlows(name="re_release_reason"), InPython()] = Field(
+                          OnFlows(), InPython()] = Field(
         None, description="Why records the dataset already released (or is releasing) are released again "
                           "(recorded; the lifetime cap still applies). Without it such a run is refused before "
                           "any spend.")
@@ -191,7 +216,7 @@ class PrivateRunParameters(BaseModel):
     validate_inputs: Annotated[bool, CommandLine(
         ("--no-validate", "validate_inputs"), "negated_flag",
         help="Skip the full input suites (recorded in the ledger); the config and file checks still run."),
-        OnFlows(elsewhere="the us or pr deployment's parameter validate_inputs=false"), InPython("validate")] = Field(
+        OnFlows(elsewhere="the us or pr deployment's parameter validate=false"), InPython()] = Field(
         True, description="Validate the config and the inputs first (Great Expectations; recorded in the ledger).")
     validate_outputs: Annotated[bool, CommandLine(("-vo", "--validate-private-output", "validate_outputs"), "flag"),
                                 OnFlows(default=True), InPython()] = Field(
@@ -208,7 +233,7 @@ class PrivateRunParameters(BaseModel):
     resume_run_id: Annotated[str | None, CommandLine(("--resume", "resume_run_id"), metavar="RUN_ID",
                                                      note="; OUT may be a new folder"),
                              OnFlows(note=" (a Retry of the flow run that started it does the same by itself)",
-                                     elsewhere="a Retry of this flow run"), InPython("resume")] = Field(
+                                     elsewhere="a Retry of this flow run"), InPython()] = Field(
         None, description="Complete this failed run: its committed measurements are reused, not drawn again; "
                           "the rest are new spends.")
     resume_reason: Annotated[str | None, CommandLine(("--resume-reason",), metavar="TEXT"),
@@ -280,20 +305,55 @@ def on_command_line() -> Iterator[tuple[str, CommandLine]]:
             yield name, spelling
 
 
+def name_of(field: str) -> str:
+    """The name of the parameter ``field`` in the flows and in Python: the snake_case form of its
+    command-line option (``--new-version``: ``new_version``; ``--no-validate``: ``validate``),
+    else the field's own name."""
+    cli = _spelling(PrivateRunParameters.model_fields[field], CommandLine)
+    return cli.snake_case if cli is not None and not cli.argument else field
+
+
 def in_python() -> Iterator[tuple[str, InPython]]:
-    """(field name, how :func:`phsafe.run_private` takes it), in the model's order."""
+    """(field name, how :func:`phsafe.run_private` takes it, its ``name`` filled in), in the model's order."""
     for name, info in PrivateRunParameters.model_fields.items():
         spelling = _spelling(info, InPython)
         if spelling is not None:
-            yield name, spelling
+            yield name, dataclasses.replace(spelling, name=spelling.name or name_of(name))
 
 
 def on_flows() -> Iterator[tuple[str, OnFlows]]:
-    """(field name, how the flows take it), in the model's order."""
+    """(field name, how the flows take it, its ``name`` filled in), in the model's order."""
     for name, info in PrivateRunParameters.model_fields.items():
         spelling = _spelling(info, OnFlows)
         if spelling is not None:
-            yield name, spelling
+            yield name, dataclasses.replace(spelling, name=spelling.name or name_of(name))
+
+
+FORMER_FLOW_NAMES: dict[str, str] = {
+    "new_version_reason": "new_version",
+    "re_release_reason": "re_release",
+    "resume_run_id": "resume",
+    "validate_inputs": "validate",
+    "validate_outputs": "validate_private_output",
+}
+"""Flow parameters renamed to the command line's names (issue 36) -> their names now. A flow run
+given one is refused in one line naming the new name (:func:`refuse_former_names`): an old
+deployment's stored parameters or an old trigger never run with a setting silently dropped."""
+
+
+def refuse_former_names(parameters: Iterable[str]) -> None:
+    """Refuse a flow run's parameters that use a former name, in one line naming the new one.
+
+    Raises:
+        ValueError: ``renamed flow parameter(s): new_version_reason is now new_version (...)``.
+    """
+    given = [name for name in parameters if name in FORMER_FLOW_NAMES]
+    if not given:
+        return
+    renames = "; ".join(f"{name} is now {FORMER_FLOW_NAMES[name]}" for name in given)
+    raise ValueError(f"renamed flow parameter(s): {renames} (each flow parameter is named as phsafe private's "
+                     "option): re-run the deploy step (deployments/deploy.py) for the deployments' own parameters, "
+                     "and use the new name in the trigger. No privacy-loss budget was spent.")
 
 
 def describe(name: str, spell: dict[str, str], note: str = "") -> str:
@@ -360,7 +420,7 @@ def option(name: str) -> str:
         flows, instead = _spelling(info, OnFlows), _spelling(info, NotOnFlows)
         if flows is None:
             return instead.instead if instead is not None else f"{name} (not a parameter of the flows)"
-        parameter = flows.name or name
+        parameter = flows.name or name_of(name)
         known = _DEPLOYMENT.get()
         if known is None or parameter in known:
             return f"the flow parameter {parameter}"

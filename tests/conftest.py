@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
+
+# The suite's processes keep what they compile (in __pycache__ folders, which git ignores): with
+# PYTHONDONTWRITEBYTECODE set in the environment, each test worker rewrote and compiled every test
+# module again (about 4 CPU-s a worker for the unit lane alone), and every subprocess the package's
+# sources -- the same work, run after run.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 # Prefect reads its settings when first imported: point it at a throwaway home (its database and
 # settings), off the network (no telemetry), before any test module imports it.

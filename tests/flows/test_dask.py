@@ -80,7 +80,7 @@ def test_us_flow_counts_on_dask(tmp_path):
 
     ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
     state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
-                    ledger=str(ledger), new_version_reason="the demo's records", validate_inputs=False,
+                    ledger=str(ledger), new_version="the demo's records", validate=False,
                     counting="dask", dask_workers=2, partition_persons=1500, return_state=True)
     assert state.is_completed(), state.message
     from tests.flows.test_flows import _task_run_names, _verify
@@ -168,7 +168,7 @@ def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path):
 
     ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
     state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
-                    ledger=str(ledger), new_version_reason="the demo's records", validate_inputs=True,
+                    ledger=str(ledger), new_version="the demo's records", validate=True,
                     counting="dask", dask_workers=2, partition_persons=1500, return_state=True)
     assert state.is_completed(), state.message
     from tests.flows.test_flows import _task_run_names, _verify

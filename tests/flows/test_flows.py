@@ -107,7 +107,7 @@ def _params(tmp_path: Path, dataset: str, **kw) -> dict:
         data=str(DEMO / dataset),
         output_root=str(tmp_path / "out"),
         ledger=_ledger(tmp_path, dataset),
-        new_version_reason="the demo's synthetic records",
+        new_version="the demo's synthetic records",
     )
     base.update(kw)
     return base
@@ -238,7 +238,7 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
 
     ledger = Path(_ledger(tmp_path, "us", cap="1.257281"))  # a cap of exactly one run
     injector = _FailAfter(monkeypatch, n=7)
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    state = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert state.is_failed()
     _verify(ledger)
     run_id = next(e["run_id"] for e in _ledger_entries(ledger) if e["kind"] == "RUN_STARTED")
@@ -249,12 +249,12 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
     monkeypatch.undo()
 
     # A new run on the same data is refused by the lifetime cap: no silent second spend.
-    again = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    again = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert again.is_failed() and "lifetime" in again.message
     assert set(_intents(ledger, run_id)) == set(first.intents)
 
     # Resuming re-spends the lost measurement: under the unchanged cap that is refused, loudly.
-    refused = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id=run_id,
+    refused = us_flow(**_params(tmp_path, "us", validate=False, resume=run_id,
                                 resume_reason="disk replaced"), return_state=True)
     assert refused.is_failed() and "re-spending" in refused.message and "lifetime cap" in refused.message
     assert set(_intents(ledger, run_id)) == set(first.intents)
@@ -262,7 +262,7 @@ def test_injected_failure_then_resume_reuses_committed_measurements(tmp_path, mo
 
     # With the cap raised (and the reason recorded), the resume completes. Committed measurements
     # are read back, never re-drawn; the lost one is drawn again as a new, visible spend.
-    resumed = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id=run_id,
+    resumed = us_flow(**_params(tmp_path, "us", validate=False, resume=run_id,
                                 resume_reason="disk replaced", lifetime_cap=1.4,
                                 cap_reason="re-spend of the measurement lost with the disk"),
                       return_state=True)
@@ -308,7 +308,7 @@ def test_flow_retry_resumes_its_own_run_without_drawing_again(tmp_path, monkeypa
         return original(run, config)
 
     monkeypatch.setattr(engine, "check_outputs", flaky_check)
-    failed = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    failed = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert failed.is_failed()
     assert "spend(s) of run us-" in failed.message and "Retry this flow run to resume it" in failed.message
     state = retry(us_flow, failed)
@@ -329,7 +329,7 @@ def test_release_flow_runs_both_datasets(tmp_path):
         us_ledger=_ledger(tmp_path, "us"),
         pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"),
         pr_ledger=_ledger(tmp_path, "pr"),
-        output_root=str(tmp_path / "out"), validate_outputs=False, new_version_reason="the demo's records",
+        output_root=str(tmp_path / "out"), validate_private_output=False, new_version="the demo's records",
     )
     assert set(result) == {"us", "pr"}
     for label, summary in result.items():
@@ -349,10 +349,10 @@ def test_us_flow_refuses_puerto_rico_config(tmp_path):
 def test_refusals_name_flow_parameters(tmp_path):
     from flows.sdhc import us_flow
 
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False, resume_run_id="us-20260101T0000Z-00000000"),
+    state = us_flow(**_params(tmp_path, "us", validate=False, resume="us-20260101T0000Z-00000000"),
                     return_state=True)
     assert state.is_failed()
-    assert "the flow parameter resume_run_id names run us-20260101T0000Z-00000000" in state.message
+    assert "the flow parameter resume names run us-20260101T0000Z-00000000" in state.message
     assert "--resume" not in state.message
 
 
@@ -367,7 +367,7 @@ def test_refusals_inside_tasks_name_flow_parameters(tmp_path, monkeypatch):
         raise BudgetError(f"over the lifetime cap: raise it with {option('lifetime_cap')} and {option('cap_reason')}")
 
     monkeypatch.setattr(engine, "open_run_in_ledger", refuse)
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    state = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert state.is_failed()
     assert "raise it with the flow parameter lifetime_cap and the flow parameter cap_reason" in state.message
 
@@ -401,6 +401,33 @@ def test_parameters_are_typed(tmp_path, parameter, value):
     state = us_flow(**_params(tmp_path, "us", **{parameter: value}), return_state=True)
     assert state.is_failed() and parameter in state.message
     assert [e["kind"] for e in _ledger_entries(tmp_path / "us-ledger.jsonl")] == ["LEDGER_INIT"]
+
+
+@pytest.mark.parametrize("flow_name", ["us", "release"])
+def test_a_run_given_a_former_parameter_name_is_refused_in_one_line_naming_the_new_one(tmp_path, flow_name):
+    """A deployment run as the worker runs it (Prefect's engine with the run's stored parameters,
+    no Python call binding them first) given ``new_version_reason``, the flows' former name for
+    ``new_version``: Failed before it starts, one line naming the new name, nothing spent."""
+    from prefect.flow_engine import run_flow
+
+    from flows.sdhc import release_flow, us_flow
+
+    if flow_name == "us":
+        flow, parameters = us_flow, _params(tmp_path, "us")
+    else:
+        flow, parameters = release_flow, dict(
+            us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"), us_ledger=_ledger(tmp_path, "us"),
+            pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"), pr_ledger=_ledger(tmp_path, "pr"),
+            output_root=str(tmp_path / "out"))
+    parameters.pop("new_version", None)
+    parameters["new_version_reason"] = "the demo's records"
+    state = run_flow(flow, parameters=parameters, return_type="state")
+    assert state.is_failed(), state
+    (line,) = state.message.splitlines()
+    assert "new_version_reason is now new_version" in line and "deploy step" in line, line
+    for label in ("us", "pr") if flow_name == "release" else ("us",):
+        assert [e["kind"] for e in _ledger_entries(tmp_path / f"{label}-ledger.jsonl")] == ["LEDGER_INIT"]
+    assert not (tmp_path / "out").exists()
 
 
 def test_parameter_schema_has_numbers_and_choices():
@@ -479,7 +506,7 @@ def _another_run_publishes_first(monkeypatch):  # noqa: ANN001
                          ids=["signing-key", "full-disk", "race"])
 def test_a_publish_failure_ends_failed_and_resume_publishes_without_new_spends(tmp_path, monkeypatch, fault):
     """Issue 13 through the flow: a failure at publish time (after every spend) ends the flow
-    Failed with the reason, records nothing as published, and a re-run with resume_run_id
+    Failed with the reason, records nothing as published, and a re-run with resume
     publishes -- to a new output root if the old one is unusable -- drawing nothing."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -492,14 +519,14 @@ def test_a_publish_failure_ends_failed_and_resume_publishes_without_new_spends(t
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     ledger = Path(_ledger(tmp_path, "us"))
     reason = fault(monkeypatch)
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False, signing_key=str(key)), return_state=True)
+    state = us_flow(**_params(tmp_path, "us", validate=False, signing_key=str(key)), return_state=True)
     assert state.is_failed() and reason in state.message, state.message
-    assert "resume_run_id" in state.message  # the reason says how to complete it
+    assert "run the deployment with resume=us-" in state.message  # the reason says how to complete it
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert not run.published and len(run.reusable) == len(run.planned)
     spent = sum(_intents(ledger, run_id).values())
-    resumed = us_flow(**_params(tmp_path, "us", validate_inputs=False, signing_key=str(key), resume_run_id=run_id,
+    resumed = us_flow(**_params(tmp_path, "us", validate=False, signing_key=str(key), resume=run_id,
                                 resume_reason="publish failed", output_root=str(tmp_path / "out-2")),
                       return_state=True)
     assert resumed.is_completed(), resumed.message
@@ -553,7 +580,7 @@ def test_flow_retry_does_not_record_a_file_planted_in_the_release_folder(tmp_pat
         raise OSError(5, "Input/output error")  # the worker's disk failed right after the rename
 
     monkeypatch.setattr(engine, "publish_release", lost_after_rename)
-    failed = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    failed = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert failed.is_failed()
     monkeypatch.undo()
     (run_id,) = {e["run_id"] for e in _ledger_entries(ledger) if e["kind"] == "RUN_STARTED"}
@@ -631,7 +658,7 @@ def test_sigterm_while_measuring_stops_at_a_safe_point_and_retry_resumes(tmp_pat
     ledger = Path(_ledger(tmp_path, "us"))
     stop = _SignalAtACommit(monkeypatch, ledger, n=5)
     log_file = tmp_path / "phsafe-log.jsonl"
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    state = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     monkeypatch.undo()
     assert state.is_failed(), state
     assert state.message.startswith("stopped by a signal (SIGTERM) at a safe point (no spend after it) -- "), \
@@ -663,7 +690,7 @@ def test_a_stop_during_the_us_run_of_a_release_does_not_start_puerto_rico(tmp_pa
     state = release_flow(
         us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"), us_ledger=str(us_ledger),
         pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"), pr_ledger=str(pr_ledger),
-        output_root=str(tmp_path / "out"), new_version_reason="the demo's records", return_state=True)
+        output_root=str(tmp_path / "out"), new_version="the demo's records", return_state=True)
     assert state.is_failed(), state
     assert "us: stopped by a signal (SIGTERM) at a safe point" in state.message, state.message
     assert "pr: not started: stopped by a signal (SIGTERM) during the release; Retry the release to run it" \
@@ -686,7 +713,7 @@ def test_an_unforeseen_error_reaches_prefect_as_its_type_only(tmp_path, monkeypa
         raise ValueError("unexpected MAFID 987654321012 in a row")
 
     monkeypatch.setattr(engine, "check_outputs", broken_check)
-    state = us_flow(**_params(tmp_path, "us", validate_inputs=False), return_state=True)
+    state = us_flow(**_params(tmp_path, "us", validate=False), return_state=True)
     assert state.is_failed()
     assert state.message.startswith("internal error: ValueError (its frames are in the run's log file)"), \
         state.message

@@ -37,7 +37,7 @@ def _enclaves(tmp_path: Path, us_cap: str = "10", pr_cap: str = "10") -> dict[st
 def _release(tmp_path: Path, ledgers: dict[str, Path], **kw) -> dict:
     params = dict(us_config=str(DEMO / "us" / "config.json"), us_data=str(DEMO / "us"), us_ledger=str(ledgers["us"]),
                   pr_config=str(DEMO / "pr" / "config.json"), pr_data=str(DEMO / "pr"), pr_ledger=str(ledgers["pr"]),
-                  output_root=str(tmp_path / "releases"), validate_outputs=False)
+                  output_root=str(tmp_path / "releases"), validate_private_output=False)
     params.update(kw)
     return params
 
@@ -87,9 +87,9 @@ def test_the_cli_and_the_flow_run_the_same_sequence(tmp_path):
     cli_ledger = new_ledger(tmp_path / "cli", cap="10").path
     flow_ledger = new_ledger(tmp_path / "flow", cap="10").path
     run_private(DEMO / "us" / "config.json", DEMO / "us", tmp_path / "cli" / "out", ledger=cli_ledger, new_version=NEW,
-                validate_outputs=True)
+                validate_private_output=True)
     state = us_flow(config=str(DEMO / "us" / "config.json"), data=str(DEMO / "us"), ledger=str(flow_ledger),
-                    output_root=str(tmp_path / "flow" / "out"), new_version_reason=NEW, return_state=True)
+                    output_root=str(tmp_path / "flow" / "out"), new_version=NEW, return_state=True)
     assert state.is_completed(), state.message
     cli, flow = _ledger_entries(cli_ledger), _ledger_entries(flow_ledger)
     assert _normalized(cli) == _normalized(flow)
@@ -111,24 +111,24 @@ def test_a_second_trigger_of_the_release_is_refused_before_any_spend(tmp_path):
     from flows.sdhc import release_flow
 
     ledgers = _enclaves(tmp_path)
-    first = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    first = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert first.is_completed(), first.message
     published = first.result()
     before = {label: path.read_bytes() for label, path in ledgers.items()}
 
-    again = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    again = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert again.is_failed()
     message = again.message
     for label in ("us", "pr"):
         assert f"run {published[label]['run_id']} published them to {published[label]['outputs']}" in message
         assert ledgers[label].read_bytes() == before[label]  # not one entry: nothing spent
     assert message.count("No privacy-loss budget was spent.") == 2
-    assert "re_release_reason" in message and "--re-release" not in message
+    assert "the flow parameter re_release" in message and "--re-release" not in message
     for sub in _subflow_runs(again):
         assert not [m for m in _log_messages(sub) if "Traceback" in m]  # a refusal is not a bug
 
     # A declared re-release goes through, recorded; the cap still applies.
-    third = release_flow(**_release(tmp_path, ledgers, re_release_reason="a second release, for the test"),
+    third = release_flow(**_release(tmp_path, ledgers, re_release="a second release, for the test"),
                          return_state=True)
     assert third.is_completed(), third.message
     for label, path in ledgers.items():
@@ -151,7 +151,7 @@ def test_a_retry_of_a_completed_release_does_nothing_and_says_where_it_is(tmp_pa
     from flows.sdhc import release_flow
 
     ledgers = _enclaves(tmp_path)
-    first = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    first = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert first.is_completed(), first.message
     before = {label: path.read_bytes() for label, path in ledgers.items()}
     again = retry(release_flow, first)
@@ -178,11 +178,11 @@ def test_a_retry_of_the_release_resumes_a_dataset_that_failed_after_spending(tmp
         return original(run, *args)
 
     monkeypatch.setattr(engine, "publish_private_run", unavailable_for_us)
-    first = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    first = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert first.is_failed()
     assert "us: the release area is unavailable (injected)" in first.message
     assert "spend(s) of run us-" in first.message and "Retry this flow run to resume it" in first.message
-    assert "resume_run_id" not in first.message  # the release deployment has no such parameter
+    assert "resume=" not in first.message  # the release deployment has no such parameter
     spent = _intents(ledgers)
     assert spent["us"] > 0 and spent["pr"] > 0
 
@@ -205,7 +205,7 @@ def test_each_dataset_logs_beside_its_own_ledger_and_the_release_shows_a_summary
     from tests.flows.test_flows import _artifacts
 
     ledgers = _enclaves(tmp_path)
-    state = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    state = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert state.is_completed(), state.message
     for label, ledger in ledgers.items():
         events = [json.loads(line) for line in (ledger.parent / "phsafe-log.jsonl").read_text().splitlines()]
@@ -225,13 +225,13 @@ def test_release_refusals_name_what_the_release_deployment_can_do(tmp_path):
     from flows.sdhc import release_flow, us_flow
 
     ledgers = _enclaves(tmp_path, us_cap="1")
-    state = release_flow(**_release(tmp_path, ledgers, new_version_reason=NEW), return_state=True)
+    state = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
     assert state.is_failed()
     assert "phsafe ledger raise-cap LEDGER --dataset NAME --to CAP" in state.message
     assert "the flow parameter lifetime_cap" not in state.message
     assert _intents(ledgers)["us"] == 0
     alone = us_flow(config=str(DEMO / "us" / "config.json"), data=str(DEMO / "us"), ledger=str(ledgers["us"]),
-                    output_root=str(tmp_path / "out"), new_version_reason=NEW, return_state=True)
+                    output_root=str(tmp_path / "out"), new_version=NEW, return_state=True)
     assert alone.is_failed() and "the flow parameter lifetime_cap" in alone.message
 
 
@@ -243,7 +243,7 @@ def test_a_first_run_without_a_declared_version_is_refused_in_preflight(tmp_path
     state = us_flow(config=str(DEMO / "us" / "config.json"), data=str(DEMO / "us"), ledger=str(ledgers["us"]),
                     output_root=str(tmp_path / "out"), return_state=True)
     assert state.is_failed()
-    assert "no declared content version" in state.message and "the flow parameter new_version_reason" in state.message
+    assert "no declared content version" in state.message and "the flow parameter new_version" in state.message
     assert "validate-and-count" not in " ".join(_task_run_names(_flow_run_id(state)))  # refused before reading
     assert [e["kind"] for e in _ledger_entries(ledgers["us"])] == ["LEDGER_INIT"]
 
@@ -258,8 +258,8 @@ def test_nothing_is_persisted_after_a_failed_and_a_successful_run(tmp_path):
     common = dict(config=str(DEMO / "us" / "config.json"), ledger=str(ledgers["us"]), output_root=str(tmp_path / "out"))
     with temporary_settings({PREFECT_LOCAL_STORAGE_PATH: storage}):
         refused = us_flow(**common, data=str(DEMO / "us"), return_state=True)  # no declared version
-        missing = us_flow(**common, data=str(tmp_path / "missing"), new_version_reason=NEW, return_state=True)
-        done = us_flow(**common, data=str(DEMO / "us"), new_version_reason=NEW, return_state=True)
+        missing = us_flow(**common, data=str(tmp_path / "missing"), new_version=NEW, return_state=True)
+        done = us_flow(**common, data=str(DEMO / "us"), new_version=NEW, return_state=True)
     assert refused.is_failed() and missing.is_failed() and done.is_completed(), done.message
     assert not storage.exists() or not any(storage.rglob("*"))
     assert set(TABLES) <= {p.name for p in Path(done.result()["outputs"]).iterdir()}

@@ -1,8 +1,10 @@
 """Bad inputs are rejected before any budget is spent, by a report that quotes no value.
 
-Each case of :mod:`tests.system._bad_inputs` is validated in-process (fast); a handful also go
-through ``phsafe private --validate`` (slow: one process each), which must exit non-zero, name
-the file, column and rule, create no output directory and record no spend in the ledger.
+Each case of :mod:`tests.system._bad_inputs` is validated with the library; a handful also go
+through ``phsafe private --validate`` (run in this process as a subprocess would see it:
+tests/_cli.py), which must exit non-zero, name the file, column and rule, create no output
+directory and record no spend in the ledger. ``phsafe validate`` on the reference fixture is a
+real process (the installed command's exit status).
 """
 
 from __future__ import annotations
@@ -11,18 +13,17 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from phsafe.intake import validate_inputs
 from phsafe.validation import ValidationReport
+from tests._cli import PHSAFE, phsafe
 from tests._ledgers import new_ledger
 from tests.conftest import END_TO_END
 from tests.system._bad_inputs import CASES, DEMO_US, Case, Dataset, base_dataset, build
 
-PHSAFE = Path(sys.executable).parent / "phsafe"
 _PUBLIC_NUMBERS = {"100000001", "900000000"}  # MAFID bounds, quoted by the range rule
 
 
@@ -136,8 +137,7 @@ def test_a_national_file_validates_with_a_subset_state_filter(base: Dataset, tmp
     texas = next(iter(aside["48"][0]))
     ds.persons.loc[ds.persons.index[ds.persons.MAFID == texas][:1], "QAGE"] = "131"
     data = ds.write(tmp_path / "national")
-    proc = subprocess.run([str(PHSAFE), "validate", str(data / "config.json"), str(data)],
-                          capture_output=True, text=True, timeout=300)
+    proc = phsafe("validate", data / "config.json", data)
     assert proc.returncode == 0, proc.stderr
     report = validate_inputs(data / "config.json", data)
     assert report.ok, report.to_text()
@@ -175,11 +175,8 @@ def test_private_run_refuses_bad_input(case: Case, base: Dataset, tmp_path: Path
     data = tmp_path / "data"
     ds = build(case, base, data)
     out, ledger = tmp_path / "out", new_ledger(tmp_path).path
-    proc = subprocess.run(
-        [str(PHSAFE), "private", str(data / "config.json"), str(data), str(out), "--validate",
-         "--ledger", str(ledger), "--new-version", "test records"],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"},
-    )
+    proc = phsafe("private", data / "config.json", data, out, "--validate", "--ledger", ledger,
+                  "--new-version", "test records", env={**os.environ, "NO_COLOR": "1"})
     assert proc.returncode != 0
     message = proc.stderr + proc.stdout
     # The engine loads the config before validating, so a config error is its one-line
@@ -196,13 +193,13 @@ def test_validate_command_names_the_config_file(base: Dataset, tmp_path: Path) -
     case = next(c for c in CASES if c.name == "config_privacy_defn_typo")
     data = tmp_path / "data"
     build(case, base, data)
-    proc = subprocess.run([str(PHSAFE), "validate", str(data / "config.json"), str(data)],
-                          capture_output=True, text=True, timeout=300)
+    proc = phsafe("validate", data / "config.json", data)
     assert proc.returncode == 1
     assert 'config.json [privacy_defn]: must be "zcdp" or "puredp"' in proc.stderr
 
 
 def test_validate_command_rejects_reference_fixture(tmp_path: Path) -> None:
+    # The installed command, in a process of its own: its exit status as a script sees it.
     proc = subprocess.run(
         [str(PHSAFE), "validate", str(END_TO_END / "config.json"), str(END_TO_END), "--report-dir",
          str(tmp_path / "report")],

@@ -105,3 +105,42 @@ def test_validate_report_dir_is_a_new_folder(tmp_path: Path) -> None:
     third = _invoke("-q", "validate", DEMO_US / "config.json", DEMO_US, "--report-dir", report, "--overwrite")
     assert third.exit_code == 0 and third.stdout == ""
     assert (report / "inputs" / "index.html").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# The installed command, in processes of its own
+# --------------------------------------------------------------------------------------------
+# The system tests run the command line in their own process (tests/_cli.py); what only the
+# installed console script shows -- it starts, dispatches to each command and ends with the exit
+# status a script sees -- is checked here, once per command, as cheaply as the command allows.
+# (validate, private, audit and witness are also run as processes elsewhere: test_bad_inputs,
+# test_resume, test_crash_safety, test_witness_service; the e2e stack runs ledger and keys as its
+# service user.)
+
+
+def test_each_command_runs_as_the_installed_script(tmp_path: Path) -> None:
+    from tests._cli import subprocess_phsafe as script
+
+    def ran(*args: object, code: int = 0, out: str = "", err: str = "") -> None:
+        done = script(*args, timeout=600)
+        assert done.returncode == code, (args, done.stdout[-2000:], done.stderr[-2000:])
+        assert out in done.stdout and err in done.stderr, (args, done.stdout[-2000:], done.stderr[-2000:])
+        assert "Traceback" not in done.stderr, done.stderr[-2000:]
+
+    ran("--version", out="phsafe, version ")
+    ran("private", code=2, err="Usage: phsafe private [OPTIONS] CONFIG DATA OUTPUT")  # click's usage error
+    ran("validate", tmp_path / "missing.json", tmp_path, code=2, err="Usage: phsafe validate")
+    ran("-q", "non-private", DEMO_US / "config.json", DEMO_US, tmp_path / "nonprivate", "--non-confidential")
+    assert (tmp_path / "nonprivate" / "PH2" / "PH2.csv").is_file()
+    ran("keys", "generate", tmp_path / "keys", out="signing key")
+    ran("ledger", "init", tmp_path / "ledger.jsonl", "--lifetime-cap", "1", "--reason", "smoke test",
+        out="created the confidential ledger")
+    ran("audit", "verify", tmp_path / "ledger.jsonl", out="OK")
+    ran("witness", "--help", out="Usage: phsafe witness")
+    ran("-q", "plan", "--from-config", PR_CONFIG, "--out", tmp_path / "plan")
+    assert (tmp_path / "plan" / "plan_report.html").is_file()
+    ran("-q", "synth", "--persons", "200", "--states", "01", "--out", tmp_path / "synth")
+    assert (tmp_path / "synth" / "persons.csv").is_file()
+    for command in ("risk", "postprocess", "accuracy"):  # each a report over a release or a config: its usage
+        ran(command, "--help", out=f"Usage: phsafe {command}")
+    ran("no-such-command", code=2, err="No such command 'no-such-command'")

@@ -36,6 +36,7 @@ from phsafe.ledger.rules import parse_planned
 from phsafe.publog import log_path
 from phsafe.sensitivity import SensitivityBound, exact, squared
 
+from tests._cli import phsafe
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
@@ -45,7 +46,7 @@ STATES = ["01", "02"]
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=900)
+    return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
 def _config(sensitivity: str) -> dict:

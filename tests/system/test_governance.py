@@ -37,6 +37,7 @@ from phsafe import synthetic
 from phsafe.fingerprint import PERSON_FIELDS, _PERSON_TAG, _lane_sums, _pack
 from phsafe.ledger import dataset_id, read_ledger
 from phsafe.reader import file_digest
+from tests._cli import phsafe
 from tests._ledgers import new_ledger
 from tests.conftest import US_CONFIG
 
@@ -47,7 +48,7 @@ HEX = re.compile(rb"[0-9a-fA-F]{16,}")
 
 def cli(*args: object, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "NO_COLOR": "1", **kw.pop("env", {})}
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=600, env=env, **kw)
+    return phsafe(*args, env=env, **kw)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:

@@ -50,6 +50,7 @@ from phsafe.tlog import (
 )
 from phsafe.tlog.note import NoteSignature, format_note, parse_note
 from phsafe.tlog.proof import format_tlog_proof, parse_tlog_proof
+from tests._cli import phsafe
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
@@ -58,7 +59,7 @@ PHSAFE = Path(sys.executable).parent / "phsafe"
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=900)
+    return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
 def one_line(proc: subprocess.CompletedProcess) -> str:

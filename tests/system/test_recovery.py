@@ -30,6 +30,7 @@ from phsafe import synthetic
 from phsafe.accounting import plan_run
 from phsafe.config import load_config
 from phsafe.ledger import format_exact, read_ledger
+from tests._cli import phsafe
 from tests._ledgers import new_ledger
 from tests.conftest import US_CONFIG
 
@@ -63,7 +64,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _phsafe(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=600)
+    return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py); the stops stay processes
 
 
 def _intents(ledger: Path, run_id: str) -> Counter:

@@ -25,6 +25,7 @@ import pytest
 from phsafe import run_private
 from phsafe.errors import PHSafeError
 from phsafe.ledger import lock_path, read_ledger
+from tests._cli import phsafe
 from tests._ledgers import new_ledger
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,7 +38,7 @@ FIRST = ["--new-version", "the demo's synthetic records"]
 
 def cli(*args: object, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "NO_COLOR": "1", **kw.pop("env", {})}
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=600, env=env, **kw)
+    return phsafe(*args, env=env, **kw)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
 def private(out: Path, ledger: Path, *extra: object, config: Path = CONFIG, data: Path = DEMO_US, **kw):

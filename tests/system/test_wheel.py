@@ -21,8 +21,11 @@ END_TO_END = REPO.parent / "shared" / "fixtures" / "reference" / "end_to_end_tes
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    # Without PYTHONDONTWRITEBYTECODE: the fresh environment has no compiled modules, and the
+    # second command would compile again every module the first one compiled (pandas, Great
+    # Expectations, ...) -- seconds of CPU each, nothing this test checks.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PHSAFE_EXPECTATIONS_DIR", "PYTHONPATH", "VIRTUAL_ENV")}
+           if k not in ("PHSAFE_EXPECTATIONS_DIR", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

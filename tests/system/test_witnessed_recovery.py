@@ -34,6 +34,7 @@ from phsafe.amounts import format_exact
 from phsafe.audit.verify import verify
 from phsafe.ledger import RunStatus, read_ledger
 from phsafe.publog import log_path, witnesses_path
+from tests._cli import phsafe
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
@@ -52,7 +53,7 @@ place, and between recording the release and writing its log files."""
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=900)
+    return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
 @pytest.fixture(scope="module")
@@ -86,10 +87,9 @@ def private(world: dict, ledger: Path, out: Path, *extra: str, point: str | None
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     args = ["private", str(world["config"]), str(world["data"]), str(out), "--ledger", str(ledger), "--no-validate",
             *extra]
-    if point is None:
-        command = [str(PHSAFE), *args]
-    else:
-        command = [sys.executable, "-m", "tests.system._fault_driver", "kill", point, "--", *args]
+    if point is None:  # a plain run: in this process (tests/_cli.py)
+        return phsafe(*args, cwd=REPO, env={**os.environ, **(env or {})})
+    command = [sys.executable, "-m", "tests.system._fault_driver", "kill", point, "--", *args]  # killed: a process
     return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO,
                           env={**os.environ, **(env or {})})
 

@@ -15,6 +15,7 @@ import pytest
 import phsafe
 from phsafe.cli.private import private
 from phsafe.parameters import (
+    FORMER_FLOW_NAMES,
     CommandLine,
     InPython,
     NotOnFlows,
@@ -24,9 +25,12 @@ from phsafe.parameters import (
     flow_parameters,
     front_end,
     in_python,
+    name_of,
     on_command_line,
     on_flows,
     option,
+    refuse_former_names,
+    snake_case,
 )
 
 
@@ -60,7 +64,47 @@ def test_the_command_line_options_are_the_models() -> None:
 def test_the_flow_parameters_are_the_models() -> None:
     names = [p.name for p in flow_parameters()]
     assert names == [spelling.name or name for name, spelling in on_flows()]
-    assert "new_version_reason" in names and "new_version" not in names and "truncation_key" not in names
+    assert "new_version" in names and "new_version_reason" not in names and "truncation_key" not in names
+
+
+def test_each_parameter_has_one_name_the_command_line_option_in_snake_case() -> None:
+    """A flow parameter, and a keyword of phsafe.run_private, is the snake_case form of the
+    command line's option (``--new-version``: ``new_version``; the negated ``--no-validate``:
+    ``validate``); only the command line's positional arguments and the fields it does not take
+    are named otherwise."""
+    python = dict(in_python())
+    for name, flows in on_flows():
+        cli = dict(on_command_line()).get(name)
+        expected = cli.snake_case if cli is not None and not cli.argument else name
+        assert flows.name == expected, f"the flow parameter {flows.name} is {cli.spelling if cli else name} ({expected})"
+        if name in python:
+            assert python[name].name == expected, f"run_private's {python[name].name} is {expected}"
+    for name, cli in on_command_line():
+        if not cli.argument:
+            assert name_of(name) == cli.snake_case, name
+    assert snake_case("--new-version") == "new_version" and snake_case("--no-validate", negated=True) == "validate"
+    assert {name_of(f) for f in ("new_version", "re_release", "resume_run_id", "validate_inputs",
+                                 "validate_outputs")} == {"new_version", "re_release", "resume", "validate",
+                                                          "validate_private_output"}
+    # The command line's own -v/--validate is the same parameter as --no-validate (the production release's flag).
+    assert {"-v", "--validate"} <= {o for p in private.params if p.name == "validate_flag" for o in p.opts}
+
+
+def test_a_mismatched_flow_name_would_fail_the_rule() -> None:
+    """The rule above catches a flow parameter named otherwise (as new_version_reason was)."""
+    wrong = OnFlows(name="new_version_reason")
+    cli = dict(on_command_line())["new_version"]
+    assert wrong.name != cli.snake_case
+
+
+@pytest.mark.parametrize("former, now", sorted(FORMER_FLOW_NAMES.items()))
+def test_a_former_flow_parameter_name_is_refused_in_one_line_naming_the_new_one(former: str, now: str) -> None:
+    assert now in {spelling.name for _, spelling in on_flows()} and former not in {p.name for p in flow_parameters()}
+    with pytest.raises(ValueError) as refused:
+        refuse_former_names({"config": "c.json", former: "x"})
+    message = str(refused.value)
+    assert "\n" not in message and f"{former} is now {now}" in message and "deploy step" in message
+    refuse_former_names({"config": "c.json", now: "x"})  # the new name passes
 
 
 def test_the_python_api_takes_the_models_fields() -> None:
