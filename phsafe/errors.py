@@ -229,11 +229,17 @@ class VerificationFailure(PHSafeError):
     Args:
         where: The first failing entry (``entry 12 (INTENT)``) or file.
         reason: Why, in plain words.
+        finding: For the public log's checks, the class of what was found (``rollback``,
+            ``quorum``, ``over-cap`` ...: :data:`phsafe.audit.monitor.FINDINGS`); None otherwise.
+        evidence: The bytes of evidence of equivocation that proves it, when there is one
+            (``finding == "equivocation"``).
     """
 
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, *, finding: str | None = None, evidence: bytes | None = None) -> None:
         self.where = where
         self.reason = reason
+        self.finding = finding
+        self.evidence = evidence
         super().__init__(f"{where}: {reason}")
 
 

@@ -121,9 +121,12 @@ class SeenCheckpoints:
         except (MalformedError, SignatureError, ProofError) as exc:
             raise StoreError(f"the kept checkpoint of {self.origin} does not verify ({exc})") from None
 
-    def observe(self, message: bytes, prove: ConsistencyProver, leaf_hashes: bytes = b"") -> Observation:
+    def observe(self, message: bytes, prove: ConsistencyProver, leaf_hashes: bytes = b"", *,
+                keep: bool = True) -> Observation:
         """Verify a newly seen signed checkpoint and check it against the one kept; keep it
-        (with ``leaf_hashes``, the leaf hashes of its tree) unless it is smaller.
+        (with ``leaf_hashes``, the leaf hashes of its tree) unless it is smaller, or ``keep`` is
+        False (a checkpoint checked for conflicts that is not to be trusted: e.g. its witness
+        quorum is not met).
 
         Raises:
             SignatureError, MalformedError, ProofError: As :func:`verify_checkpoint`.
@@ -136,14 +139,16 @@ class SeenCheckpoints:
             raise ValueError("the leaf hashes given are not those of the checkpoint's tree")
         for _ in range(_ATTEMPTS):
             stored, kept = self._load()
-            keep = leaf_hashes
+            leaves, keep_it = leaf_hashes, keep
             if stored is not None and kept is not None:
                 self._check(stored, kept, new, prove, leaf_hashes)  # refuses a smaller checkpoint
-                if not keep and kept.checkpoint.size == new.checkpoint.size:
-                    keep = stored.leaf_hashes
+                if not leaves and kept.checkpoint.size == new.checkpoint.size:
+                    leaves = stored.leaf_hashes
+            if not keep_it:
+                return Observation(new, kept)
             try:
                 self._store.replace(self.origin, None if stored is None else stored.checkpoint,
-                                    SeenLog(new.message, keep))
+                                    SeenLog(new.message, leaves))
             except StaleStateError:
                 continue
             return Observation(new, kept)
