@@ -8,6 +8,10 @@ published log, or both, with public files only (:mod:`phsafe.audit.public`); the
 ``phsafe audit evidence SOURCE... --key VKEY`` checks evidence of equivocation offline (exit 1: it
 proves the log signed two histories).
 
+``phsafe audit monitor LOG --key VKEY (--witness-key VKEY... | --no-witness) --state FILE [--once |
+--interval S]`` follows a published log (:mod:`phsafe.audit.monitor`); a distinct exit status per
+class of finding (0: all good).
+
 ``phsafe audit report LEDGER [--out DIR] [--overwrite]`` writes ``audit_report.md`` and ``audit_report.html``
 (confidential; by default into ``audit-report/`` beside the ledger).
 
@@ -19,6 +23,7 @@ VIOLATION, an EXCESS or a failed check. It reads no input data.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -184,6 +189,76 @@ def evidence_command(sources: tuple[str, ...], key: Path) -> None:
     if proved:
         raise SystemExit(1)
     click.echo("no evidence of equivocation: nothing given proves the log signed two histories")
+
+
+@audit.command("monitor")
+@click.argument("log", metavar="LOG", callback=_log_source)
+@click.option("--key", "key", type=_FILE, required=True, metavar="VKEY",
+              help="The public log's verifier key (one line), obtained from the publisher.")
+@click.option("--witness-key", "witness_keys", type=_FILE, multiple=True, metavar="VKEY",
+              help="A witness's verifier key, obtained from the witness; may be repeated. Required unless "
+                   "--no-witness.")
+@click.option("--no-witness", is_flag=True,
+              help="Monitor without witnesses; the output says what that cannot rule out.")
+@click.option("--witness-quorum", type=click.IntRange(min=0), default=None, metavar="K",
+              help="How many of the witnesses must have cosigned: at least the log's policy quorum (its default).")
+@click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              metavar="FILE", help="The monitor's memory: the largest checkpoint seen of each log (with its leaf "
+                                   "hashes) and which log accounts each dataset; evidence found is kept in "
+                                   "FILE.evidence/.")
+@click.option("--once", "once", is_flag=True, help="One check, then its exit status (the default).")
+@click.option("--interval", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Check again every SECONDS until stopped (SIGINT, SIGTERM); alerts once per new set of findings.")
+@click.option("--max-age", "max_age", default="7d", show_default=True, metavar="AGE",
+              help="A finding when a counted cosignature of the log's checkpoint is older (e.g. 36h, 7d).")
+@click.option("--evidence", "evidence", multiple=True, metavar="SOURCE", help=_EVIDENCE_HELP)
+@click.option("--webhook", default=None, metavar="URL",
+              help="POST each new set of findings here as JSON (subject, body, text -- as the Prefect alerts -- and "
+                   "the findings).")
+@handle_errors
+def monitor_command(log: str | Path, key: Path, witness_keys: tuple[Path, ...], no_witness: bool,
+                    witness_quorum: int | None, state_file: Path, once: bool, interval: float | None, max_age: str,
+                    evidence: tuple[str, ...], webhook: str | None) -> None:
+    """Follow the published log LOG (a folder, or its URL fetched with plain GETs) and report
+    what an outsider must know.
+
+    Each round checks the whole log as `audit public --log` does -- against the checkpoint seen
+    before (kept in --state) and the quorum of the log's own witness policy -- and reports every
+    finding: equivocation (exit 1, with the evidence), a fork (3), a rollback (4), a quorum not
+    met (5), a stale checkpoint (6), a spend past a cap (7), a second release of one run (8),
+    another rule broken (9), a log that does not verify (10), a dataset another log already
+    accounts (11), a log that cannot be fetched (12). Exit 0: all good. The exit status is the
+    most severe finding's (of the last round, with --interval).
+    """
+    from phsafe.audit.monitor import monitor
+
+    if once and interval is not None:
+        raise click.UsageError("--once and --interval: choose one")
+
+    def show(report) -> None:  # noqa: ANN001 -- a monitor Round
+        if interval is not None:
+            click.echo(f"-- {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')} {report.source}")
+        for line in report.lines:
+            click.echo(line)
+        for finding in report.findings:
+            if finding.evidence is not None:
+                click.echo(finding.evidence.decode("utf-8"), nl=False)
+            click.echo(f"FAILED [{finding.finding}]: {finding}", err=True)
+        for path in report.evidence_kept:
+            click.echo(f"evidence kept: {path}")
+        click.echo("OK" if not report.findings else f"exit {report.status}")
+
+    try:
+        status = monitor(log, key, state_file=state_file, show=show, interval=interval, webhook=webhook,
+                         witness_keys=witness_keys, quorum=witness_quorum, no_witness=no_witness,
+                         evidence_sources=evidence, max_age=_age(max_age))
+    except VerificationFailure as exc:
+        click.echo(f"FAILED: {exc}", err=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(0) from None
+    if status:
+        raise SystemExit(status)
 
 
 @audit.command("report")
