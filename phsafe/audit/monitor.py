@@ -185,6 +185,7 @@ def monitor_once(source: str | Path, key: Path, *, state_file: Path, witness_key
             kept = _keep_evidence(state_file, finding.evidence)
             if kept is not None:
                 report.evidence_kept.append(kept)
+    report.findings.sort(key=lambda f: EXIT_STATUS.get(f.finding or "rule", 9))  # the most severe first
     if no_witness:
         report.lines.append("witnesses: none checked (--no-witness): a split view -- this log showing this monitor "
                             "another history than it shows others -- is caught only by comparing checkpoints with them")
