@@ -55,9 +55,8 @@ from phsafe.audit.public import (
     DEFAULT_MAX_AGE,
     FINDINGS,
     LogCheck,
-    _fail,
-    _log_key,
-    _witness_keys,
+    read_log_key,
+    read_witness_keys,
     check_log,
 )
 from phsafe.errors import TlogError, VerificationFailure
@@ -116,10 +115,10 @@ def check_claims(check: LogCheck, origin: str, store: FileSeenLogs, where: str) 
     for name in sorted(datasets_named(check.published.entries)):
         other = claims.get(name)
         if other is not None and other != origin:
-            findings.append(_fail(where, f"dataset {name} is accounted in this log ({origin}) and already in the log "
+            findings.append(VerificationFailure(where, f"dataset {name} is accounted in this log ({origin}) and already in the log "
                                   f"{other}: a second log for a dataset spends its lifetime cap a second time; the first "
                                   "log must be retired publicly, recorded in it, before another accounts the dataset",
-                                  "dataset-claimed"))
+                                  finding="dataset-claimed"))
         elif other is None:
             new[name] = origin
     severe = {"equivocation", "fork", "rollback", "quorum", "invalid", "unreadable"}
@@ -155,13 +154,13 @@ def monitor_once(source: str | Path, key: Path, *, state_file: Path, witness_key
     Raises:
         VerificationFailure: The keys or options given are not usable (before anything is fetched).
     """
-    verifier = _log_key(Path(key))
-    witnesses = _witness_keys(witness_keys)
+    verifier = read_log_key(Path(key))
+    witnesses = read_witness_keys(witness_keys)
     if not witnesses and not no_witness:
-        raise _fail("--witness-key", "give the witnesses' verifier keys (--witness-key VKEY, one per witness), or "
+        raise VerificationFailure("--witness-key", "give the witnesses' verifier keys (--witness-key VKEY, one per witness), or "
                     "--no-witness (the output says what a check without them cannot rule out)")
     if witnesses and no_witness:
-        raise _fail("--no-witness", "is given with --witness-key: choose one")
+        raise VerificationFailure("--no-witness", "is given with --witness-key: choose one")
     report = Round(str(source), verifier.name)
     documents: list[tuple[str, bytes]] = []
     for evidence_source in evidence_sources:
@@ -172,7 +171,7 @@ def monitor_once(source: str | Path, key: Path, *, state_file: Path, witness_key
     try:
         checkpoint, entries = fetch_published_log(source, transport=transport)
     except TlogError as exc:
-        report.findings.append(_fail(str(source), str(exc), "unreadable"))
+        report.findings.append(VerificationFailure(str(source), str(exc), finding="unreadable"))
         return report
     store = FileSeenLogs(state_file)
     check = check_log(checkpoint, entries, verifier, where=str(source), witnesses=witnesses, quorum=quorum,

@@ -118,7 +118,7 @@ def _fail(where: str, reason: str, finding: str | None = None, evidence: bytes |
     return VerificationFailure(where, reason, finding=finding, evidence=evidence)
 
 
-def _log_key(path: Path) -> Ed25519Verifier:
+def read_log_key(path: Path) -> Ed25519Verifier:
     try:
         verifier = read_verifier_key(path)
     except TlogError as exc:
@@ -128,7 +128,7 @@ def _log_key(path: Path) -> Ed25519Verifier:
     return verifier  # type: ignore[return-value]
 
 
-def _witness_keys(paths: Sequence[Path]) -> list[CosignatureVerifier]:
+def read_witness_keys(paths: Sequence[Path]) -> list[CosignatureVerifier]:
     out = []
     for path in paths:
         try:
@@ -423,8 +423,8 @@ def audit_public(out: Path | None, key: Path, *, log: Path | str | None = None, 
             evidence of equivocation when that is what was found.
     """
     now = time.time() if now is None else now
-    verifier = _log_key(Path(key))
-    witnesses = _witness_keys(witness_keys)
+    verifier = read_log_key(Path(key))
+    witnesses = read_witness_keys(witness_keys)
     if not witnesses and not no_witness:
         raise _fail("--witness-key", "give the witnesses' verifier keys (--witness-key VKEY, one per witness): a "
                     "log checked without witnesses can show you a history it hides from others; --no-witness "

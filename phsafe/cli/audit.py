@@ -179,9 +179,9 @@ def evidence_command(sources: tuple[str, ...], key: Path) -> None:
     another prefix than the smaller. Exits 1 when one proves it (printing both checkpoints), 0
     when none does (saying why each proves nothing).
     """
-    from phsafe.audit.public import _log_key, check_evidence
+    from phsafe.audit.public import read_log_key, check_evidence
 
-    proved, notes = check_evidence(_evidence_documents(sources), _log_key(key))
+    proved, notes = check_evidence(_evidence_documents(sources), read_log_key(key))
     for note in notes:
         click.echo(note)
     for failure in proved:
