@@ -236,3 +236,58 @@ def test_the_split_view_gets_no_quorum_and_the_witness_keeps_the_evidence(world:
     line = failed_line(shown_b)
     print(f"$ phsafe audit monitor B-LOG ... (after A's): exit {shown_b.returncode}: {line}")
     assert shown_b.returncode == EXIT_STATUS["equivocation"] and "two trees of" in line
+
+
+def test_a_frozen_witness_service_stops_a_run_within_one_time_out(world: dict, monkeypatch: pytest.MonkeyPatch,
+                                                                  tmp_path: Path) -> None:
+    """SIGSTOP: the service's socket still accepts connections, nothing answers. Frozen right
+    after it confirmed the ledger before an INTENT (the worst moment), it stops the run before
+    the INTENT's noise after one time-out -- counted, not timed: one request to it ends without
+    an answer (it used to be two of 10 s: when the INTENT's checkpoint was published, and in the
+    confirmation after it). The INTENT stays, charged, as every spend whose witnessing failed."""
+    import os
+    import signal
+
+    from phsafe.errors import WitnessesUnavailable, WitnessUnreachable
+    from phsafe.publog.log import PublicLog
+
+    services = world["services"][:2]
+    ledger = new_ledger(tmp_path / "frozen", cap=3 * PLAN.total,
+                        witnesses=[(s.url, s.vkey.read_text().strip()) for s in services])
+    for service in services:
+        service.witness(log_path(ledger.path))
+    frozen = services[1].process
+    assert frozen is not None
+    silent: list[str] = []
+    armed = [False]
+    real_add, real_confirm = HttpWitness.add_checkpoint, PublicLog.confirm
+
+    def counted(self, request):  # noqa: ANN001, ANN202
+        try:
+            return real_add(self, request)
+        except WitnessUnreachable:
+            silent.append(self.name)
+            raise
+
+    def confirm_then_freeze(self, lines, *, fresh=True):  # noqa: ANN001, ANN202
+        real_confirm(self, lines, fresh=fresh)
+        if fresh and armed[0]:
+            armed[0] = False
+            os.kill(frozen.pid, signal.SIGSTOP)  # confirmed the ledger, then froze
+
+    monkeypatch.setattr(HttpWitness, "add_checkpoint", counted)
+    monkeypatch.setattr(PublicLog, "confirm", confirm_then_freeze)
+    rec = start_run(ledger, PLAN, "run-frozen")
+    spend(rec, PLAN.measurements[0])
+    armed[0] = True
+    try:
+        with pytest.raises(WitnessesUnavailable) as stopped:
+            spend(rec, PLAN.measurements[1])
+        rec.fail("a witness did not answer", "witness-unreachable")  # recorded without waiting for it again
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    print(f"a frozen witness: {stopped.value}")
+    assert "witness2.test" in str(stopped.value) and "no answer within 10 s" in str(stopped.value)
+    assert silent == ["witness2.test"], silent
+    assert sum(1 for line in read_ledger(ledger.path).lines if b'"kind":"INTENT"' in line) == 2
+    ledger.close()
