@@ -517,6 +517,12 @@ def test_a_ledger_of_format_2_takes_nothing_until_its_log_is_bound(tmp_path: Pat
                                           "with `phsafe ledger migrate"):
         start_run(ledger, PLAN, "run-1")
     ws = Witnesses(2)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError) as refused:  # 1 of 2: two quorums need not share a witness
+        bind_public_log(path, reason="bound by the migration", witnesses=ws.listed(), witness_quorum=1,
+                        transport=ws.transport)
+    assert "a witness quorum of 1 of 2 is refused: any two quorums must share a witness" in str(refused.value)
+    assert path.read_bytes() == before and not witnesses_path(path).exists()
     bound = bind_public_log(path, reason="bound by the migration", witnesses=ws.listed(), transport=ws.transport)
     ws.trust(bound.state.public_log["vkey"])
     state = read_ledger(path)
