@@ -10,7 +10,9 @@ holds, beside the ledger::
 The keys and the quorum are also bound into the ledger's first entry (``public_log`` of
 ``LEDGER_INIT``, or ``LOG_BOUND``): this file must list exactly those keys with that quorum, or
 the ledger is refused -- a witness cannot be removed, swapped for another or the quorum lowered
-by editing it. Only the URLs are free to change (a witness that moves to another host).
+by editing it. Only the URLs are free to change (a witness that moves to another host). The
+quorum must be more than half of the witnesses (:mod:`phsafe.tlog.policy`: any two quorums share
+a witness), here and wherever a list is made or read.
 
 :class:`HttpWitness` asks one witness over HTTP (C2SP tlog-witness ``add-checkpoint``), with
 time-outs; it answers like :class:`phsafe.tlog.Witness` (the cosignature line, or a

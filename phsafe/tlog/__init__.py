@@ -10,7 +10,7 @@ which prevents a log from showing two histories.
 Shaped after Go's ``golang.org/x/mod/sumdb/tlog`` and ``sumdb/note``: the log logic works over
 small interfaces (:class:`HashStore`, :class:`CheckpointStore`, :class:`Signer`,
 :class:`Verifier`) and does no I/O; formats are encoder/decoder pairs; file I/O lives in
-:mod:`.files` and :mod:`.publication` only. Every refusal is a :class:`TlogError` (a
+:mod:`.files`, :mod:`.publication` and :mod:`.fetch` only. Every refusal is a :class:`TlogError` (a
 :class:`~phsafe.errors.PHSafeError`; the log's error classes are defined with the project's others in
 :mod:`phsafe.errors` and exported here).
 
@@ -43,6 +43,8 @@ Modules and formats (each module's docstring states its format precisely):
 - :mod:`.files` -- I/O: the hash file, the checkpoint-state JSON files (a witness's, a
   client's), key files; every write through :mod:`phsafe.durable`.
 - :mod:`.publication` -- I/O: :class:`LogDirectory` (writer, recovery) and the reader.
+- :mod:`.fetch` -- I/O for outsiders: a published log's files and a witness's evidence, from a
+  folder or with plain HTTP GETs.
 
 Decisions:
 
