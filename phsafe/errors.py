@@ -39,7 +39,9 @@ any :class:`PHSafeError` as one line (the command line exits 1; a flow run ends 
         ├── ProofError                an inclusion or consistency proof does not verify (or
         │                             cannot be made)
         ├── ForkError                 two signed checkpoints of one log that cannot both be true
-        │   └── RollbackError         a smaller checkpoint after a larger one was seen
+        │   ├── RollbackError         a smaller checkpoint after a larger one was seen
+        │   └── EquivocationError     ... proved: the log's key signed two histories (evidence)
+        ├── QuorumPolicyError         a witness policy whose quorums need not intersect
         ├── WitnessRefusal            a witness declines to cosign (status as in C2SP
         │                             tlog-witness)
         ├── WitnessUnreachable        a witness cannot be asked (connection, time-out)
@@ -227,11 +229,17 @@ class VerificationFailure(PHSafeError):
     Args:
         where: The first failing entry (``entry 12 (INTENT)``) or file.
         reason: Why, in plain words.
+        finding: For the public log's checks, the class of what was found (``rollback``,
+            ``quorum``, ``over-cap`` ...: :data:`phsafe.audit.monitor.FINDINGS`); None otherwise.
+        evidence: The bytes of evidence of equivocation that proves it, when there is one
+            (``finding == "equivocation"``).
     """
 
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, *, finding: str | None = None, evidence: bytes | None = None) -> None:
         self.where = where
         self.reason = reason
+        self.finding = finding
+        self.evidence = evidence
         super().__init__(f"{where}: {reason}")
 
 
@@ -332,6 +340,20 @@ class WitnessUnreachable(TlogError):
 
 class RollbackError(ForkError):
     """A log shows a smaller checkpoint than one seen before: an older view, or a smaller fork."""
+
+
+class EquivocationError(ForkError):
+    """Proof that a log's key signed two histories: ``evidence`` (a
+    :class:`phsafe.tlog.evidence.Evidence`) verifies by itself, with the log's key alone."""
+
+    def __init__(self, message: str, *, first: bytes, second: bytes, evidence: object) -> None:
+        super().__init__(message, first=first, second=second)
+        self.evidence = evidence
+
+
+class QuorumPolicyError(TlogError):
+    """A witness policy refused: its quorums need not intersect (K <= N/2 of N witnesses), it
+    cannot be met, or it counts one witness twice."""
 
 
 class ForkRefused(BudgetError):

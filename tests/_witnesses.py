@@ -33,7 +33,10 @@ class MemoryWitness:
     store: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     logs: list[str] = field(default_factory=list)
     down: bool = False
+    frozen: bool = False
+    """A frozen process (SIGSTOP): connections are accepted, no answer ever comes (a read time-out)."""
     requests: int = 0
+    timeouts: int = 0
 
     @property
     def url(self) -> str:
@@ -76,6 +79,9 @@ class Witnesses:
         witness = self.by_host.get(host)
         if witness is None or witness.down:
             raise httpx.ConnectError("Connection refused", request=request)
+        if witness.frozen:
+            witness.timeouts += 1
+            raise httpx.ReadTimeout("timed out", request=request)
         if request.url.path != "/add-checkpoint" or request.method != "POST":
             return httpx.Response(404)
         witness.requests += 1

@@ -55,7 +55,15 @@ from typing import Any
 from phsafe.amounts import Amount, add_amounts, amount_exceeds, format_exact, is_infinite, parse_exact, times
 from phsafe.audit.tables import verify_tables
 from phsafe.config import PrivacyDefinition
-from phsafe.errors import ForkError, LedgerRuleViolation, TlogError, VerificationFailure
+from phsafe.errors import (
+    EquivocationError,
+    ForkError,
+    LedgerRuleViolation,
+    QuorumPolicyError,
+    RollbackError,
+    TlogError,
+    VerificationFailure,
+)
 from phsafe.ledger.format import FAILURE_CODES, FAILURE_STAGES, HEX64
 from phsafe.ledger.policy import convert
 from phsafe.ledger.rules import parse_planned
@@ -67,16 +75,27 @@ from phsafe.tlog import (
     CosignatureVerifier,
     Ed25519Verifier,
     FileSeenLogs,
+    PublishedLog,
     SeenCheckpoints,
+    SeenLogStore,
     VerifiedCheckpoint,
+    VerifiedEvidence,
+    WitnessPolicy,
     cosignature_timestamp,
+    format_evidence,
     leaf_hash,
+    parse_evidence,
     parse_tlog_proof,
-    read_published_log,
     read_verifier_key,
+    verifier_from_key,
+    verify_checkpoint,
     verify_consistency,
+    verify_evidence,
+    verify_published_log,
     verify_tlog_proof,
 )
+from phsafe.tlog.fetch import fetch_published_log
+from phsafe.tlog.policy import RULE
 
 DEFAULT_MAX_AGE = timedelta(days=7)
 """How old the youngest counted cosignature of the log's checkpoint may be by default."""
@@ -95,11 +114,11 @@ def default_state_file() -> Path:
     return Path(base) / "phsafe" / "public-log-checkpoints.json"
 
 
-def _fail(where: str, reason: str) -> VerificationFailure:
-    return VerificationFailure(where, reason)
+def _fail(where: str, reason: str, finding: str | None = None, evidence: bytes | None = None) -> VerificationFailure:
+    return VerificationFailure(where, reason, finding=finding, evidence=evidence)
 
 
-def _log_key(path: Path) -> Ed25519Verifier:
+def read_log_key(path: Path) -> Ed25519Verifier:
     try:
         verifier = read_verifier_key(path)
     except TlogError as exc:
@@ -109,7 +128,7 @@ def _log_key(path: Path) -> Ed25519Verifier:
     return verifier  # type: ignore[return-value]
 
 
-def _witness_keys(paths: Sequence[Path]) -> list[CosignatureVerifier]:
+def read_witness_keys(paths: Sequence[Path]) -> list[CosignatureVerifier]:
     out = []
     for path in paths:
         try:
@@ -161,45 +180,302 @@ def _check_fresh(verified: VerifiedCheckpoint, where: str, max_age: timedelta, n
     the future (beyond the clock skew allowed)."""
     for name, stamp in cosignature_times(verified).items():
         if stamp - now > CLOCK_SKEW.total_seconds():
-            raise _fail(where, f"the cosignature by {name} states the time {_utc(stamp)}, in the future: refused")
+            raise _fail(where, f"the cosignature by {name} states the time {_utc(stamp)}, in the future: refused",
+                        "stale")
         if now - stamp > max_age.total_seconds():
             raise _fail(where, f"stale: the cosignature by {name} is from {_utc(stamp)}, {_age(now - stamp)} ago, "
                         f"older than --max-age {_age(max_age.total_seconds())}: the log may have moved on since; "
-                        "fetch it again, or ask its publisher to have it cosigned (`phsafe ledger cosign`)")
+                        "fetch it again, or ask its publisher to have it cosigned (`phsafe ledger cosign`)", "stale")
 
 
-def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys: Sequence[Path] = (),
+FINDINGS = ("equivocation", "fork", "rollback", "quorum", "stale", "over-cap", "second-release", "rule", "invalid",
+            "dataset-claimed", "unreadable")
+"""The classes of what a check of the public log can find, most severe first (the monitor's exit
+statuses are in this order: :data:`phsafe.audit.monitor.EXIT_STATUS`):
+
+==================  =============================================================================
+equivocation        two checkpoints signed by the log key that prove two histories (evidence)
+fork                a checkpoint inconsistent with one seen before, without evidence by itself
+rollback            a smaller checkpoint after a larger one, a prefix of it: an older view
+quorum              fewer valid witness cosignatures than the quorum (the log's, or more)
+stale               a counted cosignature older than --max-age (or from the future)
+over-cap            a spend past a dataset's cap (or the ledger-wide cap)
+second-release      a run released a second time
+rule                another rule of the ledger broken by the log's entries
+invalid             the log does not verify: its signature, its entries against its checkpoint
+dataset-claimed     a log accounts a dataset another log already accounts
+unreadable          the log cannot be read or fetched
+==================  =============================================================================
+"""
+
+
+_ACCOUNTING = ("over-cap", "second-release", "rule")
+"""Findings of the log's accounting (its entries read as the ledger's rules read them)."""
+
+
+@dataclass(frozen=True)
+class LogPolicy:
+    """The witness policy a log states (its ``policy`` entry, or a later ``log-bound``)."""
+
+    witnesses: tuple[str, ...] | None
+    """The witnesses' verifier keys; None when the log states no policy (a log of a ledger made
+    before logs were bound to their ledgers, not bound since)."""
+    quorum: int
+
+
+def log_policy(entries: Sequence[bytes], where: str = "log") -> LogPolicy:
+    """The witness policy ``entries`` state (read before the rest of the log is checked: the
+    quorum an outsider applies is never below it)."""
+    found = LogPolicy(None, 0)
+    for index, data in enumerate(entries):
+        try:
+            e = json.loads(data)
+            kind = e.get("type")
+            if (index == 0 and kind == "policy" and "witnesses" in e) or kind == "log-bound":
+                found = LogPolicy(tuple(str(v) for v in e["witnesses"]), int(e["quorum"]))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise _fail(f"{where}: entry {index}", "is not a public log entry", "rule") from None
+    return found
+
+
+def _resolve_quorum(given: Sequence[CosignatureVerifier], asked: int | None, policy: LogPolicy | None,
+                    no_witness: bool) -> tuple[int, str]:
+    """The quorum applied to the witness keys ``given``, and a line that says which policy it
+    follows. The log's own policy is the floor (:meth:`phsafe.tlog.policy.WitnessPolicy.at_least`);
+    without the log (a release alone), the keys given must form a policy of their own (K > N/2)."""
+    if no_witness:
+        if policy is not None and policy.witnesses:
+            return 0, (f"log: its policy binds {len(policy.witnesses)} witness(es), quorum {policy.quorum}: not checked "
+                       "(--no-witness)")
+        return 0, ""
+    if policy is None:
+        try:
+            k = WitnessPolicy.of(list(given), asked).quorum
+        except QuorumPolicyError as exc:
+            raise _fail("--witness-quorum", str(exc), "quorum") from None
+        return k, (f"witnesses: {k} of the {len(given)} keys given must have cosigned; the log's own policy is not "
+                   "checked without --log")
+    if not policy.witnesses:
+        raise _fail("--witness-key", "the log's policy binds no witness, so no witness cosigns its checkpoints: check it "
+                    "with --no-witness, which says what that cannot rule out", "quorum")
+    bound = [verifier_from_key(v) for v in policy.witnesses]
+    keys = {v.public_key for v in bound}
+    for witness in given:
+        if witness.public_key not in keys:
+            raise _fail(f"--witness-key {witness.name}", f"is not one of the {len(bound)} witnesses the log's policy binds "
+                        f"({', '.join(v.name for v in bound)}): its cosignature is never asked for", "quorum")
+    try:
+        k = WitnessPolicy(tuple(bound), policy.quorum).at_least(asked)
+    except QuorumPolicyError as exc:
+        raise _fail("--witness-quorum", str(exc), "quorum") from None
+    if len(given) < k:
+        raise _fail("--witness-key", f"the log's policy needs {k} cosignatures and the keys of {len(given)} of its "
+                    f"witnesses were given: give at least {k} (--witness-key, one per witness)", "quorum")
+    raised = f" (raised from the policy's {policy.quorum}: {RULE})" if k > policy.quorum and asked is None else ""
+    return k, (f"log: its policy binds {len(bound)} witness(es), quorum {policy.quorum}: "
+               f"{', '.join(sorted(v.name for v in bound))}; {k} of the {len(given)} you gave must have cosigned{raised}")
+
+
+def _evidence_failure(where: str, verified: VerifiedEvidence, found: str = "") -> VerificationFailure:
+    """The failure that shows evidence of equivocation (its bytes ride along, to be printed)."""
+    return _fail(where, f"equivocation: {verified.statement()}{' (' + found + ')' if found else ''} -- proof that the "
+                 "log showed two histories, which no quorum with an honest witness can both have cosigned (the "
+                 "evidence is printed; anyone can check it: phsafe audit evidence FILE --key VKEY)", "equivocation",
+                 format_evidence(verified.evidence))
+
+
+def check_evidence(documents: Sequence[tuple[str, bytes]], verifier: Ed25519Verifier) -> tuple[
+        list[VerificationFailure], list[str]]:
+    """Evidence of equivocation of the log of ``verifier`` among ``documents`` (where each came
+    from, its bytes): the failures it proves, and a line for each document that proves nothing."""
+    proved, notes = [], []
+    for source, data in documents:
+        try:
+            evidence = parse_evidence(data)
+            if evidence.origin != verifier.name:
+                notes.append(f"evidence: {source} is about another log ({evidence.origin}); not this one's")
+                continue
+            proved.append(_evidence_failure(source, verify_evidence(evidence, verifier)))
+        except TlogError as exc:
+            notes.append(f"evidence: {source} proves nothing ({exc})")
+    return proved, notes
+
+
+@dataclass
+class LogCheck:
+    """What a check of a published log found: the lines verified, the findings (each a
+    :class:`~phsafe.errors.VerificationFailure` with its ``finding``), and what was read."""
+
+    lines: list[str] = field(default_factory=list)
+    findings: list[VerificationFailure] = field(default_factory=list)
+    published: PublishedLog | None = None
+    statement: Statement | None = None
+
+    def first(self) -> VerificationFailure | None:
+        """The most severe finding (:data:`FINDINGS` order), or None."""
+        ranked = sorted(self.findings, key=lambda f: FINDINGS.index(f.finding) if f.finding in FINDINGS else len(FINDINGS))
+        return ranked[0] if ranked else None
+
+
+def check_log(checkpoint: bytes, entries: bytes, verifier: Ed25519Verifier, *, where: str,
+              witnesses: Sequence[CosignatureVerifier] = (), quorum: int | None = None, no_witness: bool = False,
+              seen: SeenLogStore | None = None, evidence: Sequence[tuple[str, bytes]] = (),
+              max_age: timedelta = DEFAULT_MAX_AGE, now: float | None = None) -> LogCheck:
+    """Check a published log's two files (steps 4 to 6 of the module docstring) and collect
+    every finding rather than stopping at the first where the checks are independent: a
+    checkpoint short of its quorum is still compared with the one seen before (so a fork shows
+    as one), but is not kept as seen.
+
+    Args:
+        checkpoint, entries: The files' bytes, as read or fetched.
+        where: How the log is named in messages (its folder or URL).
+        witnesses, quorum, no_witness: As :func:`audit_public`; the log's policy is the floor.
+        seen: Where the largest checkpoint seen of each log is kept (None: nothing kept).
+        evidence: Evidence documents given (a witness's, files), with where each came from.
+    """
+    now = time.time() if now is None else now
+    result = LogCheck()
+    try:
+        published = verify_published_log(checkpoint, entries, verifier)
+    except TlogError as exc:
+        result.findings.append(_fail(where, str(exc), "invalid"))
+        proved, notes = check_evidence(evidence, verifier)
+        result.findings += proved
+        result.lines += notes
+        return result
+    result.published = published
+    try:
+        policy = log_policy(published.entries, where)
+        k, policy_line = _resolve_quorum(witnesses, quorum, policy, no_witness)
+    except VerificationFailure as exc:
+        result.findings.append(exc)
+        return result
+    quorum_met = True
+    try:
+        current = verify_checkpoint(checkpoint, verifier, witnesses=list(witnesses), quorum=k)
+    except TlogError as exc:
+        result.findings.append(_fail(f"{where}/checkpoint", str(exc), "quorum"))
+        current, quorum_met = published.checkpoint, False
+    size = current.checkpoint.size
+    previous = None
+    if seen is not None:
+        leaves = b"".join(leaf_hash(e) for e in published.entries)
+        try:
+            observed = SeenCheckpoints(seen, verifier).observe(checkpoint, published.consistency_proof, leaves,
+                                                               keep=quorum_met)
+            previous = observed.previous
+        except EquivocationError as exc:
+            result.findings.append(_evidence_failure(where, verify_evidence(exc.evidence, verifier), str(exc)))
+        except RollbackError as exc:
+            result.findings.append(_fail(where, str(exc), "fork" if str(exc).startswith("rollback or fork") else "rollback"))
+        except ForkError as exc:
+            result.findings.append(_fail(where, str(exc), "fork"))
+        except TlogError as exc:
+            result.findings.append(_fail(where, str(exc), "unreadable"))
+    proved, notes = check_evidence(evidence, verifier)
+    result.findings += proved
+    result.lines += notes
+    if quorum_met:
+        try:
+            _check_fresh(current, f"{where}/checkpoint", max_age, now)
+        except VerificationFailure as exc:
+            result.findings.append(exc)
+    was = (f"consistent with the checkpoint of {previous.checkpoint.size} entries seen before"
+           if previous is not None else "first seen (kept, with its leaf hashes, to check the next one)"
+           if seen is not None else "not compared with one seen before")
+    log_times = cosignature_times(current) if quorum_met else {}
+    result.lines.append(f"log: {size} entries hash to its checkpoint, signed by the log key"
+                        f"{', cosigned by ' + _times_text(log_times, now) if log_times else ''}; {was}")
+    if policy_line:
+        result.lines.append(policy_line)
+    try:
+        result.statement = statement(published.entries, where)
+    except VerificationFailure as exc:
+        result.findings.append(exc)
+        return result
+    result.lines.extend(s.line() for s in result.statement.datasets.values())
+    return result
+
+
+def audit_public(out: Path | None, key: Path, *, log: Path | str | None = None, witness_keys: Sequence[Path] = (),
                  quorum: int | None = None, state_file: Path | None = None, no_witness: bool = False,
-                 max_age: timedelta = DEFAULT_MAX_AGE, now: float | None = None) -> list[str]:
+                 max_age: timedelta = DEFAULT_MAX_AGE, now: float | None = None,
+                 evidence: Sequence[tuple[str, bytes]] = ()) -> list[str]:
     """Run the checks of the module docstring; returns what was verified, one line each.
 
     Args:
-        out: The release folder.
+        out: The release folder (None: the log alone -- ``log`` is then required).
         key: The log's verifier key file.
-        log: A copy of the published log folder (checkpoint, entries).
+        log: The published log: a copy of its folder, or its URL (fetched with plain GETs).
         witness_keys: The witnesses' verifier key files; required unless ``no_witness``.
-        quorum: How many of them must have cosigned (default: all).
+        quorum: How many of them must have cosigned: never fewer than the log's policy (default:
+            the policy's quorum with ``log``; all the keys given without it).
         state_file: Where the largest checkpoint seen of each log is kept.
         no_witness: Check without witnesses (the output says what that cannot rule out).
         max_age: How old a counted cosignature of the log's checkpoint may be.
         now: The time of the check (POSIX seconds; default: the clock).
+        evidence: Evidence of equivocation to check against the log's key: (where it came from,
+            its bytes) -- from a witness, or a file.
 
     Raises:
-        VerificationFailure: The first check that fails, with what and why.
+        VerificationFailure: The first check that fails (the most severe finding of the log's
+            check), with what and why; ``finding`` says its class, ``evidence`` holds the
+            evidence of equivocation when that is what was found.
     """
-    out = Path(out)
     now = time.time() if now is None else now
-    verifier = _log_key(Path(key))
-    witnesses = _witness_keys(witness_keys)
+    verifier = read_log_key(Path(key))
+    witnesses = read_witness_keys(witness_keys)
     if not witnesses and not no_witness:
         raise _fail("--witness-key", "give the witnesses' verifier keys (--witness-key VKEY, one per witness): a "
                     "log checked without witnesses can show you a history it hides from others; --no-witness "
                     "checks without them, and says what that cannot rule out")
     if witnesses and no_witness:
         raise _fail("--no-witness", "is given with --witness-key: choose one")
-    k = len(witnesses) if quorum is None else quorum
+    if no_witness and quorum is not None:
+        raise _fail("--witness-quorum", "is given with --no-witness: choose one")
+    if out is None and log is None:
+        raise _fail("audit public", "give a release folder, the published log (--log LOG), or both")
     lines: list[str] = []
+    check: LogCheck | None = None
+    if log is not None:
+        try:
+            checkpoint_bytes, entries_bytes = fetch_published_log(log)
+        except TlogError as exc:
+            raise _fail(str(log), str(exc), "unreadable") from None
+        seen = FileSeenLogs(Path(state_file) if state_file else default_state_file())
+        check = check_log(checkpoint_bytes, entries_bytes, verifier, where=str(log), witnesses=witnesses,
+                          quorum=quorum, no_witness=no_witness, seen=seen, evidence=evidence, max_age=max_age, now=now)
+        first = check.first()
+        if first is not None and (first.finding not in _ACCOUNTING or out is None):
+            raise first  # the log itself first; its accounting after the release is checked against it
+        assert check.published is not None
+        policy = log_policy(check.published.entries, str(log))
+        k, _ = _resolve_quorum(witnesses, quorum, policy, no_witness)
+    else:
+        proved, notes = check_evidence(evidence, verifier)
+        if proved:
+            raise proved[0]
+        lines += notes
+        k, line = _resolve_quorum(witnesses, quorum, None, no_witness)
+        if line:
+            lines.append(line)
+    if out is not None:
+        lines += _check_release_folder(Path(out), verifier, witnesses, k, now, check.published if check else None, log)
+        if check is not None and check.first() is not None:
+            raise check.first()  # type: ignore[misc]
+    if no_witness:
+        lines.append(UNWITNESSED)
+    if check is None:
+        lines.append("log: not checked (give --log LOG: without the whole log, a rollback, a fork, a second release "
+                     "of this run or spends not released cannot be seen)")
+        return lines
+    return lines + check.lines
 
+
+def _check_release_folder(out: Path, verifier: Ed25519Verifier, witnesses: Sequence[CosignatureVerifier], k: int, now: float,
+                   published: PublishedLog | None, log: Path | str | None) -> list[str]:
+    """Steps 1 to 3 of the module docstring, and the release against the log (``published``)."""
+    lines: list[str] = []
     # 1. the release's entry is in the log, as a checkpoint signed by the log key says
     try:
         entry = (out / ENTRY_FILE).read_bytes()
@@ -212,7 +488,8 @@ def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys:
     try:
         proved = verify_tlog_proof(proof, entry, verifier, witnesses=witnesses, quorum=k)
     except TlogError as exc:
-        raise _fail(PROOF_FILE, str(exc)) from None
+        raise _fail(PROOF_FILE, str(exc), "quorum" if "witness cosignatures are required" in str(exc) else None) \
+            from None
     stamps = cosignature_times(proved)
     cosigned = f", cosigned by {_times_text(stamps, now)}" if stamps else ""
     lines.append(f"proof: {ENTRY_FILE} is entry {proof.index} of {proved.checkpoint.origin}, in its checkpoint of "
@@ -254,60 +531,23 @@ def audit_public(out: Path, key: Path, *, log: Path | None = None, witness_keys:
     if problem:
         raise _fail(ENTRY_FILE, problem)
     lines.extend(f"tables: {note.removeprefix('outputs: ')}" for note in verify_tables(planned, out, files))
-
-    if no_witness:
-        lines.append(UNWITNESSED)
-    if log is None:
-        lines.append("log: not checked (give --log LOG: without the whole log, a rollback, a fork, a second release "
-                     "of this run or spends not released cannot be seen)")
+    if published is None:
         return lines
 
-    # 4-5. the whole log: fresh, and agreeing with what was seen before and with the release's checkpoint
-    try:
-        published = read_published_log(Path(log), verifier, witnesses=witnesses, quorum=k)
-    except TlogError as exc:
-        raise _fail(str(log), str(exc)) from None
-    current = published.checkpoint
-    size = current.checkpoint.size
-    _check_fresh(current, f"{log}/checkpoint", max_age, now)
-    seen = SeenCheckpoints(FileSeenLogs(Path(state_file) if state_file else default_state_file()), verifier,
-                           witnesses=witnesses)
-    try:
-        observed = seen.observe(current.message, published.consistency_proof,
-                                b"".join(leaf_hash(e) for e in published.entries))
-    except ForkError as exc:  # a rollback too
-        raise _fail(str(log), str(exc)) from None
-    except TlogError as exc:
-        raise _fail(str(log), str(exc)) from None
-    proof_size = proved.checkpoint.size
+    # 5. the release's checkpoint is a prefix of the log's, and its entry is in it
+    size, proof_size = published.checkpoint.checkpoint.size, proved.checkpoint.size
     if proof_size > size:
         raise _fail(str(log), f"signs {size} entries and the release was proved in a checkpoint of {proof_size}: "
                     "this copy of the log is older than the release (fetch it again)")
     try:
-        verify_consistency(proof_size, proved.checkpoint.root_hash, size, current.checkpoint.root_hash,
+        verify_consistency(proof_size, proved.checkpoint.root_hash, size, published.checkpoint.checkpoint.root_hash,
                            published.consistency_proof(proof_size, size) if 0 < proof_size < size else [])
     except TlogError:
         raise _fail(str(log), f"does not extend the checkpoint of {proof_size} entries the release was proved in: "
-                    "the log forked or rewrote its history") from None
+                    "the log forked or rewrote its history", "fork") from None
     if published.entries[proof.index] != entry:
         raise _fail(str(log), f"the release of run {run_id} is not in the log")
-    before = observed.previous
-    was = (f"consistent with the checkpoint of {before.checkpoint.size} entries seen before"
-           if before is not None else "first seen (kept, with its leaf hashes, to check the next one)")
-    log_times = cosignature_times(current)
-    lines.append(f"log: {size} entries hash to its checkpoint, signed by the log key"
-                 f"{', cosigned by ' + _times_text(log_times, now) if log_times else ''}; "
-                 f"{was}; the release's checkpoint is a prefix of it")
-
-    # 6. the privacy-loss statement, every release bound to what its run was charged
-    result = statement(published.entries, str(log))
-    if result.witnesses is not None:
-        names = sorted(read_name(v) for v in result.witnesses)
-        given = sorted(w.name for w in witnesses)
-        lines.append(f"log: its policy binds {len(result.witnesses)} witness(es), quorum {result.quorum}"
-                     f"{': ' + ', '.join(names) if names else ''}; you gave keys for "
-                     f"{', '.join(given) if given else 'none'}")
-    lines.extend(s.line() for s in result.datasets.values())
+    lines.append(f"log: the release's checkpoint of {proof_size} entries is a prefix of the log's of {size}")
     return lines
 
 
@@ -435,8 +675,8 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
     versions: Counter = Counter()
     runs: dict[str, _Run] = {}
 
-    def bad(index: int, reason: str) -> VerificationFailure:
-        return _fail(f"{where}: entry {index}", reason)
+    def bad(index: int, reason: str, finding: str = "rule") -> VerificationFailure:
+        return _fail(f"{where}: entry {index}", reason, finding)
 
     def charge(run: _Run, status: str | None = None, *, own_unit: bool = False) -> Amount:
         """What the run counts against its dataset: every spend if it failed, else every planned
@@ -470,12 +710,12 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
         cap = caps.get(run.dataset, policy_cap)
         if amount_exceeds(dataset_after, cap):
             raise bad(index, f"run {run.run_id}: {what} takes dataset {run.dataset} to {format_exact(dataset_after)}, "
-                      f"above its cap {format_exact(cap)}")
+                      f"above its cap {format_exact(cap)}", "over-cap")
         if ledger_cap is not None:
             total = add_amounts(all_datasets(besides=run), charge(run))
             if amount_exceeds(total, ledger_cap):
                 raise bad(index, f"run {run.run_id}: {what} takes all datasets to {format_exact(total)}, above the "
-                          f"ledger-wide cap {format_exact(ledger_cap)}")
+                          f"ledger-wide cap {format_exact(ledger_cap)}", "over-cap")
 
     for index, data in enumerate(entries):
         try:
@@ -588,7 +828,7 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise bad(index, f"is not a well-formed {kind} entry ({type(exc).__name__})") from None
     if unit is None:
-        raise _fail(where, "is empty")
+        raise _fail(where, "is empty", "invalid")
     unit_name = "rho" if unit is PrivacyDefinition.ZCDP else "epsilon"
     out: dict[str, DatasetStatement] = {}
     for run_id, run in runs.items():
@@ -604,7 +844,7 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
     for s in out.values():
         if enforced and amount_exceeds(s.spent, s.cap):
             raise _fail(where, f"dataset {s.dataset} spent {format_exact(s.spent)}, above its cap "
-                        f"{format_exact(s.cap)}")
+                        f"{format_exact(s.cap)}", "over-cap")
     return Statement(out, witnesses, quorum)
 
 
@@ -613,7 +853,7 @@ def _check_release(index: int, e: dict[str, Any], run: _Run, charge: Any, bad: A
     ``run-started`` and ``spend`` entries give."""
     if run.status == "finished":
         raise bad(index, f"run {run.run_id} is released a second time (its release is entry {run.released_at}): a run "
-                  "is released once; a declared re-release is a run of its own")
+                  "is released once; a declared re-release is a run of its own", "second-release")
     if run.status != "running":
         raise bad(index, f"run {run.run_id} is released after it {run.status} without a resume")
     started = run.started

@@ -3,8 +3,14 @@
 ``phsafe audit verify LEDGER [--checkpoint FILE]... [--public-key KEY] [--outputs DIR]`` exits 0 only
 if everything holds; otherwise it prints the first failing entry or file and why, and exits 1.
 
-``phsafe audit public OUT --key VKEY --witness-key VKEY... [--log LOG]`` checks a release with
-public files only (:mod:`phsafe.audit.public`); the same exit rule.
+``phsafe audit public [OUT] --key VKEY --witness-key VKEY... [--log LOG]`` checks a release, the
+published log, or both, with public files only (:mod:`phsafe.audit.public`); the same exit rule.
+``phsafe audit evidence SOURCE... --key VKEY`` checks evidence of equivocation offline (exit 1: it
+proves the log signed two histories).
+
+``phsafe audit monitor LOG --key VKEY (--witness-key VKEY... | --no-witness) --state FILE [--once |
+--interval S]`` follows a published log (:mod:`phsafe.audit.monitor`); a distinct exit status per
+class of finding (0: all good).
 
 ``phsafe audit report LEDGER [--out DIR] [--overwrite]`` writes ``audit_report.md`` and ``audit_report.html``
 (confidential; by default into ``audit-report/`` beside the ledger).
@@ -17,6 +23,7 @@ VIOLATION, an EXCESS or a failed check. It reads no input data.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 import click
@@ -63,47 +70,195 @@ def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path
     click.echo("OK")
 
 
+def _log_source(ctx: click.Context, param: click.Parameter, value: str | None) -> str | Path | None:
+    """--log / LOG: a published log's folder, or its http(s) URL."""
+    if value is None:
+        return None
+    from phsafe.tlog.fetch import is_url
+
+    if is_url(value):
+        return value.rstrip("/")
+    path = Path(value)
+    if not path.is_dir():
+        raise click.BadParameter(f"{value!r} is neither a folder nor an http(s) URL of a published log")
+    return path
+
+
+def _evidence_documents(sources: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """The evidence documents of each --evidence source (a file, a folder, a witness's URL)."""
+    from phsafe.errors import PHSafeError, TlogError
+    from phsafe.tlog.fetch import fetch_evidence
+
+    documents = []
+    for source in sources:
+        try:
+            documents += fetch_evidence(source)
+        except TlogError as exc:
+            raise PHSafeError(f"--evidence {source}: {exc}") from None
+    return documents
+
+
+def _show_failure(exc: VerificationFailure) -> None:
+    """``FAILED: ...`` on stderr; evidence of equivocation, when that is what failed, on stdout."""
+    if exc.evidence is not None:
+        click.echo(exc.evidence.decode("utf-8"), nl=False)
+    click.echo(f"FAILED: {exc}", err=True)
+
+
+_EVIDENCE_HELP = ("Evidence of equivocation to check against the log's key: an evidence file, a folder of them, or "
+                  "the URL of a witness (its GET /evidence); may be repeated.")
+
+
 @audit.command("public")
-@click.argument("out", type=_DIR)
+@click.argument("out", type=_DIR, required=False)
 @click.option("--key", "key", type=_FILE, required=True, metavar="VKEY",
               help="The public log's verifier key (one line), obtained from the publisher, not from OUT.")
-@click.option("--log", "log", type=_DIR, default=None, metavar="LOG",
-              help="A copy of the published log folder (checkpoint, entries): check the whole log, its "
-                   "consistency with the checkpoint seen before, and every dataset's privacy-loss statement.")
+@click.option("--log", "log", default=None, metavar="LOG", callback=_log_source,
+              help="The published log: a copy of its folder, or its URL (fetched with plain GETs): check the whole "
+                   "log, its consistency with the checkpoint seen before, and every dataset's privacy-loss "
+                   "statement. Without OUT, the log alone.")
 @click.option("--witness-key", "witness_keys", type=_FILE, multiple=True, metavar="VKEY",
               help="A witness's verifier key, obtained from the witness; may be repeated. Checkpoints need "
-                   "cosignatures from --witness-quorum of them (default: all). Required unless --no-witness.")
+                   "cosignatures from the log's own quorum of them, or --witness-quorum. Required unless --no-witness.")
 @click.option("--no-witness", is_flag=True,
               help="Check without witnesses; the output says what such a check cannot rule out.")
 @click.option("--max-age", "max_age", default="7d", show_default=True, metavar="AGE",
               help="Refuse the log's checkpoint as stale when a counted cosignature is older (e.g. 36h, 7d).")
 @click.option("--witness-quorum", type=click.IntRange(min=0), default=None, metavar="K",
-              help="How many of the --witness-key witnesses must have cosigned (default: all of them).")
+              help="How many of the --witness-key witnesses must have cosigned: at least the log's policy quorum "
+                   "(its default; fewer, or 0, is refused). Without --log: all the keys given by default, and more "
+                   "than half of them.")
 @click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               metavar="FILE", help="Where the last checkpoint seen of each log is kept "
                                    "(default: $XDG_CONFIG_HOME/phsafe/public-log-checkpoints.json).")
+@click.option("--evidence", "evidence", multiple=True, metavar="SOURCE", help=_EVIDENCE_HELP)
 @handle_errors
-def public_command(out: Path, key: Path, log: Path | None, witness_keys: tuple[Path, ...], no_witness: bool,
-                   max_age: str, witness_quorum: int | None, state_file: Path | None) -> None:
-    """Check the release OUT with public files only: what an outsider can verify.
+def public_command(out: Path | None, key: Path, log: str | Path | None, witness_keys: tuple[Path, ...],
+                   no_witness: bool, max_age: str, witness_quorum: int | None, state_file: Path | None,
+                   evidence: tuple[str, ...]) -> None:
+    """Check the release OUT, or the published log alone, with public files only: what an
+    outsider can verify.
 
     The release's proof (its log entry is in the log, as a checkpoint signed by the log key --
     and cosigned by the witnesses -- says), its manifest's and every table file's digest, and
-    that every VARIANCE is the one the logged spends imply. With --log, the whole log, its
-    consistency with the checkpoint seen before, and each dataset's statement: releases, total
-    spent, cap, left. Exits 0 only if everything holds; else prints one line and exits 1.
+    that every VARIANCE is the one the logged spends imply. With --log (a folder or a URL), the
+    whole log: its checkpoint and the quorum of its own policy, its consistency with the
+    checkpoint seen before, the ledger's rules over every entry, and each dataset's statement:
+    releases, failures, total spent, cap, left. Two checkpoints of the log that prove two
+    histories (from the state, a witness or a file) are printed as evidence. Exits 0 only if
+    everything holds; else prints one line (and any evidence) and exits 1.
     """
     from phsafe.audit.public import audit_public
 
+    if out is None and log is None:
+        raise click.UsageError("give a release folder OUT, the published log (--log LOG), or both")
     try:
         lines = audit_public(out, key, log=log, witness_keys=witness_keys, quorum=witness_quorum,
-                             state_file=state_file, no_witness=no_witness, max_age=_age(max_age))
+                             state_file=state_file, no_witness=no_witness, max_age=_age(max_age),
+                             evidence=_evidence_documents(evidence))
     except VerificationFailure as exc:
-        click.echo(f"FAILED: {exc}", err=True)
+        _show_failure(exc)
         raise SystemExit(1) from None
     for line in lines:
         click.echo(line)
     click.echo("OK")
+
+
+@audit.command("evidence")
+@click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
+@click.option("--key", "key", type=_FILE, required=True, metavar="VKEY",
+              help="The log's verifier key (one line), obtained from its publisher.")
+@handle_errors
+def evidence_command(sources: tuple[str, ...], key: Path) -> None:
+    """Check evidence of equivocation offline: does it prove the log's key signed two histories?
+
+    SOURCE is an evidence file (phsafe-equivocation/1, as a witness keeps and serves it, or as
+    audit public and audit monitor print and keep it), a folder of them, or a witness's URL.
+    Evidence needs nothing but the log's key: both checkpoints carry valid signatures by it, and
+    they are of one size with different roots, or a consistency proof ties the larger one to
+    another prefix than the smaller. Exits 1 when one proves it (printing both checkpoints), 0
+    when none does (saying why each proves nothing).
+    """
+    from phsafe.audit.public import read_log_key, check_evidence
+
+    proved, notes = check_evidence(_evidence_documents(sources), read_log_key(key))
+    for note in notes:
+        click.echo(note)
+    for failure in proved:
+        _show_failure(failure)
+    if proved:
+        raise SystemExit(1)
+    click.echo("no evidence of equivocation: nothing given proves the log signed two histories")
+
+
+@audit.command("monitor")
+@click.argument("log", metavar="LOG", callback=_log_source)
+@click.option("--key", "key", type=_FILE, required=True, metavar="VKEY",
+              help="The public log's verifier key (one line), obtained from the publisher.")
+@click.option("--witness-key", "witness_keys", type=_FILE, multiple=True, metavar="VKEY",
+              help="A witness's verifier key, obtained from the witness; may be repeated. Required unless "
+                   "--no-witness.")
+@click.option("--no-witness", is_flag=True,
+              help="Monitor without witnesses; the output says what that cannot rule out.")
+@click.option("--witness-quorum", type=click.IntRange(min=0), default=None, metavar="K",
+              help="How many of the witnesses must have cosigned: at least the log's policy quorum (its default).")
+@click.option("--state", "state_file", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              metavar="FILE", help="The monitor's memory: the largest checkpoint seen of each log (with its leaf "
+                                   "hashes) and which log accounts each dataset; evidence found is kept in "
+                                   "FILE.evidence/.")
+@click.option("--once", "once", is_flag=True, help="One check, then its exit status (the default).")
+@click.option("--interval", type=click.FloatRange(min=1), default=None, metavar="SECONDS",
+              help="Check again every SECONDS until stopped (SIGINT, SIGTERM); alerts once per new set of findings.")
+@click.option("--max-age", "max_age", default="7d", show_default=True, metavar="AGE",
+              help="A finding when a counted cosignature of the log's checkpoint is older (e.g. 36h, 7d).")
+@click.option("--evidence", "evidence", multiple=True, metavar="SOURCE", help=_EVIDENCE_HELP)
+@click.option("--webhook", default=None, metavar="URL",
+              help="POST each new set of findings here as JSON (subject, body, text -- as the Prefect alerts -- and "
+                   "the findings).")
+@handle_errors
+def monitor_command(log: str | Path, key: Path, witness_keys: tuple[Path, ...], no_witness: bool,
+                    witness_quorum: int | None, state_file: Path, once: bool, interval: float | None, max_age: str,
+                    evidence: tuple[str, ...], webhook: str | None) -> None:
+    """Follow the published log LOG (a folder, or its URL fetched with plain GETs) and report
+    what an outsider must know.
+
+    Each round checks the whole log as `audit public --log` does -- against the checkpoint seen
+    before (kept in --state) and the quorum of the log's own witness policy -- and reports every
+    finding: equivocation (exit 1, with the evidence), a fork (3), a rollback (4), a quorum not
+    met (5), a stale checkpoint (6), a spend past a cap (7), a second release of one run (8),
+    another rule broken (9), a log that does not verify (10), a dataset another log already
+    accounts (11), a log that cannot be fetched (12). Exit 0: all good. The exit status is the
+    most severe finding's (of the last round, with --interval).
+    """
+    from phsafe.audit.monitor import monitor
+
+    if once and interval is not None:
+        raise click.UsageError("--once and --interval: choose one")
+
+    def show(report) -> None:  # noqa: ANN001 -- a monitor Round
+        if interval is not None:
+            click.echo(f"-- {datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')} {report.source}")
+        for line in report.lines:
+            click.echo(line)
+        for finding in report.findings:
+            if finding.evidence is not None:
+                click.echo(finding.evidence.decode("utf-8"), nl=False)
+            click.echo(f"FAILED [{finding.finding}]: {finding}", err=True)
+        for path in report.evidence_kept:
+            click.echo(f"evidence kept: {path}")
+        click.echo("OK" if not report.findings else f"exit {report.status}")
+
+    try:
+        status = monitor(log, key, state_file=state_file, show=show, interval=interval, webhook=webhook,
+                         witness_keys=witness_keys, quorum=witness_quorum, no_witness=no_witness,
+                         evidence_sources=evidence, max_age=_age(max_age))
+    except VerificationFailure as exc:
+        click.echo(f"FAILED: {exc}", err=True)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise SystemExit(0) from None
+    if status:
+        raise SystemExit(status)
 
 
 @audit.command("report")

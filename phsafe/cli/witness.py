@@ -74,7 +74,7 @@ def _log_keys(values: tuple[str, ...]) -> list:  # noqa: ANN201 -- tlog verifier
 @click.option("--log", "logs", multiple=True, metavar="VKEY",
               help="A log to witness: its verifier key, or a file holding it (log.vkey); may be repeated.")
 @click.option("--logs", "logs_folder", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
-              help="A folder of logs' verifier keys (*.vkey) to witness too, read again when it changes: "
+              help="A folder of logs' verifier keys (*.vkey) to witness too, read by content at every request: "
                    "a log is added by putting its key there, without a restart.")
 @click.option("--bind", "bind", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT",
               help="Where to listen (port 0: a free port, printed when it listens).")
@@ -84,14 +84,16 @@ def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Pa
 
     POST <URL>/add-checkpoint with the old size, a consistency proof and the new checkpoint:
     200 and its cosignature if the checkpoint extends the last one it cosigned for that log; 409
-    with the size it knows on a stale request; 422 on a proof that does not verify. Prints one
-    line with its URL once it listens.
+    with the size it knows on a stale request; 422 on a proof that does not verify. A refused
+    checkpoint that proves the log signed two histories is kept with the one cosigned before, as
+    evidence anyone can check (phsafe audit evidence), and served: GET <URL>/evidence lists the
+    files, GET <URL>/evidence/NAME gives one. Prints one line with its URL once it listens.
     """
     start(None)
     from phsafe.errors import PHSafeError
     from phsafe.tlog.files import read_signer_key
     from phsafe.tlog.note import ALG_COSIGNATURE_V1
-    from phsafe.tlog.witness_server import LogKeys, WitnessState, open_witness, parse_bind, serve
+    from phsafe.tlog.witness_server import LogKeys, WitnessState, open_witness, parse_bind, pinned_key_ids, serve
 
     try:
         host, port = parse_bind(bind)
@@ -104,8 +106,9 @@ def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Pa
         raise PHSafeError(f"--key {key}: a log's signing key, not a witness's (cosignature/v1, type 0x04)")
     if logs_folder is not None:
         logs_folder.mkdir(parents=True, exist_ok=True)
-    keys = LogKeys(_log_keys(logs), logs_folder, read_key=lambda path: _log_keys((str(path),))[0])
     held = WitnessState(state)
+    keys = LogKeys(_log_keys(logs), logs_folder, read_key=lambda path: _log_keys((str(path),))[0],
+                   pinned=pinned_key_ids(held.store))
     try:
         witness = open_witness(signer, keys, held)  # type: ignore[arg-type]
         origins = ", ".join(witness().origins) or "no log yet"
@@ -115,7 +118,7 @@ def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Pa
             click.echo(f"phsafe: witness {signer.name} serves {origins}{also} at {url} (state {held.folder})")
             sys.stdout.flush()
 
-        serve(witness, host, port, ready=ready)
+        serve(witness, host, port, ready=ready, state=held)
     finally:
         held.close()
     click.echo(f"phsafe: witness {signer.name} stopped")

@@ -188,6 +188,7 @@ class PublicLog:
         self._witness_size: dict[str, int] = {}  # what each witness is known to have cosigned last
         self._cosigned: dict[str, NoteSignature] = {}  # cosignatures of the current tree, by witness
         self._unreached: set[str] = set()  # witnesses not reached at their last request
+        self._unreached_at: dict[str, tuple[int, str]] = {}  # ... the tree size they were asked to cosign then, why
         self.last_refusals: list[str] = []
 
     @classmethod
@@ -350,6 +351,7 @@ class PublicLog:
         verifier = self._signer_verifier()
 
         def ask(client: HttpWitness) -> tuple[HttpWitness, Any]:
+            client.start_round()  # one deadline for the whole request, a 409's second one included
             try:
                 cosigned = request_cosignature(client, self._tree, checkpoint,
                                                old_size=min(self._witness_size.get(client.name, 0), size))
@@ -372,9 +374,12 @@ class PublicLog:
                 unreached = isinstance(answer, WitnessUnreachable)
                 if unreached:
                     self._unreached.add(client.name)
+                    self._unreached_at[client.name] = (size, describe_refusal(client.name, client.entry.url, answer,
+                                                                              size))
                 refusals.append((describe_refusal(client.name, client.entry.url, answer, size), unreached))
                 continue
             self._unreached.discard(client.name)
+            self._unreached_at.pop(client.name, None)
             self._witness_size[client.name] = size
             self._cosigned[client.name] = next(s for s in answer.note.signatures if s.name == client.name)
         if not best_effort:
@@ -405,7 +410,15 @@ class PublicLog:
         if len(self._cosigned) < quorum:
             folder = self._open()
             checkpoint = folder.sign_checkpoint(self._signer)
-            refusals = self._ask(checkpoint, best_effort=False, skip=frozenset(self._cosigned))
+            # After an entry (not fresh), a witness that did not answer for this very tree moments
+            # ago -- when the entry's checkpoint was published -- is not asked again: one round,
+            # one time-out (a frozen witness would otherwise cost two before the run stops).
+            size = self._tree.size
+            silent = {c.name: self._unreached_at[c.name][1] for c in self._clients
+                      if not fresh and c.name not in self._cosigned and self._unreached_at.get(c.name, (-1,))[0] == size}
+            refusals = [(text, True) for text in silent.values()]
+            refusals += self._ask(checkpoint, best_effort=False, skip=frozenset(self._cosigned) | set(silent))
+            self.last_refusals = [text for text, _ in refusals]
             if len(self._cosigned) >= quorum or self._cosigned:
                 try:
                     folder.publish_checkpoint(self._merge(checkpoint))

@@ -10,7 +10,9 @@ holds, beside the ledger::
 The keys and the quorum are also bound into the ledger's first entry (``public_log`` of
 ``LEDGER_INIT``, or ``LOG_BOUND``): this file must list exactly those keys with that quorum, or
 the ledger is refused -- a witness cannot be removed, swapped for another or the quorum lowered
-by editing it. Only the URLs are free to change (a witness that moves to another host).
+by editing it. Only the URLs are free to change (a witness that moves to another host). The
+quorum must be more than half of the witnesses (:mod:`phsafe.tlog.policy`: any two quorums share
+a witness), here and wherever a list is made or read.
 
 :class:`HttpWitness` asks one witness over HTTP (C2SP tlog-witness ``add-checkpoint``), with
 time-outs; it answers like :class:`phsafe.tlog.Witness` (the cosignature line, or a
@@ -22,6 +24,7 @@ Witness operators make their keys with :func:`init_witness` (``phsafe witness in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,20 +32,31 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from phsafe import durable
-from phsafe.errors import LedgerError, MalformedError, StoreError, TlogError, WitnessRefusal, WitnessUnreachable
+from phsafe.errors import (
+    LedgerError,
+    MalformedError,
+    QuorumPolicyError,
+    StoreError,
+    TlogError,
+    WitnessRefusal,
+    WitnessUnreachable,
+)
 from phsafe.tlog.cosignature import CosignatureVerifier
 from phsafe.tlog.files import write_signer_key, write_verifier_key
 from phsafe.tlog.keys import format_verifier_key, generate_keys, verifier_from_key
 from phsafe.tlog.note import ALG_COSIGNATURE_V1
+from phsafe.tlog.policy import WitnessPolicy
 from phsafe.tlog.witness import AddCheckpointRequest, format_add_checkpoint_request, read_add_checkpoint_answer
 
 WITNESS_KEY = "witness.key"
 WITNESS_VKEY = "witness.vkey"
 WITNESSES_FORMAT = "phsafe-witnesses/2"
 WITNESS_TIMEOUT_SECONDS = 10.0
-"""How long a witness may take to answer a request."""
+"""How long one round of asking a witness may take, in all: connecting, sending, reading, and the
+second request of a 409 -- one deadline, so a witness that hangs (a frozen process accepts
+connections and never answers) costs one time-out per round, never two."""
 WITNESS_CONNECT_SECONDS = 5.0
-"""How long connecting to a witness may take."""
+"""How long connecting to a witness may take (within the round's deadline)."""
 
 
 def init_witness(folder: Path, name: str) -> str:
@@ -114,24 +128,24 @@ class WitnessList:
 
     @classmethod
     def of(cls, witnesses: Sequence[tuple[str, str]], quorum: int | None) -> "WitnessList":
-        """From (URL, verifier key text) pairs; the quorum defaults to all of them.
+        """From (URL, verifier key text) pairs; the quorum defaults to all of them, and must be
+        more than half of them (:mod:`phsafe.tlog.policy`: any two quorums share a witness).
 
         Raises:
-            LedgerError: A URL or key is not one, a key is given twice, or the quorum cannot be met.
+            LedgerError: A URL or key is not one, a key is given twice, or the quorum cannot be
+                met or need not intersect another (one line naming the rule).
         """
         entries = []
         for url, vkey in witnesses:
             entries.append(WitnessEntry(witness_key(vkey.strip(), f"the witness key for {url}"),
                                         check_url(url, "the witness URL")))
-        keys = [e.verifier.public_key for e in entries]
-        if len(set(keys)) != len(keys):
-            raise LedgerError("a witness key is given twice: one witness counts once")
-        k = len(entries) if quorum is None else quorum
-        if entries and not 1 <= k <= len(entries):
-            raise LedgerError(f"a witness quorum of {k} out of {len(entries)} witnesses cannot be met")
         if not entries and quorum:
             raise LedgerError("a witness quorum needs witnesses (--witness URL VKEY)")
-        return cls(tuple(entries), k if entries else 0)
+        try:
+            policy = WitnessPolicy.of([e.verifier for e in entries], quorum if entries else 0)
+        except QuorumPolicyError as exc:
+            raise LedgerError(str(exc)) from None
+        return cls(tuple(entries), policy.quorum)
 
 
 def write_witness_list(ledger: Path, witnesses: WitnessList) -> None:
@@ -167,7 +181,7 @@ def read_witness_list(ledger: Path) -> WitnessList | None:
     try:
         return WitnessList.of([(w["url"], w["vkey"]) for w in document["witnesses"]], document["quorum"])
     except LedgerError as exc:
-        raise LedgerError(f"{target}: {exc}") from None
+        raise LedgerError(f"refused: the witness list {target}: {exc} -- nothing was spent") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,6 +202,7 @@ class HttpWitness:
         self.entry = entry
         self._transport = transport
         self._client: Any = None
+        self._deadline: float | None = None
 
     @property
     def name(self) -> str:
@@ -201,18 +216,26 @@ class HttpWitness:
                                         transport=self._transport, trust_env=False, follow_redirects=False)
         return self._client
 
+    def start_round(self, seconds: float = WITNESS_TIMEOUT_SECONDS) -> None:
+        """Every request from now until the next round shares one deadline, ``seconds`` away."""
+        self._deadline = time.monotonic() + seconds
+
     def add_checkpoint(self, request: AddCheckpointRequest) -> bytes:
         """The witness's cosignature line(s) for ``request``.
 
         Raises:
             WitnessRefusal: It refused (its HTTP status; 409 with the size it last cosigned).
-            WitnessUnreachable: It could not be asked, or did not answer in time.
+            WitnessUnreachable: It could not be asked, or did not answer before the round's deadline.
         """
         import httpx
 
+        left = WITNESS_TIMEOUT_SECONDS if self._deadline is None else self._deadline - time.monotonic()
+        if left <= 0:
+            raise WitnessUnreachable(f"no answer within {WITNESS_TIMEOUT_SECONDS:g} s")
+        timeout = httpx.Timeout(left, connect=min(WITNESS_CONNECT_SECONDS, left))
         try:
             reply = self._http().post(f"{self.entry.url}/add-checkpoint", content=format_add_checkpoint_request(request),
-                                      headers={"Content-Type": "text/plain; charset=utf-8"})
+                                      headers={"Content-Type": "text/plain; charset=utf-8"}, timeout=timeout)
         except httpx.TimeoutException:
             raise WitnessUnreachable(f"no answer within {WITNESS_TIMEOUT_SECONDS:g} s") from None
         except httpx.HTTPError as exc:

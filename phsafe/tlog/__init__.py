@@ -10,7 +10,7 @@ which prevents a log from showing two histories.
 Shaped after Go's ``golang.org/x/mod/sumdb/tlog`` and ``sumdb/note``: the log logic works over
 small interfaces (:class:`HashStore`, :class:`CheckpointStore`, :class:`Signer`,
 :class:`Verifier`) and does no I/O; formats are encoder/decoder pairs; file I/O lives in
-:mod:`.files` and :mod:`.publication` only. Every refusal is a :class:`TlogError` (a
+:mod:`.files`, :mod:`.publication` and :mod:`.fetch` only. Every refusal is a :class:`TlogError` (a
 :class:`~phsafe.errors.PHSafeError`; the log's error classes are defined with the project's others in
 :mod:`phsafe.errors` and exported here).
 
@@ -33,12 +33,18 @@ Modules and formats (each module's docstring states its format precisely):
   folder held by one process.
 - :mod:`.client` -- :class:`SeenCheckpoints`: rollback and fork detection against the largest
   checkpoint seen.
+- :mod:`.evidence` -- evidence of equivocation (``phsafe-equivocation/1``): two checkpoints signed
+  by one log's key that no append-only log can both sign, verified with the log's key alone.
+- :mod:`.policy` -- witness policies: K of N witnesses, accepted only when any two quorums share
+  a witness (K > N/2); an outsider's quorum never below the log's.
 - :mod:`.proof` -- C2SP tlog-proof files (``c2sp.org/tlog-proof@v1``).
 - :mod:`.framing` -- the framing the proof file and the ``add-checkpoint`` request share (pure).
 - :mod:`.layout` -- the published log's static files, and their verification (pure).
 - :mod:`.files` -- I/O: the hash file, the checkpoint-state JSON files (a witness's, a
   client's), key files; every write through :mod:`phsafe.durable`.
 - :mod:`.publication` -- I/O: :class:`LogDirectory` (writer, recovery) and the reader.
+- :mod:`.fetch` -- I/O for outsiders: a published log's files and a witness's evidence, from a
+  folder or with plain HTTP GETs.
 
 Decisions:
 
@@ -65,10 +71,23 @@ from phsafe.tlog.checkpoint import (
     verify_checkpoint,
 )
 from phsafe.tlog.client import ConsistencyProver, Observation, SeenCheckpoints
+from phsafe.tlog.evidence import (
+    Evidence,
+    VerifiedEvidence,
+    evidence_from_proof,
+    evidence_from_tree,
+    format_evidence,
+    parse_evidence,
+    same_size_evidence,
+    verify_evidence,
+)
+from phsafe.tlog.policy import WitnessPolicy, check_quorum, smallest_quorum
 from phsafe.tlog.cosignature import CosignatureSigner, CosignatureVerifier, cosignature_timestamp, cosigned_message
 from phsafe.errors import (
+    EquivocationError,
     ForkError,
     MalformedError,
+    QuorumPolicyError,
     RollbackError,
     ProofError,
     SignatureError,
@@ -143,6 +162,9 @@ __all__ = [
     "format_add_checkpoint_request", "parse_add_checkpoint_request", "request_cosignature", "with_cosignatures",
     "HttpAnswer", "answer_add_checkpoint", "read_add_checkpoint_answer",
     "ConsistencyProver", "SeenCheckpoints", "Observation", "SeenLog", "SeenLogStore", "MemorySeenLogs",
+    # evidence of equivocation, witness policies
+    "Evidence", "VerifiedEvidence", "format_evidence", "parse_evidence", "verify_evidence", "same_size_evidence",
+    "evidence_from_tree", "evidence_from_proof", "WitnessPolicy", "check_quorum", "smallest_quorum",
     # proof files
     "TlogProof", "format_tlog_proof", "make_tlog_proof", "parse_tlog_proof", "verify_tlog_proof",
     # publication and files
@@ -151,5 +173,5 @@ __all__ = [
     "write_verifier_key",
     # errors
     "TlogError", "MalformedError", "SignatureError", "ProofError", "ForkError", "RollbackError", "WitnessRefusal",
-    "WitnessUnreachable", "StoreError", "StaleStateError",
+    "WitnessUnreachable", "StoreError", "StaleStateError", "EquivocationError", "QuorumPolicyError",
 ]

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from phsafe.errors import (
+    EquivocationError,
     ForkError,
     MalformedError,
     ProofError,
@@ -38,7 +39,8 @@ from phsafe.errors import (
     StoreError,
 )
 from phsafe.tlog.checkpoint import VerifiedCheckpoint, verify_checkpoint
-from phsafe.tlog.log import MemoryHashStore
+from phsafe.tlog.evidence import evidence_from_tree, same_size_evidence
+from phsafe.tlog.log import MemoryHashStore, TransparencyLog
 from phsafe.tlog.merkle import HASH_SIZE, hashes_to_store, tree_hash, verify_consistency
 from phsafe.tlog.note import Verifier
 from phsafe.tlog.state import SeenLog, SeenLogStore
@@ -53,12 +55,29 @@ def _root(checkpoint: VerifiedCheckpoint) -> str:
     return base64.b64encode(checkpoint.checkpoint.root_hash).decode("ascii")
 
 
+def tree_of_leaves(leaf_hashes: bytes) -> TransparencyLog:
+    """The tree whose leaf hashes are ``leaf_hashes`` (32 bytes each), in memory."""
+    store = MemoryHashStore()
+    for index in range(len(leaf_hashes) // HASH_SIZE):
+        store.append_hashes(hashes_to_store(index, leaf_hashes[index * HASH_SIZE:(index + 1) * HASH_SIZE], store))
+    return TransparencyLog(store)
+
+
 def prefix_root(leaf_hashes: bytes, size: int) -> bytes:
     """The RFC 6962 root of the first ``size`` leaves, from their leaf hashes."""
-    store = MemoryHashStore()
-    for index in range(size):
-        store.append_hashes(hashes_to_store(index, leaf_hashes[index * HASH_SIZE:(index + 1) * HASH_SIZE], store))
-    return tree_hash(size, store)
+    return tree_hash(size, tree_of_leaves(leaf_hashes[:size * HASH_SIZE]).store)
+
+
+def _fork(message: str, kept: VerifiedCheckpoint, new: VerifiedCheckpoint, leaves: bytes) -> ForkError:
+    """A fork, as :class:`EquivocationError` with its evidence when ``leaves`` (the leaf hashes of
+    the larger tree: the new one, or the kept one) make it provable by itself."""
+    evidence = None
+    if leaves:
+        tree = tree_of_leaves(leaves)
+        evidence = evidence_from_tree(kept.message, new.message, tree, found_by="a client's saved state")
+    if evidence is None:
+        return ForkError(message, first=kept.message, second=new.message)
+    return EquivocationError(message, first=kept.message, second=new.message, evidence=evidence)
 
 
 @dataclass(frozen=True)
@@ -102,9 +121,12 @@ class SeenCheckpoints:
         except (MalformedError, SignatureError, ProofError) as exc:
             raise StoreError(f"the kept checkpoint of {self.origin} does not verify ({exc})") from None
 
-    def observe(self, message: bytes, prove: ConsistencyProver, leaf_hashes: bytes = b"") -> Observation:
+    def observe(self, message: bytes, prove: ConsistencyProver, leaf_hashes: bytes = b"", *,
+                keep: bool = True) -> Observation:
         """Verify a newly seen signed checkpoint and check it against the one kept; keep it
-        (with ``leaf_hashes``, the leaf hashes of its tree) unless it is smaller.
+        (with ``leaf_hashes``, the leaf hashes of its tree) unless it is smaller, or ``keep`` is
+        False (a checkpoint checked for conflicts that is not to be trusted: e.g. its witness
+        quorum is not met).
 
         Raises:
             SignatureError, MalformedError, ProofError: As :func:`verify_checkpoint`.
@@ -117,37 +139,41 @@ class SeenCheckpoints:
             raise ValueError("the leaf hashes given are not those of the checkpoint's tree")
         for _ in range(_ATTEMPTS):
             stored, kept = self._load()
-            keep = leaf_hashes
+            leaves, keep_it = leaf_hashes, keep
             if stored is not None and kept is not None:
-                self._check(stored, kept, new, prove)  # refuses a smaller checkpoint
-                if not keep and kept.checkpoint.size == new.checkpoint.size:
-                    keep = stored.leaf_hashes
+                self._check(stored, kept, new, prove, leaf_hashes)  # refuses a smaller checkpoint
+                if not leaves and kept.checkpoint.size == new.checkpoint.size:
+                    leaves = stored.leaf_hashes
+            if not keep_it:
+                return Observation(new, kept)
             try:
                 self._store.replace(self.origin, None if stored is None else stored.checkpoint,
-                                    SeenLog(new.message, keep))
+                                    SeenLog(new.message, leaves))
             except StaleStateError:
                 continue
             return Observation(new, kept)
         raise StoreError(f"the kept checkpoint of {self.origin} kept changing while it was being updated")
 
     def _check(self, stored: SeenLog, kept: VerifiedCheckpoint, new: VerifiedCheckpoint,
-               prove: ConsistencyProver) -> None:
+               prove: ConsistencyProver, new_leaves: bytes = b"") -> None:
         old, cur = kept.checkpoint, new.checkpoint
         both = (f"the checkpoint of size {cur.size} (root {_root(new)}) seen now, and the one of size {old.size} "
                 f"(root {_root(kept)}) seen before")
         if cur.size == old.size:
             if cur.root_hash != old.root_hash:
-                raise ForkError(f"fork: two checkpoints of {self.origin} of size {old.size} have different root "
-                                f"hashes ({_root(kept)} seen before, {_root(new)} now): the log forked or rewrote its "
-                                "history", first=kept.message, second=new.message)
+                raise EquivocationError(
+                    f"fork: two checkpoints of {self.origin} of size {old.size} have different root hashes "
+                    f"({_root(kept)} seen before, {_root(new)} now): the log forked or rewrote its history",
+                    first=kept.message, second=new.message,
+                    evidence=same_size_evidence(kept.message, new.message, found_by="a client's saved state"))
             return
         if cur.size > old.size:
             try:
                 verify_consistency(old.size, old.root_hash, cur.size, cur.root_hash,
                                    prove(old.size, cur.size) if old.size else ())
             except ProofError as exc:
-                raise ForkError(f"fork: {both} -- the larger does not extend the smaller ({exc}): the log forked or "
-                                "rewrote its history", first=kept.message, second=new.message) from None
+                raise _fork(f"fork: {both} -- the larger does not extend the smaller ({exc}): the log forked or "
+                            "rewrote its history", kept, new, new_leaves) from None
             return
         leaves = stored.leaf_hashes
         if len(leaves) == HASH_SIZE * old.size:
@@ -155,7 +181,7 @@ class SeenCheckpoints:
                 raise RollbackError(f"rollback: {both} -- the smaller is a prefix of the larger: this log shows an "
                                     "older view of itself than one seen before (a stale copy, or a log rolled back)",
                                     first=kept.message, second=new.message)
-            raise ForkError(f"fork: {both} -- the smaller is not a prefix of the larger: the log forked or rewrote its "
-                            "history", first=kept.message, second=new.message)
+            raise _fork(f"fork: {both} -- the smaller is not a prefix of the larger: the log forked or rewrote its "
+                        "history", kept, new, leaves)
         raise RollbackError(f"rollback or fork: {both} -- a log never shrinks (the state kept has no leaf hashes to "
                             "tell which)", first=kept.message, second=new.message)

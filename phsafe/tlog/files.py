@@ -23,12 +23,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import json
 import os
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from phsafe import durable
@@ -200,6 +201,9 @@ class FileSeenLogs:
     Replaced like :class:`FileCheckpointStore` (lock file, :func:`phsafe.durable.replace`). A
     ``phsafe-tlog-checkpoints/1`` file (written before leaf hashes were kept) is read as
     checkpoints without leaf hashes and rewritten in this format at the next update.
+
+    It may also hold ``"claims": {"<name>": "<origin>"}``: names a client has seen claimed by one
+    log each (the monitor keeps which log accounts each dataset: :meth:`claims`, :meth:`claim`).
     """
 
     FORMAT = "phsafe-seen-logs/1"
@@ -209,10 +213,13 @@ class FileSeenLogs:
         self.lock_path = self.path.with_name(self.path.name + ".lock")
 
     def _read(self) -> dict[str, SeenLog]:
+        return self._read_all()[0]
+
+    def _read_all(self) -> tuple[dict[str, SeenLog], dict[str, str]]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return {}
+            return {}, {}
         except OSError as exc:
             raise StoreError(f"cannot read the checkpoints seen, {self.path}: {_reason(exc)}") from None
         try:
@@ -222,9 +229,11 @@ class FileSeenLogs:
         kind = document.get("format") if isinstance(document, dict) else None
         if kind == CHECKPOINTS_FORMAT and isinstance(document.get("checkpoints"), dict):
             return {origin: SeenLog(text.encode("utf-8")) for origin, text in document["checkpoints"].items()
-                    if isinstance(origin, str) and isinstance(text, str)}
+                    if isinstance(origin, str) and isinstance(text, str)}, {}
         logs = document.get("logs") if isinstance(document, dict) else None
-        if kind != self.FORMAT or not isinstance(logs, dict):
+        claims = document.get("claims", {}) if isinstance(document, dict) else None
+        if kind != self.FORMAT or not isinstance(logs, dict) or not isinstance(claims, dict) \
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in claims.items()):
             raise StoreError(f"{self.path} is not a {self.FORMAT} document")
         out = {}
         for origin, record in logs.items():
@@ -233,26 +242,46 @@ class FileSeenLogs:
                                       base64.b64decode(record.get("leaf_hashes") or "", validate=True))
             except (KeyError, TypeError, AttributeError, ValueError):
                 raise StoreError(f"{self.path}: the record of {origin} is not a checkpoint and its leaf hashes") from None
-        return out
+        return out, dict(claims)
 
     def load(self, origin: str) -> SeenLog | None:
         return self._read().get(origin)
 
     def replace(self, origin: str, expected: bytes | None, new: SeenLog) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            logs = self._read()
+        with self._locked():
+            logs, claims = self._read_all()
             current = logs.get(origin)
             if (None if current is None else current.checkpoint) != expected:
                 raise StaleStateError(f"the kept checkpoint of {origin} in {self.path} changed meanwhile")
             logs[origin] = new
-            document = {"format": self.FORMAT, "logs": {
-                o: {"checkpoint": log.checkpoint.decode("utf-8"),
-                    "leaf_hashes": base64.b64encode(log.leaf_hashes).decode("ascii")}
-                for o, log in sorted(logs.items())}}
-            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+            self._write(logs, claims)
+
+    def claims(self) -> dict[str, str]:
+        """The names kept with the log (origin) that claims each."""
+        return self._read_all()[1]
+
+    def claim(self, names: dict[str, str]) -> None:
+        """Keep ``names`` (name -> origin), replacing what was kept for those names."""
+        with self._locked():
+            logs, claims = self._read_all()
+            claims.update(names)
+            self._write(logs, claims)
+
+    def _write(self, logs: dict[str, SeenLog], claims: dict[str, str]) -> None:
+        document: dict[str, object] = {"format": self.FORMAT, "logs": {
+            o: {"checkpoint": log.checkpoint.decode("utf-8"), "leaf_hashes": base64.b64encode(log.leaf_hashes).decode("ascii")}
+            for o, log in sorted(logs.items())}}
+        if claims:
+            document["claims"] = dict(sorted(claims.items()))
+        durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            yield
         finally:
             os.close(lock_fd)
 

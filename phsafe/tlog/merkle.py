@@ -337,6 +337,32 @@ def verify_consistency(old_size: int, old_root: bytes, new_size: int, new_root: 
         if old_size == new_size and old_root != new_root:
             raise ProofError(f"two trees of {old_size} entries with different root hashes")
         return
+    fr, sr = roots_from_consistency_proof(old_size, new_size, proof, old_root)
+    if fr != old_root:
+        raise ProofError(f"the consistency proof {what} does not lead to the old root hash")
+    if sr != new_root:
+        raise ProofError(f"the consistency proof {what} does not lead to the new root hash")
+
+
+def roots_from_consistency_proof(old_size: int, new_size: int, proof: Sequence[bytes],
+                                 old_root: bytes | None = None) -> tuple[bytes, bytes]:
+    """The two roots a consistency proof from ``old_size`` to ``new_size`` (0 < old < new)
+    computes: that of the first ``old_size`` entries and that of the whole tree (RFC 9162
+    §2.1.4.2's fr and sr).
+
+    When ``old_size`` is a power of two the old tree is a complete subtree whose root the proof
+    leaves out (the verifier holds it): ``old_root`` must be given then, and is returned as the
+    first root. Otherwise the proof determines both roots: a proof that leads to a tree's true
+    root pins the root of its first ``old_size`` entries (a hash collision aside), whatever the
+    sender claims -- which is what makes a conflicting pair of checkpoints provable.
+
+    Raises:
+        ProofError: The proof has the wrong shape for the sizes, or ``old_root`` is needed and
+            not given.
+    """
+    if not 0 < old_size < new_size <= MAX_TREE_SIZE:
+        raise ProofError(f"no consistency proof from a tree of {old_size} to one of {new_size} entries has hashes")
+    what = f"from a tree of {old_size} to one of {new_size} entries"
     if not proof:
         raise ProofError(f"the consistency proof {what} is empty")
     for position, h in enumerate(proof):
@@ -344,6 +370,9 @@ def verify_consistency(old_size: int, old_root: bytes, new_size: int, new_root: 
     path = list(proof)
     if old_size & (old_size - 1) == 0:
         # The old tree is a complete subtree of the new one: its root is the proof's first node.
+        if old_root is None:
+            raise ProofError(f"the consistency proof {what} leaves out the old root (a complete subtree)")
+        _check_hash(old_root, "old root hash")
         path.insert(0, old_root)
     fn, sn = old_size - 1, new_size - 1
     while fn & 1:
@@ -365,7 +394,4 @@ def verify_consistency(old_size: int, old_root: bytes, new_size: int, new_root: 
         sn >>= 1
     if sn != 0:
         raise ProofError(f"the consistency proof {what} has too few hashes ({len(proof)})")
-    if fr != old_root:
-        raise ProofError(f"the consistency proof {what} does not lead to the old root hash")
-    if sr != new_root:
-        raise ProofError(f"the consistency proof {what} does not lead to the new root hash")
+    return fr, sr

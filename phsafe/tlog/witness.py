@@ -9,7 +9,9 @@ with the protocol's HTTP status:
 
 ====  =======================================================================================
 404   the checkpoint's origin is not a log this witness knows
-403   no valid signature by that log's key (or a signature by it that fails)
+403   no valid signature by that log's key (or a signature by it that fails); or the witness
+      cosigned this origin under another key (a log's key rewritten under its name: refused,
+      a new key is a new log)
 400   malformed request or checkpoint; old size larger than the checkpoint's size
 409   old size is not the size of the last checkpoint cosigned for the origin (0 if none);
       or old size, last size and the checkpoint's size are equal and the root hashes differ
@@ -30,6 +32,11 @@ The log's side of the exchange is :func:`request_cosignature`: it sends the cons
 from the size it believes the witness last cosigned and, on a 409, once more from the size the
 witness names. That is what makes a copied or rolled-back log unable to get a cosignature: the
 witness has cosigned the original's larger tree, and the copy can prove no consistency with it.
+
+A refused request whose checkpoint the log's key signed is handed to the ``evidence`` callback
+with the proof of equivocation it gives, if any (:mod:`phsafe.tlog.evidence`: the checkpoint
+cosigned before and the one refused, of one size with different roots, or tied by the request's
+own consistency proof to another prefix); the service keeps both, durably.
 
 On success the witness stores the checkpoint (with the log's verified signatures and its own
 cosignature) by compare-and-swap -- check and update are one atomic step, so two concurrent
@@ -57,6 +64,7 @@ from phsafe.tlog.log import TransparencyLog
 from phsafe.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
 from phsafe.tlog.cosignature import CosignatureSigner
+from phsafe.tlog.evidence import Evidence, evidence_from_proof, same_size_evidence
 from phsafe.tlog.note import NoteSignature, Verifier, format_note, parse_note, parse_signature_lines
 from phsafe.tlog.state import CheckpointStore
 
@@ -105,6 +113,10 @@ def with_cosignatures(checkpoint: bytes, lines: bytes) -> bytes:
     return merged
 
 
+class KeyChanged(StoreError):
+    """The witness's state holds a checkpoint of the log signed by another key of the same name."""
+
+
 class Witness:
     """Cosigns checkpoints of the logs it knows, never one that does not extend the last.
 
@@ -115,7 +127,7 @@ class Witness:
     """
 
     def __init__(self, signer: CosignatureSigner, logs: Iterable[Verifier], store: CheckpointStore, *,
-                 evidence: Callable[[str, int, bytes], None] | None = None) -> None:
+                 evidence: Callable[[str, bytes, Evidence | None], None] | None = None) -> None:
         self.signer = signer
         self._keep_evidence = evidence
         self._logs: dict[str, Verifier] = {}
@@ -130,11 +142,18 @@ class Witness:
         """The logs this witness witnesses."""
         return tuple(self._logs)
 
-    def _evidence(self, request: AddCheckpointRequest, new: VerifiedCheckpoint) -> None:
-        """Keep a refused request whose log signature verified: two checkpoints signed by one
-        log's key that cannot both be true prove the log misbehaved (the spec's MAY)."""
-        if self._keep_evidence is not None:
-            self._keep_evidence(new.checkpoint.origin, new.checkpoint.size, format_add_checkpoint_request(request))
+    def _evidence(self, request: AddCheckpointRequest, stored: bytes | None, new: VerifiedCheckpoint) -> None:
+        """Keep a refused request whose log signature verified (the spec's MAY), with the
+        evidence it gives when it proves the log signed two histories
+        (:mod:`phsafe.tlog.evidence`): the checkpoint cosigned before and the one refused."""
+        if self._keep_evidence is None:
+            return
+        proof: Evidence | None = None
+        if stored is not None:
+            found_by = f"witness {self.signer.name}"
+            proof = same_size_evidence(stored, new.message, found_by=found_by) or \
+                evidence_from_proof(stored, new.message, request.consistency_proof, found_by=found_by)
+        self._keep_evidence(new.checkpoint.origin, format_add_checkpoint_request(request), proof)
 
     def latest(self, origin: str) -> VerifiedCheckpoint | None:
         """The last checkpoint cosigned for ``origin`` (verified again: the store is a file)."""
@@ -150,6 +169,14 @@ class Witness:
         try:
             return stored, verify_checkpoint(stored, verifier)
         except (MalformedError, SignatureError, ProofError) as exc:
+            try:
+                ids = {s.key_id for s in parse_note(stored)[1] if s.name == verifier.name}
+            except MalformedError:
+                ids = set()
+            if ids and verifier.key_id not in ids:
+                raise KeyChanged(f"this witness has cosigned the log {origin} under another key (key ID "
+                                 f"{min(ids):08x}, now {verifier.key_id:08x}): a log's key never changes -- a new key "
+                                 "is a new log, with a name of its own") from None
             raise StoreError(f"the witness's stored checkpoint of {origin} does not verify ({exc})") from None
 
     def add_checkpoint(self, request: AddCheckpointRequest) -> bytes:
@@ -174,20 +201,23 @@ class Witness:
         size = new.checkpoint.size
         if request.old_size > size:
             raise WitnessRefusal(400, f"the old size {request.old_size} is larger than the checkpoint's {size}")
-        stored, latest = self._load(origin, verifier)
+        try:
+            stored, latest = self._load(origin, verifier)
+        except KeyChanged as exc:
+            raise WitnessRefusal(403, str(exc)) from None
         latest_size = latest.checkpoint.size if latest else 0
         if request.old_size != latest_size:
             raise WitnessRefusal(409, f"the last checkpoint cosigned for {origin} has size {latest_size}, "
                                       f"not {request.old_size}", latest_size=latest_size)
         old_root = latest.checkpoint.root_hash if latest else EMPTY_ROOT
         if size == latest_size and new.checkpoint.root_hash != old_root:
-            self._evidence(request, new)
+            self._evidence(request, stored, new)
             raise WitnessRefusal(409, f"the checkpoint of size {size} has another root hash than the one of that size "
                                       "cosigned before: the log forked", latest_size=latest_size)
         try:
             verify_consistency(latest_size, old_root, size, new.checkpoint.root_hash, request.consistency_proof)
         except ProofError as exc:
-            self._evidence(request, new)
+            self._evidence(request, stored, new)
             raise WitnessRefusal(422, f"the checkpoint of size {size} does not extend the one of size "
                                       f"{latest_size} cosigned before: {exc}") from None
         cosignature = NoteSignature(self.signer.name, self.signer.key_id,
@@ -277,6 +307,8 @@ def answer_add_checkpoint(witness: Witness, body: bytes) -> HttpAnswer:
         if refusal.status == 409:
             return HttpAnswer(409, SIZE_CONTENT_TYPE, f"{refusal.latest_size or 0}\n".encode("ascii"))
         return HttpAnswer(refusal.status, TEXT_CONTENT_TYPE, f"{refusal}\n".encode("utf-8"))
+    except StoreError as exc:  # its own state is unusable: it cosigns nothing until its operator looks
+        return HttpAnswer(500, TEXT_CONTENT_TYPE, f"the witness cannot use its state: {exc}\n".encode("utf-8"))
     return HttpAnswer(200, TEXT_CONTENT_TYPE, lines)
 
 

@@ -3,10 +3,13 @@
 ``phsafe witness serve --key K --state DIR --log VKEY --bind 127.0.0.1:PORT`` runs one. It holds
 its own cosigning key and its own state; the logs it witnesses are its operator's choice, never a
 request's: verifier keys given when it starts (``--log``), and those its operator puts in a
-folder (``--logs DIR``: every ``*.vkey`` file there, read again when the folder changes, so a log
-is added without a restart). The one route is the spec's::
+folder (``--logs DIR``: every ``*.vkey`` file there, read by content at every request, so a log
+is added without a restart and a key rewritten in place is seen: :class:`LogKeys`). The routes::
 
-    POST <prefix>/add-checkpoint      (every other path: 404; another method: 405)
+    POST <prefix>/add-checkpoint          the spec's (C2SP tlog-witness)
+    GET  <prefix>/evidence                the names of the evidence files kept, one per line
+    GET  <prefix>/evidence/<name>         one evidence file (phsafe-equivocation/1, JSON)
+    (every other path: 404; another method: 405)
 
 answered by :func:`phsafe.tlog.witness.answer_add_checkpoint` -- 200 with the cosignature line,
 409 with the size it last cosigned (``text/x.tlog.size``), 422 when the proof does not verify,
@@ -20,8 +23,12 @@ State folder ``DIR`` (created 0700 if missing)::
     DIR/checkpoints.json     the last checkpoint cosigned per log (phsafe.tlog.files.FileCheckpointStore:
                              replaced atomically and durably before every 200 answer)
     DIR/serving.lock         held (flock) by the one service that serves this state
-    DIR/evidence/            refused requests whose log signature verified: a checkpoint that
-                             does not extend the one cosigned, another tree of a cosigned size
+    DIR/evidence/            proofs that a log's key signed two histories (phsafe.tlog.evidence):
+                             the checkpoint it cosigned and a refused one of the same size with
+                             another root, or one whose own consistency proof ties it to another
+                             prefix; served over HTTP; each file and the folder synced before the
+                             refusal is answered
+    DIR/refused/             every refused request whose log signature verified, as it came
 
 Killed at any point, the folder holds the state before the request or the state after it, and
 an answer is sent only once the state after it is durable: a restarted witness never cosigns a
@@ -35,21 +42,25 @@ import hashlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from phsafe import durable
-from phsafe.errors import StoreError
+from phsafe.errors import MalformedError, StoreError
 from phsafe.tlog.cosignature import CosignatureSigner
+from phsafe.tlog.evidence import EVIDENCE_SUFFIX, Evidence, format_evidence
 from phsafe.tlog.files import FileCheckpointStore
-from phsafe.tlog.note import Verifier
+from phsafe.tlog.note import Verifier, parse_note
 from phsafe.tlog.witness import HttpAnswer, Witness, answer_add_checkpoint
 
 STATE_FILE = "checkpoints.json"
 SERVING_LOCK = "serving.lock"
 EVIDENCE_FOLDER = "evidence"
+REFUSED_FOLDER = "refused"
+EVIDENCE_PATH = "/evidence"
+"""``GET <prefix>/evidence``: the names of the evidence files, one per line; ``GET
+<prefix>/evidence/<name>``: one of them (``application/json``)."""
 
 
 class WitnessState:
@@ -69,15 +80,42 @@ class WitnessState:
             raise StoreError(f"another witness process serves the state {self.folder}; one state, one witness") from None
         self.store = FileCheckpointStore(self.folder / STATE_FILE)
 
-    def keep_evidence(self, origin: str, size: int, request: bytes) -> None:
-        folder = self.folder / EVIDENCE_FOLDER
-        folder.mkdir(mode=0o700, exist_ok=True)
-        tag = hashlib.sha256(origin.encode("utf-8")).hexdigest()[:16]
-        name = f"{tag}-{size}-{time.time_ns()}.add-checkpoint"
+    def keep_evidence(self, origin: str, request: bytes, evidence: Evidence | None) -> None:
+        """Keep a refused request signed by the log (``refused/``) and, when it proves the log
+        signed two histories, the evidence (``evidence/``, served over HTTP) -- each file and its
+        folder synced before the refusal is answered."""
+        tag = hashlib.sha256(origin.encode("utf-8")).hexdigest()[:12]
         try:
-            durable.create(folder / name, request, mode=0o600)
+            if evidence is not None:
+                self._keep(EVIDENCE_FOLDER, evidence.name(), format_evidence(evidence))
+            self._keep(REFUSED_FOLDER, f"{tag}-{hashlib.sha256(request).hexdigest()[:20]}.add-checkpoint", request)
         except OSError:
-            pass  # evidence is kept when it can be; the refusal stands either way
+            pass  # kept when it can be; the refusal stands either way
+
+    def _keep(self, folder_name: str, name: str, data: bytes) -> None:
+        folder = self.folder / folder_name
+        if not folder.is_dir():
+            folder.mkdir(mode=0o700, exist_ok=True)
+            durable.fsync_folder(self.folder)  # the new folder's name is durable too
+        if not (folder / name).exists():  # the same evidence twice is kept once
+            durable.create(folder / name, data, mode=0o644)
+
+    def evidence_names(self) -> list[str]:
+        """The evidence files kept, oldest name first (sorted)."""
+        folder = self.folder / EVIDENCE_FOLDER
+        try:
+            return sorted(p.name for p in folder.iterdir() if p.name.endswith(EVIDENCE_SUFFIX))
+        except OSError:
+            return []
+
+    def evidence(self, name: str) -> bytes | None:
+        """The bytes of one evidence file (None: no such file; names are checked, never paths)."""
+        if name not in self.evidence_names():
+            return None
+        try:
+            return (self.folder / EVIDENCE_FOLDER / name).read_bytes()
+        except OSError:
+            return None
 
     def close(self) -> None:
         if self._lock_fd >= 0:
@@ -86,37 +124,73 @@ class WitnessState:
 
 
 class LogKeys:
-    """The logs a witness witnesses: keys given at start, and the ``*.vkey`` files of a folder
-    (read again whenever the folder's entries change)."""
+    """The logs a witness witnesses: keys given at start, and the ``*.vkey`` files of a folder,
+    read by content -- every file read again at every request (they are a few short lines), so
+    that a key added, removed or rewritten in place under the same file name is seen at once.
+
+    A log is known by its name (its checkpoints' origin) and its key. Two keys of one name
+    (two files, or a file and a ``--log``) are ambiguous: the one the witness has cosigned under
+    (``pinned``: the key ID its state holds for that origin) is used, and without one neither is.
+    A key rewritten in place for a log already cosigned is loaded as what it is -- another key
+    of that name -- and the witness refuses it (403: a log's key never changes)."""
 
     def __init__(self, fixed: Sequence[Verifier], folder: Path | None = None,
-                 read_key: Callable[[Path], Verifier] | None = None) -> None:
+                 read_key: Callable[[Path], Verifier] | None = None,
+                 pinned: Callable[[str], set[int]] | None = None) -> None:
         self._fixed = list(fixed)
         self._folder = None if folder is None else Path(folder)
         self._read_key = read_key
-        self._seen: tuple[int, tuple[str, ...]] | None = None
+        self._pinned = pinned
+        self._seen: tuple[tuple[str, str], ...] | None = None
         self._keys: list[Verifier] = list(fixed)
         self.skipped: list[str] = []
+
+    def _contents(self) -> tuple[tuple[str, str], ...]:
+        """Each ``*.vkey`` file's name and the SHA-256 of its bytes."""
+        if self._folder is None:
+            return ()
+        out = []
+        try:
+            paths = sorted(self._folder.glob("*.vkey"))
+        except OSError:
+            return ()
+        for path in paths:
+            try:
+                out.append((path.name, hashlib.sha256(path.read_bytes()).hexdigest()))
+            except OSError:
+                out.append((path.name, "unreadable"))
+        return tuple(out)
 
     def current(self) -> list[Verifier]:
         if self._folder is None or self._read_key is None:
             return self._keys
-        try:
-            stamp = (os.stat(self._folder).st_mtime_ns, tuple(sorted(p.name for p in self._folder.glob("*.vkey"))))
-        except OSError:
-            stamp = (0, ())
-        if stamp != self._seen:
-            keys, skipped, names = list(self._fixed), [], {k.name for k in self._fixed}
-            for name in stamp[1]:
-                try:
-                    key = self._read_key(self._folder / name)
-                except Exception as exc:  # noqa: BLE001 -- a bad file is skipped and said, never fatal
-                    skipped.append(f"{name}: {exc}")
-                    continue
-                if key.name not in names:
-                    keys.append(key)
-                    names.add(key.name)
-            self._keys, self.skipped, self._seen = keys, skipped, stamp
+        contents = self._contents()
+        if contents == self._seen:
+            return self._keys
+        candidates: list[tuple[str, Verifier]] = [("--log", k) for k in self._fixed]
+        skipped: list[str] = []
+        for name, _ in contents:
+            try:
+                candidates.append((name, self._read_key(self._folder / name)))
+            except Exception as exc:  # noqa: BLE001 -- a bad file is skipped and said, never fatal
+                skipped.append(f"{name}: {exc}")
+        by_origin: dict[str, dict[bytes, tuple[str, Verifier]]] = {}
+        for source, key in candidates:
+            by_origin.setdefault(key.name, {}).setdefault(key.public_key, (source, key))
+        keys: list[Verifier] = []
+        for origin, found in by_origin.items():
+            if len(found) == 1:
+                keys.append(next(iter(found.values()))[1])
+                continue
+            pinned = self._pinned(origin) if self._pinned is not None else set()
+            chosen = [key for _, key in found.values() if key.key_id in pinned]
+            sources = ", ".join(source for source, _ in found.values())
+            if len(chosen) == 1:
+                keys.append(chosen[0])
+                skipped.append(f"{sources}: {len(found)} keys for the log {origin}; the one it cosigned under is used")
+            else:
+                skipped.append(f"{sources}: {len(found)} keys for the log {origin}; none is used until one is removed")
+        self._keys, self.skipped, self._seen = keys, skipped, contents
         return self._keys
 
 
@@ -135,8 +209,22 @@ def open_witness(signer: CosignatureSigner, logs: Sequence[Verifier] | LogKeys, 
     return witness
 
 
-def witness_app(witness: Callable[[], Witness]) -> Any:
-    """The ASGI application (Starlette) of the witness ``witness()`` returns."""
+def pinned_key_ids(store: FileCheckpointStore) -> Callable[[str], set[int]]:
+    """For :class:`LogKeys`: the key IDs of the log signatures on the checkpoint cosigned last."""
+
+    def pinned(origin: str) -> set[int]:
+        try:
+            stored = store.load(origin)
+            return set() if stored is None else {s.key_id for s in parse_note(stored)[1] if s.name == origin}
+        except (StoreError, MalformedError):
+            return set()
+
+    return pinned
+
+
+def witness_app(witness: Callable[[], Witness], state: WitnessState | None = None) -> Any:
+    """The ASGI application (Starlette) of the witness ``witness()`` returns; with ``state``,
+    its evidence of equivocation is served too (:data:`EVIDENCE_PATH`)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
@@ -155,7 +243,24 @@ def witness_app(witness: Callable[[], Witness]) -> Any:
         # The content type exactly as the spec writes it (Starlette would add a charset to text/*).
         return Response(reply.body, status_code=reply.status, headers={"content-type": reply.content_type})
 
-    return Starlette(routes=[Route("/add-checkpoint", add_checkpoint, methods=["POST"])])
+    async def evidence_list(request: Request) -> Response:
+        assert state is not None
+        names = await run_in_threadpool(state.evidence_names)
+        return Response("".join(f"{n}\n" for n in names).encode("utf-8"),
+                        headers={"content-type": "text/plain; charset=utf-8"})
+
+    async def evidence_file(request: Request) -> Response:
+        assert state is not None
+        data = await run_in_threadpool(state.evidence, request.path_params["name"])
+        if data is None:
+            return Response(b"no such evidence\n", status_code=404, headers={"content-type": "text/plain; charset=utf-8"})
+        return Response(data, headers={"content-type": "application/json"})
+
+    routes = [Route("/add-checkpoint", add_checkpoint, methods=["POST"])]
+    if state is not None:
+        routes += [Route(EVIDENCE_PATH, evidence_list, methods=["GET"]),
+                   Route(EVIDENCE_PATH + "/{name}", evidence_file, methods=["GET"])]
+    return Starlette(routes=routes)
 
 
 def parse_bind(text: str) -> tuple[str, int]:
@@ -166,7 +271,8 @@ def parse_bind(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def serve(witness: Callable[[], Witness], host: str, port: int, *, ready: Callable[[str], None]) -> None:
+def serve(witness: Callable[[], Witness], host: str, port: int, *, ready: Callable[[str], None],
+          state: WitnessState | None = None) -> None:
     """Serve ``witness`` on ``host:port`` until SIGINT or SIGTERM; ``ready(url)`` is called with
     the URL it listens on (the port the system chose, for port 0) once it accepts requests."""
     import uvicorn
@@ -181,7 +287,7 @@ def serve(witness: Callable[[], Witness], host: str, port: int, *, ready: Callab
         raise StoreError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    config = uvicorn.Config(witness_app(witness), log_level="warning", access_log=False, lifespan="off",
+    config = uvicorn.Config(witness_app(witness, state), log_level="warning", access_log=False, lifespan="off",
                             timeout_keep_alive=30)
 
     class Announcing(uvicorn.Server):

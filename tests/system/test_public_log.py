@@ -117,9 +117,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
             service.stop()
 
 
-def outsider(world: dict, out: Path, log: Path | None, state: Path, *extra: object,
+def outsider(world: dict, out: Path | None, log: Path | None, state: Path, *extra: object,
              witnesses: bool = True) -> subprocess.CompletedProcess:
-    args = ["audit", "public", out, "--key", world["vkey"], "--state", state]
+    args = ["audit", "public", *([out] if out is not None else []), "--key", world["vkey"], "--state", state]
     if witnesses:
         for key in world["wkeys"]:
             args += ["--witness-key", key]
@@ -346,7 +346,7 @@ def test_a_rollback_and_a_smaller_fork_seen_after_a_larger_checkpoint(world: dic
     lines = entries_of(world["log"])
     lines[1] = lines[1].replace(b'"reason":"', b'"reason":"rewritten: ', 1)
     write_log(world, log, lines)  # smaller than what was seen, and not a prefix of it
-    fork = refused_line(world, out, log, seen, "--witness-quorum", "0")
+    fork = one_line(outsider(world, out, log, seen, "--no-witness", witnesses=False))
     print(f"smaller fork: {fork}")
     assert "fork: the checkpoint of size" in fork and "not a prefix of the larger" in fork
     assert "internal error" not in fork
@@ -388,10 +388,11 @@ def test_a_stale_cosignature_is_refused(world: dict, tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-QUORUM_0 = ("--witness-quorum", "0")
-"""An insider re-signing a rewritten history gets no witness cosignature (that alone is refused
-when the outsider requires the witnesses): these cases show what the log key's signature alone
-proves."""
+NO_WITNESS = ("--no-witness",)
+"""An insider re-signing a rewritten history gets no witness cosignature, which alone is refused
+when the outsider requires the log's quorum (and `--witness-quorum 0` is refused: an outsider
+never asks for fewer than the log's policy): these cases, checked with the explicit opt-out,
+show what the log key's signature alone proves."""
 
 
 def tamper_entry_changed(world, out, log, seen):  # noqa: ANN001, ANN201
@@ -418,7 +419,7 @@ def tamper_fork_same_size(world, out, log, seen):  # noqa: ANN001, ANN201
     lines = entries_of(log)
     lines[1] = lines[1].replace(b'"reason":"', b'"reason":"rewritten: ', 1)
     write_log(world, log, lines)
-    return QUORUM_0
+    return NO_WITNESS
 
 
 def tamper_fork_not_extending(world, out, log, seen):  # noqa: ANN001, ANN201
@@ -427,7 +428,7 @@ def tamper_fork_not_extending(world, out, log, seen):  # noqa: ANN001, ANN201
     lines = entries_of(log)
     lines[1] = lines[1].replace(b'"reason":"', b'"reason":"rewritten: ', 1)
     write_log(world, log, lines + [lines[-1]])
-    return QUORUM_0
+    return NO_WITNESS
 
 
 def tamper_release_missing(world, out, log, seen):  # noqa: ANN001, ANN201
@@ -435,7 +436,7 @@ def tamper_release_missing(world, out, log, seen):  # noqa: ANN001, ANN201
     lines = entries_of(log)
     index = release_index(out)
     write_log(world, log, lines[:index] + lines[index - 3:index] * 2)
-    return QUORUM_0
+    return NO_WITNESS
 
 
 def tamper_table_changed(world, out, log, seen):  # noqa: ANN001, ANN201
@@ -489,7 +490,7 @@ def tamper_variance_resigned(world, out, log, seen):  # noqa: ANN001, ANN201
     (out / "privacy-loss.entry").write_bytes(new_entry)
     proof = make_tlog_proof(TransparencyLog.of_entries(lines), index, note)
     (out / "privacy-loss.tlog-proof").write_bytes(format_tlog_proof(proof))
-    return QUORUM_0
+    return NO_WITNESS
 
 
 def tamper_entry_in_folder_changed(world, out, log, seen):  # noqa: ANN001, ANN201
@@ -501,7 +502,7 @@ TAMPERING = {
     "an entry changed": (tamper_entry_changed, "do not hash to the checkpoint's root hash"),
     "an entry removed": (tamper_entry_removed, "entries were removed"),
     "entries reordered": (tamper_entries_reordered, "do not hash to the checkpoint's root hash"),
-    "a fork: two checkpoints of one size": (tamper_fork_same_size, "have different root hashes"),
+    "a fork: two checkpoints of one size": (tamper_fork_same_size, "signed two histories: two trees of"),
     "a fork: a later checkpoint not extending": (tamper_fork_not_extending, "the larger does not extend the smaller"),
     "a release missing from the log": (tamper_release_missing, "does not extend the checkpoint of"),
     "a table file changed": (tamper_table_changed, "PH2/PH2.csv: its SHA-256 differs from the manifest's"),
@@ -519,7 +520,16 @@ def test_tampering_is_refused_with_one_line(world: dict, tmp_path: Path, case: s
     out, log = copies(world, tmp_path)
     seen = tmp_path / "seen.json"
     extra = tamper(world, out, log, seen) or ()
-    line = refused_line(world, out, log, seen, *extra)
+    if extra == NO_WITNESS:
+        # With the witnesses' keys, the re-signed history is refused for want of its quorum ...
+        first = refused_line(world, out, log, tmp_path / "fresh-seen.json")
+        assert "witness cosignatures are required" in first or "equivocation" in first or message in first, first
+        # ... and with the log key alone, for what it is:
+        refused = outsider(world, out, log, seen, *extra, witnesses=False)
+        line = one_line(refused)
+        assert refused.returncode == 1 and line.startswith("FAILED: "), line
+    else:
+        line = refused_line(world, out, log, seen, *extra)
     print(f"{case}: {line}")
     assert message in line, line
 
@@ -663,3 +673,75 @@ def test_ledger_cosign_refreshes_the_cosignatures_outsiders_see(world: dict, tmp
     assert "is cosigned by witness1.test, witness2.test" in cosigned.stdout
     after = parse_note((log / "checkpoint").read_bytes())
     assert after[0] == before[0] and after[1] != before[1]  # the same tree, fresh cosignatures
+
+
+# --------------------------------------------------------------------------------------------
+# Trust, round three: quorums that intersect, the log alone, evidence of equivocation
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_quorum_that_need_not_intersect_is_refused_at_init(world: dict, tmp_path: Path) -> None:
+    """1 of 2 lets two copies of the enclave each get a history cosigned by a witness of its own:
+    refused in one line naming the rule, nothing made."""
+    services = world["services"]
+    ledger = tmp_path / "enclave" / "ledger.jsonl"
+    refused = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "1 of 2",
+                  "--witness", services[0].url, services[0].vkey, "--witness", services[1].url, services[1].vkey,
+                  "--witness-quorum", "1")
+    line = error_line(refused)
+    print(f"ledger init, quorum 1 of 2: {line}")
+    assert refused.returncode == 1 and "a witness quorum of 1 of 2 is refused: any two quorums must share a witness" in line
+    assert not ledger.exists() and not log_path(ledger).exists() and not log_key_path(ledger).exists()
+
+
+@pytest.mark.parametrize("asked", ["0", "1"])
+def test_an_outsider_cannot_ask_for_fewer_cosignatures_than_the_logs_policy(world: dict, tmp_path: Path,
+                                                                           asked: str) -> None:
+    line = refused_line(world, world["out"], world["later"], tmp_path / "seen.json", "--witness-quorum", asked)
+    print(f"--witness-quorum {asked} against a policy of 2 of 2: {line}")
+    assert f"--witness-quorum {asked} is below the log's policy (2 of 2)" in line and "--no-witness" in line
+    alone = one_line(outsider(world, world["out"], None, tmp_path / "seen.json", "--witness-quorum", "1"))
+    assert "a witness quorum of 1 of 2 is refused" in alone  # without the log: the keys given, K > N/2
+
+
+def test_the_whole_log_is_checked_without_a_release(world: dict, tmp_path: Path) -> None:
+    checked = outsider(world, None, world["later"], tmp_path / "seen.json")
+    assert checked.returncode == 0, checked.stderr
+    print(f"$ phsafe audit public --log LOG --key log.vkey --witness-key ... (no release)\n{checked.stdout}")
+    assert "entries hash to its checkpoint, signed by the log key, cosigned by witness1.test at" in checked.stdout
+    assert "its policy binds 2 witness(es), quorum 2: witness1.test, witness2.test" in checked.stdout
+    assert "dataset publog-test: 1 release(s)" in checked.stdout and "of cap 4 (rho), left" in checked.stdout
+    assert "proof:" not in checked.stdout and checked.stdout.rstrip().endswith("OK")
+    # A second release of one run, cosigned by the witnesses, seen in the log alone:
+    out, log = copies(world, tmp_path)
+    lines = entries_of(log)
+    first = json.loads(lines[release_index(out)])
+    write_log(world, log, lines + [canonical_json({**first, "time": json.loads(lines[-1])["time"]})], cosign=True)
+    line = one_line(outsider(world, None, log, tmp_path / "seen2.json"))
+    assert "is released a second time" in line
+
+
+def test_a_fork_is_printed_as_evidence_anyone_can_check(world: dict, tmp_path: Path) -> None:
+    """The outsider saw the genuine log; the insider serves another tree of the same size, signed
+    with the log key: the refusal prints both signed checkpoints as evidence, which `audit
+    evidence` checks with the log key alone (and which a witness's operator could check too)."""
+    seen = tmp_path / "seen.json"
+    assert outsider(world, world["out"], world["later"], seen).returncode == 0
+    out, log = copies(world, tmp_path)
+    lines = entries_of(log)
+    lines[1] = lines[1].replace(b'"reason":"', b'"reason":"rewritten: ', 1)
+    write_log(world, log, lines)
+    refused = outsider(world, out, log, seen, "--no-witness", witnesses=False)
+    line = one_line(refused)
+    assert refused.returncode == 1 and "equivocation: the log key of" in line and "signed two histories" in line
+    evidence = tmp_path / "fork.equivocation.json"
+    evidence.write_text(refused.stdout)
+    checked = cli("audit", "evidence", evidence, "--key", world["vkey"])
+    print(f"$ phsafe audit evidence fork.equivocation.json --key log.vkey\n{checked.stderr}")
+    assert checked.returncode == 1 and "signed two histories: two trees of" in checked.stderr
+    other = cli("audit", "evidence", evidence, "--key", world["wkeys"][0])
+    assert other.returncode == 1 and "is a witness key, not a log key" in other.stderr
+    nothing = tmp_path / "nothing.json"
+    nothing.write_text(refused.stdout.replace(json.loads(refused.stdout)["larger"].split("\n")[1], "1"))
+    proves_nothing = cli("audit", "evidence", nothing, "--key", world["vkey"])
+    assert proves_nothing.returncode == 0 and "proves nothing" in proves_nothing.stdout

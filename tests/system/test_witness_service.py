@@ -7,7 +7,10 @@ Real servers on loopback (ports the system picks), in processes of their own:
   size it knows (``text/x.tlog.size``) on a stale old size and on another tree of a size it
   cosigned; 422 on a proof that does not verify; 404 for a log it does not witness; 400 on junk;
   405 for another method; one service per state folder;
-* a log added to its logs folder is witnessed without a restart;
+* the refused requests that prove two histories are kept as evidence and served (``GET
+  /evidence``, ``GET /evidence/<name>``), each verifying with the log's key alone;
+* a log added to its logs folder is witnessed without a restart; its key rewritten in place under
+  the same file name is read by content and refused (a new key is a new log);
 * its state survives SIGKILL at every step of every durable write: restarted, it knows the
   checkpoint before the request or the one after it -- and from there never cosigns a second
   tree of a size it cosigned, nor a checkpoint that does not extend its last.
@@ -41,6 +44,7 @@ from phsafe.tlog import (
     verifier_from_key,
     with_cosignatures,
 )
+from phsafe.tlog.evidence import parse_evidence, verify_evidence
 from phsafe.tlog.note import ALG_COSIGNATURE_V1
 from tests._tlog import ORIGIN, entries, log_signer, log_verifier, private_key, signed_checkpoint
 
@@ -122,8 +126,21 @@ def test_the_protocol_over_http(keys: dict[str, Path], tmp_path: Path) -> None:
         assert service.client.get(f"{service.url}/add-checkpoint").status_code == 405
         assert service.client.post(f"{service.url}/other", content=b"").status_code == 404
         assert service.post(format_add_checkpoint_request(good)).status_code == 200
-        # the refused requests signed by the log are kept as evidence
-        assert len(list((tmp_path / "state" / "evidence").iterdir())) == 3
+        # the refused requests signed by the log are kept; those that prove two histories (another
+        # tree of the size cosigned; a tree its own proof ties to another prefix) as evidence,
+        # served over HTTP; the one with a broken proof proves nothing
+        assert len(list((tmp_path / "state" / "refused").iterdir())) == 3
+        listing = service.client.get(f"{service.url}/evidence")
+        names = listing.text.split()
+        assert listing.status_code == 200 and len(names) == 2
+        for name in names:
+            served = service.client.get(f"{service.url}/evidence/{name}")
+            assert served.status_code == 200 and served.headers["content-type"] == "application/json"
+            proved = verify_evidence(parse_evidence(served.content), log_verifier())
+            assert "signed two histories" in proved.statement()
+            assert served.content == (tmp_path / "state" / "evidence" / name).read_bytes()
+        assert service.client.get(f"{service.url}/evidence/..%2Fcheckpoints.json").status_code == 404
+        assert service.client.get(f"{service.url}/evidence/nothing.equivocation.json").status_code == 404
         # one service per state folder
         second = subprocess.run([str(PHSAFE), "witness", "serve", "--key", str(keys["key"]), "--state",
                                  str(tmp_path / "state"), "--log", str(keys["log"]), "--bind", "127.0.0.1:0"],
@@ -143,6 +160,19 @@ def test_a_log_put_in_the_logs_folder_is_witnessed_without_a_restart(keys: dict[
         assert service.post(request(log, 0)).status_code == 200
         (folder / "junk.vkey").write_text("not a key\n")  # a bad file is skipped, not fatal
         assert service.post(request(log, 4)).status_code == 200
+        # The log's key rewritten in place under the same file name (the folder's entries do not
+        # change): read by content, it is another key of that log's name -- refused, since the
+        # witness cosigned the log under the first key.
+        rogue = log_signer(label="rewritten")
+        (folder / "census.vkey").write_text(format_verifier_key(log_verifier(label="rewritten")) + "\n")
+        larger = TransparencyLog.of_entries(entries(6))
+        refused = service.post(request(larger, 4, signer=rogue))
+        print(f"a log key rewritten in place: {refused.status_code} {refused.text.strip()}")
+        assert refused.status_code == 403 and "under another key" in refused.text
+        # Both keys in the folder under two file names: the one it cosigned under is used.
+        (folder / "census-old.vkey").write_text(format_verifier_key(log_verifier()) + "\n")
+        assert service.post(request(larger, 4)).status_code == 200
+        assert service.post(request(larger, 6, signer=rogue)).status_code == 403
     finally:
         service.stop()
 

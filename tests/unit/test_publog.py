@@ -28,7 +28,7 @@ import pytest
 from phsafe.errors import ForkRefused, LedgerError, VerificationFailure, WitnessesUnavailable
 from phsafe.ledger import Ledger, key_id, read_ledger, read_lineage_key
 from phsafe.noise import measure
-from phsafe.publog import log_key_path, log_path, open_ledger, project, repair_ledger, witnesses_path
+from phsafe.publog import log_key_path, log_path, open_ledger, project, public_log_of, repair_ledger, witnesses_path
 from phsafe.audit.public import statement
 from phsafe.publog.confidential import check_public_log
 from phsafe.tlog import LogDirectory
@@ -205,10 +205,11 @@ def test_the_first_entry_binds_the_log_and_the_ledger_never_reads_it(tmp_path: P
     assert "http" not in log_entries(ledger.path)[0].decode()
 
 
-@pytest.mark.parametrize("missing", ["log folder", "log key", "witness list", "a witness dropped", "quorum lowered"])
+@pytest.mark.parametrize("missing", ["log folder", "log key", "witness list", "a witness dropped", "quorum lowered",
+                                     "a quorum that need not intersect"])
 def test_a_ledger_without_its_log_or_witnesses_is_refused_before_anything_is_recorded(tmp_path: Path,
                                                                                        missing: str) -> None:
-    ws = Witnesses(2)
+    ws = Witnesses(3)
     ledger = new_ledger(tmp_path / "enclave", cap=10 * PLAN.total, witnesses=ws.listed(), transport=ws.transport)
     ws.trust(ledger.state.public_log["vkey"])
     start_run(ledger, PLAN, "run-1")
@@ -221,10 +222,10 @@ def test_a_ledger_without_its_log_or_witnesses_is_refused_before_anything_is_rec
     elif missing == "witness list":
         witnesses_path(ledger.path).unlink()
     elif missing == "a witness dropped":
-        listed["witnesses"], listed["quorum"] = listed["witnesses"][:1], 1
+        listed["witnesses"], listed["quorum"] = listed["witnesses"][:2], 2
         witnesses_path(ledger.path).write_text(json.dumps(listed))
-    else:
-        listed["quorum"] = 1
+    else:  # 3 of 3 bound: lowered to 2 of 3 (a policy the rule allows, not the bound one), or to 1
+        listed["quorum"] = 2 if missing == "quorum lowered" else 1
         witnesses_path(ledger.path).write_text(json.dumps(listed))
     with pytest.raises(LedgerError) as refused:
         open_ledger(ledger.path, transport=ws.transport)
@@ -232,7 +233,9 @@ def test_a_ledger_without_its_log_or_witnesses_is_refused_before_anything_is_rec
     print(f"{missing}: {line}")
     assert "\n" not in line and line.startswith("refused:") and "nothing was spent" in line
     assert {"log folder": "log folder", "log key": "its log key", "witness list": "witness list",
-            "a witness dropped": "witnesses are never removed", "quorum lowered": "quorum 1"}[missing] in line
+            "a witness dropped": "witnesses are never removed", "quorum lowered": "quorum 2",
+            "a quorum that need not intersect": "a witness quorum of 1 of 3 is refused: any two quorums must share a "
+                                                "witness"}[missing] in line
     # repair is refused too, and changes nothing
     with pytest.raises(LedgerError, match="refused:"):
         repair_ledger(ledger.path, transport=ws.transport)
@@ -344,6 +347,69 @@ def test_a_witness_taken_down_stops_the_run_before_its_next_spend(tmp_path: Path
     assert intents(ledger) == len(PLAN.measurements)
 
 
+@pytest.mark.parametrize("when", ["before the spend's INTENT", "between the INTENT and its confirmation"])
+def test_a_frozen_witness_stops_the_run_within_one_time_out(tmp_path: Path, when: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A frozen witness (SIGSTOP: it accepts connections, never answers) costs one time-out
+    before the run stops, wherever it freezes: it used to cost two when it froze after the
+    confirmation before an INTENT -- once when the INTENT's checkpoint was published, once more
+    in the confirmation after it."""
+    ws = Witnesses(2)
+    ledger = witnessed_ledger(tmp_path, ws)
+    rec = start_run(ledger, PLAN, "run-1")
+    spend(rec, PLAN.measurements[0])
+    if when.startswith("before"):
+        ws[2].frozen = True
+    else:
+        real = type(public_log_of(ledger)).confirm
+
+        def freeze_after_the_first(log, lines, *, fresh=True):  # noqa: ANN001, ANN202
+            real(log, lines, fresh=fresh)
+            if fresh:
+                ws[2].frozen = True  # the witness freezes right after it confirmed the ledger
+
+        monkeypatch.setattr(type(public_log_of(ledger)), "confirm", freeze_after_the_first)
+    with pytest.raises(WitnessesUnavailable) as stopped:
+        spend(rec, PLAN.measurements[1])
+    line = str(stopped.value)
+    print(f"a frozen witness, {when}: {line}")
+    assert "witness witness2.test at http://witness2.test:8000 cannot be reached (no answer within 10 s)" in line
+    assert ws[2].timeouts == 1, f"{ws[2].timeouts} time-outs before the run stopped"
+    assert intents(ledger) == (1 if when.startswith("before") else 2)
+    rec.fail("a witness did not answer", "witness-unreachable")  # recording the failure waits for nobody
+    assert ws[2].timeouts == 1
+
+
+def test_one_deadline_covers_a_witness_round_and_its_second_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 409 answered at the deadline is not followed by a second request with a fresh time-out."""
+    import httpx
+
+    from phsafe.errors import WitnessUnreachable
+    from phsafe.publog import witnesses as module
+    from phsafe.publog.witnesses import HttpWitness, WitnessList
+    from phsafe.tlog import request_cosignature
+    from tests._tlog import entries, signed_checkpoint
+    from phsafe.tlog.log import TransparencyLog
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    sent = []
+
+    def slow_409(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        clock[0] += module.WITNESS_TIMEOUT_SECONDS  # the answer comes at the deadline
+        return httpx.Response(409, headers={"content-type": "text/x.tlog.size"}, content=b"3\n")
+
+    ws = Witnesses(1)
+    entry = WitnessList.of(ws.listed(), None).witnesses[0]
+    client = HttpWitness(entry, httpx.MockTransport(slow_409))
+    log = TransparencyLog.of_entries(entries(5))
+    client.start_round()
+    with pytest.raises(WitnessUnreachable, match="no answer within 10 s"):
+        request_cosignature(client, log, signed_checkpoint(log), old_size=0)
+    assert len(sent) == 1
+
+
 def test_a_quorum_of_two_of_three_goes_on_without_one_witness(tmp_path: Path) -> None:
     ws = Witnesses(3)
     ledger = witnessed_ledger(tmp_path, ws, quorum=2)
@@ -451,6 +517,12 @@ def test_a_ledger_of_format_2_takes_nothing_until_its_log_is_bound(tmp_path: Pat
                                           "with `phsafe ledger migrate"):
         start_run(ledger, PLAN, "run-1")
     ws = Witnesses(2)
+    before = path.read_bytes()
+    with pytest.raises(LedgerError) as refused:  # 1 of 2: two quorums need not share a witness
+        bind_public_log(path, reason="bound by the migration", witnesses=ws.listed(), witness_quorum=1,
+                        transport=ws.transport)
+    assert "a witness quorum of 1 of 2 is refused: any two quorums must share a witness" in str(refused.value)
+    assert path.read_bytes() == before and not witnesses_path(path).exists()
     bound = bind_public_log(path, reason="bound by the migration", witnesses=ws.listed(), transport=ws.transport)
     ws.trust(bound.state.public_log["vkey"])
     state = read_ledger(path)

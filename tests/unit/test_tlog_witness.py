@@ -29,6 +29,7 @@ from phsafe.tlog.witness import (
     request_cosignature,
     with_cosignatures,
 )
+from phsafe.tlog.evidence import format_evidence, parse_evidence, verify_evidence
 from tests._tlog import NOW, ORIGIN, entries, log_signer, log_verifier, signed_checkpoint, witness_signer, witness_verifier
 
 
@@ -121,12 +122,22 @@ def test_witness_loses_a_race_without_rolling_back() -> None:
     assert refusal.value.status == 409 and refusal.value.latest_size == 4
 
 
-def test_witness_refuses_a_tampered_state() -> None:
-    store = MemoryCheckpointStore()
+def test_witness_refuses_a_tampered_state_and_a_log_key_changed_under_its_name() -> None:
     log = TransparencyLog.of_entries(entries(4))
-    store.replace(ORIGIN, None, signed_checkpoint(log, signer=log_signer(label="rogue")))
+    # A stored checkpoint whose log signature fails (the state was edited): the witness stops.
+    note = bytearray(signed_checkpoint(log))
+    note[-10] = ord("A") if note[-10] != ord("A") else ord("B")
+    store = MemoryCheckpointStore()
+    store.replace(ORIGIN, None, bytes(note))
     with pytest.raises(StoreError, match="does not verify"):
         _witness(store).add_checkpoint(_request(log, 4))
+    assert answer_add_checkpoint(_witness(store), format_add_checkpoint_request(_request(log, 4))).status == 500
+    # It cosigned the log under one key; the log's key file now holds another key of that name
+    # (rewritten in place): refused, a new key is a new log.
+    store = MemoryCheckpointStore()
+    store.replace(ORIGIN, None, signed_checkpoint(log, signer=log_signer(label="rogue")))
+    refusal = pytest.raises(WitnessRefusal, _witness(store).add_checkpoint, _request(log, 4)).value
+    assert refusal.status == 403 and "under another key" in str(refusal) and "a new key is a new log" in str(refusal)
 
 
 def test_add_checkpoint_request_round_trip_and_junk() -> None:
@@ -194,18 +205,31 @@ def test_the_http_answers_are_the_specs() -> None:
         assert refused.value.status == 502
 
 
-def test_a_refused_request_signed_by_the_log_is_kept_as_evidence() -> None:
-    kept: list[tuple[str, int, bytes]] = []
+def test_a_refused_request_signed_by_the_log_is_kept_with_the_evidence_it_gives() -> None:
+    kept: list[tuple[str, bytes, Any]] = []
     log = TransparencyLog.of_entries(entries(6))
-    witness = Witness(witness_signer(1), [log_verifier()], MemoryCheckpointStore(),
-                      evidence=lambda *args: kept.append(args))
+    store = MemoryCheckpointStore()
+    witness = Witness(witness_signer(1), [log_verifier()], store, evidence=lambda *args: kept.append(args))
     witness.add_checkpoint(_request(log, 0, 6))
-    fork = TransparencyLog.of_entries(entries(3) + entries(8, "forked")[3:])
-    for request in (AddCheckpointRequest(6, (), signed_checkpoint(fork, 6)), _request(fork, 6, 8)):
+    cosigned = store.load(ORIGIN)
+    fork = TransparencyLog.of_entries(entries(3) + entries(9, "forked")[3:])
+    wrong_proof = AddCheckpointRequest(6, tuple(log.consistency_proof(2, 6)) + (b"x" * 32,), signed_checkpoint(fork, 9))
+    for request in (AddCheckpointRequest(6, (), signed_checkpoint(fork, 6)), _request(fork, 6, 8), wrong_proof):
         with pytest.raises(WitnessRefusal):
             witness.add_checkpoint(request)
-    assert [(origin, size) for origin, size, _ in kept] == [(ORIGIN, 6), (ORIGIN, 8)]
-    assert parse_add_checkpoint_request(kept[1][2]).checkpoint == signed_checkpoint(fork, 8)
+    assert [origin for origin, _, _ in kept] == [ORIGIN] * 3
+    assert parse_add_checkpoint_request(kept[1][1]).checkpoint == signed_checkpoint(fork, 8)
+    # The same size with another root, and a larger tree whose own proof ties it to another
+    # prefix: both prove two histories, with the log's key alone. A proof that leads nowhere
+    # proves nothing (anyone can send one): the request is kept, no evidence.
+    same, not_prefix, nothing = (evidence for _, _, evidence in kept)
+    assert nothing is None
+    for evidence, sizes in ((same, (6, 6)), (not_prefix, (6, 8))):
+        checked = verify_evidence(parse_evidence(format_evidence(evidence)), log_verifier())
+        assert (checked.smaller.checkpoint.size, checked.larger.checkpoint.size) == sizes
+        assert "signed two histories" in checked.statement()
+        assert cosigned in (evidence.smaller, evidence.larger)  # with the witness's own cosignature
+        assert evidence.found_by == "witness witness1.example"
 
 
 # ---- the client's seen checkpoints ----------------------------------------------------------
