@@ -260,16 +260,18 @@ def _measure(table: str, run: PrivateRun, plan: "RunPlan", counts: ExactCounts, 
 
 
 def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseException:
-    """``exc`` with how to complete the run if it spent; ``spend_status`` attached either way."""
-    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend:
+    """``exc`` with how to complete the run if it spent and did not finish (a finished run is
+    never resumed: its refusal says so and nothing else); ``spend_status`` attached either way."""
+    resumable = status.spent and not status.finished
+    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend and not status.finished:
         failed: BaseException = interrupt.RunInterrupted(
-            f"{exc} -- {engine.resume_hint(run, status)}" if status.spent
+            f"{exc} -- {engine.resume_hint(run, status)}" if resumable
             else f"{exc}; no budget was spent: run again when ready", could_spend=True)
     else:
-        failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
+        failed = engine.with_resume_hint(exc, run, status) if resumable else exc
     try:
         failed.spend_status = status  # type: ignore[attr-defined]
-        failed.resume_hint = engine.resume_hint(run, status) if status.spent else None  # type: ignore[attr-defined]
+        failed.resume_hint = engine.resume_hint(run, status) if resumable else None  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         pass
     return failed
