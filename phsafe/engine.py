@@ -243,6 +243,23 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             content version the operator has not declared.
         LedgerError: The run cannot be resumed (finished, other records, ...).
     """
+    from phsafe.ledger import FollowerUnwritable
+
+    try:
+        return _open_run(run, plan, input_digests_, fingerprint, sketch)
+    except FollowerUnwritable as exc:
+        # The ledger recorded the start (or the resume) and its public log could not follow: the
+        # attempt is open, and its failure must be recorded like any other (RUN_FAILED).
+        for entry in exc.appended:
+            if entry["run_id"] == run.run_id and entry["kind"] in ("RUN_STARTED", "RUN_RESUMED"):
+                state = open_ledger(run.ledger).run(run.run_id, lagging=True)
+                if state is not None:
+                    exc.opened_attempt = LedgerAttempt(state.attempt, dict(state.reusable))  # type: ignore[attr-defined]
+        raise
+
+
+def _open_run(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str,
+              sketch: dict | None) -> LedgerAttempt:
     ledger = open_ledger(run.ledger)
     parameters = run.parameters
     cap_raise = (parameters.lifetime_cap, parameters.cap_reason) if parameters.lifetime_cap is not None else None
@@ -508,12 +525,14 @@ def failure_code(exc: BaseException) -> str:
     instead of the message, which may name the enclave's folders. The first kind that matches,
     in order: a witness refusal is a refusal, and a refusal is a PHSafeError."""
     from phsafe.errors import BudgetError, ForkRefused, OutputExistsError, ValidationFailed, WitnessesUnavailable
+    from phsafe.ledger import FollowerUnwritable
 
     kinds: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
         ((interrupt.RunInterrupted, KeyboardInterrupt), "interrupted"),
         (WitnessesUnavailable, "witness-unreachable"),
         (ForkRefused, "witness-refused"),
         (BudgetError, "budget-refused"),
+        (FollowerUnwritable, "storage-error"),  # the public log's file system refused a write
         (LedgerError, "ledger-error"),
         (ValidationFailed, "outputs-invalid"),
         (OutputExistsError, "output-exists"),
@@ -577,7 +596,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     for partial in run.output_dir.parent.glob(f".{run.output_dir.name}.partial-{run.run_id}"):
         shutil.rmtree(partial, ignore_errors=True)
     try:
-        state = open_ledger(run.ledger).run(run.run_id)
+        state = open_ledger(run.ledger).run(run.run_id, lagging=True)
     except LedgerError as exc:  # e.g. a full disk: the run stays "running" (resumable) in the ledger
         log.debug("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
         return SpendStatus(run.run_id, known=False)

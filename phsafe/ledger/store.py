@@ -384,16 +384,21 @@ class LedgerFile:
             self._state, self._offset = state, sum(len(line) + 1 for line in state.lines)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[LedgerState]:
+    def locked(self, *, lagging: bool = False) -> Iterator[LedgerState]:
         """Hold the process lock and the file lock, with the state caught up with the file and
-        every follower in step."""
+        every follower in step -- or, with ``lagging``, behind it when it cannot write its files
+        (:class:`FollowerUnwritable`: recording a run's failure must not depend on its log)."""
         with self._mutex:
             self._files()
             self._take_lock()
             try:
                 self._catch_up()
                 for follower in self._followers:
-                    follower.follow(self._state.lines)
+                    try:
+                        follower.follow(self._state.lines)
+                    except FollowerUnwritable:
+                        if not lagging:
+                            raise
                 yield self._state
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -486,14 +491,18 @@ class LedgerFile:
 
     # -- appends --------------------------------------------------------------------------------
 
-    def append_entries(self, items: list[tuple[EntryKind, str | None, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    def append_entries(self, items: list[tuple[EntryKind, str | None, Mapping[str, Any]]], *,
+                       lagging: bool = False) -> list[dict[str, Any]]:
         """Append entries atomically; must be called with the lock held (inside :meth:`locked`).
 
         Every entry is checked against the rules (each after the ones before it) before anything
         is written; then all are written with one ``write`` and fsynced
         (:func:`phsafe.durable.append`). If the write fails (``ENOSPC``, ``EFBIG``, an I/O error)
         the file is cut back to where it ended, so nothing of it stays, and a
-        :class:`LedgerError` names the cause. Then every follower follows.
+        :class:`LedgerError` names the cause. Then every follower follows: one that cannot write
+        its files raises :class:`FollowerUnwritable` with the entries appended -- unless
+        ``lagging`` (a run's failure: it spends nothing and lets nothing spend, and the log
+        records it once it can be written, before any later spend).
         """
         state = self._state
         self._may_append(state, items)
@@ -512,7 +521,7 @@ class LedgerFile:
             if lines:
                 self._reload()  # the earlier entries of this batch are in memory only
             raise
-        self._write(lines, entries)
+        self._write(lines, entries, lagging=lagging)
         return entries
 
     def append_line(self, line: bytes) -> dict[str, Any]:
@@ -540,7 +549,7 @@ class LedgerFile:
                 f"a repair of the ledger {self.path} is not finished (its record {repair_record_path(self.path)} "
                 f"is there): nothing is recorded until it is -- run `phsafe ledger repair {self.path}`")
 
-    def _write(self, lines: list[bytes], entries: list[dict[str, Any]]) -> None:
+    def _write(self, lines: list[bytes], entries: list[dict[str, Any]], *, lagging: bool = False) -> None:
         """Write ``lines`` (already applied to the state) durably, then let every follower follow.
 
         A follower that cannot write its files (:class:`FollowerUnwritable`) is raised with the
@@ -559,6 +568,8 @@ class LedgerFile:
             try:
                 follower.follow(self._state.lines)
             except FollowerUnwritable as exc:
+                if lagging:
+                    continue
                 exc.appended = list(entries)
                 raise
 
