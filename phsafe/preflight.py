@@ -144,7 +144,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     from phsafe.ledger import RunStatus, check_ledger_file, check_ledger_kind, key_path, load_signing_key, plan_charge
     from phsafe.publog import create_ledger
     from phsafe.ledger.format import operator_text
-    from phsafe.ledger.store import check_private, make_private_folders
+    from phsafe.ledger.store import check_private, make_private_folders, repair_record_path
 
     parameters = run.parameters
     for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
@@ -158,6 +158,10 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     check_ledger_file(run.ledger)
     check_private(run.ledger, "the ledger")
     check_private(key_path(run.ledger), "the ledger's lineage key")
+    if repair_record_path(run.ledger).exists():  # the ledger takes no entry until its repair is finished
+        raise LedgerError(f"a repair of the ledger {run.ledger} is not finished (its record "
+                          f"{repair_record_path(run.ledger)} is there): run `phsafe ledger repair {run.ledger}`, "
+                          "then run again")
     ledger = open_ledger(run.ledger)  # with its public log: a missing log, log key or witness list refuses here
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state

@@ -168,3 +168,19 @@ def test_the_cut_never_happens_before_the_record_is_durable(tmp_path: Path, monk
     monkeypatch.setattr(durable, "truncate", truncate)
     repair_ledger(path)
     assert order[:2] == [f"record {repair_record_path(path).name}", "cut"]  # create syncs the file and its folder
+
+
+def test_a_run_is_refused_in_preflight_while_a_repair_is_unfinished(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before reading any input: the ledger would refuse the run's first entry anyway, hours later.
+    import phsafe
+    from tests.unit.test_ledger import US_CONFIG
+
+    path, _ = _torn(tmp_path)
+    monkeypatch.setattr(durable, "truncate", lambda fd, size: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        repair_ledger(path)
+    monkeypatch.undo()
+    with pytest.raises(LedgerError, match=r"a repair of the ledger .* is not finished .*run `phsafe ledger repair"):
+        phsafe.run_private(US_CONFIG, tmp_path / "no-inputs-read", tmp_path / "out", ledger=path,
+                           dataset="test-data", re_release="again")
