@@ -205,6 +205,11 @@ def verify_ledger(
     """The auditor's check (``phsafe audit verify``): the ledger's chain and rules, and optionally
     checkpoints and a release against it.
 
+    Returns:
+        What was verified (``.notes``) and what the operator must do (``.actions``: an interrupted
+        write or repair to finish, a finished run's leftovers, ... each naming its command; the
+        command exits 3 when there are any). Nothing needs doing when ``.actions`` is empty.
+
     Raises:
         phsafe.audit.verify.VerificationFailure: naming the first failing entry or file.
     """

@@ -19,7 +19,11 @@ the library keeps:
 ==========================  ==========================================================================
 
 plus :func:`fsync_folder` (a new or renamed name in a folder survives a crash only once the
-folder is synced) and :func:`write_all` (``os.write`` may write less than it was given).
+folder is synced) and :func:`write_all` (``os.write`` may write less than it was given), and
+for names: :func:`make_folders` (new folders, each synced into its parent), :func:`rename`
+(a rename, then its folder synced) and :func:`remove` (a file or a whole folder removed, then its
+parent synced) -- a create, rename or removal is made durable by syncing the folder that holds
+the name, never by syncing the file.
 
 They raise :class:`OSError` as the operating system gives it (``FileExistsError`` from
 :func:`create`, ``ENOSPC`` ...): each caller says in its own words which file failed and what
@@ -30,9 +34,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from pathlib import Path
 
-__all__ = ["create", "replace", "append", "truncate", "fsync_file", "fsync_folder", "write_all", "TornAppend"]
+__all__ = ["create", "replace", "append", "truncate", "fsync_file", "fsync_folder", "write_all", "TornAppend",
+           "make_folders", "rename", "remove"]
 
 PathLike = str | os.PathLike[str]
 
@@ -88,7 +94,7 @@ def replace(path: PathLike, data: bytes, *, mode: int = 0o644, beside: PathLike 
     """Replace ``path`` as a whole with ``data`` (of ``mode``), atomically and durably.
 
     The new bytes go to a temporary file, which is synced and renamed over ``path``; then the
-    folder is synced. Killed at any point, ``path`` holds the old bytes or the new ones (a
+    folder is synced (and ``beside``, which the temporary's name left). Killed at any point, ``path`` holds the old bytes or the new ones (a
     temporary file may be left behind, never read). The temporary file is in ``path``'s folder,
     or in ``beside`` (a folder on the same file system) when nothing but the finished file may
     ever appear in ``path``'s folder -- a published release -- and is then named after that
@@ -116,6 +122,8 @@ def replace(path: PathLike, data: bytes, *, mode: int = 0o644, beside: PathLike 
         temporary.unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+    if temporary.parent != path.parent:
+        fsync_folder(temporary.parent)  # the temporary's name is gone from there too, durably
 
 
 class TornAppend(OSError):
@@ -154,3 +162,56 @@ def truncate(fd: int, size: int) -> None:
     """Cut the file open as ``fd`` back to ``size`` bytes, durably."""
     os.ftruncate(fd, size)
     os.fsync(fd)
+
+
+def make_folders(folder: PathLike, *, mode: int = 0o777) -> list[Path]:
+    """Create ``folder`` and any missing parent (``mode``, less the umask), durably: each new
+    folder's parent is synced after it is made, so no crash afterwards loses a folder -- or
+    what is later made durable inside it. Returns the folders made (outermost first).
+
+    Raises:
+        OSError: A folder cannot be made (``FileExistsError`` if a non-folder is in the way).
+    """
+    folder = Path(folder)
+    missing: list[Path] = []
+    while not folder.is_dir():
+        missing.append(folder)
+        if folder == folder.parent:
+            break
+        folder = folder.parent
+    made = []
+    for path in reversed(missing):
+        try:
+            path.mkdir(mode=mode)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue  # made meanwhile by another process, which syncs it itself
+        made.append(path)
+        fsync_folder(path.parent)
+    return made
+
+
+def rename(source: PathLike, target: PathLike) -> None:
+    """``os.rename`` then sync the target's folder (and the source's, if another): the new name,
+    and the old one's removal, survive a crash once this returns."""
+    source, target = Path(source), Path(target)
+    os.rename(source, target)
+    fsync_folder(target.parent)
+    if source.parent != target.parent:
+        fsync_folder(source.parent)
+
+
+def remove(path: PathLike) -> bool:
+    """Remove the file or folder ``path`` (a folder with everything in it), then sync its parent:
+    once this returns no crash brings it back. A crash before may leave all or part of it.
+    Returns False if nothing was there."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return False
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    fsync_folder(path.parent)
+    return True

@@ -48,6 +48,7 @@ from phsafe.outputs import (
 )
 from phsafe.preflight import Preflight, estimated_release_bytes, existing_release_of, preflight
 from phsafe.private_run import (
+    CHECKPOINT_FILE,
     DatasetBudget,
     MeasurementOutcome,
     LEDGER_ENV,
@@ -85,6 +86,8 @@ __all__ = [
     "DatasetBudget", "dataset_budget", "spend_summary", "ValidationFailed",
     # the non-private run
     "run_nonprivate",
+    # finished runs stopped at their very end
+    "FinishedRunTidied", "clean_finished_runs",
 ]
 
 log = get_logger("phsafe.engine")
@@ -240,6 +243,23 @@ def open_run_in_ledger(run: PrivateRun, plan: RunPlan, input_digests_: dict[str,
             content version the operator has not declared.
         LedgerError: The run cannot be resumed (finished, other records, ...).
     """
+    from phsafe.ledger import FollowerUnwritable
+
+    try:
+        return _open_run(run, plan, input_digests_, fingerprint, sketch)
+    except FollowerUnwritable as exc:
+        # The ledger recorded the start (or the resume) and its public log could not follow: the
+        # attempt is open, and its failure must be recorded like any other (RUN_FAILED).
+        for entry in exc.appended:
+            if entry["run_id"] == run.run_id and entry["kind"] in ("RUN_STARTED", "RUN_RESUMED"):
+                state = open_ledger(run.ledger).run(run.run_id, lagging=True)
+                if state is not None:
+                    exc.opened_attempt = LedgerAttempt(state.attempt, dict(state.reusable))  # type: ignore[attr-defined]
+        raise
+
+
+def _open_run(run: PrivateRun, plan: RunPlan, input_digests_: dict[str, str], fingerprint: str,
+              sketch: dict | None) -> LedgerAttempt:
     ledger = open_ledger(run.ledger)
     parameters = run.parameters
     cap_raise = (parameters.lifetime_cap, parameters.cap_reason) if parameters.lifetime_cap is not None else None
@@ -440,10 +460,17 @@ def publish_private_run(
     recorder.record_published(release_files, run.output_dir)
     write_release_log_files(recorder.ledger, run.run_id, run.output_dir)
     final = recorder.checkpoint(signing_key)
-    durable.replace(run.run_dir / "checkpoint.json", (json.dumps(final, indent=2, sort_keys=True) + "\n").encode(),
+    durable.replace(run.run_dir / CHECKPOINT_FILE, (json.dumps(final, indent=2, sort_keys=True) + "\n").encode(),
                     mode=0o600)
-    shutil.rmtree(run.store.directory, ignore_errors=True)
-    shutil.rmtree(run.release_dir, ignore_errors=True)
+    # What the finished run no longer needs, removed durably; a stop before this leaves them to
+    # `phsafe audit verify` (reported) and `phsafe ledger clean-finished` (removed).
+    from phsafe.leftovers import leftovers_of, remove_leftovers
+
+    try:
+        remove_leftovers(leftovers_of(run.ledger, run.run_id, run.output_dir, run.parameters.work_dir), run.output_dir)
+    except OSError as exc:  # the release is published and recorded: the run succeeded all the same
+        log.warning("the finished run's work folder could not be cleaned; `phsafe ledger clean-finished` removes "
+                    "what is left", run_dir=str(run.run_dir), error=cause_in_words(exc))
     log.info("published", run_id=run.run_id, output=str(run.output_dir), files=len(release_files))
     return checkpoint
 
@@ -498,12 +525,14 @@ def failure_code(exc: BaseException) -> str:
     instead of the message, which may name the enclave's folders. The first kind that matches,
     in order: a witness refusal is a refusal, and a refusal is a PHSafeError."""
     from phsafe.errors import BudgetError, ForkRefused, OutputExistsError, ValidationFailed, WitnessesUnavailable
+    from phsafe.ledger import FollowerUnwritable
 
     kinds: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
         ((interrupt.RunInterrupted, KeyboardInterrupt), "interrupted"),
         (WitnessesUnavailable, "witness-unreachable"),
         (ForkRefused, "witness-refused"),
         (BudgetError, "budget-refused"),
+        (FollowerUnwritable, "storage-error"),  # the public log's file system refused a write
         (LedgerError, "ledger-error"),
         (ValidationFailed, "outputs-invalid"),
         (OutputExistsError, "output-exists"),
@@ -522,12 +551,15 @@ class SpendStatus:
         intents: INTENT entries the run has recorded over all its attempts (spends).
         committed: Measurements whose noisy vector is committed (reused by a resume).
         known: False when the ledger could not be read: the run may have spent.
+        finished: The run finished (published, recorded): nothing is left to complete, so a
+            failure of this attempt (a refused resume) gets no hint to resume it.
     """
 
     run_id: str
     intents: int = 0
     committed: int = 0
     known: bool = True
+    finished: bool = False
 
     @property
     def spent(self) -> bool:
@@ -542,7 +574,10 @@ def spend_status(run: PrivateRun) -> SpendStatus:
         return SpendStatus(run.run_id, known=False)
     if state is None:
         return SpendStatus(run.run_id)
-    return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable))
+    from phsafe.ledger import RunStatus
+
+    return SpendStatus(run.run_id, sum(len(seqs) for seqs in state.intents.values()), len(state.reusable),
+                       finished=state.status is RunStatus.FINISHED)
 
 
 def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None, reason: str,
@@ -561,7 +596,7 @@ def record_failure(run: PrivateRun, plan: RunPlan, attempt: LedgerAttempt | None
     for partial in run.output_dir.parent.glob(f".{run.output_dir.name}.partial-{run.run_id}"):
         shutil.rmtree(partial, ignore_errors=True)
     try:
-        state = open_ledger(run.ledger).run(run.run_id)
+        state = open_ledger(run.ledger).run(run.run_id, lagging=True)
     except LedgerError as exc:  # e.g. a full disk: the run stays "running" (resumable) in the ledger
         log.debug("could not read the ledger to record the failure", error=str(exc).splitlines()[0])
         return SpendStatus(run.run_id, known=False)
@@ -708,3 +743,61 @@ def spend_summary(run: PrivateRun, plan: RunPlan) -> list[dict[str, object]]:
             "status": "committed" if m.key in committed else ("spent, not committed" if spends else "not spent"),
         })
     return rows
+
+
+@dataclass(frozen=True)
+class FinishedRunTidied:
+    """What :func:`clean_finished_runs` did for one finished run."""
+
+    run_id: str
+    wrote: tuple[str, ...]
+    removed: str
+    run_dir: Path
+
+
+def clean_finished_runs(ledger_path: Path, run_ids: "list[str] | tuple[str, ...]" = (), *,
+                        work_dir: Path | None = None) -> list[FinishedRunTidied]:
+    """``phsafe ledger clean-finished``: complete what finished runs left undone when they were
+    stopped at their very end, and nothing else.
+
+    For every run named (default: every run the ledger says finished): its recorded release's
+    public log files (:data:`phsafe.publog.RELEASE_LOG_FILES`) are written if they are missing
+    and the release folder is reachable, and its work folder's leftovers
+    (:mod:`phsafe.leftovers`: noisy vectors, the staged release, spill and temporary files) are
+    removed durably. The published release, the validation reports and the final checkpoint are
+    never touched.
+
+    Raises:
+        PHSafeError: A named run is not in the ledger, or has not finished (its work folder is
+            what a resume completes it from): nothing is done for any run then.
+        LedgerError: The ledger or its public log cannot be used (it says why).
+    """
+    from phsafe.leftovers import leftovers_of, remove_leftovers
+    from phsafe.ledger import RunStatus
+    from phsafe.publog import RELEASE_LOG_FILES
+
+    ledger = open_ledger(Path(ledger_path))
+    ledger_path = ledger.path
+    with ledger.locked() as state:
+        runs = [state.runs.get(run_id) for run_id in run_ids] if run_ids else \
+            [r for r in state.runs.values() if r.status is RunStatus.FINISHED]
+    for run_id, found in zip(run_ids, runs):
+        if found is None:
+            raise PHSafeError(f"run {run_id} is not in the ledger {ledger_path}; nothing was removed")
+        if found.status is not RunStatus.FINISHED:
+            raise PHSafeError(f"run {run_id} has not finished ({found.status.value}): its work folder is what a resume "
+                              "completes it from, and is kept; nothing was removed")
+    done = []
+    for run in runs:
+        assert run is not None
+        wrote: tuple[str, ...] = ()
+        place = Path(run.output_path) if run.output_path else None
+        if place is not None and place.is_dir() and not all((place / n).is_file() for n in RELEASE_LOG_FILES):
+            if write_release_log_files(ledger, run.run_id, place):
+                wrote = RELEASE_LOG_FILES
+        left = leftovers_of(ledger_path, run.run_id, run.output_path, work_dir)
+        with ledger.locked():
+            remove_leftovers(left, run.output_path)
+        if wrote or left:
+            done.append(FinishedRunTidied(run.run_id, wrote, left.describe(), left.run_dir))
+    return done

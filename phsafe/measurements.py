@@ -47,7 +47,7 @@ class MeasurementStore:
 
     def save(self, key: str, vector: npt.NDArray[np.int64]) -> None:
         """Write ``vector`` atomically and durably (:func:`phsafe.durable.replace`)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        durable.make_folders(self.directory)  # synced into its parent: a committed vector survives a power cut
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(vector, dtype="<i8"), allow_pickle=False)
         durable.replace(self.path(key), buffer.getvalue(), mode=0o600)

@@ -49,6 +49,26 @@ def _probe_folder(folder: Path, what: str) -> None:
         raise PHSafeError(f"{what} {folder} cannot be written: {os_reason(exc)}") from None
 
 
+def _check_public_log_writable(ledger: Path) -> None:
+    """The public log's folder and files can be written, with room for every spend's entry: a
+    run whose log cannot follow its ledger stops at its next spend (and records its failure)."""
+    import errno
+
+    from phsafe.publog import log_path
+    from phsafe.publog.log import unwritable
+    from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, HASHES_FILE
+
+    folder = log_path(ledger)
+    if not folder.is_dir():
+        return  # a ledger without a public log (first format): nothing to write
+    for path in (folder, folder / ENTRIES_FILE, folder / HASHES_FILE, folder / CHECKPOINT_FILE):
+        if path.exists() and not os.access(path, os.W_OK):
+            read_only = os.statvfs(folder).f_flag & os.ST_RDONLY
+            raise unwritable(folder, OSError(errno.EROFS if read_only else errno.EACCES, ""))
+    if _free_bytes(folder) < _MIN_LEDGER_FREE:
+        raise unwritable(folder, OSError(errno.ENOSPC, ""))
+
+
 def _free_bytes(folder: Path) -> int:
     st = os.statvfs(folder)
     return st.f_bavail * st.f_frsize
@@ -124,7 +144,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     from phsafe.ledger import RunStatus, check_ledger_file, check_ledger_kind, key_path, load_signing_key, plan_charge
     from phsafe.publog import create_ledger
     from phsafe.ledger.format import operator_text
-    from phsafe.ledger.store import check_private, make_private_folders
+    from phsafe.ledger.store import check_private, make_private_folders, repair_record_path
 
     parameters = run.parameters
     for name in ("new_version", "re_release", "cap_reason", "resume_reason", "overlap_reason"):
@@ -138,6 +158,10 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     check_ledger_file(run.ledger)
     check_private(run.ledger, "the ledger")
     check_private(key_path(run.ledger), "the ledger's lineage key")
+    if repair_record_path(run.ledger).exists():  # the ledger takes no entry until its repair is finished
+        raise LedgerError(f"a repair of the ledger {run.ledger} is not finished (its record "
+                          f"{repair_record_path(run.ledger)} is there): run `phsafe ledger repair {run.ledger}`, "
+                          "then run again")
     ledger = open_ledger(run.ledger)  # with its public log: a missing log, log key or witness list refuses here
     ledger.lineage_key()  # the key file is there and is the ledger's; a first-format ledger refuses
     state = ledger.state
@@ -153,6 +177,7 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if _free_bytes(run.ledger.parent) < _MIN_LEDGER_FREE:
         raise PHSafeError("the ledger's file system has less than 1 MiB free: free space before running "
                           "(the ledger must be able to record every spend)")
+    _check_public_log_writable(run.ledger)
     if parameters.signing_key is not None:
         load_signing_key(parameters.signing_key, parameters.public_key)
     elif parameters.public_key is not None:

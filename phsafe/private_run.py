@@ -39,6 +39,12 @@ log = get_logger("phsafe.engine")
 LEDGER_ENV = "PHSAFE_LEDGER"
 """Environment variable naming the ledger when no ``--ledger`` is given."""
 RUNS_DIR = "runs"
+MEASUREMENTS_FOLDER = "measurements"
+"""In a run's work folder: its noisy vectors until the release is published."""
+RELEASE_FOLDER = "release"
+"""In a run's work folder: the release as it is assembled, until it is published."""
+CHECKPOINT_FILE = "checkpoint.json"
+"""In a run's work folder: the ledger checkpoint signed once the release is recorded."""
 NON_CONFIDENTIAL_DATASET = "non-confidential"
 
 
@@ -106,6 +112,20 @@ def open_ledger(path: Path) -> "Ledger":
         ledger = open_with_log(key)
         _ledgers[key] = ledger
         return ledger
+
+
+def forget_ledgers() -> None:
+    """Close every ledger handle :func:`open_ledger` keeps (and its public log's files): the next
+    use opens the files anew. For a process whose files were put back from elsewhere (a restore,
+    a test's crash states)."""
+    with _ledgers_lock:
+        for ledger in _ledgers.values():
+            for follower in ledger.followers:
+                close = getattr(follower, "close", None)
+                if close is not None:
+                    close()
+            ledger.close()
+        _ledgers.clear()
 
 
 def new_run_id() -> str:
@@ -215,11 +235,11 @@ class PrivateRun:
     def release_dir(self) -> Path:
         """Where the release is assembled (tables, data package, manifest) before it is copied
         beside ``output_dir`` and renamed into place."""
-        return self.run_dir / "release"
+        return self.run_dir / RELEASE_FOLDER
 
     @property
     def store(self) -> MeasurementStore:
-        return MeasurementStore(self.run_dir / "measurements")
+        return MeasurementStore(self.run_dir / MEASUREMENTS_FOLDER)
 
 
 def resolve_ledger(parameters: PrivateRunParameters, output_dir: Path) -> Path:

@@ -246,6 +246,8 @@ def _already_published(run: PrivateRun, recorded: Any) -> RunResult:
     if recorded.output_path and Path(recorded.output_path).is_dir():
         # Stopped between recording the publication and writing the release's log files.
         engine.write_release_log_files(engine.open_ledger(run.ledger), run.run_id, Path(recorded.output_path))
+    # ... or before removing what the finished run no longer needs (`phsafe ledger clean-finished`'s work).
+    engine.clean_finished_runs(run.ledger, [run.run_id], work_dir=run.parameters.work_dir)
     log.info("already published: nothing to do", run_id=run.run_id, output=recorded.output_path)
     return RunResult(run.run_id, Path(recorded.output_path or run.output_dir), dict(recorded.outputs or {}),
                      None, {}, run.ledger, run.run_dir, [], checkpoint, recorded.attempt, already_published=True,
@@ -260,16 +262,18 @@ def _measure(table: str, run: PrivateRun, plan: "RunPlan", counts: ExactCounts, 
 
 
 def _failure(exc: BaseException, run: PrivateRun, status: SpendStatus) -> BaseException:
-    """``exc`` with how to complete the run if it spent; ``spend_status`` attached either way."""
-    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend:
+    """``exc`` with how to complete the run if it spent and did not finish (a finished run is
+    never resumed: its refusal says so and nothing else); ``spend_status`` attached either way."""
+    resumable = status.spent and not status.finished
+    if isinstance(exc, interrupt.RunInterrupted) and exc.could_spend and not status.finished:
         failed: BaseException = interrupt.RunInterrupted(
-            f"{exc} -- {engine.resume_hint(run, status)}" if status.spent
+            f"{exc} -- {engine.resume_hint(run, status)}" if resumable
             else f"{exc}; no budget was spent: run again when ready", could_spend=True)
     else:
-        failed = engine.with_resume_hint(exc, run, status) if status.spent else exc
+        failed = engine.with_resume_hint(exc, run, status) if resumable else exc
     try:
         failed.spend_status = status  # type: ignore[attr-defined]
-        failed.resume_hint = engine.resume_hint(run, status) if status.spent else None  # type: ignore[attr-defined]
+        failed.resume_hint = engine.resume_hint(run, status) if resumable else None  # type: ignore[attr-defined]
     except AttributeError:  # an exception type without a __dict__
         pass
     return failed
@@ -371,6 +375,8 @@ def _run(run: PrivateRun, config: "PHSafeConfig", counter: Counter, runner: Stag
         interrupt.check()
         checkpoint = runner.run(PUBLISH, engine.publish_private_run, run, config, plan, files, attempt)
     except BaseException as exc:
+        # An attempt the ledger opened, though opening raised (its public log could not follow).
+        attempt = attempt or getattr(exc, "opened_attempt", None)
         if attempt is not None and plan is not None:
             status = runner.run(RECORD_FAILURE, engine.record_failure, run, plan, attempt, engine.failure_reason(exc),
                                 engine.failure_code(exc))

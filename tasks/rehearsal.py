@@ -54,8 +54,12 @@ def verify_release(label: str, ledger: Path, outputs: Path, public_key: Path) ->
     ledger's chain and rules, the release's tables and manifest against it, and the checkpoint's
     signature against the given public key. Fails naming the first thing that does not hold."""
     from phsafe.audit.verify import verify
+    from phsafe.errors import PHSafeError
 
-    return verify(ledger, outputs=outputs, public_key=public_key).notes
+    result = verify(ledger, outputs=outputs, public_key=public_key)
+    if result.actions:  # `phsafe audit verify` exits 3: never a pass
+        raise PHSafeError("it holds, but the operator must act: " + "; ".join(result.actions))
+    return result.notes
 
 
 @task(name="measure-accuracy", task_run_name="measure-{label}-accuracy", **_NOTHING_KEPT, retries=0)

@@ -16,7 +16,12 @@ and their re-spends, lifetime caps in exact arithmetic) are checked by
   with how to complete them without new noise.
 
 Every failure raises :class:`VerificationFailure` whose message names the first failing entry or
-file and the reason.
+file and the reason. What holds but needs the operator -- the ledger ends in an interrupted write,
+a repair is not finished, a finished run left leftovers in its work folder, a recorded release
+lacks its public log files, the public log is behind the ledger or its checkpoint lacks the
+witness quorum -- is an *action* (:attr:`VerifyResult.actions`), each naming the command that
+does it: ``phsafe audit verify`` then exits with status 3, never 0 (docs/ledger_and_audit.md,
+"Exit statuses").
 """
 
 from __future__ import annotations
@@ -39,9 +44,11 @@ from phsafe.ledger import (
     key_id,
     key_path,
     lineage_commitment,
-    read_ledger,
 )
-from phsafe.publog import RELEASE_LOG_FILES
+from phsafe.ledger.admin import read_repair_record, repair_status
+from phsafe.ledger.store import read_ledger_prefix, repair_record_path
+from phsafe.leftovers import leftovers_of
+from phsafe.publog import RELEASE_LOG_FILES, log_path
 from phsafe.publog.confidential import check_public_log, check_release_log_files
 from phsafe.reader import file_digest
 
@@ -52,12 +59,29 @@ MANIFEST = "manifest.json"
 CHECKPOINT_KEYS = frozenset({"ledger_size", "head_hash", "signature", "public_key"})
 
 
+ACTION_NEEDED = 3
+"""``phsafe audit verify``'s exit status when everything holds but the operator must act."""
+
+
 @dataclass
 class VerifyResult:
-    """What was verified, for the command's success message."""
+    """What was verified, for the command's success message, and what the operator must do.
+
+    Attributes:
+        state: The verified ledger (its complete entries).
+        notes: What was verified, one line each.
+        actions: What holds but needs the operator, one line each naming the command to run;
+            empty when nothing does.
+    """
 
     state: LedgerState
     notes: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """0 when nothing needs the operator, :data:`ACTION_NEEDED` (3) otherwise."""
+        return ACTION_NEEDED if self.actions else 0
 
 
 def verify(
@@ -67,6 +91,7 @@ def verify(
     public_key: Path | None = None,
     outputs: Path | None = None,
     lineage_key: Path | None = None,
+    work_dir: Path | None = None,
 ) -> VerifyResult:
     """Verify ``ledger`` and, optionally, checkpoint files and an output directory.
 
@@ -77,17 +102,26 @@ def verify(
             must then be signed by it.
         outputs: An output directory (``manifest.json`` plus the released tables).
         lineage_key: The ledger's lineage key file (default: ``<ledger>.key`` if present).
+        work_dir: Where the runs' work folders are, if not beside the ledger (``runs/``).
+
+    Returns:
+        What was verified; with :attr:`VerifyResult.actions`, what the operator must do.
 
     Raises:
         VerificationFailure: naming the first failing entry or file and why.
     """
+    ledger_path = Path(ledger)
     try:
-        state = read_ledger(Path(ledger))
-    except LedgerError as exc:
+        state, torn = read_ledger_prefix(ledger_path)
+        data = ledger_path.read_bytes() if torn or repair_record_path(ledger_path).exists() else b""
+    except (LedgerError, OSError) as exc:
+        if isinstance(exc, OSError):
+            raise VerificationFailure("ledger", f"cannot be read ({cause_in_words(exc)})") from None
         where = f"entry {exc.seq}" + (f" ({exc.kind})" if exc.kind else "") if exc.seq is not None else "ledger"
         raise VerificationFailure(where, exc.reason) from None
     result = VerifyResult(state=state)
     result.notes.append(f"ledger: {state.size} entries, chain and rules hold, head {state.head_hash}")
+    _repair_actions(ledger_path, state, torn, data, result)
     key = _lineage_key(Path(ledger), state, lineage_key)
     if state.policy is None:
         result.notes.append("format: written before ledgers had a policy (verified under its own rules); "
@@ -169,7 +203,89 @@ def verify(
         notes, _ = verify_outputs(state, place, trusted, key, expected_run=run.run_id, ledger=Path(ledger))
         result.notes.append(f"run {run.run_id}: its release at {place} matches the ledger")
     result.notes.extend(check_public_log(Path(ledger), state))  # last: entry-level failures name the entry first
+    _run_actions(ledger_path, state, result, outputs, work_dir)
+    result.actions.extend(_log_actions(ledger_path, state))
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# What the operator must do
+# --------------------------------------------------------------------------------------------
+
+
+def _repair_actions(path: Path, state: LedgerState, torn: bytes, data: bytes, result: VerifyResult) -> None:
+    """An interrupted write at the ledger's end, or a repair not finished (its record is there)."""
+    status = repair_status(path, data, read_repair_record(path))
+    if status.stage == "foreign":
+        raise VerificationFailure(str(repair_record_path(path)), f"does not describe the ledger ({status.problem}): the "
+                                  "ledger changed after its repair began; restore it from its backup")
+    if status.pending:
+        result.actions.append(status.action(path))
+    elif torn:
+        result.actions.append(
+            f"the ledger ends in an incomplete entry: {len(torn)} bytes of an interrupted write after entry "
+            f"{state.size - 1} (nothing was drawn for it; the {state.size} entries before it verify); every use of "
+            f"the ledger is refused until `phsafe ledger repair {path}` drops them and records that it did")
+
+
+def _run_actions(path: Path, state: LedgerState, result: VerifyResult, outputs: Path | None,
+                 work_dir: Path | None) -> None:
+    """A finished run's leftovers in its work folder; a recorded release without its log files."""
+    has_log = state.public_log is not None or log_path(path).is_dir()
+    for run in state.runs.values():
+        if run.status is not RunStatus.FINISHED:
+            continue
+        clean = f"`phsafe ledger clean-finished {path} {run.run_id}" + (f" --work-dir {work_dir}`" if work_dir else "`")
+        left = leftovers_of(path, run.run_id, run.output_path, work_dir)
+        if left:
+            result.actions.append(
+                f"run {run.run_id} finished (entry {run.terminal_seq}) and its work folder {left.run_dir} still holds "
+                f"{left.describe()} (it was stopped before removing them): remove them with {clean}")
+        place = Path(run.output_path) if run.output_path else None
+        if place is not None and outputs is not None and Path(outputs).absolute() == place.absolute():
+            place = Path(outputs)
+        if has_log and place is not None and place.is_dir():
+            missing = [name for name in RELEASE_LOG_FILES if not (place / name).is_file()]
+            if missing:
+                result.actions.append(
+                    f"run {run.run_id}'s release at {place} has no {' and no '.join(missing)} yet (it was stopped after "
+                    f"its publication was recorded): outsiders cannot check it; write them with {clean}")
+
+
+def _log_actions(path: Path, state: LedgerState) -> list[str]:
+    """The public log behind the ledger, or its checkpoint cosigned by fewer than the quorum
+    (the log has passed :func:`check_public_log`: it is the projection's prefix and its
+    checkpoint verifies)."""
+    from phsafe.publog import project
+    from phsafe.tlog.checkpoint import parse_checkpoint, verify_checkpoint as verify_note
+    from phsafe.tlog.keys import verifier_from_key
+    from phsafe.tlog.layout import CHECKPOINT_FILE, ENTRIES_FILE, decode_entries
+    from phsafe.tlog.note import parse_note
+
+    folder = log_path(path)
+    if state.public_log is None or not folder.is_dir():
+        return []
+    try:
+        whole, torn = decode_entries((folder / ENTRIES_FILE).read_bytes())
+        checkpoint = (folder / CHECKPOINT_FILE).read_bytes()
+        size = parse_checkpoint(parse_note(checkpoint)[0]).size
+        binding = state.public_log
+        witnesses = [verifier_from_key(w) for w in binding["witnesses"]]
+        cosigners = verify_note(checkpoint, verifier_from_key(binding["vkey"]), witnesses=witnesses).cosigners
+    except Exception:  # noqa: BLE001 -- check_public_log has judged the log's files; nothing more to add
+        return []
+    actions = []
+    expected = len(project(state.lines))
+    if len(whole) < expected or torn or size < expected:
+        actions.append(
+            f"the public log {folder} is behind the ledger ({len(whole)} of its {expected} entries, checkpoint of "
+            f"{size}): it was stopped between the two appends, and outsiders do not see the last entries until it is "
+            f"caught up: run `phsafe ledger repair {path}` (any use of the ledger catches it up too)")
+    if len(cosigners) < binding["quorum"]:
+        actions.append(
+            f"the public log's checkpoint is cosigned by {len(cosigners)} of the {binding['quorum']} witnesses its "
+            f"quorum needs (the last request to them failed): outsiders refuse it; run `phsafe ledger cosign {path}`")
+    return actions
 
 
 def _unit(defn: PrivacyDefinition) -> str:

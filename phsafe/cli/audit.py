@@ -1,7 +1,9 @@
 """The ``phsafe audit`` command group (mounted by :mod:`phsafe.cli` as ``main.add_command(audit)``).
 
 ``phsafe audit verify LEDGER [--checkpoint FILE]... [--public-key KEY] [--outputs DIR]`` exits 0 only
-if everything holds; otherwise it prints the first failing entry or file and why, and exits 1.
+if everything holds and nothing needs the operator; 3 if everything holds but the operator must
+act (each action printed with the command that does it); otherwise it prints the first failing
+entry or file and why, and exits 1.
 
 ``phsafe audit public [OUT] --key VKEY --witness-key VKEY... [--log LOG]`` checks a release, the
 published log, or both, with public files only (:mod:`phsafe.audit.public`); the same exit rule.
@@ -49,24 +51,34 @@ def audit() -> None:
 @click.option("--outputs", type=_DIR, help="Output directory to check against the ledger.")
 @click.option("--lineage-key", type=_FILE, default=None,
               help="The ledger's lineage key (default: LEDGER.key beside the ledger, if there).")
+@click.option("--work-dir", type=_DIR, default=None, metavar="DIR",
+              help="Where the runs' work folders are, if the runs were given --work-dir (default: runs/ beside "
+                   "the ledger).")
 @handle_errors
 def verify_command(ledger: Path, checkpoints: tuple[Path, ...], public_key: Path | None, outputs: Path | None,
-                   lineage_key: Path | None) -> None:
+                   lineage_key: Path | None, work_dir: Path | None) -> None:
     """Recompute the ledger's chain and check checkpoints, caps and outputs.
 
-    Exits 0 only if everything holds; otherwise prints the first failing entry or file and why
-    and exits 1.
+    Exits 0 if everything holds and nothing needs the operator; 3 if everything holds but the
+    operator must act (an interrupted write or repair to finish, a finished run's leftovers, a
+    release without its public log files, a public log behind the ledger or short of its
+    quorum), printing each action with the command that does it; otherwise prints the first
+    failing entry or file and why and exits 1.
     """
     from phsafe.audit.verify import verify
 
     try:
         result = verify(ledger, checkpoints=checkpoints, public_key=public_key, outputs=outputs,
-                        lineage_key=lineage_key)
+                        lineage_key=lineage_key, work_dir=work_dir)
     except VerificationFailure as exc:
         click.echo(f"FAILED: {exc}", err=True)
         raise SystemExit(1) from None
     for note in result.notes:
         click.echo(note)
+    for action in result.actions:
+        click.echo(f"ACTION NEEDED: {action}")
+    if result.actions:
+        raise SystemExit(result.exit_status)
     click.echo("OK")
 
 

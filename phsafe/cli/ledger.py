@@ -1,4 +1,5 @@
-"""``phsafe ledger``: create, raise, repair, migrate and cosign the privacy-loss ledger.
+"""``phsafe ledger``: create, raise, repair, migrate and cosign the privacy-loss ledger, and
+clean up after finished runs.
 
 ``init`` is the only way a ledger comes to exist: a private run on confidential data refuses a
 ledger that is not there. Every command appends an entry that says what was done and why, and
@@ -132,8 +133,40 @@ def repair_command(path: Path) -> None:
     if repair is None:
         click.echo(f"phsafe: {path} ends in a complete entry and verifies; nothing to repair")
         return
-    click.echo(f"phsafe: dropped {repair.dropped_bytes} bytes of an incomplete entry (SHA-256 "
+    earlier = "finished the repair an earlier `phsafe ledger repair` began: " if repair.finished_earlier else ""
+    click.echo(f"phsafe: {earlier}dropped {repair.dropped_bytes} bytes of an incomplete entry (SHA-256 "
                f"{repair.dropped_sha256[:16]}...), recorded as entry {repair.seq} (TAIL_REPAIRED); runs can resume")
+
+
+@ledger.command("clean-finished")
+@click.argument("path", type=EXISTING_FILE)
+@click.argument("run_ids", nargs=-1, metavar="[RUN]...")
+@click.option("--work-dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              metavar="DIR", help="Where the runs' work folders are, if the runs were given --work-dir "
+                                  "(default: runs/ beside the ledger).")
+@handle_errors
+def clean_finished_command(path: Path, run_ids: tuple[str, ...], work_dir: Path | None) -> None:
+    """Complete what finished runs left undone when stopped at their very end (default: every
+    finished run; or the RUNs named).
+
+    Writes a recorded release's missing public log files (privacy-loss.entry and .tlog-proof)
+    and removes, durably, what the run's work folder no longer needs: the noisy vectors, the
+    staged copy of the release, spill and temporary files. Only runs the ledger says finished;
+    the published release, the validation reports and the final checkpoint are never touched.
+    `phsafe audit verify` names the runs that need it (exit status 3).
+    """
+    start(None)
+    from phsafe.engine import clean_finished_runs
+
+    done = clean_finished_runs(path, run_ids, work_dir=work_dir)
+    for tidied in done:
+        if tidied.wrote:
+            click.echo(f"phsafe: run {tidied.run_id}: wrote its release's {' and '.join(tidied.wrote)}")
+        if tidied.removed:
+            click.echo(f"phsafe: run {tidied.run_id}: removed {tidied.removed} from {tidied.run_dir}")
+    if not done:
+        click.echo(f"phsafe: {'the named runs' if run_ids else 'the finished runs of ' + str(path)} left nothing "
+                   "to complete or remove")
 
 
 @ledger.command("migrate")

@@ -66,21 +66,29 @@ from phsafe.ledger.state import (
     RunState,
     RunStatus,
 )
-from phsafe.ledger.store import AppendFollower, FollowerSource, check_ledger_file, lock_path, read_ledger
+from phsafe.ledger.store import (
+    AppendFollower,
+    FollowerSource,
+    FollowerUnwritable,
+    check_ledger_file,
+    lock_path,
+    read_ledger,
+    repair_record_path,
+)
 
 __all__ = [
     # the ledger and its runs
     "Ledger", "RunRecorder", "Orchestration", "init_ledger", "repair_ledger", "migrate_ledger", "bind_public_log",
     "Repair", "read_ledger", "replay", "check_ledger_file", "check_ledger_kind", "plan_charge",
     # what follows the ledger (its public log) knows it by
-    "AppendFollower", "FollowerSource",
+    "AppendFollower", "FollowerSource", "FollowerUnwritable",
     # what a ledger says
     "LedgerState", "RunState", "RunAttempt", "RunStatus", "PlannedSpend", "DatasetState", "Policy",
     # the format
     "EntryKind", "LEDGER_KINDS", "FORMAT", "FAILURE_CODES", "FAILURE_STAGES", "GENESIS_HASH", "canonical_json", "entry_hash", "checkpoint_message",
     "dataset_id",
     # keys and files
-    "key_id", "key_path", "lock_path", "read_lineage_key", "lineage_commitment", "load_signing_key",
+    "key_id", "key_path", "lock_path", "repair_record_path", "read_lineage_key", "lineage_commitment", "load_signing_key",
     "sign_checkpoint",
     # exact amounts (phsafe.amounts) and errors (phsafe.errors), as the ledger's callers know them
     "Amount", "format_exact", "parse_exact", "add_amounts", "amount_exceeds", "LedgerError", "TornTailError",

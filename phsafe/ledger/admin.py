@@ -10,9 +10,10 @@ handled here: :mod:`phsafe.publog` makes and checks them, and attaches the log a
 
 from __future__ import annotations
 
-import hashlib
-import os
 import fcntl
+import hashlib
+import json
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
 from phsafe.ledger.store import (
-    PRIVATE_FILE, FollowerSource, check_ledger_file, lock_path, make_private_folders, not_a_ledger,
+    PRIVATE_FILE, FollowerSource, check_ledger_file, lock_path, make_private_folders, not_a_ledger, repair_record_path,
 )
 
 
@@ -169,72 +170,270 @@ def _damaged(path: Path, exc: LedgerError) -> LedgerError:
 
 @dataclass(frozen=True)
 class Repair:
-    """What :func:`repair_ledger` did: the bytes it dropped and the entry that records it."""
+    """What :func:`repair_ledger` did: the bytes it dropped and the entry that records it.
+
+    ``finished_earlier``: the repair was begun by an earlier ``phsafe ledger repair`` that was
+    stopped (its record was there) and this call finished it."""
 
     dropped_bytes: int
     dropped_sha256: str
     seq: int
+    finished_earlier: bool = False
+
+
+REPAIR_FORMAT = "phsafe-ledger-repair-v1"
+REPAIR_FIELDS = frozenset({"format", "kept_bytes", "kept_entries", "head_hash", "dropped_bytes", "dropped_sha256",
+                           "entry"})
+
+
+@dataclass(frozen=True)
+class RepairRecord:
+    """The record of a repair in progress, ``<ledger>.repair``: what it keeps and what it drops.
+
+    Written (``O_EXCL``, synced, its folder synced) before the torn tail is cut, it states
+    everything the repair will do: the ledger's first ``kept_bytes`` bytes (``kept_entries``
+    complete entries ending in ``head_hash``) stay; the ``dropped_bytes`` after them, of SHA-256
+    ``dropped_sha256``, go; and ``entry``, the exact bytes of the ``TAIL_REPAIRED`` line that
+    records it, follows. Removed (its folder synced) once that line is in the ledger.
+    """
+
+    kept_bytes: int
+    kept_entries: int
+    head_hash: str
+    dropped_bytes: int
+    dropped_sha256: str
+    entry: bytes
+
+    def encode(self) -> bytes:
+        return canonical_json({
+            "format": REPAIR_FORMAT, "kept_bytes": self.kept_bytes, "kept_entries": self.kept_entries,
+            "head_hash": self.head_hash, "dropped_bytes": self.dropped_bytes, "dropped_sha256": self.dropped_sha256,
+            "entry": self.entry.decode("utf-8"),
+        }) + b"\n"
+
+    @classmethod
+    def decode(cls, data: bytes) -> "RepairRecord | None":
+        """The record in ``data``, or None if it is not a whole one (a write cut short)."""
+        try:
+            obj = json.loads(data.decode("utf-8"))
+            if not isinstance(obj, dict) or set(obj) != REPAIR_FIELDS or obj["format"] != REPAIR_FORMAT:
+                return None
+            record = cls(int(obj["kept_bytes"]), int(obj["kept_entries"]), str(obj["head_hash"]),
+                         int(obj["dropped_bytes"]), str(obj["dropped_sha256"]), str(obj["entry"]).encode("utf-8"))
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+            return None
+        return record if record.encode() == data else None
+
+    @property
+    def seq(self) -> int:
+        return self.kept_entries
+
+
+@dataclass(frozen=True)
+class RepairStatus:
+    """Where a ledger stands with its repair record (:func:`repair_status`).
+
+    Attributes:
+        record: The record, or None when there is none or it is not a whole one.
+        stage: ``none`` (no record), ``unreadable`` (a record cut short: its write was
+            interrupted, so nothing was cut), ``to-cut`` (the tail is still there),
+            ``to-record`` (the tail is cut, or the record's entry torn: ``TAIL_REPAIRED`` is
+            still to be written), ``to-remove`` (``TAIL_REPAIRED`` is in; the record remains).
+        problem: Why the record does not describe this ledger (then ``stage`` is ``foreign``).
+    """
+
+    record: RepairRecord | None
+    stage: str
+    problem: str | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.stage != "none"
+
+    def action(self, path: Path) -> str:
+        """What the operator reads: what is left to do, and the command that does it."""
+        run = f"run `phsafe ledger repair {path}` to finish it"
+        r = self.record
+        if self.stage == "unreadable":
+            return (f"a repair of the ledger was stopped while writing its record {repair_record_path(path)} "
+                    f"(nothing was cut yet): {run}")
+        assert r is not None
+        if self.stage == "to-cut":
+            return (f"a repair of the ledger is not finished: its record {repair_record_path(path)} says it drops the "
+                    f"{r.dropped_bytes} bytes of an interrupted write after entry {r.kept_entries - 1} (SHA-256 "
+                    f"{r.dropped_sha256[:16]}...), and they are still there; nothing is recorded until it is: {run}")
+        if self.stage == "to-record":
+            return (f"a repair of the ledger is not finished: the {r.dropped_bytes} bytes of an interrupted write "
+                    f"(SHA-256 {r.dropped_sha256[:16]}...) were dropped and their record, entry {r.seq} "
+                    f"(TAIL_REPAIRED), stated in {repair_record_path(path)}, is not yet in the ledger; nothing is "
+                    f"recorded until it is: {run}")
+        return (f"a repair of the ledger is recorded (entry {r.seq}, TAIL_REPAIRED) and its record "
+                f"{repair_record_path(path)} is still there: {run} (it removes the record)")
+
+
+def repair_status(path: Path, data: bytes, record_bytes: bytes | None) -> RepairStatus:
+    """How far the repair stated by ``record_bytes`` (the bytes of ``<ledger>.repair``, None
+    when it does not exist) went on the ledger whose bytes are ``data``. Reads nothing.
+
+    The protocol (:func:`repair_ledger`) leaves exactly these states after a stop at any point:
+    no record (nothing done, or all done); a record cut short (nothing cut); a whole record with
+    the ledger holding its kept bytes followed by the dropped bytes, by nothing, by a part of the
+    record's entry (its write cut short), or by the whole entry. Anything else does not come from
+    the protocol: the record is foreign to the ledger (``stage="foreign"``, ``problem`` says why).
+    """
+    if record_bytes is None:
+        return RepairStatus(None, "none")
+    record = RepairRecord.decode(record_bytes)
+    if record is None:
+        return RepairStatus(None, "unreadable")
+    kept, rest = data[:record.kept_bytes], data[record.kept_bytes:]
+    if len(kept) != record.kept_bytes or (kept and not kept.endswith(b"\n")):
+        return RepairStatus(record, "foreign", f"the ledger is {len(data)} bytes long; the record keeps its first "
+                                               f"{record.kept_bytes} bytes, which do not end an entry")
+    try:
+        state = replay(kept)
+    except LedgerError as exc:
+        return RepairStatus(record, "foreign", f"the {record.kept_bytes} bytes it keeps do not verify ({exc})")
+    if state.size != record.kept_entries or state.head_hash != record.head_hash:
+        return RepairStatus(record, "foreign", f"the bytes it keeps are not the {record.kept_entries} entries ending in "
+                                               f"{record.head_hash[:16]}... it states")
+    line = record.entry + b"\n"
+    if rest == line:
+        return RepairStatus(record, "to-remove")
+    if len(rest) == record.dropped_bytes and hashlib.sha256(rest).hexdigest() == record.dropped_sha256:
+        return RepairStatus(record, "to-cut")
+    if line.startswith(rest):  # nothing after the kept bytes, or a part of the record's entry
+        return RepairStatus(record, "to-record")
+    return RepairStatus(record, "foreign", f"the ledger holds {len(rest)} bytes after the {record.kept_bytes} it "
+                                           "keeps that are neither the dropped bytes nor its TAIL_REPAIRED")
+
+
+def read_repair_record(path: Path) -> bytes | None:
+    """The bytes of ``<ledger>.repair``, or None when there is none."""
+    try:
+        return repair_record_path(path).read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def repair_ledger(path: Path, *, followers: FollowerSource | None = None,
                   reason: str = "incomplete last entry dropped by phsafe ledger repair") -> Repair | None:
-    """Drop an incomplete last line (an interrupted write) and record ``TAIL_REPAIRED``.
+    """Drop an incomplete last line (an interrupted write) and record ``TAIL_REPAIRED``, so that
+    no stop, at any point, leaves the one without the other.
 
-    The standard write-ahead-log recovery: every complete entry must verify; the bytes after the
-    last newline are cut off (fsynced), and a ``TAIL_REPAIRED`` entry records their length and
-    SHA-256. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
+    The standard write-ahead-log recovery, with its record written ahead: every complete entry
+    must verify; then, under the ledger's lock,
+
+    1. the repair's record ``<ledger>.repair`` (:class:`RepairRecord`: what is kept, what is
+       dropped and its SHA-256, and the exact ``TAIL_REPAIRED`` line) is created and synced, and
+       its folder synced;
+    2. the bytes after the last newline are cut off (synced);
+    3. the ``TAIL_REPAIRED`` line is appended (synced), and the public log follows;
+    4. the record is removed, and its folder synced.
+
+    While the record exists the ledger takes no other entry, and ``phsafe audit verify`` says
+    the repair is not finished. Stopped anywhere, running this again finishes it
+    (:func:`repair_status` tells how far it went): the tail it states is cut if it is still
+    there, the line it states is written (a part of it, torn by the stop, is cut first), the
+    record is removed. Safe because noise is drawn only after its ``INTENT`` is complete on disk.
 
     A ledger bound to its public log is repaired only with it: ``followers`` checks the log
     before anything is cut, and attaches it to record ``TAIL_REPAIRED``.
 
     Returns:
-        What was dropped, or None if the ledger ends in a complete entry and verifies (nothing
-        to repair).
+        What was dropped, or None if the ledger ends in a complete entry, verifies and has no
+        repair in progress (nothing to repair).
 
     Raises:
         LedgerError: The ledger is missing, empty, not a ledger or unwritable; a complete entry
             breaks a rule (damage in the middle, not a torn write: the message names the entry and
-            says to restore the ledger from its backup; nothing is changed); or it holds no
-            complete entry.
+            says to restore the ledger from its backup; nothing is changed); it holds no complete
+            entry; or a repair record is there that does not describe this ledger.
     """
     path = Path(path)
     check_ledger_file(path)
-    lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    finishing = False
+    try:
+        lock_fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
+    except OSError as exc:
+        raise LedgerError(f"cannot repair the ledger {path}: {os_reason(exc)}") from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         data = path.read_bytes()
-        cut = data.rfind(b"\n") + 1
-        try:
-            state = replay(data[:cut])
-        except LedgerError as exc:
-            raise _damaged(path, exc) from None
-        if state.public_log is not None:
-            if followers is None:
-                raise LedgerError(f"the ledger {path} is bound to its public log {state.public_log['origin']}: it is "
-                                  "repaired only with it (phsafe.publog.repair_ledger)")
-            followers.check(path, state)  # a missing or foreign log refuses the repair: nothing is cut
-        if data.endswith(b"\n"):
-            return None
-        if state.size == 0:
-            raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
-                              "and its key file, and run `phsafe ledger init` again")
-        dropped = data[cut:]
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            durable.truncate(fd, cut)
-        finally:
-            os.close(fd)
+        status = repair_status(path, data, read_repair_record(path))
+        if status.stage == "foreign":
+            raise LedgerError(
+                f"cannot repair the ledger {path}: the repair record {repair_record_path(path)} does not describe it "
+                f"({status.problem}). Nothing was changed: restore the ledger from its backup, and have the auditors "
+                "compare the two")
+        if status.stage == "unreadable":
+            # Its write was cut short, so nothing was cut after it: start again.
+            repair_record_path(path).unlink()
+            durable.fsync_folder(path.parent)
+            status = RepairStatus(None, "none")
+        if status.record is None:
+            record = _plan_repair(path, data, followers, reason)
+            if record is None:
+                return None
+            durable.create(repair_record_path(path), record.encode(), mode=PRIVATE_FILE)  # 1
+        else:
+            record, finishing = status.record, True
+            _check_followers(path, replay(data[:record.kept_bytes]), followers)
+        if len(data) > record.kept_bytes and status.stage != "to-remove":
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                durable.truncate(fd, record.kept_bytes)  # 2: the dropped bytes, or a torn part of the entry
+            finally:
+                os.close(fd)
     except OSError as exc:
         raise LedgerError(f"cannot repair the ledger {path}: {os_reason(exc)}") from None
     finally:
         os.close(lock_fd)
-    digest = hashlib.sha256(dropped).hexdigest()
     ledger = Ledger.open(path, followers)
-    with ledger.locked():
-        entry = ledger.append_entries([(EntryKind.TAIL_REPAIRED, None, {
-            "dropped_bytes": len(dropped), "dropped_sha256": digest, "reason": clean_text(reason) or "repaired",
-        })])[0]
-    return Repair(len(dropped), digest, entry["seq"])
+    with ledger.locked() as state:
+        if state.size == record.kept_entries:
+            ledger.append_line(record.entry)  # 3
+        try:
+            repair_record_path(path).unlink()  # 4
+            durable.fsync_folder(path.parent)
+        except OSError as exc:
+            raise LedgerError(f"the repair of the ledger {path} is recorded (entry {record.seq}), but its record "
+                              f"{repair_record_path(path)} could not be removed: {os_reason(exc)}; run "
+                              "`phsafe ledger repair` again") from None
+    return Repair(record.dropped_bytes, record.dropped_sha256, record.seq, finished_earlier=finishing)
+
+
+def _check_followers(path: Path, state: LedgerState, followers: FollowerSource | None) -> None:
+    if state.public_log is not None:
+        if followers is None:
+            raise LedgerError(f"the ledger {path} is bound to its public log {state.public_log['origin']}: it is "
+                              "repaired only with it (phsafe.publog.repair_ledger)")
+        followers.check(path, state)  # a missing or foreign log refuses the repair: nothing is cut
+
+
+def _plan_repair(path: Path, data: bytes, followers: FollowerSource | None, reason: str) -> RepairRecord | None:
+    """What a repair of the ledger ``data`` does (None: it ends in a complete entry): checked
+    against every rule before anything is written."""
+    cut = data.rfind(b"\n") + 1
+    try:
+        state = replay(data[:cut])
+    except LedgerError as exc:
+        raise _damaged(path, exc) from None
+    _check_followers(path, state, followers)
+    if data.endswith(b"\n"):
+        return None
+    if state.size == 0:
+        raise LedgerError("the ledger holds no complete entry (its creation was interrupted): remove it "
+                          "and its key file, and run `phsafe ledger init` again")
+    dropped = data[cut:]
+    entry: dict[str, Any] = {"seq": state.size, "prev": state.head_hash, "kind": EntryKind.TAIL_REPAIRED.value,
+                             "time": now(), "run_id": None, "dropped_bytes": len(dropped),
+                             "dropped_sha256": hashlib.sha256(dropped).hexdigest(),
+                             "reason": clean_text(reason) or "repaired"}
+    entry["hash"] = entry_hash(entry)
+    line = canonical_json(entry)
+    apply(state, line)  # the record's entry is the next valid entry of the kept ledger
+    return RepairRecord(cut, entry["seq"], entry["prev"], entry["dropped_bytes"], entry["dropped_sha256"], line)
 
 
 def migrate_ledger(

@@ -96,7 +96,9 @@ Write-ahead spends
     process killed in the middle of a write can still leave a torn last line; the ledger then
     refuses every use until ``phsafe ledger repair`` (:func:`~phsafe.ledger.admin.repair_ledger`)
     truncates the torn tail and records ``TAIL_REPAIRED`` with the length and SHA-256 of the dropped
-    bytes. That is safe: noise is drawn only after its ``INTENT`` is complete on disk, so a torn
+    bytes -- stated first in a record beside the ledger, ``<ledger>.repair``, synced before the cut
+    (while it exists the ledger takes no other entry; a stop at any step is finished by running the
+    repair again, so the cut is never without its record). That is safe: noise is drawn only after its ``INTENT`` is complete on disk, so a torn
     ``INTENT`` drew nothing, and a torn ``COMMITTED`` leaves its ``INTENT`` uncommitted, to be spent
     again.
 

@@ -352,13 +352,14 @@ class Ledger(LedgerFile):
             return None  # the one release of these records: nothing to declare
         return operator_text(reason, option("re_release")) or None
 
-    def run(self, run_id: str) -> RunState | None:
+    def run(self, run_id: str, *, lagging: bool = False) -> RunState | None:
         """A snapshot of what the ledger says about ``run_id`` now, or None if it was never started.
 
         The ledger is caught up with the file first (other processes may have appended); the
-        snapshot is a copy, safe to read while other threads keep recording.
+        snapshot is a copy, safe to read while other threads keep recording. ``lagging``: read
+        even when the public log cannot be written (to record a failure).
         """
-        with self.locked() as state:
+        with self.locked(lagging=lagging) as state:
             run = state.runs.get(run_id)
             return None if run is None else copy.deepcopy(run)
 
@@ -595,7 +596,9 @@ class RunRecorder:
         """
         if code not in FAILURE_CODES:
             raise ValueError(f"{code!r} is not a failure code")
-        with self._ledger.locked() as state:
+        # Recorded even when the public log cannot be written (its folder read-only, its disk full):
+        # the log lags, and records it once it can be written, before any later spend.
+        with self._ledger.locked(lagging=True) as state:
             run = self._run(state)
             if run.status is not RunStatus.RUNNING or run.attempt != self.attempt or run.outputs_in_attempt():
                 # Ended, published, or a later attempt owns the run now: failing it would be a lie.
@@ -604,7 +607,7 @@ class RunRecorder:
                                     "reason": clean_text(reason) or "unspecified failure"}
             if state.format >= 3:
                 body.update(code=code, stage=run.failure_stage())
-            self._ledger.append_entries([(EntryKind.RUN_FAILED, self.run_id, body)])
+            self._ledger.append_entries([(EntryKind.RUN_FAILED, self.run_id, body)], lagging=True)
 
     def checkpoint(self, signing_key: Any = None) -> dict[str, Any]:
         """See :meth:`Ledger.checkpoint`."""

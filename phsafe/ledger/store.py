@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import stat
 import threading
@@ -30,11 +31,36 @@ from phsafe.ledger.replay import apply, apply_all
 from phsafe.ledger.state import LedgerState
 
 LOCK_SUFFIX = ".lock"
+REPAIR_SUFFIX = ".repair"
 
 
 def lock_path(path: Path) -> Path:
     """``<ledger>.lock``: the file every append holds an exclusive ``flock`` on."""
     return Path(path).with_name(Path(path).name + LOCK_SUFFIX)
+
+
+def repair_record_path(path: Path) -> Path:
+    """``<ledger>.repair``: the record of a repair in progress (:func:`phsafe.ledger.admin.repair_ledger`),
+    written and synced before the torn tail is cut and removed once ``TAIL_REPAIRED`` is in the
+    ledger. While it exists the ledger takes no entry but that repair's own."""
+    return Path(path).with_name(Path(path).name + REPAIR_SUFFIX)
+
+
+class FollowerUnwritable(LedgerError):
+    """A follower (the public log) cannot write its files: the operating system refused (no
+    permission, a read-only or full file system). Not damage: nothing it holds is wrong, it
+    lags behind the ledger and catches up once it can be written.
+
+    Attributes:
+        errno: The refusal's ``errno`` (``EACCES``, ``ENOSPC`` ...), or None.
+        appended: The entries the ledger had written durably when the follower failed to follow
+            them (empty when it failed before anything was appended).
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.appended: list[dict[str, Any]] = []
 
 
 def regular_file(path: Path, what: str) -> os.stat_result | None:
@@ -95,18 +121,10 @@ PRIVATE_FOLDER = 0o700
 
 
 def make_private_folders(folder: Path) -> None:
-    """Create ``folder`` and any missing parent, each of mode 0700 (whatever the umask); existing
-    folders are left as they are."""
-    folder = Path(folder)
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=PRIVATE_FOLDER)
-        except FileExistsError:
-            continue
+    """Create ``folder`` and any missing parent, each of mode 0700 (whatever the umask) and each
+    synced into its parent (:func:`phsafe.durable.make_folders`: a power cut cannot lose the
+    folder, or what is later made durable in it); existing folders are left as they are."""
+    for path in durable.make_folders(folder, mode=PRIVATE_FOLDER):
         os.chmod(path, PRIVATE_FOLDER)
 
 
@@ -150,6 +168,34 @@ def read_ledger(path: Path) -> LedgerState:
     except LedgerError as exc:
         raise not_a_ledger(path, exc) from None
     return state
+
+
+def read_ledger_prefix(path: Path) -> tuple[LedgerState, bytes]:
+    """Read and fully verify the ledger's complete entries, whatever follows them.
+
+    Returns:
+        The verified state of every complete entry, and the bytes after the last newline (an
+        interrupted write: empty when the ledger ends in a complete entry).
+
+    Raises:
+        LedgerError: The file cannot be read, or a complete entry breaks a rule.
+    """
+    path = Path(path)
+    try:
+        return read_ledger(path), b""
+    except TornTailError:
+        pass
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise LedgerError(f"cannot read the ledger {path}: {os_reason(exc)}") from None
+    cut = data.rfind(b"\n") + 1
+    state = LedgerState()
+    try:
+        apply_all(state, data[:cut])
+    except LedgerError as exc:
+        raise not_a_ledger(path, exc) from None
+    return state, data[cut:]
 
 
 def not_a_ledger(path: Path, exc: LedgerError) -> LedgerError:
@@ -338,16 +384,21 @@ class LedgerFile:
             self._state, self._offset = state, sum(len(line) + 1 for line in state.lines)
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[LedgerState]:
+    def locked(self, *, lagging: bool = False) -> Iterator[LedgerState]:
         """Hold the process lock and the file lock, with the state caught up with the file and
-        every follower in step."""
+        every follower in step -- or, with ``lagging``, behind it when it cannot write its files
+        (:class:`FollowerUnwritable`: recording a run's failure must not depend on its log)."""
         with self._mutex:
             self._files()
             self._take_lock()
             try:
                 self._catch_up()
                 for follower in self._followers:
-                    follower.follow(self._state.lines)
+                    try:
+                        follower.follow(self._state.lines)
+                    except FollowerUnwritable:
+                        if not lagging:
+                            raise
                 yield self._state
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
@@ -440,17 +491,22 @@ class LedgerFile:
 
     # -- appends --------------------------------------------------------------------------------
 
-    def append_entries(self, items: list[tuple[EntryKind, str | None, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    def append_entries(self, items: list[tuple[EntryKind, str | None, Mapping[str, Any]]], *,
+                       lagging: bool = False) -> list[dict[str, Any]]:
         """Append entries atomically; must be called with the lock held (inside :meth:`locked`).
 
         Every entry is checked against the rules (each after the ones before it) before anything
         is written; then all are written with one ``write`` and fsynced
         (:func:`phsafe.durable.append`). If the write fails (``ENOSPC``, ``EFBIG``, an I/O error)
         the file is cut back to where it ended, so nothing of it stays, and a
-        :class:`LedgerError` names the cause. Then every follower follows.
+        :class:`LedgerError` names the cause. Then every follower follows: one that cannot write
+        its files raises :class:`FollowerUnwritable` with the entries appended -- unless
+        ``lagging`` (a run's failure: it spends nothing and lets nothing spend, and the log
+        records it once it can be written, before any later spend).
         """
         state = self._state
         self._may_append(state, items)
+        self._no_repair_pending()
         lines: list[bytes] = []
         entries: list[dict[str, Any]] = []
         try:
@@ -465,6 +521,39 @@ class LedgerFile:
             if lines:
                 self._reload()  # the earlier entries of this batch are in memory only
             raise
+        self._write(lines, entries, lagging=lagging)
+        return entries
+
+    def append_line(self, line: bytes) -> dict[str, Any]:
+        """Append one entry whose exact bytes were fixed beforehand -- the ``TAIL_REPAIRED`` of a
+        repair, stated in its record (:func:`~phsafe.ledger.admin.repair_ledger`) before the tail
+        was cut; must be called with the lock held. The only append a pending repair admits.
+
+        Raises:
+            LedgerError: The line breaks a rule (it is not the next entry), or cannot be written.
+        """
+        try:
+            kind = EntryKind(json.loads(line)["kind"])
+        except (ValueError, KeyError, TypeError):
+            raise LedgerError("not a valid ledger line", seq=self._state.size) from None
+        self._may_append(self._state, [(kind, None, {})])
+        entry = apply(self._state, line)  # checks every rule, then updates the state
+        self._write([line], [entry])
+        return entry
+
+    def _no_repair_pending(self) -> None:
+        """Refuse to append while a repair is in progress (its record exists): its truncation,
+        or its ``TAIL_REPAIRED``, is still to come, and must come next."""
+        if os.path.lexists(repair_record_path(self.path)):
+            raise LedgerError(
+                f"a repair of the ledger {self.path} is not finished (its record {repair_record_path(self.path)} "
+                f"is there): nothing is recorded until it is -- run `phsafe ledger repair {self.path}`")
+
+    def _write(self, lines: list[bytes], entries: list[dict[str, Any]], *, lagging: bool = False) -> None:
+        """Write ``lines`` (already applied to the state) durably, then let every follower follow.
+
+        A follower that cannot write its files (:class:`FollowerUnwritable`) is raised with the
+        entries the ledger holds now (``appended``): they are recorded, and the follower lags."""
         data = b"".join(line + b"\n" for line in lines)
         try:
             durable.append(self._fd, data, end=self._offset)
@@ -476,8 +565,13 @@ class LedgerFile:
                               "Free space (or fix the file system) and run again") from None
         self._offset += len(data)
         for follower in self._followers:
-            follower.follow(state.lines)
-        return entries
+            try:
+                follower.follow(self._state.lines)
+            except FollowerUnwritable as exc:
+                if lagging:
+                    continue
+                exc.appended = list(entries)
+                raise
 
     def _reload_quietly(self) -> None:
         try:

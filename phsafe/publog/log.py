@@ -40,6 +40,7 @@ that holds the entry count. Fewer than the quorum refuse the run (:class:`~phsaf
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +58,9 @@ from phsafe.errors import (
     WitnessesUnavailable,
     WitnessRefusal,
     WitnessUnreachable,
+    os_reason,
 )
+from phsafe.ledger.store import FollowerUnwritable
 from phsafe.publog.projection import Projector, release_entry_index
 from phsafe.publog.witnesses import HttpWitness, WitnessList, describe_refusal, read_witness_list, witnesses_path
 from phsafe.tlog.checkpoint import parse_checkpoint, verify_checkpoint
@@ -167,6 +170,41 @@ def check_log_files(ledger: Path, binding: Mapping[str, Any]) -> tuple[Ed25519Si
     return signer, witnesses  # type: ignore[return-value]
 
 
+WRITE_REFUSALS = {
+    errno.EACCES: ("permission denied: its folder or files are not writable by this user",
+                   "make them writable by the user the runs run as"),
+    errno.EPERM: ("the operation is not permitted on its folder or files (a read-only or immutable file)",
+                  "make them writable by the user the runs run as"),
+    errno.EROFS: ("its file system is mounted read-only", "mount it read-write"),
+    errno.ENOSPC: ("no space left on its file system", "free space there"),
+    errno.EDQUOT: ("the disk quota of its file system is exceeded", "free space there (or raise the quota)"),
+    errno.EFBIG: ("a file would exceed the largest size allowed", "raise the file-size limit"),
+    errno.EIO: ("an input/output error on its file system", "check the disk"),
+}
+"""The operating system's refusals of a write to the log, in words, and what the operator does."""
+
+
+def os_refusal(exc: BaseException) -> OSError | None:
+    """The operating system's refusal behind ``exc`` (itself, or what it was raised from or while
+    handling), if it is one of :data:`WRITE_REFUSALS`; None otherwise."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WRITE_REFUSALS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def unwritable(folder: Path, exc: OSError) -> FollowerUnwritable:
+    """One line: the log cannot be written, why (permission, space ...), and what to do."""
+    cause, remedy = WRITE_REFUSALS.get(exc.errno or 0, (os_reason(exc), "fix it"))
+    return FollowerUnwritable(
+        f"cannot write the public log {folder}: {cause} ({errno.errorcode.get(exc.errno or 0, 'error')}); {remedy}, "
+        "then run again (a failed run resumes; the log catches up with the ledger)", errno=exc.errno)
+
+
 class PublicLog:
     """The public log of one ledger: an :class:`~phsafe.ledger.store.AppendFollower`.
 
@@ -260,13 +298,14 @@ class PublicLog:
             folder.publish_checkpoint(self._merge(checkpoint))
         except StoreError as exc:
             self._forget()
+            refused = os_refusal(exc)
+            if refused is not None:  # the operating system refused a write: not damage
+                raise unwritable(self.path, refused) from None
             raise LedgerError(f"the public log {self.path} is not the projection of the ledger ({exc}); it was "
                               "changed or damaged -- the ledger is not used until it is restored") from None
         except OSError as exc:
             self._forget()
-            raise LedgerError(f"could not bring the public log {self.path} in step with the ledger: "
-                              f"{exc.strerror or exc}; it is caught up on the ledger's next use (or `phsafe ledger "
-                              "repair`)") from None
+            raise unwritable(self.path, exc) from None
 
     def _forget(self) -> None:
         if self._folder is not None:
@@ -281,7 +320,9 @@ class PublicLog:
         self._forget()
         try:
             folder = LogDirectory.open(self.path)
-        except StoreError:
+        except StoreError as exc:
+            if os_refusal(exc) is not None:
+                raise  # its files cannot be opened for writing: nothing to recover (follow() says why)
             LogDirectory.recover(self.path)  # an interrupted append: cut or complete it
             folder = LogDirectory.open(self.path)
         try:
@@ -423,6 +464,9 @@ class PublicLog:
                 try:
                     folder.publish_checkpoint(self._merge(checkpoint))
                 except (StoreError, OSError) as exc:
+                    refused = exc if isinstance(exc, OSError) else os_refusal(exc)
+                    if refused is not None:
+                        raise unwritable(self.path, refused) from None
                     raise LedgerError(f"could not publish the public log's checkpoint in {self.path}: {exc}") from None
         got = len(self._cosigned)
         if got < quorum:

@@ -45,8 +45,8 @@ def main(argv: list[str]) -> int:
         target, calls = int(point.split(":")[1]), []
         original = phsafe.ledger.Ledger.append_entries
 
-        def append(self, items):  # noqa: ANN001
-            entries = original(self, items)
+        def append(self, items, **kw):  # noqa: ANN001, ANN003
+            entries = original(self, items, **kw)
             calls.append(1)
             if len(calls) == target:
                 _fail(mode)
@@ -93,8 +93,8 @@ def main(argv: list[str]) -> int:
         witness_pid = int(os.environ["PHSAFE_TEST_WITNESS_PID"])
         host, port = os.environ["PHSAFE_TEST_WITNESS_URL"].split("//", 1)[1].rsplit(":", 1)
 
-        def append_then_stop(self, items):  # noqa: ANN001
-            entries = original_append(self, items)
+        def append_then_stop(self, items, **kw):  # noqa: ANN001, ANN003
+            entries = original_append(self, items, **kw)
             if any(kind.value == "INTENT" for kind, _, _ in items):
                 calls.append(1)
                 if len(calls) == target:

@@ -337,7 +337,8 @@ def test_a_torn_ledger_tail_is_named_repaired_and_the_run_resumes(tmp_path: Path
         f.write(b'{"hash":"0123","kind":"INT')
     out2 = tmp_path / "out2"
     assert_refused(private(out2, ledger, "--no-validate"), "incomplete entry", "phsafe ledger repair", out=out2)
-    assert cli("audit", "verify", ledger).returncode == 1
+    torn = cli("audit", "verify", ledger)  # the entries before the tail verify: an action, not a failure
+    assert torn.returncode == 3 and "ACTION NEEDED: the ledger ends in an incomplete entry" in torn.stdout, torn.stdout
     repaired = cli("ledger", "repair", ledger)
     assert repaired.returncode == 0 and "dropped 26 bytes" in repaired.stdout, repaired.stdout + repaired.stderr
     assert entries(ledger)[-1]["kind"] == "TAIL_REPAIRED"
@@ -452,3 +453,81 @@ def test_broken_inputs_are_refused_by_the_command_as_typed(name: str, tmp_path: 
     assert not out.exists() and not intents(ledger)
     for secret in secrets:
         assert secret not in text
+
+
+# --------------------------------------------------------------------------------------------
+# A public log that cannot be written (its folder read-only, its disk full)
+# --------------------------------------------------------------------------------------------
+
+
+def _refuse_log_writes(monkeypatch: pytest.MonkeyPatch, ledger: Path, code: int, *, after: int = 0) -> list[str]:
+    """Every write to the public log's folder fails with ``code`` (EACCES: as for a folder made
+    read-only, which root -- these tests' user -- would write all the same; ENOSPC: a full disk),
+    after the first ``after`` appends to it. Returns the refused operations."""
+    import phsafe.durable as durable
+
+    folder = str(ledger) + ".public-log"
+    real_append, real_replace = durable.append, durable.replace
+    appends: list[int] = []
+    refused: list[str] = []
+
+    def in_log(fd: int) -> bool:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith(folder)
+
+    def append(fd: int, data: bytes, *, end: int | None = None) -> None:
+        if in_log(fd):
+            appends.append(fd)
+            if len(appends) > after:
+                refused.append("append")
+                raise OSError(code, os.strerror(code))
+        real_append(fd, data, end=end)
+
+    def replace(path, data, **kw):  # noqa: ANN001, ANN202
+        if str(path).startswith(folder) and len(appends) > after:
+            refused.append("replace")
+            raise OSError(code, os.strerror(code), str(path))
+        real_replace(path, data, **kw)
+
+    monkeypatch.setattr(durable, "append", append)
+    monkeypatch.setattr(durable, "replace", replace)
+    return refused
+
+
+@pytest.mark.parametrize("code, cause", [(errno.EACCES, "permission denied"), (errno.ENOSPC, "no space left")])
+@pytest.mark.parametrize("after", [0, 3], ids=["at-its-start", "after-three-spends"])
+def test_a_run_whose_public_log_cannot_be_written_records_its_failure_and_says_why(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, cause: str, after: int) -> None:
+    # Before: the run stopped with no RUN_FAILED (the ledger could not be read past its log) and
+    # stayed open, holding its whole plan against the cap; a resume while the folder was still
+    # read-only said the log "is not the projection of the ledger ... changed or damaged".
+    ledger = new_ledger(tmp_path / "ledger", cap="2.514562").path
+    out = tmp_path / "out"
+    refused = _refuse_log_writes(monkeypatch, ledger, code, after=after)
+    with pytest.raises(PHSafeError) as raised:
+        run_private(CONFIG, DEMO_US, out, ledger=ledger, new_version="demo", validate=False)
+    message = str(raised.value)
+    assert refused and "\n" not in message, message
+    assert message.startswith(f"cannot write the public log {ledger}.public-log: {cause}"), message
+    assert "changed or damaged" not in message
+    assert ("spend(s) of run" in message and "--resume" in message) if after else "spend" not in message
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert run.status.value == "failed", "the run stayed open"
+    failed = entries(ledger)[-1]
+    assert failed["kind"] == "RUN_FAILED" and failed["code"] == "storage-error"
+    assert not out.exists()
+    # Still unwritable: the resume is refused before anything is recorded, naming the cause.
+    size = ledger.stat().st_size
+    with pytest.raises(PHSafeError, match=f"cannot write the public log .*: {cause}") as again:
+        run_private(CONFIG, DEMO_US, out, ledger=ledger, resume=run_id, resume_reason="log fixed?", validate=False)
+    assert "changed or damaged" not in str(again.value) and ledger.stat().st_size == size
+    # Writable again: the log records the failure (it catches up), the run resumes and publishes.
+    monkeypatch.undo()
+    from phsafe.private_run import forget_ledgers
+
+    forget_ledgers()
+    _complete(ledger, run_id, out, "--no-validate")
+    from phsafe.publog import log_path
+    from phsafe.tlog.layout import ENTRIES_FILE
+
+    public = [json.loads(line) for line in (log_path(ledger) / ENTRIES_FILE).read_text().splitlines()]
+    assert any(e.get("type") == "run-failed" and e.get("code") == "storage-error" for e in public), public

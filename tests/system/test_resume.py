@@ -4,6 +4,7 @@ never re-drawn; a lost one is a new spend, refused unless the lifetime cap admit
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -96,10 +97,72 @@ def test_resume_needs_the_same_config(tmp_path, monkeypatch):
         run_private(other, DEMO_US, tmp_path / "out", ledger=ledger, resume=run_id)
 
 
-def test_a_finished_run_is_never_resumed(tmp_path):
+class _Stop(BaseException):
+    """The process stopped here (a kill, a power cut)."""
+
+
+def test_a_finished_run_is_never_resumed_and_its_leftovers_are_named_and_removed(tmp_path, monkeypatch):
+    # Stopped after the release is published and recorded, before its final checkpoint is renamed
+    # into place and its work folder cleaned: the run is finished, its work folder is not.
+    import phsafe.durable
+
+    real = phsafe.durable.replace
+
+    def replace(path, data, **kw):  # noqa: ANN001, ANN202
+        if Path(path).name == "checkpoint.json":
+            real(Path(path).with_name(f".checkpoint.json.{os.getpid()}.cut.tmp"), data)  # its temporary, left
+            raise _Stop()
+        return real(path, data, **kw)
+
     ledger = _ledger(tmp_path)
-    result = run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", **_options(ledger))
-    with pytest.raises((BudgetError, PHSafeError)):
-        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out2", ledger=ledger,
-                    resume=result.run_id)
-    assert sum(_intents(ledger, result.run_id).values()) == len(_intents(ledger, result.run_id))
+    monkeypatch.setattr(phsafe.durable, "replace", replace)
+    with pytest.raises(_Stop):
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", validate=False, **_options(ledger))
+    monkeypatch.undo()
+    (run_id, run), = read_ledger(ledger).runs.items()
+    assert run.status.value == "finished"
+    work = ledger.parent / "runs" / run_id
+
+    # The refusal to resume it says that, and nothing else (before: a hint to resume it followed).
+    cmd = [str(PHSAFE), "private", str(DEMO_US / "config.json"), str(DEMO_US), str(tmp_path / "out2"), "--ledger",
+           str(ledger), "--resume", run_id, "--resume-reason", "test", "--no-validate"]
+    refused = subprocess.run(cmd, capture_output=True, text=True)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("phsafe: error:")]
+    assert refused.returncode == 1 and errors == [
+        f"phsafe: error: run {run_id} finished and published to {tmp_path / 'out'}; a finished run is never resumed"]
+    assert sum(_intents(ledger, run_id).values()) == len(_intents(ledger, run_id)) == 46
+
+    # audit verify names the leftovers and the command that removes them: exit 3, not OK.
+    verify = [str(PHSAFE), "audit", "verify", str(ledger)]
+    reported = subprocess.run(verify, capture_output=True, text=True)
+    assert reported.returncode == 3 and "\nOK" not in reported.stdout, reported.stdout + reported.stderr
+    command = f"phsafe ledger clean-finished {ledger} {run_id}"
+    assert (f"ACTION NEEDED: run {run_id} finished (entry {run.terminal_seq}) and its work folder {work} still holds "
+            f"46 noisy vector(s), the staged copy of its release, 1 temporary file(s)") in reported.stdout
+    assert f"remove them with `{command}`" in reported.stdout
+
+    # The command removes exactly those, durably; the release and the reports stay.
+    before = {p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*")}
+    cleaned = subprocess.run([str(PHSAFE), *command.split()[1:]], capture_output=True, text=True)
+    assert cleaned.returncode == 0 and "removed 46 noisy vector(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
+    assert sorted(p.name for p in work.iterdir()) == []
+    assert {p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*")} == before
+    ok = subprocess.run(verify + ["--outputs", str(tmp_path / "out")], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("OK"), ok.stdout + ok.stderr
+
+
+def test_clean_finished_refuses_a_run_that_did_not_finish(tmp_path, monkeypatch):
+    from phsafe.engine import clean_finished_runs
+
+    ledger = _ledger(tmp_path)
+    _fail_on_save(monkeypatch, 3)
+    with pytest.raises(OSError):
+        run_private(DEMO_US / "config.json", DEMO_US, tmp_path / "out", validate=False, **_options(ledger))
+    monkeypatch.undo()
+    (run_id, _), = read_ledger(ledger).runs.items()
+    staged = MeasurementStore(ledger.parent / "runs" / run_id / "measurements")
+    kept = sorted(staged.directory.iterdir())
+    with pytest.raises(PHSafeError, match=f"run {run_id} has not finished \\(failed\\): its work folder is what a "
+                                          "resume completes it from"):
+        clean_finished_runs(ledger, [run_id])
+    assert sorted(staged.directory.iterdir()) == kept and len(kept) == 2

@@ -54,7 +54,7 @@ from phsafe.ledger import (
     lineage_commitment,
     migrate_ledger,
 )
-from phsafe.publog import repair_ledger
+from phsafe.publog import repair_ledger, write_release_log_files
 from phsafe.noise import measure
 from phsafe.tables import DERIVED_TABLES, OUTPUT_TABLES, TABLES, output_spec
 
@@ -165,6 +165,7 @@ def release(ledger: Ledger, rec: RunRecorder, outdir: Path, files: dict[str, str
     if record_manifest:
         recorded[MANIFEST] = hashlib.sha256(path.read_bytes()).hexdigest()
     rec.record_published(recorded, outdir)
+    write_release_log_files(ledger, rec.run_id, outdir)  # as the engine does: its public log files
     return manifest
 
 
@@ -809,6 +810,9 @@ def test_a_crafted_spend_above_the_cap_or_unreasoned_raise_is_rejected_by_verify
     copy = world.copy(tmp_path / "ok", with_outputs=False)
     craft(copy.ledger, "CAP_RAISED", None, {"dataset": "cef-a", "lifetime_cap": "10", "reason": "approved"})
     craft(copy.ledger, "RUN_STARTED", "run-a3", {**body, "lifetime_cap": "10"})
+    result = invoke(["verify", str(copy.ledger)])
+    assert result.exit_code == 3 and "public log" in result.output and "is behind the ledger" in result.output
+    repair_ledger(copy.ledger)  # the crafted entries were written past the log: catch it up
     result = invoke(["verify", str(copy.ledger)])
     assert result.exit_code == 0, result.output
     assert "cap 10 after 2 recorded raise(s)" in result.output

@@ -181,3 +181,53 @@ def test_durable_writes_are_written_once() -> None:
                     and (name, node.func.attr) not in allowed):
                 found.append(f"{name}:{node.lineno} os.{node.func.attr}")
     assert not found, found
+
+
+@pytest.fixture
+def synced_folders(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The folders fsynced, in order."""
+    calls: list[Path] = []
+    real = durable.fsync_folder
+
+    def fsync_folder(folder: os.PathLike[str] | str) -> None:
+        calls.append(Path(folder))
+        real(folder)
+
+    monkeypatch.setattr(durable, "fsync_folder", fsync_folder)
+    return calls
+
+
+def test_make_folders_syncs_each_new_folder_into_its_parent(tmp_path: Path, synced_folders: list[Path]) -> None:
+    # A folder made without its parent synced may vanish in a power cut with all it holds: a
+    # work folder's committed noisy vectors were lost that way (tests/system/test_crash_states.py).
+    made = durable.make_folders(tmp_path / "runs" / "r1" / "measurements", mode=0o700)
+    assert made == [tmp_path / "runs", tmp_path / "runs" / "r1", tmp_path / "runs" / "r1" / "measurements"]
+    assert synced_folders == [tmp_path, tmp_path / "runs", tmp_path / "runs" / "r1"]
+    synced_folders.clear()
+    assert durable.make_folders(tmp_path / "runs" / "r1") == [] and synced_folders == []  # there: nothing to sync
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(FileExistsError):
+        durable.make_folders(tmp_path / "file")
+
+
+def test_replace_beside_syncs_the_folder_its_temporary_left(tmp_path: Path, synced_folders: list[Path]) -> None:
+    # Otherwise the temporary's name may come back after a power cut, beside a published release.
+    release, beside = tmp_path / "out", tmp_path
+    release.mkdir()
+    durable.replace(release / "privacy-loss.entry", b"entry\n", beside=beside)
+    assert synced_folders == [release, beside]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_rename_and_remove_sync_the_folders_that_hold_the_names(tmp_path: Path, synced_folders: list[Path]) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"x")
+    durable.rename(tmp_path / "a" / "f", tmp_path / "b" / "g")
+    assert synced_folders == [tmp_path / "b", tmp_path / "a"] and (tmp_path / "b" / "g").read_bytes() == b"x"
+    synced_folders.clear()
+    (tmp_path / "b" / "sub").mkdir()
+    (tmp_path / "b" / "sub" / "v.npy").write_bytes(b"v")
+    assert durable.remove(tmp_path / "b" / "sub") and durable.remove(tmp_path / "b" / "g")
+    assert not durable.remove(tmp_path / "b" / "gone")
+    assert synced_folders == [tmp_path / "b", tmp_path / "b"] and list((tmp_path / "b").iterdir()) == []
