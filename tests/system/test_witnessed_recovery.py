@@ -72,7 +72,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def witnessed_ledger(world: dict, name: str) -> Path:
     ledger = world["root"] / name / "ledger.jsonl"
-    args = ["ledger", "init", ledger, "--lifetime-cap", "20", "--reason", "recovery tests"]
+    args = ["ledger", "init", ledger, "--lifetime-cap", "20", "--reason", "recovery tests", "--dataset", "recovery-test"]
     for service in world["services"]:
         args += ["--witness", service.url, service.vkey]
     made = cli(*args)
