@@ -295,8 +295,12 @@ class Witness:
         if datasets is None:
             return (f"the log {origin} is registered; its policy declares no dataset (a log this witness cosigned "
                     "before logs declared them): it is witnessed, and holds no dataset here")
-        held = ", ".join(f"{d} (retired by {state.retired[d][-1]})" if state.retired.get(d) else d for d in datasets)
-        return f"the log {origin} is registered; it holds the dataset(s) {held} here"
+        held = [f"{d} (taken over from {state.retired[d][-1]})" if state.retired.get(d) else d
+                for d in datasets if state.claims.get(d) == origin]
+        gone = [f"{d} (held by {state.claims[d]} since it retired it)" for d in datasets if state.claims.get(d) != origin]
+        return (f"the log {origin} is registered; it holds "
+                + (f"the dataset(s) {', '.join(held)} here" if held else "no dataset here")
+                + (f"; it retired {', '.join(gone)}" if gone else ""))
 
     def _own_verifier(self) -> Verifier:
         from phsafe.tlog.cosignature import CosignatureVerifier

@@ -174,7 +174,9 @@ def test_a_second_log_for_a_dataset_gets_no_cosignature_until_the_first_retires_
     a = a + [b'{"type":"spend"}', retired("d", B)]
     cosigned = cosign(witness, A, a, 2)
     accepted = witness.register(registration(B, b, predecessors=((cosigned, a),)))
-    assert f"holds the dataset(s) d (retired by {A}) here" in accepted
+    assert f"holds the dataset(s) d (taken over from {A}) here" in accepted
+    assert f"holds no dataset here; it retired d (held by {B} since it retired it)" in witness.register(
+        registration(A, a[:1]))
     state = witness.claims()
     assert state.claims == {"d": B} and state.retired == {"d": (A,)}
     cosign(witness, B, b + [b'{"type":"spend"}'], 1)
