@@ -26,7 +26,8 @@ exit        finding              what it means
 9           rule                 another rule of the ledger broken by the entries
 10          invalid              the log does not verify (signature, entries against checkpoint)
 11          dataset-claimed      the log accounts a dataset another log already accounts: a new
-                                 log for a known dataset spends its cap a second time
+                                 log for a known dataset spends its cap a second time (not once
+                                 that log retired it publicly, naming this log or no successor)
 12          unreadable           the log cannot be fetched or read
 ==========  ===================  ==================================================================
 

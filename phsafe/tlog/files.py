@@ -15,6 +15,8 @@
   JSON file's inode changes) while it reads, compares and replaces the file
   (:func:`phsafe.durable.replace`): a reader sees the old file or the new one, never a mixture;
   a crash leaves one of them.
+- :class:`FileClaimStore` -- a witness's claims (:mod:`.registration`: which log holds each
+  dataset), one JSON file replaced like the checkpoint state.
 - Key files: a signer key (``PRIVATE+KEY+...``, :mod:`.keys`) is written once, created with mode
   0600 (never over an existing file), and read only if it is a regular file no one but its owner
   may read; a verifier key file is one public line.

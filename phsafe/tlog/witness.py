@@ -43,6 +43,12 @@ cosignature) by compare-and-swap -- check and update are one atomic step, so two
 requests cannot roll it back -- before it returns its cosignature line: a cosignature is never
 given for a state the witness could forget.
 
+With a claim store (:class:`~phsafe.tlog.registration.ClaimStore`: the witness service always
+has one), it cosigns a log only once it accepted the log's registration
+(:meth:`Witness.register`), which names the datasets the log accounts, and refuses (403) a second
+log naming a dataset another log holds here, unless its registration carries that log's
+retirement of the dataset, proven in the history this witness cosigned.
+
 Request body (``add-checkpoint``), every line ending in a newline::
 
     old <old size, decimal, no leading zeros>

@@ -4,9 +4,13 @@
 its own cosigning key and its own state; the logs it witnesses are its operator's choice, never a
 request's: verifier keys given when it starts (``--log``), and those its operator puts in a
 folder (``--logs DIR``: every ``*.vkey`` file there, read by content at every request, so a log
-is added without a restart and a key rewritten in place is seen: :class:`LogKeys`). The routes::
+is added without a restart and a key rewritten in place is seen: :class:`LogKeys`). It cosigns a
+log only once it accepted the log's registration (``--registration FILE``, or a ``*.registration``
+file in the folder: :mod:`phsafe.tlog.registration`), and never a second log for a dataset it
+holds for another. The routes::
 
     POST <prefix>/add-checkpoint          the spec's (C2SP tlog-witness)
+    GET  <prefix>/claims                  the datasets it holds: one "<dataset> <log origin>" line each
     GET  <prefix>/evidence                the names of the evidence files kept, one per line
     GET  <prefix>/evidence/<name>         one evidence file (phsafe-equivocation/1, JSON)
     (every other path: 404; another method: 405)
@@ -22,6 +26,9 @@ State folder ``DIR`` (created 0700 if missing)::
 
     DIR/checkpoints.json     the last checkpoint cosigned per log (phsafe.tlog.files.FileCheckpointStore:
                              replaced atomically and durably before every 200 answer)
+    DIR/claims.json          the registrations accepted: which log holds each dataset
+                             (phsafe.tlog.files.FileClaimStore; written after the log's first
+                             checkpoint, which its registration fixes)
     DIR/serving.lock         held (flock) by the one service that serves this state
     DIR/evidence/            proofs that a log's key signed two histories (phsafe.tlog.evidence):
                              the checkpoint it cosigned and a refused one of the same size with
