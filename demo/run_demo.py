@@ -106,9 +106,11 @@ def main() -> int:
             # release of the same records is refused by its own rule, not by the cap (step 4).
             _run("ledger", "init", ledger, "--lifetime-cap", "3",
                  "--reason", f"demo policy: the {label.upper()} demo dataset's lifetime privacy-loss limit",
-                 "--log-name", f"demo.example/phsafe/privacy-loss/{label}",
+                 "--log-name", f"demo.example/phsafe/privacy-loss/{label}", "--dataset", f"demo-{label}",
                  "--witness", url, witness / "key" / "witness.vkey")
-            # The log's verifier key goes to the witness's operator (out of band): it witnesses it from now on.
+            # The log's verifier key and its registration (its policy, naming its dataset) go to the
+            # witness's operator (out of band): it witnesses the log from now on.
+            _run("ledger", "registration", ledger, "--out", witness / "logs" / f"{label}.registration")
             shutil.copy(f"{ledger}.public-log/log.vkey", witness / "logs" / f"{label}.vkey")
         return _release_and_check(root, enclave, public, ledgers, witness)
     finally:

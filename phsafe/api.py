@@ -81,6 +81,7 @@ def init_ledger(
     witnesses: tuple[tuple[str, str], ...] = (),
     witness_quorum: int | None = None,
     log_name: str | None = None,
+    datasets: tuple[str, ...] = (),
 ) -> "Ledger":
     """Create an audit ledger, its lineage key (``<path>.key``) and its public privacy-loss log
     (``<path>.public-log/``, signed with ``<path>.log.key``) with its policy.
@@ -96,6 +97,8 @@ def init_ledger(
             the ledger's first entry.
         witness_quorum: How many of them must cosign (default: all).
         log_name: The public log's name (default ``phsafe.privacy-loss/<ledger id>``).
+        datasets: The datasets the ledger accounts (it refuses runs of others); its witnesses
+            witness a new log only once its policy names them (``docs/public_log.md``).
     """
     from phsafe.config import PrivacyDefinition
     from phsafe.engine import code_version
@@ -105,7 +108,8 @@ def init_ledger(
     assert cap is not None
     return create_ledger(Path(path), lifetime_cap=cap, reason=reason, privacy_defn=PrivacyDefinition(privacy_defn),
                          non_confidential=non_confidential, code_version=code_version(),
-                         witnesses=tuple(witnesses), witness_quorum=witness_quorum, log_name=log_name)
+                         witnesses=tuple(witnesses), witness_quorum=witness_quorum, log_name=log_name,
+                         datasets=tuple(datasets))
 
 
 def run_private(

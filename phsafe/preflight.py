@@ -170,6 +170,9 @@ def preflight(run: PrivateRun, config: PHSafeConfig, plan: RunPlan) -> Preflight
     if state.awaits_log_binding:
         raise LedgerError(f"the ledger {run.ledger} was made before ledgers were bound to their public log: bind its "
                           f"log to it with `phsafe ledger migrate {run.ledger}` (recorded), then run again")
+    refusal = state.dataset_refusal(run.dataset)  # the policy declares it, and it was not retired
+    if refusal is not None:
+        raise LedgerError(f"refused: {refusal} (ledger {run.ledger}) -- nothing was spent")
     with ledger.locked():
         # The witnesses' quorum cosigns the public log as it is now: a copied or rolled-back
         # ledger, or witnesses that cannot be reached, are refused here, before the inputs are read.

@@ -22,7 +22,9 @@ from phsafe.tlog import (
     format_verifier_key,
     verifier_from_key,
 )
+from phsafe.errors import WitnessRefusal
 from phsafe.tlog.cosignature import CosignatureSigner
+from phsafe.tlog.registration import ClaimStore
 from tests._tlog import private_key
 
 
@@ -37,6 +39,10 @@ class MemoryWitness:
     """A frozen process (SIGSTOP): connections are accepted, no answer ever comes (a read time-out)."""
     requests: int = 0
     timeouts: int = 0
+    claims: ClaimStore | None = None
+    """With a claim store, it keeps one log per dataset, as the witness service does: it cosigns
+    only the logs whose registration (in ``registrations``) it accepted."""
+    registrations: list[bytes] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -47,17 +53,24 @@ class MemoryWitness:
         return format_verifier_key(self.signer)
 
     def witness(self) -> Witness:
-        return Witness(self.signer, [verifier_from_key(v) for v in self.logs], self.store)
+        witness = Witness(self.signer, [verifier_from_key(v) for v in self.logs], self.store, claims=self.claims)
+        for data in self.registrations if self.claims is not None else ():
+            try:
+                witness.register(data)
+            except WitnessRefusal:
+                pass  # said to the log's requests
+        return witness
 
 
 class Witnesses:
     """Several witnesses in memory, and the transport that reaches them by URL."""
 
-    def __init__(self, count: int = 2) -> None:
+    def __init__(self, count: int = 2, *, claims: bool = False) -> None:
         self.by_host: dict[str, MemoryWitness] = {}
         for number in range(1, count + 1):
             name = f"witness{number}.test"
-            self.by_host[name] = MemoryWitness(name, CosignatureSigner(name, private_key(f"memory witness {number}")))
+            self.by_host[name] = MemoryWitness(name, CosignatureSigner(name, private_key(f"memory witness {number}")),
+                                               claims=ClaimStore() if claims else None)
         self.transport = httpx.MockTransport(self._handle)
 
     def __getitem__(self, number: int) -> MemoryWitness:
@@ -68,11 +81,14 @@ class Witnesses:
         chosen = [self[n] for n in numbers] if numbers else list(self.by_host.values())
         return [(w.url, w.vkey) for w in chosen]
 
-    def trust(self, log_vkey: str) -> None:
-        """Every witness witnesses the log from now on (its operator restarts it with --log)."""
+    def trust(self, log_vkey: str, registration: bytes | None = None) -> None:
+        """Every witness witnesses the log from now on (its operator restarts it with --log), and
+        is given its registration (``phsafe ledger registration``), if any."""
         for w in self.by_host.values():
             if log_vkey not in w.logs:
                 w.logs.append(log_vkey)
+            if registration is not None:
+                w.registrations.append(registration)
 
     def _handle(self, request: httpx.Request) -> httpx.Response:
         host = urlsplit(str(request.url)).hostname or ""

@@ -26,7 +26,8 @@ exit        finding              what it means
 9           rule                 another rule of the ledger broken by the entries
 10          invalid              the log does not verify (signature, entries against checkpoint)
 11          dataset-claimed      the log accounts a dataset another log already accounts: a new
-                                 log for a known dataset spends its cap a second time
+                                 log for a known dataset spends its cap a second time (not once
+                                 that log retired it publicly, naming this log or no successor)
 12          unreadable           the log cannot be fetched or read
 ==========  ===================  ==================================================================
 
@@ -91,39 +92,80 @@ class Round:
         return tuple(sorted(f"{f.finding}: {f}" for f in self.findings))
 
 
-def datasets_named(entries: Sequence[bytes]) -> set[str]:
-    """The datasets a log's entries account (their versions, cap raises and runs)."""
-    names: set[str] = set()
+def _entries(entries: Sequence[bytes]) -> list[dict[str, Any]]:
+    out = []
     for data in entries:
         try:
             entry = json.loads(data)
         except ValueError:
             continue
-        if isinstance(entry, dict) and entry.get("type") in DATASET_KINDS and isinstance(entry.get("dataset"), str):
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def datasets_named(entries: Sequence[bytes]) -> set[str]:
+    """The datasets a log accounts: those its policy declares, and those its entries name
+    (versions, cap raises, runs)."""
+    names: set[str] = set()
+    for entry in _entries(entries):
+        if entry.get("type") == "policy" and isinstance(entry.get("datasets"), list):
+            names.update(n for n in entry["datasets"] if isinstance(n, str))
+        if entry.get("type") in DATASET_KINDS and isinstance(entry.get("dataset"), str):
             names.add(entry["dataset"])
     return names
 
 
-def check_claims(check: LogCheck, origin: str, store: FileSeenLogs, where: str) -> list[VerificationFailure]:
+def retirements_named(entries: Sequence[bytes]) -> dict[str, str | None]:
+    """The datasets a log retired, each with the successor it named (``origin (key ID hex)``)."""
+    out: dict[str, str | None] = {}
+    for entry in _entries(entries):
+        if entry.get("type") == "dataset-retired" and isinstance(entry.get("dataset"), str):
+            successor = entry.get("successor")
+            out[entry["dataset"]] = (f"{successor.get('origin')} (key ID {successor.get('key_id')})"
+                                     if isinstance(successor, dict) else None)
+    return out
+
+
+def check_claims(check: LogCheck, verifier: Any, store: FileSeenLogs, where: str) -> list[VerificationFailure]:
     """Which log accounts each dataset: a dataset this log names that another log already
-    accounts is a finding; the others are kept as this log's (once its checkpoint verified with
-    its quorum and nothing more severe was found)."""
+    accounts is a finding -- unless that log retired it publicly (a ``dataset-retired`` entry
+    seen by this monitor) naming this log as its successor, or no successor. The others are kept
+    as this log's, and its own retirements are kept (once its checkpoint verified with its quorum
+    and nothing more severe was found). A dataset this log retired is not its claim any more."""
     if check.published is None:
         return []
-    claims = store.claims()
+    origin = verifier.name
+    me = f"{origin} (key ID {verifier.key_id:08x})"
+    claims, retired = store.claims(), store.retirements()
+    mine = retirements_named(check.published.entries)
     findings, new = [], {}
     for name in sorted(datasets_named(check.published.entries)):
         other = claims.get(name)
-        if other is not None and other != origin:
-            findings.append(VerificationFailure(where, f"dataset {name} is accounted in this log ({origin}) and already in the log "
-                                  f"{other}: a second log for a dataset spends its lifetime cap a second time; the first "
-                                  "log must be retired publicly, recorded in it, before another accounts the dataset",
-                                  finding="dataset-claimed"))
-        elif other is None:
+        if name in mine or other == origin:
+            continue
+        if other is None:
             new[name] = origin
+            continue
+        by_other = [item for item in retired.get(name, []) if item["by"] == other]
+        if by_other and by_other[-1]["successor"] in (None, me):
+            new[name] = origin  # retired publicly by the log that held it: this one takes it over
+            continue
+        if by_other:
+            findings.append(VerificationFailure(where, f"dataset {name} is accounted in this log ({me}) and was retired by "
+                                                f"the log {other} in favour of another log, {by_other[-1]['successor']}",
+                                                finding="dataset-claimed"))
+            continue
+        findings.append(VerificationFailure(where, f"dataset {name} is accounted in this log ({origin}) and already in the log "
+                                            f"{other}: a second log for a dataset spends its lifetime cap a second time; "
+                                            "the first log must be retired publicly, recorded in it, before another "
+                                            "accounts the dataset", finding="dataset-claimed"))
     severe = {"equivocation", "fork", "rollback", "quorum", "invalid", "unreadable"}
-    if new and not findings and not any(f.finding in severe for f in check.findings):
-        store.claim(new)
+    if not any(f.finding in severe for f in check.findings):
+        for name, successor in mine.items():
+            store.retire(name, origin, successor)
+        if new and not findings:
+            store.claim(new)
     return findings
 
 
@@ -178,7 +220,7 @@ def monitor_once(source: str | Path, key: Path, *, state_file: Path, witness_key
                       no_witness=no_witness, seen=store, evidence=documents, max_age=max_age, now=now)
     report.lines += check.lines
     report.findings += check.findings
-    report.findings += check_claims(check, verifier.name, store, str(source))
+    report.findings += check_claims(check, verifier, store, str(source))
     for finding in report.findings:
         if finding.evidence is not None:
             kept = _keep_evidence(state_file, finding.evidence)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -96,6 +97,9 @@ from phsafe.tlog import (
 )
 from phsafe.tlog.fetch import fetch_published_log
 from phsafe.tlog.policy import RULE
+from phsafe.tlog.registration import DATASET_NAME
+
+HEX8 = re.compile(r"[0-9a-f]{8}")
 
 DEFAULT_MAX_AGE = timedelta(days=7)
 """How old the youngest counted cosignature of the log's checkpoint may be by default."""
@@ -393,6 +397,7 @@ def check_log(checkpoint: bytes, entries: bytes, verifier: Ed25519Verifier, *, w
     except VerificationFailure as exc:
         result.findings.append(exc)
         return result
+    result.lines.append(result.statement.declaration_line())
     result.lines.extend(s.line() for s in result.statement.datasets.values())
     return result
 
@@ -594,6 +599,10 @@ class DatasetStatement:
     open_runs: list[str] = field(default_factory=list)
     failed_runs: list[str] = field(default_factory=list)
     unreleased: Amount = Fraction(0)
+    retired_at: int | None = None
+    """The entry that retired the dataset from this log (its accounting ended there), if any."""
+    successor: str | None = None
+    """The log the retirement names as the dataset's successor (origin and key ID), if any."""
 
     def line(self) -> str:
         cap = "no cap (non-confidential)" if is_infinite(self.cap) else f"cap {format_exact(self.cap)}"
@@ -608,9 +617,12 @@ class DatasetStatement:
             unreleased = f"; not (yet) released: {format_exact(self.unreleased)} ({'; '.join(parts)})"
         else:
             unreleased = "; nothing spent without a release"
+        retired = "" if self.retired_at is None else (
+            f"; retired at entry {self.retired_at}, nothing more is spent on it in this log"
+            + (f" (its successor: the log {self.successor})" if self.successor else ""))
         return (f"dataset {self.dataset}: {len(self.releases)} release(s) ({', '.join(self.releases) or 'none'}) "
                 f"charged {format_exact(self.released)}{unreleased}; spent {format_exact(self.spent)} of {cap} "
-                f"({self.unit}){left}")
+                f"({self.unit}){left}{retired}")
 
 
 @dataclass
@@ -620,6 +632,17 @@ class Statement:
     datasets: dict[str, DatasetStatement]
     witnesses: list[str] | None = None
     quorum: int = 0
+    declared: tuple[str, ...] | None = None
+    """The datasets the log's policy declares it accounts (None: it declares none -- a ledger made
+    before declarations -- so no witness holds its datasets for it)."""
+
+    def declaration_line(self) -> str:
+        if self.declared is None:
+            return ("log: its policy declares no datasets (a ledger made before logs declared them): no witness holds "
+                    "its datasets for it, so a second log for one of them is seen only by a monitor that follows both")
+        retired = [d for d in self.declared if self.datasets.get(d) and self.datasets[d].retired_at is not None]
+        return (f"log: its policy declares the dataset(s) {', '.join(self.declared)}, and every run is of one of them"
+                + (f"; retired since: {', '.join(retired)}" if retired else ""))
 
 
 @dataclass
@@ -674,6 +697,8 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
     caps: dict[str, Amount] = {}
     versions: Counter = Counter()
     runs: dict[str, _Run] = {}
+    declared: tuple[str, ...] | None = None
+    retired: dict[str, tuple[int, str | None]] = {}  # dataset -> its dataset-retired entry, the successor named
 
     def bad(index: int, reason: str, finding: str = "rule") -> VerificationFailure:
         return _fail(f"{where}: entry {index}", reason, finding)
@@ -703,6 +728,16 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
             if run is not besides:
                 total = add_amounts(total, charge(run))
         return total
+
+    def accounted(index: int, dataset: str, what: str) -> None:
+        """The log accounts ``dataset``: its policy declares it (when it declares its datasets),
+        and it was not retired."""
+        if dataset in retired:
+            raise bad(index, f"{what} of dataset {dataset}, which this log retired at entry {retired[dataset][0]}: "
+                      "a retired dataset is accounted no more in the log that retired it")
+        if declared is not None and dataset not in declared:
+            raise bad(index, f"{what} of dataset {dataset}, which the log's policy does not declare (it declares "
+                      f"{', '.join(declared)}): a log accounts only the datasets its policy names")
 
     def within_caps(index: int, run: _Run, dataset_after: Amount, what: str) -> None:
         if not enforced:
@@ -735,6 +770,12 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
                 if "witnesses" in e:
                     witnesses, quorum = list(e["witnesses"]), int(e["quorum"])
                     codes_required = True
+                if "datasets" in e:
+                    names = e["datasets"]
+                    if not isinstance(names, list) or not names or names != sorted(set(names)) \
+                            or not all(isinstance(n, str) and DATASET_NAME.fullmatch(n) for n in names):
+                        raise bad(index, "the policy's datasets is not a sorted list of distinct dataset names")
+                    declared = tuple(names)
                 continue
             if kind == "log-bound":
                 if witnesses is not None:
@@ -742,22 +783,45 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
                 witnesses, quorum = list(e["witnesses"]), int(e["quorum"])
                 codes_required = True
             elif kind == "cap-raised":
+                accounted(index, e["dataset"], "a cap raise")
                 new, current = parse_exact(e["lifetime_cap"]), caps.get(e["dataset"], policy_cap)
                 if not amount_exceeds(new, current):
                     raise bad(index, f"dataset {e['dataset']}'s cap is lowered from {format_exact(current)} to "
                               f"{e['lifetime_cap']}: a cap is only ever raised")
                 caps[e["dataset"]] = new
             elif kind == "dataset-version":
+                accounted(index, e["dataset"], "a version")
                 versions[e["dataset"]] += 1
                 if e["version"] != versions[e["dataset"]]:
                     raise bad(index, f"dataset {e['dataset']}'s version {e['version']} follows version "
                               f"{versions[e['dataset']] - 1}")
             elif kind == "ledger-repaired":
                 pass
+            elif kind == "dataset-retired":
+                name = e["dataset"]
+                if name in retired:
+                    raise bad(index, f"dataset {name} is retired a second time (first at entry {retired[name][0]})")
+                known = versions[name] or name in caps or any(r.dataset == name for r in runs.values())
+                if (declared is not None and name not in declared) or (declared is None and not known):
+                    raise bad(index, f"the log retires dataset {name}, which it does not account")
+                still = [r.run_id for r in runs.values() if r.dataset == name and r.status == "running"]
+                if still:
+                    raise bad(index, f"the log retires dataset {name} while its run {still[0]} is open (it can still "
+                              "spend)")
+                successor = e.get("successor")
+                if successor is not None and not (isinstance(successor, dict) and set(successor) == {"origin", "key_id"}
+                                                  and isinstance(successor["origin"], str)
+                                                  and HEX8.fullmatch(str(successor["key_id"]))):
+                    raise bad(index, "the retirement's successor is not a log's origin and 8-hex-digit key ID")
+                if not isinstance(e["reason"], str) or not e["reason"].strip():
+                    raise bad(index, "the retirement states no reason")
+                retired[name] = (index, None if successor is None else f"{successor['origin']} "
+                                                                        f"(key ID {successor['key_id']})")
             elif kind == "run-started":
                 run_id = e["run_id"]
                 if run_id in runs:
                     raise bad(index, f"run {run_id} is started twice (entry {runs[run_id].started_at} and here)")
+                accounted(index, e["dataset"], f"run {run_id}")
                 planned = _planned(e["planned"], e["privacy_defn"], f"{where}: entry {index}")
                 total: Amount = Fraction(0)
                 for spend in planned.values():
@@ -799,6 +863,7 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
                 elif kind == "run-resumed":
                     if run.status == "finished":
                         raise bad(index, f"run {run.run_id} is resumed after its release (entry {run.released_at})")
+                    accounted(index, run.dataset, f"a resume of run {run.run_id}")
                     if e["dataset"] != run.dataset or e["attempt"] != run.attempt + 1:
                         raise bad(index, f"run {run.run_id}'s resume states dataset {e['dataset']}, attempt "
                                   f"{e['attempt']}; its run is of {run.dataset}, attempt {run.attempt}")
@@ -831,6 +896,8 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
         raise _fail(where, "is empty", "invalid")
     unit_name = "rho" if unit is PrivacyDefinition.ZCDP else "epsilon"
     out: dict[str, DatasetStatement] = {}
+    for name in [*(declared or ()), *retired]:  # a dataset declared or retired with no run yet: nothing spent
+        out.setdefault(name, DatasetStatement(name, unit_name, caps.get(name, policy_cap)))
     for run_id, run in runs.items():
         s = out.setdefault(run.dataset, DatasetStatement(run.dataset, unit_name, caps.get(run.dataset, policy_cap)))
         charged = charge(run)
@@ -841,11 +908,13 @@ def statement(entries: Sequence[bytes], where: str = "log") -> Statement:
         else:
             (s.open_runs if run.status == "running" else s.failed_runs).append(run_id)
             s.unreleased = add_amounts(s.unreleased, charged)
+    for name, (at, successor) in retired.items():
+        out[name].retired_at, out[name].successor = at, successor
     for s in out.values():
         if enforced and amount_exceeds(s.spent, s.cap):
             raise _fail(where, f"dataset {s.dataset} spent {format_exact(s.spent)}, above its cap "
                         f"{format_exact(s.cap)}", "over-cap")
-    return Statement(out, witnesses, quorum)
+    return Statement(out, witnesses, quorum, declared)
 
 
 def _check_release(index: int, e: dict[str, Any], run: _Run, charge: Any, bad: Any) -> None:

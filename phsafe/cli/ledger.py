@@ -40,10 +40,13 @@ def ledger() -> None:
               help="How many of the --witness services must cosign (default: all).")
 @click.option("--ledger-cap", default=None, metavar="RHO",
               help="Optional: a cap on all datasets' spends together (never raised).")
+@click.option("--dataset", "datasets", multiple=True, metavar="NAME",
+              help="A dataset the ledger accounts (repeatable; required with --witness): published in its log's "
+                   "policy, which its witnesses read from its registration; runs of any other dataset are refused.")
 @handle_errors
 def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, non_confidential: bool,
                  log_name: str | None, witnesses: tuple[tuple[str, Path], ...], witness_quorum: int | None,
-                 ledger_cap: str | None) -> None:
+                 ledger_cap: str | None, datasets: tuple[str, ...]) -> None:
     """Create the ledger PATH, its lineage key PATH.key and its public log PATH.public-log/,
     bound to the ledger from its first entry (with the witnesses' keys and quorum).
 
@@ -60,11 +63,19 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     from phsafe.ledger import key_path
     from phsafe.publog import create_ledger
 
+    if witnesses and not datasets:
+        from phsafe.errors import PHSafeError
+        from phsafe.publog import WitnessList
+
+        WitnessList.of([(url, _read_key(vkey)) for url, vkey in witnesses], witness_quorum)  # its refusal first
+        raise PHSafeError("give the datasets the ledger accounts (--dataset NAME, repeatable): its witnesses witness "
+                          "a new log only once its policy names them, and refuse a second log for a dataset")
     made = create_ledger(path, lifetime_cap=parse_amount(lifetime_cap, "--lifetime-cap"), reason=reason,
                          privacy_defn=PrivacyDefinition(privacy_defn), non_confidential=non_confidential,
                          code_version=code_version(), log_name=log_name,
                          witnesses=[(url, _read_key(vkey)) for url, vkey in witnesses],
-                         witness_quorum=witness_quorum, ledger_cap=parse_amount(ledger_cap, "--ledger-cap"))
+                         witness_quorum=witness_quorum, ledger_cap=parse_amount(ledger_cap, "--ledger-cap"),
+                         datasets=datasets)
     policy = made.state.policy
     assert policy is not None
     unit = "rho" if policy.privacy_defn is PrivacyDefinition.ZCDP else "epsilon"
@@ -78,10 +89,13 @@ def init_command(path: Path, lifetime_cap: str, reason: str, privacy_defn: str, 
     click.echo(f"phsafe: its public privacy-loss log is {log_path(made.path)}/ -- publish this folder; its "
                f"verifier key (give it to auditors) is {log_path(made.path) / 'log.vkey'}")
     click.echo(f"phsafe: the log's signing key is {log_key_path(made.path)} -- keep it with the ledger; never publish it")
+    if made.state.declared_datasets is not None:
+        click.echo(f"phsafe: it accounts the dataset(s) {', '.join(made.state.declared_datasets)} and no other")
     if witnesses:
         click.echo(f"phsafe: every run needs the cosignature of {witness_quorum or len(witnesses)} of the "
                    f"{len(witnesses)} witnesses listed in {witnesses_path(made.path)} before it spends; give each "
-                   f"witness's operator the log's verifier key (phsafe witness serve --log {log_path(made.path)}/log.vkey)")
+                   f"witness's operator the log's verifier key {log_path(made.path)}/log.vkey and its registration "
+                   f"(phsafe ledger registration {made.path} --out FILE), for its logs folder")
     else:
         click.echo("phsafe: no witness: a copy of this ledger could spend the cap again unnoticed until the logs "
                    "are compared (docs/public_log.md, 'Witnesses'); witnesses are bound at init (--witness URL VKEY)")
@@ -255,3 +269,67 @@ def cosign_command(path: Path) -> None:
     shown = ", ".join(cosigners) if cosigners else "no witness (none bound)"
     click.echo(f"phsafe: the public log {log_path(ledger.path)} ({ledger.state.public_log['origin']}) is cosigned by "
                f"{shown} at {len(ledger.state.lines)} ledger entries")
+
+
+@ledger.command("registration")
+@click.argument("path", type=EXISTING_FILE)
+@click.option("--out", "out", type=PATH, required=True, metavar="FILE",
+              help="Where to write the registration (a new file; public).")
+@click.option("--retired-in", "retired_in", multiple=True, metavar="LOG",
+              help="The published log (a folder or URL) of a ledger that accounted one of this ledger's datasets "
+                   "and retired it (phsafe ledger retire-dataset): its retirement goes into the registration; "
+                   "may be repeated.")
+@handle_errors
+def registration_command(path: Path, out: Path, retired_in: tuple[str, ...]) -> None:
+    """Write the registration of the ledger's public log: its policy entry, which names the
+    datasets it accounts, proven as entry 0 of the log's published checkpoint (public files only).
+
+    Give it, with the log's verifier key, to each witness's operator (their logs folder): a
+    witness cosigns a log only once it accepted its registration, and refuses one whose policy
+    names a dataset another log holds there -- unless the registration carries that log's
+    public retirement of the dataset (--retired-in). A log its witnesses already cosigned: run
+    phsafe ledger cosign first, so that the registration's checkpoint carries their cosignatures.
+    """
+    start(None)
+    from phsafe.errors import PHSafeError
+    from phsafe.publog.claims import make_log_registration
+    from phsafe.tlog.files import write_new_file
+    from phsafe.tlog.registration import policy_datasets
+
+    data, registration = make_log_registration(path, retired_in=retired_in)
+    try:
+        write_new_file(out, data, 0o644)
+    except OSError as exc:
+        raise PHSafeError(f"cannot write the registration {out}: {exc.strerror or exc}") from None
+    declared = policy_datasets(registration.policy)
+    held = ", ".join(declared) if declared else "no dataset (a ledger made before ledgers declared their datasets)"
+    retired = "".join(f"; carries {r.origin}'s retirement (entry {r.proof.index})" for r in registration.retirements)
+    click.echo(f"phsafe: wrote the registration of the log {registration.origin} to {out}: its policy names {held}"
+               f"{retired}; give it, with the log's verifier key, to each witness's operator")
+
+
+@ledger.command("retire-dataset")
+@click.argument("path", type=EXISTING_FILE)
+@click.option("--dataset", required=True, metavar="NAME", help="The dataset this ledger accounts no more.")
+@click.option("--reason", required=True, metavar="TEXT", help="Why (recorded and published).")
+@click.option("--successor", "successor", default=None, metavar="VKEY",
+              help="The verifier key (or a file holding it) of the log that accounts the dataset from now on: "
+                   "the witnesses let only that log claim it.")
+@handle_errors
+def retire_dataset_command(path: Path, dataset: str, reason: str, successor: str | None) -> None:
+    """Retire a dataset from this ledger, publicly and for good (a DATASET_RETIRED entry, in its
+    public log, cosigned by its witnesses): the ledger takes no more runs, versions or cap
+    raises of it, and another log may claim it at the witnesses with this retirement
+    (phsafe ledger registration NEW --retired-in THIS-LOG). Refused while a run of it is open.
+    """
+    start(None)
+    from phsafe.publog import log_path
+    from phsafe.publog.claims import retire_dataset
+
+    if successor is not None and Path(successor).is_file():
+        successor = _read_key(Path(successor))
+    entry = retire_dataset(path, dataset, reason=reason, successor=successor)
+    named = f", in favour of the log {entry['successor']['origin']}" if "successor" in entry else ""
+    click.echo(f"phsafe: retired dataset {dataset} from {path} (entry {entry['seq']}){named}; its public log "
+               f"{log_path(path)} holds the retirement: the successor's registration carries it (phsafe ledger "
+               f"registration NEW-LEDGER --retired-in {log_path(path)})")

@@ -76,10 +76,15 @@ def _log_keys(values: tuple[str, ...]) -> list:  # noqa: ANN201 -- tlog verifier
 @click.option("--logs", "logs_folder", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
               help="A folder of logs' verifier keys (*.vkey) to witness too, read by content at every request: "
                    "a log is added by putting its key there, without a restart.")
+@click.option("--registration", "registrations", type=_FILE, multiple=True, metavar="FILE",
+              help="A log's registration (phsafe ledger registration): its policy, naming the datasets it "
+                   "accounts, proven as its entry 0; may be repeated. Registrations are also read from --logs DIR "
+                   "(*.registration). A log is cosigned only once its registration is accepted.")
 @click.option("--bind", "bind", default="127.0.0.1:0", show_default=True, metavar="HOST:PORT",
               help="Where to listen (port 0: a free port, printed when it listens).")
 @handle_errors
-def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Path | None, bind: str) -> None:
+def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Path | None,
+                  registrations: tuple[Path, ...], bind: str) -> None:
     """Run the witness: C2SP tlog-witness add-checkpoint over HTTP, until SIGINT or SIGTERM.
 
     POST <URL>/add-checkpoint with the old size, a consistency proof and the new checkpoint:
@@ -88,6 +93,13 @@ def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Pa
     checkpoint that proves the log signed two histories is kept with the one cosigned before, as
     evidence anyone can check (phsafe audit evidence), and served: GET <URL>/evidence lists the
     files, GET <URL>/evidence/NAME gives one. Prints one line with its URL once it listens.
+
+    One log per dataset: a log is cosigned only once its registration (phsafe ledger
+    registration, beside its key in --logs DIR, or --registration FILE) is accepted; the witness
+    keeps which log holds each dataset its policy names (GET <URL>/claims) and refuses (403, one
+    line) a second log naming one of them, unless its registration carries the first log's
+    public retirement of the dataset (phsafe ledger retire-dataset). What each registration did
+    is printed on stderr, one line each.
     """
     start(None)
     from phsafe.errors import PHSafeError
@@ -107,10 +119,20 @@ def serve_command(key: Path, state: Path, logs: tuple[str, ...], logs_folder: Pa
     if logs_folder is not None:
         logs_folder.mkdir(parents=True, exist_ok=True)
     held = WitnessState(state)
+    given = []
+    for path in registrations:
+        try:
+            given.append((str(path), path.read_bytes()))
+        except OSError as exc:
+            raise PHSafeError(f"--registration {path}: cannot be read ({exc.strerror or exc})") from None
     keys = LogKeys(_log_keys(logs), logs_folder, read_key=lambda path: _log_keys((str(path),))[0],
-                   pinned=pinned_key_ids(held.store))
+                   pinned=pinned_key_ids(held.store), registrations=given)
+
+    def say(line: str) -> None:
+        click.echo(f"phsafe: witness {signer.name}: {line}", err=True)
+
     try:
-        witness = open_witness(signer, keys, held)  # type: ignore[arg-type]
+        witness = open_witness(signer, keys, held, say=say)  # type: ignore[arg-type]
         origins = ", ".join(witness().origins) or "no log yet"
         also = f" and the logs whose keys are in {logs_folder}" if logs_folder is not None else ""
 

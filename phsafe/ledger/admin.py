@@ -17,7 +17,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from phsafe import durable
 from phsafe.amounts import Amount, format_exact, is_infinite
@@ -27,7 +27,7 @@ from phsafe.ledger.format import (
     FORMAT, GENESIS_HASH, EntryKind, canonical_json, clean_text, entry_hash, now, operator_text,
 )
 from phsafe.ledger.keys import key_id, key_path, new_lineage_key, write_lineage_key
-from phsafe.ledger.policy import cap_amount
+from phsafe.ledger.policy import cap_amount, check_dataset_name
 from phsafe.ledger.replay import apply, replay
 from phsafe.ledger.runs import Ledger
 from phsafe.ledger.state import LedgerState
@@ -83,6 +83,7 @@ def init_ledger(
     code_version: str = "unknown",
     ledger_cap: Amount | None = None,
     ledger_id: str | None = None,
+    datasets: Sequence[str] = (),
 ) -> Ledger:
     """Create a ledger bound to its public log: its lineage key ``<path>.key`` (mode 0600) and
     the ``LEDGER_INIT`` entry, whose ``public_log`` binds the log from the start.
@@ -105,6 +106,8 @@ def init_ledger(
         code_version: Recorded.
         ledger_cap: A cap on all datasets' spends together (optional; never raised).
         ledger_id: The ledger's id (default: a new random one).
+        datasets: The datasets the ledger accounts (recorded in LEDGER_INIT and published; the
+            ledger takes no run of another); none: any dataset, as ledgers made before this.
 
     Raises:
         LedgerError: The ledger or its key file exists, or cannot be written; the binding is
@@ -116,6 +119,10 @@ def init_ledger(
     body = policy_body(lifetime_cap, reason, privacy_defn, non_confidential, key, code_version, ledger_cap,
                        ledger_id=ledger_id)
     body["public_log"] = dict(public_log)
+    if datasets:
+        for name in datasets:
+            check_dataset_name(name)
+        body["datasets"] = sorted(set(datasets))
     for p, what in ((path, "the ledger"), (key_path(path), "its key file"), (lock_path(path), "its lock file")):
         if os.path.lexists(p):
             raise LedgerError(f"{what} {p} already exists; a ledger is never created twice or overwritten")

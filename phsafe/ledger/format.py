@@ -81,6 +81,23 @@ The public log
     ``release`` once all are (writing, checking and publishing the release). The public log gets
     these two; ``reason``, the operator's message (it may name enclave paths), stays here.
 
+The datasets a ledger accounts, and their retirement
+    ``LEDGER_INIT`` may carry ``datasets``: the sorted, distinct names of the datasets the ledger
+    accounts (``phsafe ledger init --dataset NAME``). It is public (the log's ``policy`` entry),
+    and it is what the log's witnesses read from its registration: a witness refuses a second log
+    whose policy names a dataset it witnesses under another log (``docs/public_log.md``, "One log
+    per dataset"). A ledger that declares its datasets takes no ``CAP_RAISED``,
+    ``DATASET_VERSION``, ``RUN_STARTED`` or ``RUN_RESUMED`` of another dataset; the list is
+    never extended (a witness cannot see a later entry: a new dataset gets a ledger of its own). A
+    ledger made before declarations (no ``datasets``) accounts any dataset, as it always did.
+
+    ``DATASET_RETIRED`` (``dataset``, ``reason``, and optionally ``successor``: the ``origin`` and
+    8-hex-digit ``key_id`` of the log that accounts it from now on) ends the ledger's accounting
+    of a dataset it accounts, for good: no later ``CAP_RAISED``, ``DATASET_VERSION``,
+    ``RUN_STARTED`` or ``RUN_RESUMED`` of it; it is refused while a run of the dataset is open
+    (running, or crashed without a terminal entry), since an open run can still spend. Its public
+    entry, proven in the log, is what lets another log claim the dataset at the witnesses.
+
 Write-ahead spends
     Every append happens under an exclusive ``flock`` on the sibling ``<ledger>.lock`` file: the
     writer reads (and verifies) whatever other processes appended since it last looked, appends its
@@ -238,10 +255,12 @@ class EntryKind(str, enum.Enum):
     RUN_FAILED = "RUN_FAILED"
     RUN_RESUMED = "RUN_RESUMED"
     LOG_BOUND = "LOG_BOUND"
+    DATASET_RETIRED = "DATASET_RETIRED"
 
 
 LEDGER_KINDS = frozenset({EntryKind.LEDGER_INIT, EntryKind.LEDGER_MIGRATED, EntryKind.CAP_RAISED,
-                          EntryKind.DATASET_VERSION, EntryKind.TAIL_REPAIRED, EntryKind.LOG_BOUND})
+                          EntryKind.DATASET_VERSION, EntryKind.TAIL_REPAIRED, EntryKind.LOG_BOUND,
+                          EntryKind.DATASET_RETIRED})
 """Entries about the ledger or a dataset, not a run: their ``run_id`` is null."""
 
 
@@ -329,6 +348,7 @@ BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
     EntryKind.RUN_FAILED: frozenset({"spent", "reason", "code", "stage"}),
     EntryKind.RUN_RESUMED: frozenset({"config_digest", "dataset", "fingerprint", "code_version", "reason"}),
     EntryKind.LOG_BOUND: frozenset({"public_log", "reason"}),
+    EntryKind.DATASET_RETIRED: frozenset({"dataset", "reason"}),
 }
 FORMAT_2_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
     EntryKind.RUN_FAILED: frozenset({"spent", "reason"}),
@@ -336,6 +356,9 @@ FORMAT_2_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 """Entries of format 2 (before the public log was bound) whose fields differ."""
 LOG_BINDING_FIELDS = frozenset({"origin", "vkey", "witnesses", "quorum"})
 """The fields of ``public_log`` (LEDGER_INIT of format 3, LOG_BOUND)."""
+SUCCESSOR_FIELDS = frozenset({"origin", "key_id"})
+"""The fields of DATASET_RETIRED's ``successor``: the log that accounts the dataset from now on
+(its origin and the key ID of its verifier key, 8 hex digits)."""
 FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
     EntryKind.RUN_STARTED: frozenset(
         {
@@ -351,10 +374,11 @@ FIRST_FORMAT_BODY_FIELDS: dict[EntryKind, frozenset[str]] = {
 }
 """Entries of the first format (before LEDGER_INIT existed) whose fields differ."""
 OPTIONAL_FIELDS: dict[EntryKind, frozenset[str]] = {
-    EntryKind.LEDGER_INIT: frozenset({"ledger_cap", "public_log"}),
+    EntryKind.LEDGER_INIT: frozenset({"ledger_cap", "public_log", "datasets"}),
     EntryKind.DATASET_VERSION: frozenset({"sketch", "overlap"}),
     EntryKind.RUN_STARTED: frozenset({"orchestration", "re_release"}),
     EntryKind.RUN_RESUMED: frozenset({"orchestration", "re_release"}),
+    EntryKind.DATASET_RETIRED: frozenset({"successor"}),
 }
 """Fields an entry may leave out (absent means null; a present one is never null). LEDGER_INIT
 of format 3 must have ``public_log`` and of format 2 must not (:mod:`phsafe.ledger.rules`)."""

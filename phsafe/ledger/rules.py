@@ -184,10 +184,81 @@ def check_log_bound(state: LedgerState, e: Mapping[str, Any]) -> Commit:
 
 
 def check_ledger_init(state: LedgerState, e: Mapping[str, Any]) -> Commit:
-    """LEDGER_INIT: entry 0 only; it fixes the policy."""
+    """LEDGER_INIT: entry 0 only; it fixes the policy (and the datasets it accounts, if it declares them)."""
     if e["seq"] != 0:
         raise LedgerRuleViolation("LEDGER_INIT can only be the first entry")
-    return set_policy(state, e)
+    commit_policy = set_policy(state, e)
+    declared = declared_datasets_field(e["datasets"]) if "datasets" in e else None
+
+    def commit() -> None:
+        commit_policy()
+        state.declared_datasets = declared
+
+    return commit
+
+
+def declared_datasets_field(value: Any) -> tuple[str, ...]:
+    """LEDGER_INIT's ``datasets``: one or more dataset names, sorted and distinct (one encoding)."""
+    if not isinstance(value, list) or not value or not all(isinstance(n, str) and NAME.fullmatch(n) for n in value):
+        raise LedgerRuleViolation("datasets must be a non-empty list of dataset names")
+    if value != sorted(set(value)):
+        raise LedgerRuleViolation("datasets must be sorted and distinct")
+    return tuple(value)
+
+
+def dataset_open(state: LedgerState, name: str) -> None:
+    """The ledger accounts ``name``: declared by its policy (if it declares its datasets), not retired."""
+    refusal = state.dataset_refusal(name)
+    if refusal is not None:
+        raise LedgerRuleViolation(refusal, rule="dataset-closed", dataset=name, text=refusal)
+
+
+def check_dataset_retired(state: LedgerState, e: Mapping[str, Any]) -> Commit:
+    """DATASET_RETIRED: a dataset the ledger accounts, with no open run, retired once, with a
+    reason and optionally the successor log (origin and key ID)."""
+    from phsafe.errors import TlogError
+    from phsafe.ledger.format import SUCCESSOR_FIELDS
+    from phsafe.tlog.note import check_key_name
+
+    needs_policy(state)
+    name = e["dataset"]
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise LedgerRuleViolation("dataset is not a valid dataset name")
+    if name in state.retired:
+        raise LedgerRuleViolation(f"dataset {name!r} was retired already (entry {state.retired[name]})",
+                                  rule="dataset-closed", dataset=name,
+                                  text=f"dataset {name!r} was retired from this ledger already (entry {state.retired[name]})")
+    known = state.dataset_states.get(name)
+    accounted = (name in state.declared_datasets if state.declared_datasets is not None
+                 else bool(known and known.versions) or any(r.dataset == name for r in state.runs.values()))
+    if not accounted:
+        text = f"this ledger does not account dataset {name!r}: there is nothing of it to retire"
+        raise LedgerRuleViolation(text, rule="dataset-closed", dataset=name, text=text)
+    open_runs = sorted(r.run_id for r in state.runs.values() if r.dataset == name and r.status is RunStatus.RUNNING)
+    if open_runs:
+        text = (f"run {open_runs[0]} of dataset {name!r} is open (running, or crashed without ending): it can still "
+                "spend -- resume it to its end (or let it fail) before the dataset is retired")
+        raise LedgerRuleViolation(text, rule="dataset-closed", dataset=name, text=text)
+    reason = e["reason"]
+    if not is_text(reason) or not reason.strip():
+        raise LedgerRuleViolation("a retirement needs a reason (a non-empty short string)")
+    successor = e.get("successor")
+    if successor is not None:
+        if not isinstance(successor, dict) or set(successor) != SUCCESSOR_FIELDS:
+            raise LedgerRuleViolation("successor must hold exactly origin and key_id")
+        try:
+            check_key_name(successor["origin"] if isinstance(successor["origin"], str) else "")
+        except TlogError:
+            raise LedgerRuleViolation("successor.origin is not a log's name") from None
+        if not isinstance(successor["key_id"], str) or not re.fullmatch(r"[0-9a-f]{8}", successor["key_id"]):
+            raise LedgerRuleViolation("successor.key_id must be 8 lowercase hex digits")
+        if state.public_log is not None and successor["origin"] == state.public_log["origin"]:
+            raise LedgerRuleViolation("successor names this ledger's own log")
+
+    def commit() -> None:
+        state.retired[name] = e["seq"]
+
+    return commit
 
 
 def check_ledger_migrated(state: LedgerState, e: Mapping[str, Any]) -> Commit:
@@ -236,6 +307,7 @@ def check_cap_raised(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     name = e["dataset"]
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise LedgerRuleViolation("dataset is not a valid dataset name")
+    dataset_open(state, name)
     cap = amount_field(e, "lifetime_cap")
     if is_infinite(cap) and not policy.non_confidential:
         raise LedgerRuleViolation("an Infinity lifetime cap is allowed only in a non-confidential ledger")
@@ -261,6 +333,7 @@ def check_dataset_version(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     """DATASET_VERSION: a content version is declared once, under one dataset name, with a reason."""
     policy = needs_policy(state)
     name, fp = dataset_and_fingerprint(e)
+    dataset_open(state, name)
     owner = state.fingerprints.get(fp)
     if owner is not None:
         raise LedgerRuleViolation(f"this content version is already declared under dataset {owner!r}"
@@ -436,6 +509,7 @@ def check_run_started(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     policy = needs_policy(state)
     defn, planned, total = started_fields(state, e)
     name, fp = dataset_and_fingerprint(e)
+    dataset_open(state, name)
     owner = state.fingerprints.get(fp)
     if owner is None:
         raise LedgerRuleViolation(f"this content version was never declared under dataset {name!r} (DATASET_VERSION)",
@@ -727,6 +801,7 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
     if e["fingerprint"] != run.fingerprint:
         raise LedgerRuleViolation(f"fingerprint differs from the run's RUN_STARTED (entry {run.started_seq}): other records",
                                   rule="resume-fingerprint")
+    dataset_open(state, run.dataset or "")
     check_release_claims(state, e, run.dataset or "", run.fingerprint or "", run_id=run.run_id,
                                declared=e.get("re_release") or run.re_release)
     cap = state.cap_of(run)
@@ -874,5 +949,6 @@ RULES: dict[EntryKind, Check] = {
     EntryKind.RUN_FAILED: check_run_failed,
     EntryKind.RUN_RESUMED: check_run_resumed,
     EntryKind.LOG_BOUND: check_log_bound,
+    EntryKind.DATASET_RETIRED: check_dataset_retired,
 }
 """The check of each entry kind, in a ledger with a policy."""

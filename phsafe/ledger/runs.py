@@ -152,6 +152,8 @@ def explain(exc: LedgerError, state: LedgerState, *, run_id: str | None = None) 
         return LedgerError(f"cannot resume run {run_id}: it was started before the ledger was migrated")
     if rule == "ledger-kind":
         return exc  # check_ledger_kind, before any entry is built, says it in the operator's words
+    if rule == "dataset-closed":
+        return LedgerError(str(f["text"]))
     return exc
 
 
@@ -211,6 +213,29 @@ class Ledger(LedgerFile):
                 )
             self.confirm()  # a copied or rolled-back ledger changes no cap
             entry = self._append(state, [self._cap_raise_item(dataset, cap, reason, "--reason")])[0]
+            self.confirm(fresh=False)
+            return entry
+
+    def retire_dataset(self, dataset: str, reason: str, *, successor: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Record ``DATASET_RETIRED``: this ledger accounts ``dataset`` no more, for good, and
+        (``successor``: ``origin`` and ``key_id``) names the log that accounts it from now on.
+        Witnessed like a cap raise: the quorum cosigns the log before and after the entry, so
+        the public ``dataset-retired`` entry is in a checkpoint the witnesses cosigned.
+
+        Raises:
+            LedgerError: The ledger does not account the dataset, retired it already, a run of
+                it is open, or no reason is given; the witnesses refuse the ledger.
+        """
+        check_dataset_name(dataset)
+        body: dict[str, Any] = {"dataset": dataset, "reason": operator_text(reason, "--reason")}
+        if not body["reason"]:
+            raise LedgerError("give the reason for retiring the dataset (--reason TEXT); it is published")
+        if successor is not None:
+            body["successor"] = {"origin": str(successor["origin"]), "key_id": str(successor["key_id"])}
+        with self.locked() as state:
+            self._needs_policy(state)
+            self.confirm()  # a copied or rolled-back ledger retires nothing
+            entry = self._append(state, [(EntryKind.DATASET_RETIRED, None, body)])[0]
             self.confirm(fresh=False)
             return entry
 

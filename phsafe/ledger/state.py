@@ -364,6 +364,10 @@ class LedgerState:
         """The public log the ledger is bound to (LEDGER_INIT of format 3, or LOG_BOUND): origin,
         verifier key, witness keys and quorum; None when it is bound to none."""
         self.public_log_seq: int | None = None
+        self.declared_datasets: tuple[str, ...] | None = None
+        """The datasets the policy declares it accounts (LEDGER_INIT's ``datasets``); None for a
+        ledger made before declarations, which accounts any dataset."""
+        self.retired: dict[str, int] = {}  # dataset -> its DATASET_RETIRED entry
         self._format = 1
 
     @property
@@ -414,6 +418,20 @@ class LedgerState:
         assert self.policy is not None
         ds = self.dataset_states.get(name)
         return ds.lifetime_cap if ds is not None else self.policy.lifetime_cap
+
+    def dataset_refusal(self, name: str) -> str | None:
+        """Why this ledger takes no entry that lets ``name`` spend (a cap raise, a version, a
+        run's start or resume): it is not among the datasets its policy declares, or it was
+        retired; None when it accounts ``name``."""
+        if name in self.retired:
+            return (f"dataset {name!r} was retired from this ledger (entry {self.retired[name]}): its accounting "
+                    "ended here for good, and nothing more is spent on it in this ledger")
+        declared = self.declared_datasets
+        if declared is not None and name not in declared:
+            return (f"dataset {name!r} is not one of the datasets this ledger declares it accounts "
+                    f"({', '.join(declared)}); a ledger's datasets are fixed when it is made -- a new dataset "
+                    "gets a ledger of its own (phsafe ledger init --dataset NAME)")
+        return None
 
     def unit_of(self, run: RunState) -> PrivacyDefinition:
         """The unit ``run``'s charges are counted in: the ledger's (the run's own, first format)."""

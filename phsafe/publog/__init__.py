@@ -17,11 +17,13 @@ the ledger (:mod:`.confidential`).
 :mod:`.witnesses`           a ledger's witnesses: their keys and URLs, asked over HTTP
 :mod:`.ledgers`             a ledger with its log: create, open, repair, bind, cosign
 :mod:`.confidential`        ``audit verify``'s check that the log is the ledger's projection
+:mod:`.claims`              one log per dataset: registrations, retirements
 ==========================  ===============================================================
 """
 
 from __future__ import annotations
 
+from phsafe.publog.claims import make_log_registration, retire_dataset
 from phsafe.publog.ledgers import (
     PUBLIC_LOG,
     PublicLogSource,
@@ -48,6 +50,8 @@ __all__ = [
     # a ledger with its log
     "create_ledger", "open_ledger", "repair_ledger", "bind_public_log", "cosign_public_log", "write_release_log_files",
     "PUBLIC_LOG", "PublicLogSource", "public_log_of",
+    # one log per dataset: a log's registration with its witnesses, a dataset's retirement
+    "make_log_registration", "retire_dataset",
     # the log and its files
     "PublicLog", "ENTRY_FILE", "PROOF_FILE", "RELEASE_LOG_FILES", "log_key_path", "log_path",
     "PUBLIC_FORMAT", "Projector", "project",

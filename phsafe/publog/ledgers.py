@@ -98,6 +98,7 @@ def create_ledger(
     witness_quorum: int | None = None,
     ledger_cap: Amount | None = None,
     transport: Any = None,
+    datasets: Sequence[str] = (),
 ) -> Ledger:
     """Create a ledger bound to its public privacy-loss log: the log key ``<path>.log.key``
     (0600), the log folder ``<path>.public-log/`` with its verifier key ``log.vkey``, the witness
@@ -111,6 +112,8 @@ def create_ledger(
     Args:
         witnesses: ``(URL, verifier key text)`` of each witness service.
         witness_quorum: How many of them must cosign (default: all).
+        datasets: The datasets the ledger accounts: in its first entry and its log's policy,
+            which its witnesses read from its registration (``phsafe ledger registration``).
         (the others: see :func:`phsafe.ledger.admin.init_ledger`)
 
     Raises:
@@ -142,7 +145,7 @@ def create_ledger(
         return init_ledger(path, lifetime_cap=lifetime_cap, reason=reason, privacy_defn=privacy_defn,
                            non_confidential=non_confidential, code_version=code_version, ledger_cap=ledger_cap,
                            ledger_id=ledger_id, public_log=log_binding(vkey, listed),
-                           followers=PublicLogSource(transport))
+                           followers=PublicLogSource(transport), datasets=datasets)
     except BaseException:
         if not path.exists():  # nothing of a ledger was made: its log's files go too
             for p in made:

@@ -15,7 +15,9 @@ LEDGER_INIT            ``policy``           ``format`` (this log's, :data:`PUBLI
                                             ``non_confidential``, ``reason``, ``code_version``,
                                             ``ledger_cap`` (all datasets together; when set),
                                             ``witnesses`` (their verifier keys) and ``quorum``
-                                            (a ledger bound to its log from LEDGER_INIT)
+                                            (a ledger bound to its log from LEDGER_INIT),
+                                            ``datasets`` (the datasets it accounts; when
+                                            declared)
 LOG_BOUND              ``log-bound``        ``witnesses``, ``quorum``, ``reason`` (a ledger
                                             made before logs were bound, bound since)
 DATASET_VERSION        ``dataset-version``  ``dataset``, ``version`` (1, 2, ... per dataset),
@@ -23,6 +25,9 @@ DATASET_VERSION        ``dataset-version``  ``dataset``, ``version`` (1, 2, ... 
                                             ``dataset`` and the ``reason``, never the share)
 CAP_RAISED             ``cap-raised``       ``dataset``, ``lifetime_cap``, ``reason``
 TAIL_REPAIRED          ``ledger-repaired``  ``reason``
+DATASET_RETIRED        ``dataset-retired``  ``dataset``, ``reason``, ``successor`` (when named:
+                                            the ``origin`` and ``key_id`` of the log that
+                                            accounts the dataset from now on)
 RUN_STARTED            ``run-started``      ``run_id``, ``dataset``, ``privacy_defn``,
                                             ``planned`` (every table x level: key, table,
                                             level, budget, sensitivity, tau, n_cells,
@@ -156,6 +161,8 @@ class Projector:
             if "public_log" in e:  # the witnesses the ledger is bound to
                 policy["witnesses"] = list(e["public_log"]["witnesses"])
                 policy["quorum"] = e["public_log"]["quorum"]
+            if "datasets" in e:  # what the log's witnesses read from its registration
+                policy["datasets"] = list(e["datasets"])
             return policy
         if kind is EntryKind.LOG_BOUND:
             return {**base, "type": "log-bound", "witnesses": list(e["public_log"]["witnesses"]),
@@ -176,6 +183,11 @@ class Projector:
                     "reason": e["reason"]}
         if kind is EntryKind.TAIL_REPAIRED:
             return {**base, "type": "ledger-repaired", "reason": e["reason"]}
+        if kind is EntryKind.DATASET_RETIRED:
+            retired = {**base, "type": "dataset-retired", "dataset": e["dataset"], "reason": e["reason"]}
+            if "successor" in e:
+                retired["successor"] = dict(e["successor"])
+            return retired
         run_id = e["run_id"]
         if kind is EntryKind.RUN_STARTED:
             self._runs[run_id] = _Run(e["dataset"], e["privacy_defn"], list(e["planned"]))

@@ -37,6 +37,10 @@ Modules and formats (each module's docstring states its format precisely):
   by one log's key that no append-only log can both sign, verified with the log's key alone.
 - :mod:`.policy` -- witness policies: K of N witnesses, accepted only when any two quorums share
   a witness (K > N/2); an outsider's quorum never below the log's.
+- :mod:`.registration` -- a log's registration with its witnesses (``phsafe-log-registration/1``):
+  its policy entry, naming the datasets it accounts, proven as its entry 0, and the retirements
+  that let it claim a dataset another log held; what a witness keeps of them (which log holds
+  each dataset).
 - :mod:`.proof` -- C2SP tlog-proof files (``c2sp.org/tlog-proof@v1``).
 - :mod:`.framing` -- the framing the proof file and the ``add-checkpoint`` request share (pure).
 - :mod:`.layout` -- the published log's static files, and their verification (pure).
@@ -99,6 +103,7 @@ from phsafe.errors import (
 )
 from phsafe.tlog.files import (
     FileCheckpointStore,
+    FileClaimStore,
     FileHashStore,
     FileSeenLogs,
     read_signer_key,
@@ -132,6 +137,16 @@ from phsafe.tlog.note import (
 )
 from phsafe.tlog.proof import TlogProof, format_tlog_proof, make_tlog_proof, parse_tlog_proof, verify_tlog_proof
 from phsafe.tlog.publication import LogDirectory, read_published_log
+from phsafe.tlog.registration import (
+    ClaimState,
+    ClaimStore,
+    Registration,
+    Retirement,
+    format_registration,
+    make_registration,
+    parse_registration,
+    verify_registration,
+)
 from phsafe.tlog.state import CheckpointStore, MemoryCheckpointStore, MemorySeenLogs, SeenLog, SeenLogStore
 from phsafe.tlog.witness import (
     AddCheckpointRequest,
@@ -165,6 +180,9 @@ __all__ = [
     # evidence of equivocation, witness policies
     "Evidence", "VerifiedEvidence", "format_evidence", "parse_evidence", "verify_evidence", "same_size_evidence",
     "evidence_from_tree", "evidence_from_proof", "WitnessPolicy", "check_quorum", "smallest_quorum",
+    # registrations: which log holds each dataset at a witness
+    "Registration", "Retirement", "format_registration", "parse_registration", "make_registration",
+    "verify_registration", "ClaimState", "ClaimStore", "FileClaimStore",
     # proof files
     "TlogProof", "format_tlog_proof", "make_tlog_proof", "parse_tlog_proof", "verify_tlog_proof",
     # publication and files

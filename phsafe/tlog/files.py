@@ -15,6 +15,8 @@
   JSON file's inode changes) while it reads, compares and replaces the file
   (:func:`phsafe.durable.replace`): a reader sees the old file or the new one, never a mixture;
   a crash leaves one of them.
+- :class:`FileClaimStore` -- a witness's claims (:mod:`.registration`: which log holds each
+  dataset), one JSON file replaced like the checkpoint state.
 - Key files: a signer key (``PRIVATE+KEY+...``, :mod:`.keys`) is written once, created with mode
   0600 (never over an existing file), and read only if it is a regular file no one but its owner
   may read; a verifier key file is one public line.
@@ -36,6 +38,7 @@ from phsafe import durable
 from phsafe.errors import MalformedError, StaleStateError, StoreError
 from phsafe.tlog.keys import AnySigner, AnyVerifier, signer_from_key, verifier_from_key
 from phsafe.tlog.merkle import HASH_SIZE, tree_size_for_stored_count
+from phsafe.tlog.registration import ClaimState, ClaimStore, RegisteredLog
 from phsafe.tlog.state import SeenLog
 
 CHECKPOINTS_FORMAT = "phsafe-tlog-checkpoints/1"
@@ -203,7 +206,10 @@ class FileSeenLogs:
     checkpoints without leaf hashes and rewritten in this format at the next update.
 
     It may also hold ``"claims": {"<name>": "<origin>"}``: names a client has seen claimed by one
-    log each (the monitor keeps which log accounts each dataset: :meth:`claims`, :meth:`claim`).
+    log each (the monitor keeps which log accounts each dataset: :meth:`claims`, :meth:`claim`),
+    and ``"retired": {"<name>": [{"by": "<origin>", "successor": "<origin> (key ID <hex>)" or
+    null}, ...]}``: the logs seen retiring each name, oldest first (:meth:`retirements`,
+    :meth:`retire`).
     """
 
     FORMAT = "phsafe-seen-logs/1"
@@ -216,10 +222,14 @@ class FileSeenLogs:
         return self._read_all()[0]
 
     def _read_all(self) -> tuple[dict[str, SeenLog], dict[str, str]]:
+        logs, claims, _ = self._read_document()
+        return logs, claims
+
+    def _read_document(self) -> tuple[dict[str, SeenLog], dict[str, str], dict[str, list[dict[str, str | None]]]]:
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
-            return {}, {}
+            return {}, {}, {}
         except OSError as exc:
             raise StoreError(f"cannot read the checkpoints seen, {self.path}: {_reason(exc)}") from None
         try:
@@ -229,7 +239,7 @@ class FileSeenLogs:
         kind = document.get("format") if isinstance(document, dict) else None
         if kind == CHECKPOINTS_FORMAT and isinstance(document.get("checkpoints"), dict):
             return {origin: SeenLog(text.encode("utf-8")) for origin, text in document["checkpoints"].items()
-                    if isinstance(origin, str) and isinstance(text, str)}, {}
+                    if isinstance(origin, str) and isinstance(text, str)}, {}, {}
         logs = document.get("logs") if isinstance(document, dict) else None
         claims = document.get("claims", {}) if isinstance(document, dict) else None
         if kind != self.FORMAT or not isinstance(logs, dict) or not isinstance(claims, dict) \
@@ -242,19 +252,26 @@ class FileSeenLogs:
                                       base64.b64decode(record.get("leaf_hashes") or "", validate=True))
             except (KeyError, TypeError, AttributeError, ValueError):
                 raise StoreError(f"{self.path}: the record of {origin} is not a checkpoint and its leaf hashes") from None
-        return out, dict(claims)
+        retired = document.get("retired", {})
+        if not isinstance(retired, dict) or not all(
+                isinstance(name, str) and isinstance(items, list) and all(
+                    isinstance(i, dict) and isinstance(i.get("by"), str)
+                    and isinstance(i.get("successor"), (str, type(None))) for i in items)
+                for name, items in retired.items()):
+            raise StoreError(f"{self.path} is not a {self.FORMAT} document (its retirements)")
+        return out, dict(claims), {name: [dict(i) for i in items] for name, items in retired.items()}
 
     def load(self, origin: str) -> SeenLog | None:
         return self._read().get(origin)
 
     def replace(self, origin: str, expected: bytes | None, new: SeenLog) -> None:
         with self._locked():
-            logs, claims = self._read_all()
+            logs, claims, retired = self._read_document()
             current = logs.get(origin)
             if (None if current is None else current.checkpoint) != expected:
                 raise StaleStateError(f"the kept checkpoint of {origin} in {self.path} changed meanwhile")
             logs[origin] = new
-            self._write(logs, claims)
+            self._write(logs, claims, retired)
 
     def claims(self) -> dict[str, str]:
         """The names kept with the log (origin) that claims each."""
@@ -263,16 +280,32 @@ class FileSeenLogs:
     def claim(self, names: dict[str, str]) -> None:
         """Keep ``names`` (name -> origin), replacing what was kept for those names."""
         with self._locked():
-            logs, claims = self._read_all()
+            logs, claims, retired = self._read_document()
             claims.update(names)
-            self._write(logs, claims)
+            self._write(logs, claims, retired)
 
-    def _write(self, logs: dict[str, SeenLog], claims: dict[str, str]) -> None:
+    def retirements(self) -> dict[str, list[dict[str, str | None]]]:
+        """The logs seen retiring each name (``by``, and the ``successor`` it named), oldest first."""
+        return self._read_document()[2]
+
+    def retire(self, name: str, by: str, successor: str | None) -> None:
+        """Keep that the log ``by`` retired ``name`` (once per log and name)."""
+        with self._locked():
+            logs, claims, retired = self._read_document()
+            items = retired.setdefault(name, [])
+            if not any(i["by"] == by for i in items):
+                items.append({"by": by, "successor": successor})
+                self._write(logs, claims, retired)
+
+    def _write(self, logs: dict[str, SeenLog], claims: dict[str, str],
+               retired: dict[str, list[dict[str, str | None]]] | None = None) -> None:
         document: dict[str, object] = {"format": self.FORMAT, "logs": {
             o: {"checkpoint": log.checkpoint.decode("utf-8"), "leaf_hashes": base64.b64encode(log.leaf_hashes).decode("ascii")}
             for o, log in sorted(logs.items())}}
         if claims:
             document["claims"] = dict(sorted(claims.items()))
+        if retired:
+            document["retired"] = dict(sorted(retired.items()))
         durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
 
     @contextlib.contextmanager
@@ -282,6 +315,63 @@ class FileSeenLogs:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             yield
+        finally:
+            os.close(lock_fd)
+
+
+class FileClaimStore(ClaimStore):
+    """A witness's :class:`~phsafe.tlog.registration.ClaimState` in one JSON file::
+
+        {"format": "phsafe-witness-claims/1",
+         "logs": {"<origin>": {"vkey": "<verifier key>", "datasets": ["<name>", ...] or null}},
+         "claims": {"<dataset>": "<origin>"},
+         "retired": {"<dataset>": ["<origin that retired it>", ...]}}
+
+    Replaced whole by :func:`phsafe.durable.replace` (the new file synced, renamed over the
+    old, the folder synced) under an exclusive ``flock`` on ``<file>.lock``: a reader, or a
+    witness restarted after a kill at any point, finds the state before or after an update.
+    """
+
+    FORMAT = "phsafe-witness-claims/1"
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
+
+    def load(self) -> ClaimState:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return ClaimState()
+        except OSError as exc:
+            raise StoreError(f"cannot read the witness's claims {self.path}: {_reason(exc)}") from None
+        try:
+            document = json.loads(data)
+            if document["format"] != self.FORMAT:
+                raise ValueError(document["format"])
+            logs = {str(origin): RegisteredLog(str(record["vkey"]), None if record["datasets"] is None
+                                               else tuple(str(n) for n in record["datasets"]))
+                    for origin, record in document["logs"].items()}
+            claims = {str(name): str(origin) for name, origin in document["claims"].items()}
+            retired = {str(name): tuple(str(o) for o in origins) for name, origins in document["retired"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise StoreError(f"the witness's claims {self.path} are not a {self.FORMAT} document") from None
+        if any(origin not in logs for origin in claims.values()):
+            raise StoreError(f"the witness's claims {self.path} name a log that is not registered")
+        return ClaimState(logs, claims, retired)
+
+    def save(self, state: ClaimState) -> None:
+        document = {"format": self.FORMAT,
+                    "logs": {o: {"vkey": log.vkey, "datasets": None if log.datasets is None else list(log.datasets)}
+                             for o, log in sorted(state.logs.items())},
+                    "claims": dict(sorted(state.claims.items())),
+                    "retired": {n: list(origins) for n, origins in sorted(state.retired.items())}}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            durable.replace(self.path, (json.dumps(document, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
         finally:
             os.close(lock_fd)
 

@@ -43,6 +43,12 @@ cosignature) by compare-and-swap -- check and update are one atomic step, so two
 requests cannot roll it back -- before it returns its cosignature line: a cosignature is never
 given for a state the witness could forget.
 
+With a claim store (:class:`~phsafe.tlog.registration.ClaimStore`: the witness service always
+has one), it cosigns a log only once it accepted the log's registration
+(:meth:`Witness.register`), which names the datasets the log accounts, and refuses (403) a second
+log naming a dataset another log holds here, unless its registration carries that log's
+retirement of the dataset, proven in the history this witness cosigned.
+
 Request body (``add-checkpoint``), every line ending in a newline::
 
     old <old size, decimal, no leading zeros>
@@ -64,8 +70,18 @@ from phsafe.tlog.log import TransparencyLog
 from phsafe.errors import MalformedError, ProofError, SignatureError, StaleStateError, StoreError, WitnessRefusal
 from phsafe.tlog.merkle import EMPTY_ROOT, HASH_SIZE, MAX_TREE_SIZE, verify_consistency
 from phsafe.tlog.cosignature import CosignatureSigner
+from phsafe.tlog.keys import format_verifier_key
 from phsafe.tlog.evidence import Evidence, evidence_from_proof, same_size_evidence
 from phsafe.tlog.note import NoteSignature, Verifier, format_note, parse_note, parse_signature_lines
+from phsafe.tlog.registration import (
+    ClaimState,
+    ClaimStore,
+    RegisteredLog,
+    Registration,
+    parse_registration,
+    verify_registration,
+    verify_retirement,
+)
 from phsafe.tlog.state import CheckpointStore
 
 
@@ -127,9 +143,11 @@ class Witness:
     """
 
     def __init__(self, signer: CosignatureSigner, logs: Iterable[Verifier], store: CheckpointStore, *,
-                 evidence: Callable[[str, bytes, Evidence | None], None] | None = None) -> None:
+                 evidence: Callable[[str, bytes, Evidence | None], None] | None = None,
+                 claims: ClaimStore | None = None) -> None:
         self.signer = signer
         self._keep_evidence = evidence
+        self._claims = claims
         self._logs: dict[str, Verifier] = {}
         for log in logs:
             if log.name in self._logs:
@@ -179,6 +197,190 @@ class Witness:
                                  "is a new log, with a name of its own") from None
             raise StoreError(f"the witness's stored checkpoint of {origin} does not verify ({exc})") from None
 
+    # -- registrations: which datasets each log accounts (phsafe.tlog.registration) -----------
+
+    @property
+    def requires_registration(self) -> bool:
+        """A witness with a claim store cosigns only the logs whose registration it accepted."""
+        return self._claims is not None
+
+    def claims(self) -> ClaimState:
+        """The registrations accepted: logs, which log holds each dataset, retirements."""
+        return self._claims.load() if self._claims is not None else ClaimState()
+
+    def _require_registration(self, origin: str, verifier: Verifier) -> None:
+        if self._claims is None:
+            return
+        registered = self._claims.load().logs.get(origin)
+        if registered is not None and registered.vkey == format_verifier_key(verifier):
+            return
+        if registered is not None:
+            raise WitnessRefusal(403, f"this witness has registered and cosigned the log {origin} under another key "
+                                      f"({registered.vkey.split('+')[1]}, now {verifier.key_id:08x}): a log's key never "
+                                      "changes -- a new key is a new log, with a name of its own")
+        why = self._claims.refusals.get(origin)
+        if why is None:
+            why = (f"this witness has accepted no registration of the log {origin}: it witnesses a log once its "
+                   "registration -- the log's policy, which names the datasets it accounts, proven as its entry 0 "
+                   "(phsafe ledger registration) -- is in its logs folder beside the log's key")
+        raise WitnessRefusal(403, why)
+
+    def register(self, data: bytes) -> str:
+        """Accept a log's registration, durably, and return one line saying what the log now
+        holds here. Refuses (and remembers why, to say it to the log's requests) a registration
+        that does not verify with the log's key, is not on the history this witness cosigned,
+        declares no dataset for a log new to this witness, or names a dataset another log holds
+        here without that log's retirement of it.
+
+        Raises:
+            WitnessRefusal: Why the registration is refused (400 malformed, 404 unknown log, 403).
+        """
+        if self._claims is None:
+            raise ValueError("this witness keeps no claims")
+        try:
+            registration = parse_registration(data)
+        except MalformedError as exc:
+            raise WitnessRefusal(400, f"not a log registration ({exc})") from None
+        try:
+            line = self._register(registration)
+        except WitnessRefusal as refusal:
+            if registration.origin in self._logs:
+                self._claims.refusals[registration.origin] = str(refusal)
+            raise
+        self._claims.refusals.pop(registration.origin, None)
+        return line
+
+    def _register(self, registration: Registration) -> str:
+        assert self._claims is not None
+        origin = registration.origin
+        verifier = self._logs.get(origin)
+        if verifier is None:
+            raise WitnessRefusal(404, f"a registration of the log {origin!r}, which this witness does not witness (its "
+                                      "key is not in its logs folder)")
+        vkey = format_verifier_key(verifier)
+        try:
+            verified = verify_registration(registration, verifier)
+        except (SignatureError, ProofError, MalformedError) as exc:
+            raise WitnessRefusal(403, f"the registration of the log {origin} does not verify with its key: {exc}") from None
+        state = self._claims.load()
+        known = state.logs.get(origin)
+        if known is not None and known.vkey == vkey and known.datasets == verified.datasets:
+            return self._registered_line(origin, state)
+        try:
+            _, latest = self._load(origin, verifier)
+        except KeyChanged as exc:
+            raise WitnessRefusal(403, str(exc)) from None
+        checkpoint = verified.checkpoint
+        if latest is not None and not self._on_history(checkpoint.message, verifier, latest):
+            raise WitnessRefusal(403, f"the registration of the log {origin} is proven against a checkpoint of "
+                                      f"{checkpoint.checkpoint.size} entries that this witness did not cosign, and it "
+                                      f"has cosigned {latest.checkpoint.size} entries of the log: make the registration "
+                                      "again once the witnesses cosigned the log as it is (phsafe ledger cosign, then "
+                                      "phsafe ledger registration)")
+        datasets = verified.datasets
+        if datasets is None and latest is None:
+            raise WitnessRefusal(403, f"the log {origin}'s policy declares no dataset: this witness witnesses a new log "
+                                      "only once its policy names the datasets it accounts (phsafe ledger init --dataset "
+                                      "NAME), so that a second log for a dataset cannot go unseen")
+        claims, retired = dict(state.claims), dict(state.retired)
+        for name in datasets or ():
+            holder = claims.get(name)
+            if holder is not None and holder != origin:
+                self._check_retirement(registration, name, holder, state, verifier)
+                retired[name] = (*retired.get(name, ()), holder)
+            claims[name] = origin
+        if latest is None:  # its first checkpoint here: every later one must extend it (entry 0 fixed)
+            self._cosign_first(origin, verifier, checkpoint)
+        new = ClaimState({**state.logs, origin: RegisteredLog(vkey, datasets)}, claims, retired)
+        self._claims.save(new)
+        return self._registered_line(origin, new)
+
+    @staticmethod
+    def _registered_line(origin: str, state: ClaimState) -> str:
+        datasets = state.logs[origin].datasets
+        if datasets is None:
+            return (f"the log {origin} is registered; its policy declares no dataset (a log this witness cosigned "
+                    "before logs declared them): it is witnessed, and holds no dataset here")
+        held = [f"{d} (taken over from {state.retired[d][-1]})" if state.retired.get(d) else d
+                for d in datasets if state.claims.get(d) == origin]
+        gone = [f"{d} (held by {state.claims[d]} since it retired it)" for d in datasets if state.claims.get(d) != origin]
+        return (f"the log {origin} is registered; it holds "
+                + (f"the dataset(s) {', '.join(held)} here" if held else "no dataset here")
+                + (f"; it retired {', '.join(gone)}" if gone else ""))
+
+    def _own_verifier(self) -> Verifier:
+        from phsafe.tlog.cosignature import CosignatureVerifier
+
+        return CosignatureVerifier(self.signer.name, self.signer.public_key)
+
+    def _on_history(self, message: bytes, verifier: Verifier, latest: VerifiedCheckpoint) -> bool:
+        """``message`` (signed by the log's key) is on the history of the log this witness
+        cosigned: it carries this witness's own cosignature -- it cosigns only checkpoints that
+        extend the last one, so each it cosigned is a prefix of its latest -- or it is the
+        latest."""
+        try:
+            verify_checkpoint(message, verifier, witnesses=[self._own_verifier()], quorum=1)
+            return True
+        except (SignatureError, ProofError, MalformedError):
+            pass
+        try:
+            mine = verify_checkpoint(message, verifier).checkpoint
+        except (SignatureError, ProofError, MalformedError):
+            return False
+        return (mine.size, mine.root_hash) == (latest.checkpoint.size, latest.checkpoint.root_hash)
+
+    def _check_retirement(self, registration: Registration, name: str, holder: str, state: ClaimState,
+                          verifier: Verifier) -> None:
+        """The registration carries ``holder``'s retirement of ``name``, proven in the history of
+        ``holder`` this witness cosigned, naming this log (or no log) as its successor."""
+        from phsafe.tlog.keys import verifier_from_key
+
+        origin = registration.origin
+        holder_key = verifier_from_key(state.logs[holder].vkey)
+        why = ""
+        for retirement in registration.retirements:
+            if retirement.origin != holder:
+                continue
+            try:
+                checkpoint, retired = verify_retirement(retirement, holder_key)
+            except (SignatureError, ProofError, MalformedError) as exc:
+                why = f" (a retirement given does not verify with {holder}'s key: {exc})"
+                continue
+            if retired.dataset != name:
+                continue
+            try:
+                _, latest = self._load(holder, holder_key)
+            except (KeyChanged, StoreError):
+                latest = None
+            if latest is None or not self._on_history(checkpoint.message, holder_key, latest):
+                why = (f" (its retirement is proven against a checkpoint of {holder} this witness did not cosign: make "
+                       f"the registration again once the witnesses cosigned {holder}: phsafe ledger cosign)")
+                continue
+            if retired.successor_origin is not None and \
+                    (retired.successor_origin, retired.successor_key_id) != (origin, verifier.key_id):
+                raise WitnessRefusal(403, f"{holder} retired the dataset {name} in favour of the log "
+                                          f"{retired.successor_origin} (key ID {retired.successor_key_id:08x}), not "
+                                          f"{origin} (key ID {verifier.key_id:08x})")
+            return
+        raise WitnessRefusal(403, f"the log's policy names the dataset {name}, which this witness holds under another "
+                                  f"log, {holder}: a second log would account it again from zero (its cap spent "
+                                  f"again); that log must first retire {name} publicly, recorded in it (phsafe ledger "
+                                  "retire-dataset), and this log's registration carry the retirement (phsafe ledger "
+                                  f"registration --retired-in ITS-PUBLISHED-LOG){why}")
+
+    def _cosign_first(self, origin: str, verifier: Verifier, checkpoint: VerifiedCheckpoint) -> None:
+        """Keep the registration's checkpoint as the first one cosigned of a log new to this
+        witness: from then on it cosigns only checkpoints that extend it, so the log's entry 0
+        is the policy it registered."""
+        cosignature = NoteSignature(self.signer.name, self.signer.key_id,
+                                    self.signer.sign(checkpoint.note.text.encode("utf-8")))
+        log_signatures = [s for s in checkpoint.note.signatures if (s.name, s.key_id) == (verifier.name, verifier.key_id)]
+        try:
+            self._store.replace(origin, None, format_note(checkpoint.note.text, [*log_signatures, cosignature]))
+        except StaleStateError:
+            raise WitnessRefusal(409, f"a checkpoint of {origin} was cosigned meanwhile; the registration is read "
+                                      "again at the next request") from None
+
     def add_checkpoint(self, request: AddCheckpointRequest) -> bytes:
         """Cosign ``request.checkpoint`` if it extends the last one cosigned; returns the
         cosignature line(s). Raises WitnessRefusal otherwise (see the module docstring)."""
@@ -198,6 +400,7 @@ class Witness:
             raise WitnessRefusal(422, str(exc)) from None
         except MalformedError as exc:
             raise WitnessRefusal(400, str(exc)) from None
+        self._require_registration(origin, verifier)
         size = new.checkpoint.size
         if request.old_size > size:
             raise WitnessRefusal(400, f"the old size {request.old_size} is larger than the checkpoint's {size}")

@@ -4,9 +4,13 @@
 its own cosigning key and its own state; the logs it witnesses are its operator's choice, never a
 request's: verifier keys given when it starts (``--log``), and those its operator puts in a
 folder (``--logs DIR``: every ``*.vkey`` file there, read by content at every request, so a log
-is added without a restart and a key rewritten in place is seen: :class:`LogKeys`). The routes::
+is added without a restart and a key rewritten in place is seen: :class:`LogKeys`). It cosigns a
+log only once it accepted the log's registration (``--registration FILE``, or a ``*.registration``
+file in the folder: :mod:`phsafe.tlog.registration`), and never a second log for a dataset it
+holds for another. The routes::
 
     POST <prefix>/add-checkpoint          the spec's (C2SP tlog-witness)
+    GET  <prefix>/claims                  the datasets it holds: one "<dataset> <log origin>" line each
     GET  <prefix>/evidence                the names of the evidence files kept, one per line
     GET  <prefix>/evidence/<name>         one evidence file (phsafe-equivocation/1, JSON)
     (every other path: 404; another method: 405)
@@ -22,6 +26,9 @@ State folder ``DIR`` (created 0700 if missing)::
 
     DIR/checkpoints.json     the last checkpoint cosigned per log (phsafe.tlog.files.FileCheckpointStore:
                              replaced atomically and durably before every 200 answer)
+    DIR/claims.json          the registrations accepted: which log holds each dataset
+                             (phsafe.tlog.files.FileClaimStore; written after the log's first
+                             checkpoint, which its registration fixes)
     DIR/serving.lock         held (flock) by the one service that serves this state
     DIR/evidence/            proofs that a log's key signed two histories (phsafe.tlog.evidence):
                              the checkpoint it cosigned and a refused one of the same size with
@@ -47,17 +54,21 @@ from pathlib import Path
 from typing import Any
 
 from phsafe import durable
-from phsafe.errors import MalformedError, StoreError
+from phsafe.errors import MalformedError, StoreError, WitnessRefusal
 from phsafe.tlog.cosignature import CosignatureSigner
 from phsafe.tlog.evidence import EVIDENCE_SUFFIX, Evidence, format_evidence
-from phsafe.tlog.files import FileCheckpointStore
+from phsafe.tlog.files import FileCheckpointStore, FileClaimStore
+from phsafe.tlog.registration import REGISTRATION_SUFFIX
 from phsafe.tlog.note import Verifier, parse_note
 from phsafe.tlog.witness import HttpAnswer, Witness, answer_add_checkpoint
 
 STATE_FILE = "checkpoints.json"
+CLAIMS_FILE = "claims.json"
 SERVING_LOCK = "serving.lock"
 EVIDENCE_FOLDER = "evidence"
 REFUSED_FOLDER = "refused"
+CLAIMS_PATH = "/claims"
+"""``GET <prefix>/claims``: the datasets this witness holds, one ``<dataset> <origin>`` line each."""
 EVIDENCE_PATH = "/evidence"
 """``GET <prefix>/evidence``: the names of the evidence files, one per line; ``GET
 <prefix>/evidence/<name>``: one of them (``application/json``)."""
@@ -79,6 +90,7 @@ class WitnessState:
             os.close(self._lock_fd)
             raise StoreError(f"another witness process serves the state {self.folder}; one state, one witness") from None
         self.store = FileCheckpointStore(self.folder / STATE_FILE)
+        self.claims = FileClaimStore(self.folder / CLAIMS_FILE)
 
     def keep_evidence(self, origin: str, request: bytes, evidence: Evidence | None) -> None:
         """Keep a refused request signed by the log (``refused/``) and, when it proves the log
@@ -136,8 +148,15 @@ class LogKeys:
 
     def __init__(self, fixed: Sequence[Verifier], folder: Path | None = None,
                  read_key: Callable[[Path], Verifier] | None = None,
-                 pinned: Callable[[str], set[int]] | None = None) -> None:
+                 pinned: Callable[[str], set[int]] | None = None,
+                 registrations: Sequence[tuple[str, bytes]] = ()) -> None:
         self._fixed = list(fixed)
+        self._fixed_registrations = list(registrations)
+        self.registrations: list[tuple[str, bytes]] = list(registrations)
+        """Every registration given (where from, its bytes): ``--registration`` files, and the
+        ``*.registration`` files of the folder, read again whenever the folder changes."""
+        self.generation = 0
+        """Counts the changes of the folder seen (registrations are read again at each)."""
         self._folder = None if folder is None else Path(folder)
         self._read_key = read_key
         self._pinned = pinned
@@ -151,7 +170,7 @@ class LogKeys:
             return ()
         out = []
         try:
-            paths = sorted(self._folder.glob("*.vkey"))
+            paths = sorted([*self._folder.glob("*.vkey"), *self._folder.glob(f"*{REGISTRATION_SUFFIX}")])
         except OSError:
             return ()
         for path in paths:
@@ -169,7 +188,14 @@ class LogKeys:
             return self._keys
         candidates: list[tuple[str, Verifier]] = [("--log", k) for k in self._fixed]
         skipped: list[str] = []
+        registrations = list(self._fixed_registrations)
         for name, _ in contents:
+            if name.endswith(REGISTRATION_SUFFIX):
+                try:
+                    registrations.append((name, (self._folder / name).read_bytes()))
+                except OSError as exc:
+                    skipped.append(f"{name}: {exc.strerror or exc}")
+                continue
             try:
                 candidates.append((name, self._read_key(self._folder / name)))
             except Exception as exc:  # noqa: BLE001 -- a bad file is skipped and said, never fatal
@@ -191,19 +217,38 @@ class LogKeys:
             else:
                 skipped.append(f"{sources}: {len(found)} keys for the log {origin}; none is used until one is removed")
         self._keys, self.skipped, self._seen = keys, skipped, contents
+        self.registrations = registrations
+        self.generation += 1
         return self._keys
 
 
-def open_witness(signer: CosignatureSigner, logs: Sequence[Verifier] | LogKeys, state: WitnessState) -> Callable[[], Witness]:
-    """The witness of ``logs`` with ``signer``'s key and ``state``'s checkpoints (made again when
-    the logs change)."""
+def open_witness(signer: CosignatureSigner, logs: Sequence[Verifier] | LogKeys, state: WitnessState, *,
+                 say: Callable[[str], None] = lambda line: None) -> Callable[[], Witness]:
+    """The witness of ``logs`` with ``signer``'s key and ``state``'s checkpoints and claims (made
+    again when the logs change). It cosigns only the logs whose registration it accepted
+    (:meth:`~phsafe.tlog.witness.Witness.register`): the registrations given are read again
+    whenever the logs folder changes, and ``say`` is told, in one line, what each one did."""
     keys = logs if isinstance(logs, LogKeys) else LogKeys(logs)
     made: dict[str, Any] = {}
 
     def witness() -> Witness:
         current = keys.current()
         if made.get("keys") is not current:
-            made["keys"], made["witness"] = current, Witness(signer, current, state.store, evidence=state.keep_evidence)
+            made["keys"], made["witness"] = current, Witness(signer, current, state.store, evidence=state.keep_evidence,
+                                                             claims=state.claims)
+        if made.get("generation") != keys.generation:
+            made["generation"] = keys.generation
+            said: dict[str, str] = made.setdefault("said", {})
+            for source, data in keys.registrations:
+                try:
+                    line = made["witness"].register(data)
+                except WitnessRefusal as refusal:
+                    line = f"refused: {refusal}"
+                except StoreError as exc:
+                    line = f"not read: the witness cannot use its state ({exc})"
+                if said.get(source) != line:  # each outcome once, not at every change of the folder
+                    said[source] = line
+                    say(f"{source}: {line}")
         return made["witness"]
 
     return witness
@@ -256,7 +301,15 @@ def witness_app(witness: Callable[[], Witness], state: WitnessState | None = Non
             return Response(b"no such evidence\n", status_code=404, headers={"content-type": "text/plain; charset=utf-8"})
         return Response(data, headers={"content-type": "application/json"})
 
-    routes = [Route("/add-checkpoint", add_checkpoint, methods=["POST"])]
+    def claim_lines() -> bytes:
+        with one_at_a_time:
+            held = witness().claims()
+        return "".join(f"{name} {origin}\n" for name, origin in sorted(held.claims.items())).encode("utf-8")
+
+    async def claims(request: Request) -> Response:
+        return Response(await run_in_threadpool(claim_lines), headers={"content-type": "text/plain; charset=utf-8"})
+
+    routes = [Route("/add-checkpoint", add_checkpoint, methods=["POST"]), Route(CLAIMS_PATH, claims, methods=["GET"])]
     if state is not None:
         routes += [Route(EVIDENCE_PATH, evidence_list, methods=["GET"]),
                    Route(EVIDENCE_PATH + "/{name}", evidence_file, methods=["GET"])]

@@ -264,6 +264,29 @@ def second_log(w: World) -> tuple[tuple[int, str], tuple[int, str]]:
     return o, m
 
 
+def second_log_at_claiming_witnesses(root: Path, n: int, k: int) -> tuple[tuple[int, str], tuple[None, str]]:
+    """A fresh ledger init for a dataset, with witnesses that keep one log per dataset (as the
+    witness service does): the first ledger's registration is accepted, the second's refused, so
+    the second ledger's run stops before its first spend."""
+    from phsafe.errors import PHSafeError
+    from phsafe.publog import make_log_registration
+
+    ws = Witnesses(n, claims=True)
+    quorum = k if 2 * k > n else n
+    made = []
+    for name in ("first", "second"):
+        ledger = new_ledger(root / name, cap=PLAN.total * 3 / 2, witnesses=ws.listed(), witness_quorum=quorum,
+                            transport=ws.transport, datasets=["test-data"])
+        ws.trust(ledger.state.public_log["vkey"], make_log_registration(ledger.path)[0])
+        made.append(ledger)
+    start_run(made[0], PLAN, "run-first")
+    try:
+        start_run(made[1], PLAN, "run-second")
+    except PHSafeError as refused:
+        return (1, f"phsafe: error: {refused}"), (None, "")
+    return (0, "the second ledger's run started"), (None, "")
+
+
 def main(argv: list[str]) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -285,6 +308,8 @@ def main(argv: list[str]) -> int:
             for attack, (o, m) in attacks(w).items():
                 rows.append((label, attack, o, m))
             rows.append((label, "a second log for a known dataset", *second_log(w)))
+            rows.append((label, "a second log for a known dataset, at witnesses that keep one log per dataset "
+                                "(the second ledger's run)", *second_log_at_claiming_witnesses(root / "claims", n, k)))
             print(f"{label}: done", file=sys.stderr)
     text = ["| policy | attack | audit public (exit: first line) | audit monitor --once (exit: first line) |",
             "|---|---|---|---|"]

@@ -1,8 +1,9 @@
 """Witness services for the system tests: ``phsafe witness serve``, each in a process of its own.
 
 Each has its own key (``phsafe witness init``), its own state folder and a folder of the logs it
-witnesses (a log is added by putting its verifier key there, as its operator would); it listens
-on a loopback port the system picks and prints its URL, which :meth:`Service.start` reads.
+witnesses (a log is added by putting its verifier key and its registration there, as its operator
+would); it listens on a loopback port the system picks and prints its URL, which
+:meth:`Service.start` reads.
 """
 
 from __future__ import annotations
@@ -41,11 +42,20 @@ class Service:
         self.url = line.split(" at ", 1)[1].split()[0]
         return self
 
-    def witness(self, log: Path) -> None:
-        """The log's operator hands its verifier key (``log``/log.vkey) to the witness's operator."""
+    def witness(self, log: Path, *, retired_in: tuple[Path, ...] = ()) -> str:
+        """The log's operator hands its verifier key (``log``/log.vkey) and its registration (its
+        policy, proven as its entry 0, with the retirements found in the logs ``retired_in``:
+        ``phsafe ledger registration``) to the witness's operator. Returns the file names' stem."""
+        from phsafe.publog.claims import make_log_registration
+
         (self.folder / "logs").mkdir(parents=True, exist_ok=True)
         key = (log / "log.vkey").read_text()
-        (self.folder / "logs" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.vkey").write_text(key)
+        stem = hashlib.sha256(key.encode()).hexdigest()[:16]
+        ledger = log.with_name(log.name.removesuffix(".public-log"))
+        registration, _ = make_log_registration(ledger, retired_in=retired_in)
+        (self.folder / "logs" / f"{stem}.registration").write_bytes(registration)
+        (self.folder / "logs" / f"{stem}.vkey").write_text(key)
+        return stem
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -63,7 +63,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     witness = Service(root, "witness").start()  # a witness service of its own (tests/system/_witness_services)
     try:
         ledger = root / "enclave" / "ledger.jsonl"
-        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy",
+        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy", "--dataset", "exact-test",
                    "--witness", witness.url, witness.vkey)
         assert made.returncode == 0, made.stderr
         witness.witness(log_path(ledger))

@@ -95,7 +95,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     world["services"] = services
     try:
         ledger = root / "enclave" / "ledger.jsonl"
-        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy",
+        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "test policy", "--dataset", "publog-test",
                    "--witness", services[0].url, services[0].vkey, "--witness", services[1].url, services[1].vkey)
         assert made.returncode == 0 and "2 of the 2 witnesses" in made.stdout, made.stderr
         for service in services:
@@ -575,13 +575,17 @@ def test_a_quorum_of_two_of_three_releases_with_one_witness_down(world: dict, tm
     closed.bind(("127.0.0.1", 0))  # held, never listening: connections to it are refused
     try:
         ledger = tmp_path / "enclave" / "ledger.jsonl"
-        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "2 of 3",
+        # another dataset: the witnesses hold publog-test for the world's log (one log per dataset)
+        raw = json.loads(Path(world["config"]).read_text())
+        raw["dataset"] = "publog-2-of-3"
+        (tmp_path / "config.json").write_text(json.dumps(raw))
+        made = cli("ledger", "init", ledger, "--lifetime-cap", "3", "--reason", "2 of 3", "--dataset", "publog-2-of-3",
                    "--witness", services[0].url, services[0].vkey, "--witness", services[1].url, services[1].vkey,
                    "--witness", f"http://127.0.0.1:{closed.getsockname()[1]}", down.vkey, "--witness-quorum", "2")
         assert made.returncode == 0 and "2 of the 3 witnesses" in made.stdout, made.stderr
         for service in services:
             service.witness(log_path(ledger))
-        ran = release(world, ledger, tmp_path / "out", "--new-version", "v")
+        ran = release({**world, "config": tmp_path / "config.json"}, ledger, tmp_path / "out", "--new-version", "v")
         assert ran.returncode == 0, ran.stderr[-2000:]
         checked = cli("audit", "public", tmp_path / "out", "--key", log_path(ledger) / "log.vkey", "--log",
                       log_path(ledger), "--state", tmp_path / "seen.json", "--witness-quorum", "2",

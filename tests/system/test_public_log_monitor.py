@@ -100,7 +100,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     server = None
     try:
         listed = [(s.url, s.vkey.read_text().strip()) for s in services]
-        a = new_ledger(root / "a", cap=3 * PLAN.total, witnesses=listed, witness_quorum=2).path
+        a = new_ledger(root / "a", cap=3 * PLAN.total, witnesses=listed, witness_quorum=2, datasets=["test-data"]).path
         for service in services:
             service.witness(log_path(a))
         shutil.copytree(a.parent, root / "b")  # the insider's second enclave
@@ -252,7 +252,7 @@ def test_a_frozen_witness_service_stops_a_run_within_one_time_out(world: dict, m
     from phsafe.publog.log import PublicLog
 
     services = world["services"][:2]
-    ledger = new_ledger(tmp_path / "frozen", cap=3 * PLAN.total,
+    ledger = new_ledger(tmp_path / "frozen", cap=3 * PLAN.total, datasets=["frozen-data"],  # test-data is A's
                         witnesses=[(s.url, s.vkey.read_text().strip()) for s in services])
     for service in services:
         service.witness(log_path(ledger.path))
@@ -277,7 +277,7 @@ def test_a_frozen_witness_service_stops_a_run_within_one_time_out(world: dict, m
 
     monkeypatch.setattr(HttpWitness, "add_checkpoint", counted)
     monkeypatch.setattr(PublicLog, "confirm", confirm_then_freeze)
-    rec = start_run(ledger, PLAN, "run-frozen")
+    rec = start_run(ledger, PLAN, "run-frozen", dataset="frozen-data")
     spend(rec, PLAN.measurements[0])
     armed[0] = True
     try:

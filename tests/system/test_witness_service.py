@@ -46,7 +46,22 @@ from phsafe.tlog import (
 )
 from phsafe.tlog.evidence import parse_evidence, verify_evidence
 from phsafe.tlog.note import ALG_COSIGNATURE_V1
-from tests._tlog import ORIGIN, entries, log_signer, log_verifier, private_key, signed_checkpoint
+from phsafe.tlog.registration import format_registration, make_registration
+from tests._tlog import ORIGIN, log_signer, log_verifier, private_key, signed_checkpoint
+from tests._tlog import entries as plain_entries
+
+POLICY = b'{"datasets":["test-data"],"type":"policy"}'
+
+
+def entries(n: int, tag: str = "") -> list[bytes]:
+    """A log's entries: its policy (naming the dataset it accounts) first, as every log's."""
+    return [POLICY, *plain_entries(n, tag)[1:]][:n]
+
+
+def registration() -> bytes:
+    """The log's registration: its policy, proven as entry 0 of its first checkpoint (size 1)."""
+    first = TransparencyLog.of_entries(entries(1))
+    return format_registration(make_registration(signed_checkpoint(first), entries(1)))
 
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
@@ -56,10 +71,13 @@ REPO = Path(__file__).resolve().parents[2]
 class Service:
     """``phsafe witness serve`` in a process of its own; ``url`` once it listens."""
 
-    def __init__(self, key: Path, state: Path, *logs: str, folder: Path | None = None, kill_at: int | None = None):
+    def __init__(self, key: Path, state: Path, *logs: str, folder: Path | None = None, kill_at: int | None = None,
+                 registrations: tuple[Path, ...] = ()):
         args = ["witness", "serve", "--key", str(key), "--state", str(state), "--bind", "127.0.0.1:0"]
         for log in logs:
             args += ["--log", log]
+        for path in registrations:
+            args += ["--registration", str(path)]
         if folder is not None:
             args += ["--logs", str(folder)]
         if kill_at is None:
@@ -90,7 +108,9 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     (root / "log.vkey").write_text(format_verifier_key(log_verifier()) + "\n")
-    return {"key": root / "w" / "witness.key", "vkey": root / "w" / "witness.vkey", "log": root / "log.vkey"}
+    (root / "log.registration").write_bytes(registration())
+    return {"key": root / "w" / "witness.key", "vkey": root / "w" / "witness.vkey", "log": root / "log.vkey",
+            "registration": root / "log.registration"}
 
 
 def request(log: TransparencyLog, old: int, new: int | None = None, *, signer=None,  # noqa: ANN001
@@ -101,10 +121,13 @@ def request(log: TransparencyLog, old: int, new: int | None = None, *, signer=No
 
 
 def test_the_protocol_over_http(keys: dict[str, Path], tmp_path: Path) -> None:
-    service = Service(keys["key"], tmp_path / "state", str(keys["log"]))
+    service = Service(keys["key"], tmp_path / "state", str(keys["log"]), registrations=(keys["registration"],))
     try:
         log = TransparencyLog.of_entries(entries(9))
-        ok = service.post(request(log, 0, 5))
+        # its registration's checkpoint (entry 0, the policy) is the first it cosigned of the log
+        known = service.post(request(log, 0, 5))
+        assert (known.status_code, known.text) == (409, "1\n")
+        ok = service.post(request(log, 1, 5))
         assert ok.status_code == 200 and ok.text.startswith("— witness.test ") and ok.text.endswith("\n")
         witness_key = verifier_from_key(keys["vkey"].read_text())
         cosigned = with_cosignatures(signed_checkpoint(log, 5), ok.content)
@@ -157,7 +180,10 @@ def test_a_log_put_in_the_logs_folder_is_witnessed_without_a_restart(keys: dict[
         log = TransparencyLog.of_entries(entries(4))
         assert service.post(request(log, 0)).status_code == 404
         (folder / "census.vkey").write_text(format_verifier_key(log_verifier()) + "\n")
-        assert service.post(request(log, 0)).status_code == 200
+        unregistered = service.post(request(log, 0))
+        assert unregistered.status_code == 403 and "no registration of the log" in unregistered.text
+        (folder / "census.registration").write_bytes(registration())
+        assert service.post(request(log, 1)).status_code == 200
         (folder / "junk.vkey").write_text("not a key\n")  # a bad file is skipped, not fatal
         assert service.post(request(log, 4)).status_code == 200
         # The log's key rewritten in place under the same file name (the folder's entries do not
@@ -194,24 +220,25 @@ def test_the_state_survives_sigkill_at_every_write_step(keys: dict[str, Path], t
     log = TransparencyLog.of_entries(entries(12))
     fork = TransparencyLog.of_entries(entries(6) + entries(12, "fork")[6:])
     before = tmp_path / "state-before"
-    first = Service(keys["key"], before, str(keys["log"]))
+    first = Service(keys["key"], before, str(keys["log"]), registrations=(keys["registration"],))
     try:
-        assert first.post(request(log, 0, 8)).status_code == 200  # the state before: size 8
+        assert first.post(request(log, 1, 8)).status_code == 200  # the state before: size 8
     finally:
         first.stop()
     outcomes = []
     for kill_at in (1, 2, 3, 4):
         state = tmp_path / f"state-{kill_at}"
         state.mkdir(mode=0o700)
-        shutil.copyfile(before / "checkpoints.json", state / "checkpoints.json")  # each kill from the same state
-        killed = Service(keys["key"], state, str(keys["log"]), kill_at=kill_at)
+        for name in ("checkpoints.json", "claims.json"):  # each kill from the same state
+            shutil.copyfile(before / name, state / name)
+        killed = Service(keys["key"], state, str(keys["log"]), kill_at=kill_at, registrations=(keys["registration"],))
         try:
             with pytest.raises(httpx.TransportError):  # killed before it answered
                 killed.post(request(log, 8, 12))
         finally:
             killed.stop()
             assert killed.process.returncode == -signal.SIGKILL
-        restarted = Service(keys["key"], state, str(keys["log"]))
+        restarted = Service(keys["key"], state, str(keys["log"]), registrations=(keys["registration"],))
         try:
             size = known_size(restarted)
             assert size in (8, 12), size

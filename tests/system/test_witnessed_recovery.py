@@ -73,7 +73,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def witnessed_ledger(world: dict, name: str) -> Path:
     ledger = world["root"] / name / "ledger.jsonl"
-    args = ["ledger", "init", ledger, "--lifetime-cap", "20", "--reason", "recovery tests"]
+    args = ["ledger", "init", ledger, "--lifetime-cap", "20", "--reason", "recovery tests", "--dataset", dataset_of(ledger)]
     for service in world["services"]:
         args += ["--witness", service.url, service.vkey]
     made = cli(*args)
@@ -83,10 +83,25 @@ def witnessed_ledger(world: dict, name: str) -> Path:
     return ledger
 
 
+def dataset_of(ledger: Path) -> str:
+    """Each ledger of these tests accounts a dataset of its own: the witnesses keep one log per dataset."""
+    return f"recovery-{ledger.parent.name}"
+
+
+def config_of(world: dict, ledger: Path) -> Path:
+    """The world's config, naming the ledger's dataset."""
+    path = world["root"] / f"{dataset_of(ledger)}.json"
+    if not path.exists():
+        raw = json.loads(Path(world["config"]).read_text())
+        raw["dataset"] = dataset_of(ledger)
+        path.write_text(json.dumps(raw))
+    return path
+
+
 def private(world: dict, ledger: Path, out: Path, *extra: str, point: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    args = ["private", str(world["config"]), str(world["data"]), str(out), "--ledger", str(ledger), "--no-validate",
-            *extra]
+    args = ["private", str(config_of(world, ledger)), str(world["data"]), str(out), "--ledger", str(ledger),
+            "--no-validate", *extra]
     if point is None:  # a plain run: in this process (tests/_cli.py)
         return phsafe(*args, cwd=REPO, env={**os.environ, **(env or {})})
     command = [sys.executable, "-m", "tests.system._fault_driver", "kill", point, "--", *args]  # killed: a process
@@ -149,7 +164,7 @@ def test_sigkill_at_20_points_of_a_release_then_resume_and_the_audits_agree(worl
     assert {s["key"]: s["times"] for s in entry["spends"]} == {k: len(v) for k, v in run.intents.items()}
     assert entry["spent"] == format_exact(run.charge())
     assert f"1 release(s) ({run_id}) charged {format_exact(run.charge())}" in public.stdout
-    assert f"spent {format_exact(state.dataset_spent('recovery-test', state.unit))} of cap 20" in public.stdout
+    assert f"spent {format_exact(state.dataset_spent(dataset_of(ledger), state.unit))} of cap 20" in public.stdout
 
 
 def test_a_witness_stopped_mid_run_stops_it_before_its_next_spend(world: dict) -> None:
