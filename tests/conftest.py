@@ -24,6 +24,8 @@ os.environ.pop("PREFECT_API_URL", None)
 
 import pytest
 
+pytest_plugins = ["tests._cpu_report"]
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 FIXTURES = SHARED / "fixtures"
