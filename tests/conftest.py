@@ -16,6 +16,8 @@ os.environ.pop("PREFECT_API_URL", None)
 
 import pytest
 
+pytest_plugins = ["tests._false_alarm_plugin"]  # unseeded draws must be registered or declared
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 FIXTURES = SHARED / "fixtures"
