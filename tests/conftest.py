@@ -24,7 +24,7 @@ os.environ.pop("PREFECT_API_URL", None)
 
 import pytest
 
-pytest_plugins = ["tests._cpu_report"]
+pytest_plugins = ["tests._cpu_report", "tests._false_alarm_plugin"]  # unseeded draws must be registered or declared
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

@@ -161,18 +161,131 @@ def _truncated_standard_normal(lo: Array, hi: Array, u: Array) -> Array:
     """Inverse-cdf draws of N(0, 1) truncated to [lo, hi] (per element), in logs on the side
     away from 0 so that intervals far in a tail keep their precision."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        upper = lo + hi >= 0  # more of the interval above 0: use the upper tail
-        a = np.where(upper, lo, -hi)  # mirrored to the upper side
-        b = np.where(upper, hi, -lo)
-        la, lb = log_ndtr(-a), log_ndtr(-b)  # log P(S > a) >= log P(S > b)
+        return _truncated_standard_normal_raw(lo, hi, u)
+
+
+def _truncated_standard_normal_raw(lo: Array, hi: Array, u: Array) -> Array:
+    """:func:`_truncated_standard_normal` without its floating-point context (the Gibbs sweep
+    sets it once for all its calls). Each element's formula is evaluated for that element only
+    (the tail's in logs where the interval does not straddle 0, the plain cdf's where it does):
+    the same numbers as evaluating both everywhere and keeping one, at about half the cost."""
+    upper = lo + hi >= 0  # more of the interval above 0: use the upper tail
+    a = np.where(upper, lo, -hi)  # mirrored to the upper side
+    b = np.where(upper, hi, -lo)
+    mid = (a < 0) & (b > 0)  # straddling 0: the plain cdf is precise
+    pa, pb = ndtr(a), ndtr(b)
+    x = ndtri(pa + u * (pb - pa))
+    if not mid.all():
+        tail = ~mid
+        at, bt, ut = a[tail], b[tail], u[tail]
+        la, lb = log_ndtr(-at), log_ndtr(-bt)  # log P(S > a) >= log P(S > b)
         # P(S > x) = P(S > a) - u (P(S > a) - P(S > b))
-        log_tail = la + np.log1p(-u * -np.expm1(lb - la))
-        x = -ndtri_exp(log_tail)
-        mid = (a < 0) & (b > 0)  # straddling 0: the plain cdf is precise
-        pa, pb = ndtr(a), ndtr(b)
-        x = np.where(mid, ndtri(pa + u * (pb - pa)), x)
-        x = np.clip(x, a, b)
+        x[tail] = -ndtri_exp(la + np.log1p(-ut * -np.expm1(lb - la)))
+    x = np.minimum(np.maximum(x, a), b)  # np.clip(x, a, b), without its Python wrapper
     return np.where(upper, x, -x)
+
+
+class _Block:
+    """Groups of one dimension sampled together, and the stream of their uniforms."""
+
+    def __init__(self, z: Array, sd: Array, A: Array, lower: Array, upper: Array, start: Array,
+                 stream: np.random.Generator) -> None:
+        self.z, self.sd, self.A, self.lower, self.upper, self.start = z, sd, A, lower, upper, start
+        self.stream = stream
+
+    @property
+    def groups(self) -> int:
+        return self.z.shape[0]
+
+    @property
+    def d(self) -> int:
+        return self.z.shape[1]
+
+
+SWEEP_BLOCK = 256
+"""Sweeps whose uniforms are drawn in one call (the same numbers as one call per sweep)."""
+
+
+def _sweeps(blocks: list[_Block], draws: int, burn: int, thin: int) -> list[Array]:
+    """The Gibbs sweeps of :func:`gibbs_truncated_normal` for several blocks at once -- of any
+    dimensions -- each drawing its uniforms from its own stream exactly as if it were sampled
+    alone: per sweep, ``stream.random((d, groups))``.
+
+    The blocks share one sweep loop: a block of lower dimension is padded with coordinates no
+    row involves (never updated, and taking no uniforms from its stream) and rows whose
+    coefficients are all 0; the groups are laid out by dimension, highest first, so that the
+    update of coordinate j touches the prefix of groups that have it. The arithmetic of every
+    coordinate update is the single block's (the same operations in the same order, per
+    element), so that the draws are those of the blocks sampled one after the other.
+    """
+    order = sorted(range(len(blocks)), key=lambda k: -blocks[k].d)  # coordinate j: a prefix of the groups
+    D = max(b.d for b in blocks)
+    R = max(b.A.shape[-2] for b in blocks)
+    G = sum(b.groups for b in blocks)
+    # Laid out (coordinate or row, group): an update reads and writes contiguous rows.
+    coef = np.zeros((D, R, G))
+    low = np.full((R, G), -np.inf)
+    high = np.full((R, G), np.inf)
+    x = np.zeros((D, G))
+    ax = np.zeros((R, G))
+    z = np.zeros((D, G))
+    sd = np.ones((D, G))
+    cols: list[slice] = [slice(0)] * len(blocks)
+    at = 0
+    for k in order:
+        b = blocks[k]
+        g, d, r = b.groups, b.d, b.A.shape[-2]
+        sl = slice(at, at + g)
+        cols[k] = sl
+        c = b.A * b.sd[:, None, :]  # A diag(sd)
+        coef[:d, :r, sl] = c.transpose(2, 1, 0)
+        low[:r, sl] = (b.lower - np.einsum("grd,gd->gr", b.A, b.z)).T
+        high[:r, sl] = (b.upper - np.einsum("grd,gd->gr", b.A, b.z)).T
+        start = (b.start - b.z) / b.sd
+        x[:d, sl] = start.T
+        ax[:r, sl] = np.einsum("grd,gd->gr", c, start).T  # A diag(sd) x per row
+        z[:d, sl], sd[:d, sl] = b.z.T, b.sd.T
+        at += g
+    # Per coordinate: the groups that have it (a prefix), the rows that bound it (a row without
+    # it bounds nothing: -inf, inf), and the divisor of its bounds (1 where the row lacks it).
+    n_of, c_of, div_of, low_of, high_of = [], [], [], [], []
+    for j in range(D):
+        n = sum(b.groups for b in blocks if b.d > j)
+        c = np.ascontiguousarray(coef[j, :, :n])
+        free = c == 0
+        n_of.append(n)
+        c_of.append(c)
+        div_of.append(np.where(free, 1.0, c))
+        low_of.append(np.where(free, -np.inf, low[:, :n]))
+        high_of.append(np.where(free, np.inf, high[:, :n]))
+    out = np.empty((draws, D, G))
+    step = thin + 1
+    first = burn + step
+    total = first + (draws - 1) * step
+    u_block = np.empty((SWEEP_BLOCK, D, G))  # padded coordinates: never read
+    kept = 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for block_start in range(1, total + 1, SWEEP_BLOCK):
+            n = min(SWEEP_BLOCK, total + 1 - block_start)
+            for b, sl in zip(blocks, cols):
+                u_block[:n, :b.d, sl] = b.stream.random((n, b.d, b.groups))
+            for i in range(n):
+                sweep = block_start + i
+                u = u_block[i]
+                for j in range(D):
+                    m, c = n_of[j], c_of[j]
+                    rest = ax[:, :m] - c * x[j, :m]
+                    t1 = (low_of[j] - rest) / div_of[j]
+                    t2 = (high_of[j] - rest) / div_of[j]
+                    lo = np.minimum(t1, t2).max(axis=0)
+                    hi = np.maximum(t1, t2).min(axis=0)
+                    new = _truncated_standard_normal_raw(lo, hi, u[j, :m])
+                    ax[:, :m] = rest + c * new
+                    x[j, :m] = new
+                if sweep >= first and (sweep - first) % step == 0:
+                    out[kept] = z + sd * x
+                    kept += 1
+    return [out[:, :b.d, sl].transpose(0, 2, 1) for b, sl in zip(blocks, cols)]
 
 
 def gibbs_truncated_normal(z: Array, sd: Array, A: Array, lower: Array, upper: Array, start: Array,
@@ -180,53 +293,51 @@ def gibbs_truncated_normal(z: Array, sd: Array, A: Array, lower: Array, upper: A
                            thin: int = GIBBS_THIN) -> Array:
     """Kept draws of N(z, diag(sd^2)) truncated to lower <= A y <= upper, every group at once
     (its own A: shape (groups, rows, d)), by Gibbs sweeps in whitened coordinates
-    x = (y - z) / sd from ``start``, as the production's sampler.
+    x = (y - z) / sd from ``start``, as the production's sampler: each sweep updates the
+    coordinates in turn, each from its truncated normal conditional (by the inverse cdf of one
+    uniform; ``rng.random((d, groups))`` per sweep).
 
     Returns:
         (draws, groups, d) draws of y: after ``burn + thin + 1`` sweeps, every ``thin + 1``-th
         (the production: sweeps 12, 14, ..., 20,010).
     """
-    groups, d = z.shape
-    coef = A * sd[:, None, :]  # A diag(sd)
-    low = lower - np.einsum("grd,gd->gr", A, z)
-    high = upper - np.einsum("grd,gd->gr", A, z)
-    x = (start - z) / sd
-    ax = np.einsum("grd,gd->gr", coef, x)  # A diag(sd) x per row
-    out = np.empty((draws, groups, d))
-    step = thin + 1
-    first = burn + step
-    total = first + (draws - 1) * step
-    pos, neg = coef > 0, coef < 0
-    kept = 0
-    for sweep in range(1, total + 1):
-        u = rng.random((d, groups))
-        for j in range(d):
-            c = coef[:, :, j]
-            rest = ax - c * x[:, j, None]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                a = (low - rest) / c
-                b = (high - rest) / c
-            lo = np.max(np.where(pos[:, :, j], a, np.where(neg[:, :, j], b, -np.inf)), axis=1)
-            hi = np.min(np.where(pos[:, :, j], b, np.where(neg[:, :, j], a, np.inf)), axis=1)
-            new = _truncated_standard_normal(lo, hi, u[j])
-            ax = rest + c * new[:, None]
-            x[:, j] = new
-        if sweep >= first and (sweep - first) % step == 0:
-            out[kept] = z + sd * x
-            kept += 1
-    return out
+    [y] = _sweeps([_Block(z, sd, A, lower, upper, start, rng)], draws, burn, thin)
+    return y
 
 
 def _type7(values: Array, p: float) -> Array:
     return np.quantile(values, p, axis=0, method="linear")
 
 
+def _substreams(rng: np.random.Generator, sizes: list[int]) -> list[np.random.Generator] | None:
+    """Generators that draw what ``rng`` would draw next in consecutive pieces of ``sizes``
+    doubles, and ``rng`` advanced past them all -- or None if its bit generator cannot jump
+    ahead (then the pieces are sampled one after the other from ``rng`` itself)."""
+    bit = rng.bit_generator
+    if not hasattr(bit, "advance"):
+        return None
+    streams, offset = [], 0
+    for size in sizes:
+        copy = type(bit)(0)  # (a seed, not the system's entropy: the state is replaced)
+        copy.state = bit.state
+        copy.advance(offset)  # one 64-bit output per double
+        streams.append(np.random.Generator(copy))
+        offset += size
+    bit.advance(offset)
+    return streams
+
+
 def fit_models(models: list[tuple[Array, Array, Polytope]], rng: np.random.Generator,
                draws: int = GIBBS_DRAWS) -> list[Array]:
     """Draws (draws, groups, d) of each model (z, variances, polytope) whose groups the
     production's sampler accepts -- every row l < u and a non-empty shrunken set, its start the
-    Euclidean projection of z onto that set -- and NaN for the others. Models of one dimension d
-    are sampled together."""
+    Euclidean projection of z onto that set -- and NaN for the others.
+
+    The groups are sampled in chunks of at most :data:`CHUNK` of one dimension, smallest
+    dimension first, each chunk's uniforms the next ones of ``rng`` (as if each chunk were
+    sampled in turn); chunks of different dimensions share one sweep loop (:func:`_sweeps`),
+    up to :data:`CHUNK` groups in all, each with its own piece of ``rng``'s stream.
+    """
     starts, oks = [], []
     for z, _, poly in models:
         ok = np.all(poly.lower < poly.upper, axis=1) & np.all(np.isfinite(poly.upper), axis=1)
@@ -234,6 +345,7 @@ def fit_models(models: list[tuple[Array, Array, Polytope]], rng: np.random.Gener
         starts.append(start)
         oks.append(ok & feasible)
     results = [np.full((draws, *z.shape), np.nan) for z, _, _ in models]
+    chunks = []  # (block arrays, model_of, group_of) in the order their uniforms are drawn
     for d in sorted({z.shape[1] for z, _, _ in models}):
         members = [i for i, (z, _, _) in enumerate(models) if z.shape[1] == d]
         z = np.concatenate([models[i][0][oks[i]] for i in members])
@@ -248,10 +360,25 @@ def fit_models(models: list[tuple[Array, Array, Polytope]], rng: np.random.Gener
         group_of = np.concatenate([np.flatnonzero(oks[i]) for i in members])
         for first in range(0, z.shape[0], CHUNK):
             sl = slice(first, first + CHUNK)
-            y = gibbs_truncated_normal(z[sl], np.sqrt(v[sl]), A[sl], lower[sl], upper[sl], start[sl], rng, draws=draws)
-            for i in np.unique(model_of[sl]):
-                mine = model_of[sl] == i
-                results[i][:, group_of[sl][mine]] = y[:, mine]
+            chunks.append(((z[sl], np.sqrt(v[sl]), A[sl], lower[sl], upper[sl], start[sl]), model_of[sl], group_of[sl]))
+    sweeps = GIBBS_BURN + GIBBS_THIN + 1 + (draws - 1) * (GIBBS_THIN + 1)
+    streams = _substreams(rng, [sweeps * c[0][0].size for c in chunks])
+    # Runs of consecutive chunks sharing one sweep loop, at most CHUNK groups each (memory: the
+    # kept draws of a run); one chunk per run when the stream cannot be split.
+    runs: list[list[int]] = []
+    for k, chunk in enumerate(chunks):
+        size = chunk[0][0].shape[0]
+        if streams is not None and runs and sum(chunks[i][0][0].shape[0] for i in runs[-1]) + size <= CHUNK:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    for run in runs:
+        blocks = [_Block(*chunks[k][0], streams[k] if streams is not None else rng) for k in run]
+        for k, y in zip(run, _sweeps(blocks, draws, GIBBS_BURN, GIBBS_THIN)):
+            _, model_of, group_of = chunks[k]
+            for i in np.unique(model_of):
+                mine = model_of == i
+                results[i][:, group_of[mine]] = y[:, mine]
     return results
 
 

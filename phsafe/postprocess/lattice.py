@@ -132,6 +132,26 @@ class LogCum:
         out = np.where(left <= right, via_pre, via_suf)
         return np.where(empty, 0.0, np.maximum(out, 0.0))
 
+    def mass_from(self, a: IntArray) -> Callable[[IntArray], Array]:
+        """:meth:`mass` of [a, b] for a fixed array ``a`` and any ``b`` broadcast against it: what
+        depends on ``a`` alone is computed once (a ratio's cdf asks for the same lower ends at
+        every point). The same numbers as :meth:`mass`."""
+        n = self.factor.lw.size
+        last = n - 1
+        i = np.minimum(np.maximum(np.asarray(a, dtype=np.int64) - self.factor.lo, 0), n)
+        left = np.where(i > 0, self.cpre[np.maximum(i - 1, 0)], 0.0)
+        from_i = self.csuf[np.minimum(i, last)]
+
+        def mass(b: IntArray) -> Array:
+            j = np.minimum(np.maximum(np.asarray(b, dtype=np.int64) - self.factor.lo, -1), last)
+            right = np.where(j < last, self.csuf[np.minimum(j + 1, last)], 0.0)
+            via_pre = self.cpre[np.maximum(j, 0)] - left
+            via_suf = from_i - right
+            out = np.where(left <= right, via_pre, via_suf)
+            return np.where(j < i, 0.0, np.maximum(out, 0.0))
+
+        return mass
+
     def log_mass(self, a: npt.ArrayLike, b: npt.ArrayLike) -> Array:
         """log sum of the weights of the integers in [a, b] (elementwise; -inf if none)."""
         if self.factor.lw.size == 0:
@@ -281,6 +301,7 @@ class BandedPosterior:
         self.log_z = logsumexp(self.log_row)
         self.offset = x.offset + y.offset  # true log normalizer: log_z + offset
         self._row_scale: Array | None = None
+        self._support_mass: Callable[[IntArray], Array] | None = None
 
     @property
     def empty(self) -> bool:
@@ -322,11 +343,12 @@ class BandedPosterior:
         yv = self.yv[rows]
         top = np.floor(r[:, None] * yv[None, :] + 1e-9).astype(np.int64)
         top = np.minimum(top, self.band_hi[rows][None, :])
-        lo = np.broadcast_to(self.band_lo[rows], top.shape)
         if self.cx.linear:
             if self._row_scale is None:
                 self._row_scale = np.exp(self.y.lw[rows] + self.cx.shift - self.log_z)
-            return self.cx.mass(lo, top) @ self._row_scale
+                self._support_mass = self.cx.mass_from(self.band_lo[rows][None, :])
+            return self._support_mass(top) @ self._row_scale
+        lo = np.broadcast_to(self.band_lo[rows], top.shape)
         mass = self.cx.log_mass(lo, top)
         return np.exp(logsumexp(self.y.lw[rows][None, :] + mass, axis=1) - self.log_z)
 
@@ -464,9 +486,18 @@ class CoupledRatio:
         suffix = reader(c3.csuf, total, 0.0)  # mass of N3 >= index
         base = -self.n2lo - n3.lo  # N3 index of N3 = c - N2 at N2 = n2lo is c - n2lo - n3.lo
         hi, lo = tau * self.hv + base, b * self.hv + base
-        below, above = prefix(lo - 1), suffix(hi + 1)  # the masses left out on either side
-        # The mass of [lo, hi] from the side that leaves out less: no cancellation in a tail.
-        w = np.where(below <= above, prefix(hi) - below, suffix(lo) - above)
+        # The mass of [lo, hi] from the side that leaves out less: no cancellation in a tail --
+        # (prefix(hi) - below) where below <= above, else (suffix(lo) - above), with below and
+        # above the masses left out on either side. In place: the arrays are the lattice's size.
+        via_pre = prefix(hi)
+        below = prefix(lo - 1)
+        via_pre -= below
+        above = suffix(hi + 1)
+        use_pre = below <= above
+        w = suffix(lo)
+        w -= above
+        np.copyto(w, via_pre, where=use_pre)
+        del via_pre, below, above, use_pre
         np.maximum(w, 0.0, out=w)
         w *= np.exp(h.lw - ch.shift)[:, None]
         w *= np.exp(n2.lw - c2.shift)[None, :]

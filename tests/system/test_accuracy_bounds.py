@@ -72,4 +72,10 @@ def test_both_bounds_at_the_same_budgets(tmp_path: Path) -> None:
         assert 0 <= row["COVERAGE_EXACT"] <= 1 and 0 <= row["COVERAGE_PAPER"] <= 1
         checked += 1
     assert checked == sum(len(TABLES[t].levels) for t in TABLES)
-    assert np.isfinite(frame["MAE_RATIO"]).all()
+    # The MAE ratio is a number wherever the paper's MAE is positive. A row of one unit-table cell at
+    # sigma 301.5 (PH1_denom and PH5_denom usa_*) has MAE 0 when its noise is 0, P = 1.3e-3 each: asserting
+    # a finite ratio everywhere failed a correct run about once in 370 (2.7e-3, the sum over the rows of
+    # P(every noise of the row is 0)). The pooled row is positive unless all 1,224 noises are 0.
+    # false-alarm rate: 1.0e-300 per run -- bound: P(ALL row MAE 0) <= prod of P(Z = 0) over its cells < 1e-300
+    assert frame.loc[("ALL", "ALL"), "MAE_PAPER"] > 0
+    assert np.isfinite(frame.loc[frame["MAE_PAPER"] > 0, "MAE_RATIO"]).all()

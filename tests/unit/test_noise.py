@@ -173,6 +173,9 @@ def test_noise_is_not_seeded_and_is_integer() -> None:
     assert a.dtype == np.int64 and b.dtype == np.int64
     assert not np.array_equal(a, b)
     assert a.any() and (a < 0).any() and (a > 0).any()
+    # false-alarm rate: 8.9e-11 per run -- Chernoff bounds from the exact pmf (2000 draws, sigma^2 = 4): std >= 2.3
+    # needs mean(Z^2) >= 5.29 (2e-19), std <= 1.7 needs mean(Z^2) <= 3.2 or |mean Z| >= 0.557 (8.9e-11); equal
+    # vectors, all zero or no sign: (sum p^2)^2000, p0^2000, 0.6^2000 (< 1e-300)
     assert abs(a.std() - 2.0) < 0.3
 
 
@@ -181,6 +184,7 @@ def test_large_counts_do_not_saturate() -> None:
     m = planned(PUREDP, "2", 2, 3, table="PH1_denom")  # s = 1
     exact = np.array([2**31 + 5, 3 * 2**40, -(2**33)], dtype=np.int64)
     out = measure(m, exact, Recorder())
+    # false-alarm rate: 1.6e-43 per run -- exact: 3 cells x P(|Z| >= 100) = 3 x 2 q^100 / (1 + q), q = e^-1
     assert (np.abs(out - exact) < 100).all()
 
 
@@ -442,6 +446,10 @@ def test_discrete_gaussian_goodness_of_fit(delta: int, rho: str) -> None:
     k, p = gaussian_pmf(sigma2)
     pvalue, bins = chi_square_pvalue(sample, k, p)
     assert bins > 10
+    # false-alarm rate: 9.5e-06 per run -- monte carlo: Pearson's statistic of 10^6 seeded multinomial samples of the
+    # test's bins (200,000 draws of the exact pmf) above chi2.isf(1e-6): 1 exceedance each (sigma 121.6, 815 bins;
+    # sigma 2, 17 bins), Clopper-Pearson 95% upper limits 4.7e-6 each; the power checks' misses below 1e-300 (a merged
+    # bin's binomial bound)
     assert pvalue > ALPHA, (pvalue, bins)
     for factor in (0.7, 1.3):  # power: the same test rejects sigma scaled by 0.7 and 1.3
         k2, p2 = gaussian_pmf(sigma2 * factor**2)
@@ -456,6 +464,10 @@ def test_two_sided_geometric_goodness_of_fit(delta: int, eps: str) -> None:
     k, p = geometric_pmf(s)
     pvalue, bins = chi_square_pvalue(sample, k, p)
     assert bins > 10
+    # false-alarm rate: 1.6e-05 per run -- monte carlo: Pearson's statistic of 10^6 seeded multinomial samples of the
+    # test's bins (200,000 draws of the exact pmf) above chi2.isf(1e-6): 4 (s = 36.4, 515 bins) and 2 (s = 2, 39 bins)
+    # exceedances, Clopper-Pearson 95% upper limits 9.2e-6 and 6.3e-6 (the chi-square law's 1e-6 is optimistic with
+    # 515 bins of at least 5 expected); the power checks' miss: below 1e-300 (a merged-bin binomial bound)
     assert pvalue > ALPHA, (pvalue, bins)
     for factor in (0.7, 1.3):
         k2, p2 = geometric_pmf(s * factor)

@@ -178,3 +178,128 @@ def test_models_sampled_together_keep_their_own_polytopes(monkeypatch: pytest.Mo
                 ratio = (y[:, g, 0] + y[:, g, 1]) / y[:, g, 2]
                 assert np.isfinite(ratio).all() and (ratio >= b - 1e-9).all() and (ratio <= 10 + 1e-9).all()
         assert abs(np.mean(ph1[:, 0, 2]) - np.mean(ph1[:, 2, 2])) > 3  # the groups were not mixed up (H ~ 20 vs ~ 10)
+
+
+# --------------------------------------------------------------------------------------------
+# The sweep, vectorised: the same draws as the sampler written one chunk at a time
+# --------------------------------------------------------------------------------------------
+
+
+def _reference_truncated_standard_normal(lo: np.ndarray, hi: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """The sampler as first written: both formulas for every element, one kept."""
+    from scipy.special import log_ndtr, ndtr, ndtri, ndtri_exp
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        upper = lo + hi >= 0
+        a, b = np.where(upper, lo, -hi), np.where(upper, hi, -lo)
+        la, lb = log_ndtr(-a), log_ndtr(-b)
+        x = -ndtri_exp(la + np.log1p(-u * -np.expm1(lb - la)))
+        mid = (a < 0) & (b > 0)
+        pa, pb = ndtr(a), ndtr(b)
+        x = np.clip(np.where(mid, ndtri(pa + u * (pb - pa)), x), a, b)
+    return np.where(upper, x, -x)
+
+
+def _reference_gibbs(z, sd, A, lower, upper, start, rng, draws):  # type: ignore[no-untyped-def]
+    """One chunk of one dimension, one coordinate of every group at a time (the production's
+    sweep as first written here): the reference of the vectorised sweep."""
+    groups, d = z.shape
+    coef = A * sd[:, None, :]
+    low, high = lower - np.einsum("grd,gd->gr", A, z), upper - np.einsum("grd,gd->gr", A, z)
+    x = (start - z) / sd
+    ax = np.einsum("grd,gd->gr", coef, x)
+    out = np.empty((draws, groups, d))
+    first = prod.GIBBS_BURN + prod.GIBBS_THIN + 1
+    kept = 0
+    for sweep in range(1, first + (draws - 1) * (prod.GIBBS_THIN + 1) + 1):
+        u = rng.random((d, groups))
+        for j in range(d):
+            c = coef[:, :, j]
+            rest = ax - c * x[:, j, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                a, b = (low - rest) / c, (high - rest) / c
+            lo = np.max(np.where(c > 0, a, np.where(c < 0, b, -np.inf)), axis=1)
+            hi = np.min(np.where(c > 0, b, np.where(c < 0, a, np.inf)), axis=1)
+            new = _reference_truncated_standard_normal(lo, hi, u[j])
+            ax = rest + c * new[:, None]
+            x[:, j] = new
+        if sweep >= first and (sweep - first) % (prod.GIBBS_THIN + 1) == 0:
+            out[kept] = z + sd * x
+            kept += 1
+    return out
+
+
+def _reference_fit(models, rng, draws):  # type: ignore[no-untyped-def]
+    """fit_models as first written: each dimension in turn, its groups in chunks, each chunk
+    sampled alone from the next uniforms of ``rng``."""
+    from phsafe.postprocess.polytope import project
+
+    results = [np.full((draws, *z.shape), np.nan) for z, _, _ in models]
+    for d in sorted({z.shape[1] for z, _, _ in models}):
+        rows = []
+        for i, (z, v, poly) in enumerate(models):
+            if z.shape[1] != d:
+                continue
+            start, feasible = project(z, poly.A, poly.lower + 0.5, poly.upper - 0.5)
+            ok = np.all(poly.lower < poly.upper, axis=1) & np.all(np.isfinite(poly.upper), axis=1) & feasible
+            rows += [(i, g, z[g], v[g], poly.A, poly.lower[g], poly.upper[g], start[g]) for g in np.flatnonzero(ok)]
+        for first in range(0, len(rows), prod.CHUNK):  # (sd, not the variance: _sd_models)
+            chunk = rows[first:first + prod.CHUNK]
+            y = _reference_gibbs(*(np.stack([r[k] for r in chunk]) for k in range(2, 8)), rng=rng, draws=draws)
+            for n, r in enumerate(chunk):
+                results[r[0]][:, r[1]] = y[:, n]
+    return results
+
+
+def _mixed_models() -> list:
+    """PH1 and PH5 (3 dimensions) and PH8's three models (2), with groups far inside their
+    polytopes, pressing on them (negative and contradictory noisy counts: the tail formula),
+    and outside the production's reach (NaN)."""
+    n2 = np.array([30.0, -6.0, 12.0, 400.0, -80.0, 2.0, 0.0])
+    n3 = np.array([40.0, 3.0, 9.0, 350.0, -40.0, 1.0, -2.0])
+    den = np.array([20.0, 4.0, 10.0, 300.0, 90.0, 3.0, 1.0])
+    v, vd = np.array([25.0, 9.0, 4.0, 400.0, 100.0, 16.0, 1.0]), np.array([4.0, 2.0, 1.0, 100.0, 4.0, 4.0, 1.0])
+    models = [(np.stack([n2, n3, den], 1), np.stack([v, v, vd], 1),
+               shared_denominator_polytope(n2, v, n3, v, den, vd, b, 10)) for b in (1, 2)]
+    for num, d in ((n2 + n3, den), (n2, den - 1), (n3, den + 2)):
+        models.append((np.stack([num, d], 1), np.stack([2 * v, vd], 1), own_denominator_polytope(num, 2 * v, d, vd, 10)))
+    return models
+
+
+def _sd_models(models):  # type: ignore[no-untyped-def]
+    """The reference takes the sd where fit_models takes the variance."""
+    return [(z, np.sqrt(v), poly) for z, v, poly in models]
+
+
+@pytest.mark.parametrize("chunk", [3, 512])
+def test_the_vectorised_sweep_draws_what_the_sampler_one_chunk_at_a_time_draws(monkeypatch: pytest.MonkeyPatch,
+                                                                                chunk: int) -> None:
+    """For a fixed seed the vectorised sweep (both dimensions and every chunk in one loop, each
+    chunk with its own piece of the stream, each element's formula evaluated for it alone) gives
+    the same draws, bit for bit, as the sampler as first written -- each chunk sampled alone in
+    turn -- and leaves the generator where that one left it. With a bit generator that cannot
+    jump ahead, the chunks are sampled one after the other: the same again."""
+    monkeypatch.setattr(prod, "CHUNK", chunk)
+    models = _mixed_models()
+    for bit_generator in (np.random.PCG64, np.random.MT19937):
+        ours_rng, reference_rng = np.random.Generator(bit_generator(21)), np.random.Generator(bit_generator(21))
+        ours = prod.fit_models(models, ours_rng, draws=120)
+        reference = _reference_fit(_sd_models(models), reference_rng, draws=120)
+        for got, want in zip(ours, reference):
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(got, want)  # NaN where the production cannot start, as the reference
+        assert np.isnan(ours[0][:, 4]).all() and np.isfinite(ours[0][:, 0]).all()
+        assert ours_rng.random() == reference_rng.random()
+
+
+def test_the_truncated_standard_normal_evaluates_each_formula_where_it_is_used() -> None:
+    """The same numbers as evaluating both formulas everywhere, on intervals on both sides of 0,
+    straddling it, far in a tail and unbounded."""
+    rng = np.random.default_rng(22)
+    lo = rng.normal(0, 3, 3000)
+    hi = lo + rng.exponential(2, 3000)
+    lo = np.concatenate([lo, [-np.inf, 40.0, -41.0, 5.0, -np.inf]])
+    hi = np.concatenate([hi, [np.inf, 41.0, -40.0, np.inf, -6.0]])
+    u = rng.random(lo.size)
+    np.testing.assert_array_equal(prod._truncated_standard_normal(lo, hi, u),
+                                  _reference_truncated_standard_normal(lo, hi, u))
