@@ -70,8 +70,15 @@ def generated_background(states: Sequence[str], persons: int, seed: int, max_hou
     mafids, size = np.unique(p["MAFID"][p["RTYPE"] == 3], return_counts=True)
     too_big = mafids[size > max_household]
     keep_p, keep_u, keep_g = (~np.isin(cols["MAFID"], too_big) for cols in (p, u, g))
-    return Records({k: v[keep_p] for k, v in p.items()}, {k: v[keep_u] for k, v in u.items()},
-                   {k: v[keep_g] for k, v in g.items()})
+    p, u, g = ({k: v[keep] for k, v in cols.items()} for cols, keep in ((p, keep_p), (u, keep_u), (g, keep_g)))
+    # MAFIDs are identifiers: renumbered consecutively from MAFID_MIN (same order), so that the
+    # release path's MAFID look-ups see a span of a few thousand instead of 800 million -- the
+    # generator spreads them over the whole range, and a run would spend most of its time
+    # building a rank bitmap over that span, once per run.
+    used = np.union1d(u["MAFID"], g["MAFID"])
+    for cols in (p, u, g):
+        cols["MAFID"] = (MAFID_MIN + np.searchsorted(used, cols["MAFID"])).astype(cols["MAFID"].dtype)
+    return Records(p, u, g)
 
 
 def _concat(parts: Sequence[Columns], stem: str) -> Columns:
