@@ -142,6 +142,22 @@ class LevelResiduals:
         self._previous = rf
         self.digests.append(hashlib.sha256(np.ascontiguousarray(r, dtype="<i8").tobytes()).digest())
 
+    def merge(self, other: LevelResiduals) -> None:
+        """Add the residuals of another chunk of runs of the same level (the correlation of
+        consecutive runs is not counted across the two chunks' boundary)."""
+        if (other.table, other.level, other.n_cells) != (self.table, self.level, self.n_cells):
+            raise ValueError("residuals of another level")
+        self.runs += other.runs
+        self.zero_runs += other.zero_runs
+        self.zeros += other.zeros
+        self.sum_squares += other.sum_squares
+        self.shape_counts += other.shape_counts
+        self.cell_lag = tuple(a + b for a, b in zip(self.cell_lag, other.cell_lag))  # type: ignore[assignment]
+        self.run_lag = tuple(a + b for a, b in zip(self.run_lag, other.run_lag))  # type: ignore[assignment]
+        self.digests += other.digests
+        self.integral = self.integral and other.integral
+        self._previous = other._previous
+
     # -- the tests -------------------------------------------------------------------------
 
     @property
