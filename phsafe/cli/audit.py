@@ -218,7 +218,8 @@ def empirical_command(ctx: click.Context, tables: tuple[str, ...], mode: str, bu
             click.echo(f"{row.verdict}: {row.table} {row.level} ({row.sensitivity} sensitivities)", err=True)
     for check in result.checks:
         if check.status == "FAIL":
-            click.echo(f"FAILED CHECK: {check.name} ({check.table} {check.level}): {check.detail}", err=True)
+            where = f"{check.table} {check.level}" + (f", {check.sensitivity} sensitivities" if check.sensitivity else "")
+            click.echo(f"FAILED CHECK: {check.name} ({where}): {check.detail}", err=True)
     inconclusive = sum(r.verdict == "INCONCLUSIVE" for r in result.rows)
     result_line(f"{result.verdict}: wrote {html_path} and {json_path.name} "
                 f"({len(result.rows)} rows, {inconclusive} inconclusive; {result.seconds:,.0f} s, "

@@ -1136,9 +1136,9 @@ def white_box_checks(settings: AuditSettings, audits: Sequence[TableAudit], mech
                         bad.append(f"{m.key} ({label}): scale {got:.6g}, Delta/{'sqrt(2 rho)' if m.privacy_defn is PrivacyDefinition.ZCDP else 'epsilon'} = {want:.6g}")
         what = ("sigma = Delta / sqrt(2 rho)" if settings.config.privacy_defn is PrivacyDefinition.ZCDP
                 else "s = Delta / epsilon")
-        checks.append(Check("noise scale", "white-box", "*", bound.value, FAIL if bad else PASS,
+        checks.append(Check("noise scale", "white-box", "*", "*", FAIL if bad else PASS,
                             f"{bound.value} sensitivities: {what} at {seen - len(bad)} of {seen} levels"
-                            + (f"; wrong: {'; '.join(bad[:4])}" if bad else "")))
+                            + (f"; wrong: {'; '.join(bad[:4])}" if bad else ""), sensitivity=bound.value))
 
         short = []
         for a in mine:
@@ -1147,9 +1147,10 @@ def white_box_checks(settings: AuditSettings, audits: Sequence[TableAudit], mech
                 delta = _declared_norm(m)
                 if norm > delta * (1 + 1e-12):
                     short.append(f"{m.key}: Delta {delta:.4g} < a neighbour's change {norm:.4g}")
-        checks.append(Check("sensitivity covers a neighbour", "white-box", "*", bound.value, FAIL if short else PASS,
+        checks.append(Check("sensitivity covers a neighbour", "white-box", "*", "*", FAIL if short else PASS,
                             f"{bound.value} sensitivities: every declared Delta is at least the change of a real pair "
-                            "of neighbours (the canaries)" if not short else "; ".join(short[:4])))
+                            "of neighbours (the canaries)" if not short else "; ".join(short[:4]),
+                            sensitivity=bound.value))
     return checks
 
 
@@ -1167,12 +1168,12 @@ def conclude(plan: AuditPlan, audits: Sequence[TableAudit], mechanism: ReleaseMe
             not_audited.append({"sensitivity": t.sensitivity, "table": t.table, "level": level, "reason": reason})
         for residual in audit.residuals:
             for check in residual.checks(plan.check_alpha_each):
-                checks.append(replace(check, level=f"{check.level} ({t.sensitivity})"))
-        checks.append(Check("release tables", "release", t.table, f"* ({t.sensitivity})",
+                checks.append(replace(check, sensitivity=t.sensitivity))
+        checks.append(Check("release tables", "release", t.table, "*",
                             FAIL if audit.release_problems else PASS,
                             "; ".join(sorted(set(audit.release_problems))[:3]) if audit.release_problems else
                             f"{audit.releases_checked} run(s): the released tables hold the measured vectors, and "
-                            "every derived cell the sum of its measured cells"))
+                            "every derived cell the sum of its measured cells", sensitivity=t.sensitivity))
         whole = next((f for f in t.families if f.name == WHOLE_TABLE), None)
         entry = canaries.setdefault(t.table, {
             "per_run": len(t.layout.canaries), "whole_table_per_run": len(whole.members) if whole else 0,
@@ -1185,7 +1186,7 @@ def conclude(plan: AuditPlan, audits: Sequence[TableAudit], mechanism: ReleaseMe
         entry["runs"][t.sensitivity] = audit.runs
     checks += white_box_checks(settings, audits, mechanism)
     independence = [c for c in checks if c.name == "noise independence"]
-    failed = [f"{c.table} {c.level}" for c in independence if c.status == FAIL]
+    failed = [f"{c.table} {c.level} ({c.sensitivity})" for c in independence if c.status == FAIL]
     checks.append(Check("noise independent across cells", "white-box", "*", "*", FAIL if failed else PASS,
                         (f"residuals correlated at {', '.join(failed[:6])}" if failed else
                          f"no correlation of neighbouring cells or consecutive runs at {len(independence)} levels "

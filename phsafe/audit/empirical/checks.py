@@ -64,6 +64,7 @@ class Check:
         status: PASS, FAIL or INCONCLUSIVE (too few runs to decide).
         detail: One line: what was seen.
         p_value: The test's p-value, when it is a statistical test.
+        sensitivity: The calibration whose runs it checks (None: every run of the audit).
     """
 
     name: str
@@ -73,10 +74,12 @@ class Check:
     status: str
     detail: str
     p_value: float | None = None
+    sensitivity: str | None = None
 
     def as_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "table": self.table, "level": self.level,
-                "status": self.status, "detail": self.detail, "p_value": self.p_value}
+                "sensitivity": self.sensitivity, "status": self.status, "detail": self.detail,
+                "p_value": self.p_value}
 
 
 def _pmf(distribution: str, scale: float) -> tuple[np.ndarray, np.ndarray]:

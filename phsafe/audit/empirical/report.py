@@ -154,7 +154,8 @@ def write_report(result: AuditResult, out: Path) -> tuple[Path, Path]:
     summary: dict[tuple[str, str], dict[str, int]] = {}
     for c in checks:
         if c.kind == "residual":
-            counts = summary.setdefault((c.table, c.name), {PASS: 0, FAIL: 0, INCONCLUSIVE: 0})
+            table = c.table if c.sensitivity is None else f"{c.table} ({c.sensitivity})"
+            counts = summary.setdefault((table, c.name), {PASS: 0, FAIL: 0, INCONCLUSIVE: 0})
             counts[c.status] += 1
     html_path = write(
         out / HTML_NAME, "empirical_audit.html.j2",
