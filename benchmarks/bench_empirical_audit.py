@@ -23,8 +23,8 @@
   nothing). Each audit's summary is appended as it ends; seeds already recorded are skipped, so
   a long series can be stopped and resumed.
 * ``full-plan``: the full mode's planned runs per table and calibration, and its CPU time
-  extrapolated from the per-run CPU of the quick audits recorded (one table's runs cost the same
-  whatever their number).
+  extrapolated from each table's per-run CPU measured at its production budgets over ``--runs``
+  runs (a run costs the same whatever the number of runs).
 
 Every result is appended to ``benchmarks/_work/results.jsonl``; the quick audits' folders are
 kept under ``benchmarks/_work/empirical-audit/``.
@@ -236,28 +236,37 @@ def summary(args: argparse.Namespace) -> None:
 
 
 def full_plan(args: argparse.Namespace) -> None:
-    from phsafe.audit.empirical import AuditSettings
+    """The full mode's CPU: each table's per-run CPU measured at its production budgets (a full-mode
+    audit of ``--runs`` runs per table, one process), times the full mode's planned runs."""
+    from phsafe.audit.empirical import AuditSettings, run_audit
     from phsafe.audit.empirical.audit import plan_audit
 
-    quick_runs = [e for e in _recorded() if e.get("benchmark") == "empirical_audit_quick" and e.get("rows")]
-    if not quick_runs:
-        raise SystemExit("run `quick --sensitivity both` first: the extrapolation uses its per-run CPU")
-    per_run = {}
-    for e in quick_runs:
-        for r in e["rows"]:
-            if r["level"] == "all" and r["runs"]:
-                per_run.setdefault((r["sensitivity"], r["table"]), []).append(r["cpu_seconds"] / r["runs"])
+    settings = AuditSettings(mode="full", sensitivity=args.sensitivity, seed=args.seed, workers=1)
+    planned = {t.key: t.runs for t in plan_audit(settings).tables}
+    load_before = _load()
+    wall, cpu = time.perf_counter(), time.process_time()
+    sample = run_audit(AuditSettings(mode="full", sensitivity=args.sensitivity, seed=args.seed, workers=1,
+                                     runs=args.runs))
+    measured_cpu = time.process_time() - cpu
     total = 0.0
-    for t in plan_audit(AuditSettings(mode="full", sensitivity=args.sensitivity)).tables:
-        cost = sorted(per_run.get((t.sensitivity, t.table), [math.nan]))
-        each = cost[len(cost) // 2]
-        total += t.runs * each
-        print(f"{t.sensitivity:5s} {t.table:10s} runs {t.runs:7d}  x {each * 1000:6.1f} ms = {t.runs * each:8.0f} CPU-s")
-    entry = {"benchmark": "empirical_audit_full_plan", "sensitivity": args.sensitivity,
-             "extrapolated_cpu_seconds": round(total), "load": round(_load(), 1)}
+    lines = []
+    for r in sample.rows:
+        if r.level != "all":
+            continue
+        each = r.cpu_seconds / r.runs
+        runs = planned[(r.sensitivity, r.table)]
+        total += runs * each
+        lines.append({"sensitivity": r.sensitivity, "table": r.table, "runs": runs, "cpu_per_run": round(each, 5),
+                      "cpu_seconds": round(runs * each)})
+        print(f"{r.sensitivity:5s} {r.table:10s} runs {runs:7,d} x {each * 1000:6.1f} ms = {runs * each:8.0f} CPU-s")
+    entry = {"benchmark": "empirical_audit_full_plan", "sensitivity": args.sensitivity, "sample_runs": args.runs,
+             "sample_cpu_seconds": round(measured_cpu, 1), "sample_wall_seconds": round(time.perf_counter() - wall, 1),
+             "extrapolated_cpu_seconds": round(total), "tables": lines, "load_before": round(load_before, 1),
+             "load_after": round(_load(), 1)}
     _record(entry)
-    print(f"full mode ({args.sensitivity}): about {total / 3600:.2f} CPU-hours (extrapolated from the quick audits' "
-          "per-run CPU of each table; the per-run cost does not depend on the number of runs)")
+    print(f"full mode ({args.sensitivity}): about {total / 3600:.2f} CPU-hours of runs (each table's per-run CPU "
+          f"measured over {args.runs} runs at its production budgets: {measured_cpu:.0f} CPU-s), plus the plan and "
+          "the conclusion (seconds)")
 
 
 def main() -> None:
@@ -280,6 +289,8 @@ def main() -> None:
     s.add_argument("--sensitivity", choices=("paper", "exact", "both"), default="both")
     p = sub.add_parser("full-plan")
     p.add_argument("--sensitivity", choices=("paper", "exact", "both"), default="both")
+    p.add_argument("--runs", type=int, default=120)
+    p.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     {"quick": quick, "bugs": bugs, "false-alarms": false_alarms, "summary": summary,
      "full-plan": full_plan}[args.command](args)
