@@ -20,8 +20,8 @@
 * ``false-alarms``: quick audits of correct code with seeds first .. first + seeds - 1 (both
   calibrations in each by default). A false alarm is an audit of one calibration that fails: a
   VIOLATION or EXCESS row, or a failed check (WEAK rows are listed, not counted: they fail
-  nothing). Each audit's summary is appended as it ends; seeds already recorded are skipped, so
-  a long series can be stopped and resumed.
+  nothing). Each audit's summary is appended as it ends; seeds already recorded with the same
+  plan (the runs of every table) are skipped, so a long series can be stopped and resumed.
 * ``full-plan``: the full mode's planned runs per table and calibration, and its CPU time
   extrapolated from each table's per-run CPU measured at its production budgets over ``--runs``
   runs (a run costs the same whatever the number of runs).
@@ -87,6 +87,15 @@ def _goals(rows: list[dict], calibrations: list[str]) -> dict:
     return out
 
 
+def _plan_runs(sensitivity: str) -> dict[str, int]:
+    """The quick plan's runs per calibration and table: a series is resumed only over audits of
+    the same plan (the code that decides the runs is what a series measures)."""
+    from phsafe.audit.empirical import AuditSettings
+    from phsafe.audit.empirical.audit import plan_audit
+
+    return {f"{t.sensitivity}/{t.table}": t.runs for t in plan_audit(AuditSettings(sensitivity=sensitivity)).tables}
+
+
 def _quick(seed: int, workers: int | None, sensitivity: str, label: str) -> dict:
     out = WORK / "empirical-audit" / f"{label}-{sensitivity}-seed{seed}"
     phsafe = Path(sys.executable).parent / "phsafe"
@@ -119,6 +128,7 @@ def _quick(seed: int, workers: int | None, sensitivity: str, label: str) -> dict
         "workers": document.get("workers"), **phase.as_dict(), "load_before": round(load_before, 1),
         "load_after": round(_load(), 1), "verdict": document["verdict"], "goals": _goals(rows, calibrations),
         "cpu_goal_met": phase.cpu_seconds <= CPU_GOAL_SECONDS * len(calibrations),
+        "plan_runs": {f"{r['sensitivity']}/{r['table']}": r["runs"] for r in rows if r["level"] == "all"},
         "table_cpu_seconds": cpu_by, "alarms": alarms,
         "rows": [{k: r.get(k) for k in ("sensitivity", "table", "level", "mu_lb", "mu_ub", "mu_reach", "mu_declared",
                                         "ceiling", "epsilon_ratio", "epsilon_ceiling", "verdict", "lead", "runs",
@@ -201,8 +211,7 @@ def bugs(args: argparse.Namespace) -> None:
 
 
 def false_alarms(args: argparse.Namespace) -> None:
-    done = {e["seed"] for e in _recorded() if e.get("benchmark") == "empirical_audit_quick"
-            and e.get("label") == "false-alarms" and e.get("sensitivity") == args.sensitivity}
+    done = {e["seed"] for e in _series(args.sensitivity)}
     for seed in range(args.first, args.first + args.seeds):
         if seed in done:
             print(f"seed {seed}: already recorded", flush=True)
@@ -218,9 +227,16 @@ def false_alarms(args: argparse.Namespace) -> None:
     summary(args)
 
 
+def _series(sensitivity: str) -> list[dict]:
+    """The series' audits recorded so far with the current plan."""
+    plan = _plan_runs(sensitivity)
+    return [e for e in _recorded() if e.get("benchmark") == "empirical_audit_quick"
+            and e.get("label") == "false-alarms" and e.get("sensitivity") == sensitivity
+            and e.get("plan_runs") == plan]
+
+
 def summary(args: argparse.Namespace) -> None:
-    series = [e for e in _recorded() if e.get("benchmark") == "empirical_audit_quick"
-              and e.get("label") == "false-alarms" and e.get("sensitivity") == args.sensitivity]
+    series = _series(args.sensitivity)
     by_seed = {e["seed"]: e for e in series}
     for c in (["paper", "exact"] if args.sensitivity == "both" else [args.sensitivity]):
         alarms = [(s, e["alarms"][c]) for s, e in sorted(by_seed.items()) if e["alarms"][c]["false_alarm"]]
