@@ -167,8 +167,9 @@ def test_defects_smaller_than_2x_at_one_level_are_caught(mechanism, calibration,
 
 def test_a_defect_within_the_papers_slack_is_no_privacy_loss() -> None:
     """The paper's 2 tau + 2 over 1.25 (sqrt(310) = 17.6) still covers every neighbour (tau sqrt2 =
-    14.1): the release keeps its promise, and the white-box sensitivity check says so
-    (deterministic); with the exact calibration the same defect is a violation (above)."""
+    14.1): the release keeps its promise, and the white-box sensitivity check says so; with the
+    exact calibration the same defect is a violation (above). Deterministic: the assertions read
+    the plan and the white-box check, never a draw (the two runs' noise is not looked at)."""
     settings = AuditSettings(config=_config(), tables=("PH1_num",), runs=2, budget_scale=16, sensitivity="paper",
                              background_persons=300, seed=5)
     result = run_audit(settings, bugs.SensitivityScaledAt("PH1_num", "state_A-G", 1.25))
