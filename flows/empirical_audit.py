@@ -1,8 +1,9 @@
 """The weekly empirical privacy audit: the release code, run many times on neighbouring datasets.
 
 Beside the rehearsal (which checks the accuracy of what a release states), this checks its
-privacy: ``phsafe audit empirical`` in full mode -- every table at its production budgets -- as a
-flow, one task per table::
+privacy: ``phsafe audit empirical`` in full mode -- every table at its production budgets, under the
+config's calibration or both (``sensitivity``) -- as a flow, one task per table and calibration
+(each running its runs in a process pool)::
 
     plan (canaries, runs, thresholds: fixed before any run)
       ─► audit-PH1_num, audit-PH1_denom, ... audit-PH8_denom   (the release path, many runs each)
@@ -58,11 +59,14 @@ def empirical_audit_flow(
     work_root: str,
     config: str | None = None,
     mode: Literal["quick", "full"] = "full",
+    sensitivity: Literal["paper", "exact", "both"] | None = None,
     tables: list[str] | None = None,
     seed: Annotated[int, Field(ge=0)] | None = None,
     runs: Annotated[int, Field(ge=2)] | None = None,
     budget_scale: Annotated[float, Field(gt=0)] | None = None,
     alpha: Annotated[float, Field(gt=0, le=0.5)] = 0.05,
+    check_alpha: Annotated[float, Field(gt=0, le=0.5)] = 1e-3,
+    workers: Annotated[int, Field(ge=1)] | None = None,
     keep: Annotated[int, Field(ge=1)] = 8,
 ) -> dict[str, Any]:
     """The empirical privacy audit of the release code, on generated data.
@@ -72,16 +76,20 @@ def empirical_audit_flow(
         config: The config whose budgets, tau and states are audited (default: the production
             US run's parameters, built in).
         mode: ``full`` (every table at production budgets) or ``quick``.
+        sensitivity: The calibration audited: ``paper``, ``exact`` or ``both`` (side by side);
+            default: what the config says.
         tables: The tables to audit (default: the nine measured tables).
         seed: Seed of the generated data and the canaries' coins (default: fresh, recorded).
             Never the noise, never a truncation key.
         runs: Runs of every table instead of the planned number.
         budget_scale: Multiply every audited table's budgets by this (rows are marked scaled).
-        alpha: Family-wise probability of a false VIOLATION or EXCESS.
+        alpha: Family-wise probability of a false VIOLATION or EXCESS (per calibration).
+        check_alpha: Family-wise probability that correct code fails a statistical check.
+        workers: Processes running each table's runs (default: one per core of the worker).
         keep: Audit folders kept under ``work_root/empirical-audit`` (this one included).
     """
-    from phsafe.audit.empirical import AuditSettings
-    from phsafe.audit.empirical.audit import plan_audit
+    from phsafe.audit.empirical import AuditSettings, default_workers
+    from phsafe.audit.empirical.audit import children_cpu, plan_audit
     from phsafe.config import load_config
 
     with front_end("flow"):
@@ -92,7 +100,8 @@ def empirical_audit_flow(
         configure_once(folder / "phsafe-log.jsonl")
         seed = secrets.randbelow(2**31) if seed is None else seed
         options: dict[str, Any] = {"mode": mode, "seed": seed, "runs": runs, "budget_scale": budget_scale,
-                                   "alpha": alpha}
+                                   "alpha": alpha, "check_alpha": check_alpha, "sensitivity": sensitivity,
+                                   "workers": default_workers() if workers is None else workers}
         if tables:
             options["tables"] = tuple(tables)
         if config:
@@ -104,22 +113,24 @@ def empirical_audit_flow(
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         (folder / MARKER).write_text(json.dumps({
             "audit": audit_id, "flow_run_id": str(flow_run.id), "started": started, "mode": mode, "seed": seed,
+            "sensitivity": [b.value for b in settings.calibrations],
             "config": str(Path(config).absolute()) if config else "production US (built in)",
             "note": "generated data only; its figures are public"}, indent=1) + "\n", encoding="utf-8")
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, children = time.perf_counter(), time.process_time(), children_cpu()
         plan = plan_audit(settings)
         salt = secrets.token_bytes(32)
         audits = [t.audit_one_table(settings, table_plan, salt) for table_plan in plan.tables]
         result = t.conclude_audit(plan, audits, folder, time.perf_counter() - wall,
-                                  time.process_time() - cpu, started)
+                                  time.process_time() - cpu + children_cpu() - children, started)
         t.report_artifacts(audit_id, result, folder)
         pruned = _prune(root, keep, folder)
         if pruned:
             log.info("old empirical audits deleted", folders=len(pruned))
         summary = {"audit": audit_id, "folder": str(folder), "verdict": result.verdict, "seed": seed,
-                   "rows": {f"{r.table}/{r.level}": r.verdict for r in result.rows}}
+                   "rows": {f"{r.table}/{r.level} ({r.sensitivity})": r.verdict for r in result.rows}}
         if result.failed:
-            problems = [f"{r.verdict}: {r.table} {r.level} (mu_lb {r.mu_lb}, mu_declared {r.mu_declared})"
+            problems = [f"{r.verdict}: {r.table} {r.level}, {r.sensitivity} sensitivities (mu_lb {r.mu_lb}, "
+                        f"mu_declared {r.mu_declared})"
                         for r in result.rows if r.verdict in ("VIOLATION", "EXCESS")]
             problems += [f"failed check {c.name} ({c.table} {c.level}): {c.detail}"
                          for c in result.checks if c.status == "FAIL"]

@@ -35,19 +35,24 @@ class _Progress:
 
     def advance(self, amount: int = 1, *, item: str | None = None) -> None:
         self.done += amount
-        if self.done == self.total or self.done % max(1, self.total // 10) == 0:
+        step = max(1, self.total // 10)
+        if self.done == self.total or (self.done - amount) // step != self.done // step:
             self.logger.info("%s: %d of %d runs", self.table, self.done, self.total)
 
     def update(self, completed: int, *, total: int | None = None, item: str | None = None) -> None:
         self.done = completed
 
 
-@task(name="audit-table", task_run_name="audit-{table_plan.table}", **_NOTHING_KEPT, retries=0)
+@task(name="audit-table", task_run_name="audit-{table_plan.table}-{table_plan.sensitivity}", **_NOTHING_KEPT,
+      retries=0)
 def audit_one_table(settings: AuditSettings, table_plan: TablePlan, salt: bytes) -> TableAudit:
-    """The runs of one table (the release path, many times, on its canaries)."""
+    """The runs of one table under one calibration (the release path, many times, on its
+    canaries), in ``settings.workers`` processes."""
     background = audit_background(settings)
     return audit_table(settings, table_plan, ReleaseMechanism(), salt, background,
-                       _Progress(table_plan.table, table_plan.runs))
+                       _Progress(f"{table_plan.table} ({table_plan.sensitivity})", table_plan.runs),
+                       workers=settings.workers)
+
 
 
 @task(name="conclude-audit", **_NOTHING_KEPT, retries=0)
@@ -68,16 +73,20 @@ def report_artifacts(audit_id: str, result: AuditResult, folder: Path) -> None:
     rows = []
     for r in result.rows:
         d = r.as_dict()
-        rows.append({"table": r.table, "level": r.level,
+        rows.append({"table": r.table, "level": r.level, "sensitivity": r.sensitivity,
                      "budget": "production" if r.budget_scale == 1 else f"x{r.budget_scale:g} (scaled)",
                      "mu_lb": _number(d["mu_lb"]), "mu_ub": _number(d["mu_ub"]), "mu_reach": _number(d["mu_reach"]),
                      "mu_declared": _number(d["mu_declared"]), "epsilon_hat / epsilon": _number(d["epsilon_ratio"]),
-                     "verdict": r.verdict, "runs": r.runs, "seconds": round(r.seconds)})
+                     "ceiling": _number(d["ceiling"]), "verdict": r.verdict,
+                     "runs to separate": "-" if r.runs_to_separate is None else r.runs_to_separate,
+                     "runs": r.runs, "seconds": round(r.seconds)})
     create_table_artifact(key="empirical-audit-verdicts", table=rows,
                           description=f"Empirical audit {audit_id}: {result.verdict}. {PUBLIC}")
     failed = [c for c in result.checks if c.status == "FAIL"]
     lines = [f"# Empirical privacy audit `{audit_id}`: {result.verdict}", "", PUBLIC, "",
-             f"- mode {result.settings.mode}, seed {result.settings.seed}, {len(result.rows)} rows, "
+             f"- mode {result.settings.mode}, seed {result.settings.seed}, sensitivities "
+             f"{' and '.join(result.calibrations)}, {len(result.rows)} rows "
+             f"({sum(r.verdict == 'INCONCLUSIVE' for r in result.rows)} inconclusive), "
              f"{result.seconds:,.0f} s ({result.cpu_seconds:,.0f} CPU-seconds)",
              f"- report on the worker: `{folder / 'audit.html'}` and `audit.json`",
              f"- checks: {sum(c.status == 'PASS' for c in result.checks)} passed, {len(failed)} failed, "

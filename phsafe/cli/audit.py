@@ -317,31 +317,38 @@ def report_command(ledger: Path, out: Path | None, overwrite: bool) -> None:
               help="Audit the budgets, tau and states of this config.json (default: the production US run's).")
 @click.option("--runs", type=click.IntRange(min=2), default=None, metavar="N",
               help="Runs of every table instead of the planned number (fewer runs: wider bounds).")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes auditing tables at once.")
+@click.option("--sensitivity", type=click.Choice(["paper", "exact", "both"]), default=None,
+              help="The calibration audited: the paper's sensitivities (2 tau + 2, 2), the exact ones "
+                   "(docs/sensitivity.md), or both side by side (default: what the config says).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Processes running the audit's runs (default: one per core of this machine).")
 @click.option("--alpha", type=click.FloatRange(min=0, max=0.5, min_open=True), default=0.05, show_default=True,
-              help="Family-wise probability of a false VIOLATION or EXCESS (and of a false WEAK).")
+              help="Family-wise probability of a false VIOLATION or EXCESS (and of a false WEAK), per calibration.")
+@click.option("--check-alpha", type=click.FloatRange(min=0, max=0.5, min_open=True), default=1e-3,
+              show_default=True, help="Family-wise probability that correct code fails a statistical check.")
 @overwrite_option
 @click.pass_context
 @handle_errors
 def empirical_command(ctx: click.Context, tables: tuple[str, ...], mode: str, budget_scale: float | None,
-                      seed: int | None, out: Path, config_path: Path | None, runs: int | None, workers: int,
-                      alpha: float, overwrite: bool) -> None:
+                      seed: int | None, out: Path, config_path: Path | None, runs: int | None,
+                      sensitivity: str | None, workers: int | None, alpha: float, check_alpha: float,
+                      overwrite: bool) -> None:
     """Audit the release code empirically: a lower bound on its privacy loss, on generated data.
 
     Runs the release path of `phsafe private` (fresh truncation key per run, truncation,
     tabulation, OpenDP's noise) many times on neighbouring datasets it generates -- canary
     households in or out -- and bounds mu (Gaussian DP) and epsilon from below and above, per
     table and level. Verdicts: VIOLATION (more loss than declared), EXCESS (more than correct
-    code can show), WEAK (less signal than correct code gives), PASS; plus residual and
-    white-box checks. Exits 1 on a VIOLATION, an EXCESS or a failed check.
+    code can show), WEAK (less signal than correct code gives), INCONCLUSIVE (the bounds hold
+    both 0 and the declared value), PASS; plus residual and white-box checks. Exits 1 on a
+    VIOLATION, an EXCESS or a failed check.
 
     It takes no input data and refuses any: the audit publishes residuals, exact functions of
     the records it runs on, so it only runs on records it made.
     """
     import secrets
 
-    from phsafe.audit.empirical import AuditSettings, run_audit, write_report
+    from phsafe.audit.empirical import AuditSettings, default_workers, run_audit, write_report
     from phsafe.cli._output import command_progress, result_line
     from phsafe.config import load_config
     from phsafe.errors import PHSafeError
@@ -355,8 +362,9 @@ def empirical_command(ctx: click.Context, tables: tuple[str, ...], mode: str, bu
             "the records it ran on.")
     names = tuple(t.strip() for item in tables for t in item.split(",") if t.strip())
     seed = secrets.randbelow(2**31) if seed is None else seed
-    options = {"mode": mode, "budget_scale": budget_scale, "seed": seed, "runs": runs, "workers": workers,
-               "alpha": alpha}
+    options = {"mode": mode, "budget_scale": budget_scale, "seed": seed, "runs": runs, "alpha": alpha,
+               "check_alpha": check_alpha,
+               "sensitivity": sensitivity, "workers": default_workers() if workers is None else workers}
     if names:
         options["tables"] = names
     if config_path is not None:
@@ -367,17 +375,22 @@ def empirical_command(ctx: click.Context, tables: tuple[str, ...], mode: str, bu
         raise PHSafeError(str(exc)) from None
     folder = report_folder(out, overwrite=overwrite, what="audit folder")
     with command_progress() as progress:
-        progress.note(f"empirical audit, {mode} mode, seed {seed}: generated data only")
+        progress.note(f"empirical audit, {mode} mode, seed {seed}, "
+                      f"{' and '.join(b.value for b in settings.calibrations)} sensitivities, "
+                      f"{settings.workers} process(es): generated data only")
         result = run_audit(settings, progress=progress)
     json_path, html_path = write_report(result, folder)
     for row in result.rows:
-        if row.verdict != "PASS":
-            click.echo(f"{row.verdict}: {row.table} {row.level}", err=True)
+        if row.verdict not in ("PASS", "INCONCLUSIVE"):
+            click.echo(f"{row.verdict}: {row.table} {row.level} ({row.sensitivity} sensitivities)", err=True)
     for check in result.checks:
         if check.status == "FAIL":
-            click.echo(f"FAILED CHECK: {check.name} ({check.table} {check.level}): {check.detail}", err=True)
+            where = f"{check.table} {check.level}" + (f", {check.sensitivity} sensitivities" if check.sensitivity else "")
+            click.echo(f"FAILED CHECK: {check.name} ({where}): {check.detail}", err=True)
+    inconclusive = sum(r.verdict == "INCONCLUSIVE" for r in result.rows)
     result_line(f"{result.verdict}: wrote {html_path} and {json_path.name} "
-                f"({len(result.rows)} rows, {result.seconds:,.0f} s)")
+                f"({len(result.rows)} rows, {inconclusive} inconclusive; {result.seconds:,.0f} s, "
+                f"{result.cpu_seconds:,.0f} CPU-s)")
     if result.failed:
         raise SystemExit(1)
 

@@ -138,6 +138,29 @@ def test_discrete_gaussian_and_the_exact_threshold_test() -> None:
     assert 0 < lattice_allowance([2.0, 100.0], [1, 10]) < 0.01
 
 
+@pytest.mark.parametrize("sigma, change", [(2.0, (1,)), (3.0, (-4,)), (2.5, (-2, 2)), (1.5, (-1, 1, 2))])
+def test_the_exact_threshold_test_of_any_change(sigma: float, change: tuple[int, ...]) -> None:
+    """By enumeration: S = sum of d_c n_c over independent N_Z(0, sigma^2), the test "S > |d|^2 / 2"
+    (the canary in shifts S by |d|^2). One cell (+1: a person added; -tau: a family leaving) or
+    several."""
+    k, p = discrete_gaussian_pmf(sigma)
+    keep = p > 1e-18
+    k, p = k[keep], p[keep]
+    values, weights = np.zeros(1), np.ones(1)
+    for v in change:
+        values = np.add.outer(values, v * k).ravel()
+        weights = np.multiply.outer(weights, p).ravel()
+    norm2 = sum(v * v for v in change)
+    fpr = weights[values > norm2 / 2].sum()
+    fnr = weights[values + norm2 <= norm2 / 2].sum()
+    at, best = exact_threshold_mu(sigma, change)
+    assert at == pytest.approx(stats.norm.isf(fnr) - stats.norm.ppf(fpr), rel=1e-9)
+    assert best >= at
+    # The allowance of the composed test covers the excess of every change over its continuous mu.
+    kappa = lattice_allowance([sigma], [change])
+    assert best <= math.sqrt(norm2) / sigma * (1 + kappa) * (1 + 1e-12)
+
+
 def test_equal_probability_bins_of_the_noise_law() -> None:
     edges, mass = tail_weights(20, 12.16)
     assert mass.sum() == pytest.approx(1.0, abs=1e-12)

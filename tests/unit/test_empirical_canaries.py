@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from phsafe.audit.empirical.audit import AuditSettings, audit_background, plan_audit, production_config
-from phsafe.audit.empirical.canaries import candidates, household_records, pack, reach_step
+from phsafe.audit.empirical.canaries import candidates, change_norm, household_records, pack
 from phsafe.audit.empirical.mechanism import ReleaseMechanism
 from phsafe.audit.empirical.oracle import KeyDependentHousehold, expected_counts
 from phsafe.audit.empirical.population import TableRecords
 from phsafe.engine import exact_vector
 from phsafe.iterations import GeographyLevel
+from phsafe.sensitivity import MeasurementCase, exact, measurement_case
 from phsafe.tables import TABLES, TAU_TABLES
 from tests._empirical import small_config as _small_config
 from tests.conftest import US_CONFIG
@@ -79,14 +80,15 @@ def test_packing_gives_each_canary_cells_no_other_canary_owns(table: str) -> Non
     measurements = ReleaseMechanism().plan(config, table)
     tau = config.tau[TABLES[table].tau_key] if TABLES[table].tau_key else None
     layout = pack(table, [m.level for m in measurements], tau, len(config.states), 800_000_001)
-    step = reach_step(table, tau)
     for m in measurements:
         key = m.level.config_key
         owned: set[int] = set()
+        reach = change_norm(layout.reach[key])
+        assert layout.owners(key), f"{table} {key}: no canary owns this level"
         for canary in layout.owners(key):
             change = layout.change[canary.index][key]
-            # The most one neighbour can move a level: -step in one cell, +step in another.
-            assert sorted(change.values()) == [-step, step], (key, canary.template.name)
+            # An owner moves the level by the most any candidate does (the level's reach).
+            assert change_norm(change.values()) == pytest.approx(reach, rel=1e-12), (key, canary.template.name)
             assert not owned & set(change), (key, canary.template.name)
             owned |= set(change)
             assert all(0 <= c < m.n_cells for c in change)
@@ -94,11 +96,50 @@ def test_packing_gives_each_canary_cells_no_other_canary_owns(table: str) -> Non
     states = len(config.states)
     for m in measurements:
         owners = len(layout.owners(m.level.config_key))
-        if m.level.geography is GeographyLevel.STATE and owners:
+        if m.level.geography is GeographyLevel.STATE:
             assert owners >= states
         if m.level.geography is GeographyLevel.USA:
             assert owners <= 14
-    assert len(layout.whole_table()) >= states
+
+
+@pytest.mark.parametrize("table", list(TABLES))
+def test_every_level_is_moved_by_its_exact_sensitivity_where_a_key_invariant_neighbour_can(table: str) -> None:
+    """The canaries' reach at every level is the exact sensitivity proven in docs/sensitivity.md
+    (L2 and L1), except PH1_num at ``*`` (case P-fixed): there attaining sqrt 2 needs truncation to
+    swap a kept person for the added one, which depends on the key; its canaries add one person."""
+    for tau in (2, 6, 10) if TABLES[table].tau_key else (None,):
+        config = production_config()
+        measurements = ReleaseMechanism().plan(config, table)
+        layout = pack(table, [m.level for m in measurements], tau, 3, 800_000_001)
+        for m in measurements:
+            proven = exact(table, m.level, tau)
+            shape = layout.reach[m.level.config_key]
+            if measurement_case(TABLES[table], m.level) is MeasurementCase.PERSON_FIXED:
+                assert shape == (1,), (table, m.level.config_key, tau, shape)
+                continue
+            assert change_norm(shape) ** 2 == pytest.approx(proven.l2_squared), (table, m.level.config_key, tau)
+            assert change_norm(shape, l2=False) == proven.l1, (table, m.level.config_key, tau)
+
+
+def test_the_star_levels_designs() -> None:
+    """PH1_num at ``*``: one more person (+1); PH4 at ``*``: a family of tau leaves the universe
+    (-tau); PH1_denom at ``*``: a new household (no unit, no geo row without it) (+1); PH5_denom
+    at ``*``: a person alone gains a relative and becomes a family (+1)."""
+    config = small_config()
+    expected = {"PH1_num": (1,), "PH4": (-6,), "PH1_denom": (1,), "PH5_denom": (1,)}
+    for table, shape in expected.items():
+        measurements = ReleaseMechanism().plan(config, table)
+        layout = pack(table, [m.level for m in measurements], 6 if table in ("PH1_num", "PH4") else None,
+                      len(config.states), 800_000_001)
+        owners = layout.owners("state_*")
+        assert owners and {layout.shape(c.index, "state_*") for c in owners} == {shape}, table
+        # A canary per cell of the level in each state: PH1_num and PH4 have two (under 18, 18+).
+        assert len(owners) == len(config.states) * (2 if table in ("PH1_num", "PH4") else 1), table
+    new = next(t for t in candidates("PH1_denom") if t.unit_out is None)
+    persons, units = household_records(new, 1, False, 100_000_001)
+    assert len(persons["MAFID"]) == 0 and len(units["MAFID"]) == 0
+    persons, units = household_records(new, 1, True, 100_000_001)
+    assert len(persons["MAFID"]) == 1 and units["HHT"][0] == 4
 
 
 def test_a_canary_moves_the_household_at_every_level_it_can() -> None:

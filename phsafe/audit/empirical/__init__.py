@@ -18,14 +18,14 @@ Pure and Prefect-free; the command line and the weekly flow are thin layers over
 from __future__ import annotations
 
 from phsafe.audit.empirical.audit import (
-    EXCESS, MODES, PASS_VERDICT, QUICK_SCALES, VIOLATION, WEAK, AuditResult, AuditSettings, Row, production_config,
-    run_audit,
+    EXCESS, INCONCLUSIVE_ROW, MODES, PASS_VERDICT, QUICK_SCALES, SENSITIVITIES, VIOLATION, WEAK, AuditResult,
+    AuditSettings, Row, default_workers, production_config, run_audit,
 )
 from phsafe.audit.empirical.mechanism import Release, ReleaseMechanism
 from phsafe.audit.empirical.report import HTML_NAME, JSON_NAME, report_json, write_report
 
 __all__ = [
     "AuditSettings", "AuditResult", "Row", "run_audit", "write_report", "report_json", "ReleaseMechanism", "Release",
-    "production_config", "MODES", "QUICK_SCALES", "VIOLATION", "EXCESS", "WEAK", "PASS_VERDICT", "JSON_NAME",
-    "HTML_NAME",
+    "production_config", "default_workers", "MODES", "QUICK_SCALES", "SENSITIVITIES", "VIOLATION", "EXCESS", "WEAK",
+    "INCONCLUSIVE_ROW", "PASS_VERDICT", "JSON_NAME", "HTML_NAME",
 ]

@@ -245,47 +245,72 @@ _EXACT_SIGMA_LIMIT = 60.0
 """Above this sigma the lattice effect is below 1e-5 of mu (measured): the continuous value is used."""
 
 
-@lru_cache(maxsize=512)
-def exact_threshold_mu(sigma: float, step: int) -> tuple[float, float]:
-    """The threshold test of one two-cell move on discrete Gaussian noise, exactly.
+def _shape(change: int | tuple[int, ...]) -> tuple[int, ...]:
+    """A change's values (sorted); an int ``step`` is the two-cell move (-step, +step)."""
+    if isinstance(change, (int, np.integer)):
+        return (-int(change), int(change))
+    return tuple(sorted(int(v) for v in change))
 
-    A canary moves ``step`` records out of one cell and into another (d = step (e_b - e_a)); the
-    audit's statistic is then (r_b - r_a) / (sigma sqrt 2) and its threshold mu / 2, i.e. the test
-    says "in" when the integer D = r_b - r_a exceeds ``step``. With D the difference of two
-    independent N_Z(0, sigma^2), FPR = P(D > step) and FNR = P(D + 2 step <= step).
+
+def exact_threshold_mu(sigma: float, change: int | tuple[int, ...]) -> tuple[float, float]:
+    """The threshold test of one canary's change at one level on discrete Gaussian noise, exactly.
+
+    A canary changes the cells it owns by ``change`` (its values d_c, e.g. (-step, +step) when
+    ``step`` records move from one cell to another, (+1,) when one person is added; an int is
+    that two-cell move). The audit's statistic is the integer S = sum of r_c d_c over the cells,
+    and the test says "in" when S exceeds |d|^2 / 2. With S = sum of d_c n_c for independent
+    n_c ~ N_Z(0, sigma^2): FPR = P(S > |d|^2 / 2) and FNR = P(S + |d|^2 <= |d|^2 / 2).
 
     Returns:
         ``(mu_at_threshold, mu_max)``: the mu those exact rates imply, and the largest mu any
-        deterministic threshold on D implies (the discrete mechanism's own profile: its
+        deterministic threshold on S implies (the discrete mechanism's own profile: its
         trade-off curve is the chords between those points).
     """
+    return _exact_threshold_mu(float(sigma), _shape(change))
+
+
+@lru_cache(maxsize=512)
+def _exact_threshold_mu(sigma: float, values: tuple[int, ...]) -> tuple[float, float]:
+    norm2 = sum(v * v for v in values)
     if sigma > _EXACT_SIGMA_LIMIT:
-        mu = 2.0 * step / (sigma * math.sqrt(2.0))
+        mu = math.sqrt(norm2) / sigma
         return mu, mu
+    g = math.gcd(*(abs(v) for v in values))
     k, p = discrete_gaussian_pmf(sigma)
-    pd = np.convolve(p, p[::-1])
-    d = np.arange(2 * k[0], 2 * k[-1] + 1)
-    above = np.cumsum(pd[::-1])[::-1]  # P(D >= d[i])
-    tail = {int(v): float(a) for v, a in zip(d, above)}
+    # The pmf of S / g on its lattice: each cell's noise scaled by d_c / g, convolved.
+    pmf, low = np.ones(1), 0
+    for v in values:
+        step = v // g
+        scaled = np.zeros(abs(step) * (len(k) - 1) + 1)
+        scaled[::abs(step)] = p if step > 0 else p[::-1]
+        pmf = np.convolve(pmf, scaled)
+        low += abs(step) * int(k[0])
+    support = np.arange(low, low + len(pmf))  # values of S / g
+    above = np.cumsum(pmf[::-1])[::-1]  # P(S/g >= support[i])
+    half = norm2 / (2 * g)  # the threshold, in units of g
+    shift = norm2 // g  # |d|^2 / g: S moves by this when the canary is in
 
-    def sf(x: int) -> float:  # P(D > x)
-        return tail.get(x + 1, 0.0 if x + 1 > d[-1] else 1.0)
+    def sf(x: float) -> float:  # P(S/g > x)
+        i = int(np.searchsorted(support, x, side="right"))
+        return float(above[i]) if i < len(above) else 0.0
 
-    def implied(threshold: int) -> float:
+    def implied(threshold: float) -> float:
         fpr = sf(threshold)
-        fnr = 1.0 - sf(threshold - 2 * step)
+        fnr = 1.0 - sf(threshold - shift)
         if min(fpr, fnr) < 1e-14:
             return -math.inf
         return mu_from_rates(fpr, fnr)
 
-    at = implied(step)
-    best = max(implied(t) for t in range(-4 * int(sigma) - 2 * step, 4 * int(sigma) + 2 * step + 1))
+    at = implied(half)
+    reach = int(4 * sigma * math.sqrt(norm2) / g) + shift + 2
+    best = max(implied(t + 0.5) for t in range(-reach, reach + 1))
     return at, max(best, at)
 
 
-def lattice_allowance(sigmas: Sequence[float], steps: Sequence[int]) -> float:
+def lattice_allowance(sigmas: Sequence[float], changes: Sequence[int | tuple[int, ...]]) -> float:
     """The largest relative excess of a discrete mechanism's profile over the continuous mu,
-    over single two-cell moves of ``steps`` at each ``sigma`` (0 for a continuous mechanism).
+    over the canaries' changes (``changes``, each at its level's ``sigma``; an int is a two-cell
+    move of that step); 0 for a continuous mechanism.
 
     A composition of mechanisms each of whose trade-off curves lies above G_{mu_i (1 + kappa)}
     lies above G_{mu (1 + kappa)}, mu = sqrt(sum mu_i^2) (tensor products of trade-off functions
@@ -293,9 +318,10 @@ def lattice_allowance(sigmas: Sequence[float], steps: Sequence[int]) -> float:
     statistic can show for correct code.
     """
     kappa = 0.0
-    for sigma, step in zip(sigmas, steps):
-        continuous = 2.0 * step / (sigma * math.sqrt(2.0))
-        _, best = exact_threshold_mu(float(sigma), int(step))
+    for sigma, change in zip(sigmas, changes):
+        values = _shape(change)
+        continuous = math.sqrt(sum(v * v for v in values)) / float(sigma)
+        _, best = exact_threshold_mu(float(sigma), values)
         kappa = max(kappa, best / continuous - 1.0)
     return kappa
 

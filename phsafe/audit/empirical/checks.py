@@ -64,6 +64,7 @@ class Check:
         status: PASS, FAIL or INCONCLUSIVE (too few runs to decide).
         detail: One line: what was seen.
         p_value: The test's p-value, when it is a statistical test.
+        sensitivity: The calibration whose runs it checks (None: every run of the audit).
     """
 
     name: str
@@ -73,10 +74,12 @@ class Check:
     status: str
     detail: str
     p_value: float | None = None
+    sensitivity: str | None = None
 
     def as_dict(self) -> dict:
         return {"name": self.name, "kind": self.kind, "table": self.table, "level": self.level,
-                "status": self.status, "detail": self.detail, "p_value": self.p_value}
+                "sensitivity": self.sensitivity, "status": self.status, "detail": self.detail,
+                "p_value": self.p_value}
 
 
 def _pmf(distribution: str, scale: float) -> tuple[np.ndarray, np.ndarray]:
@@ -141,6 +144,22 @@ class LevelResiduals:
             self.run_lag = (s + float(products.sum()), q + float(products @ products), n + len(products))
         self._previous = rf
         self.digests.append(hashlib.sha256(np.ascontiguousarray(r, dtype="<i8").tobytes()).digest())
+
+    def merge(self, other: LevelResiduals) -> None:
+        """Add the residuals of another chunk of runs of the same level (the correlation of
+        consecutive runs is not counted across the two chunks' boundary)."""
+        if (other.table, other.level, other.n_cells) != (self.table, self.level, self.n_cells):
+            raise ValueError("residuals of another level")
+        self.runs += other.runs
+        self.zero_runs += other.zero_runs
+        self.zeros += other.zeros
+        self.sum_squares += other.sum_squares
+        self.shape_counts += other.shape_counts
+        self.cell_lag = tuple(a + b for a, b in zip(self.cell_lag, other.cell_lag))  # type: ignore[assignment]
+        self.run_lag = tuple(a + b for a, b in zip(self.run_lag, other.run_lag))  # type: ignore[assignment]
+        self.digests += other.digests
+        self.integral = self.integral and other.integral
+        self._previous = other._previous
 
     # -- the tests -------------------------------------------------------------------------
 

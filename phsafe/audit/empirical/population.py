@@ -70,8 +70,15 @@ def generated_background(states: Sequence[str], persons: int, seed: int, max_hou
     mafids, size = np.unique(p["MAFID"][p["RTYPE"] == 3], return_counts=True)
     too_big = mafids[size > max_household]
     keep_p, keep_u, keep_g = (~np.isin(cols["MAFID"], too_big) for cols in (p, u, g))
-    return Records({k: v[keep_p] for k, v in p.items()}, {k: v[keep_u] for k, v in u.items()},
-                   {k: v[keep_g] for k, v in g.items()})
+    p, u, g = ({k: v[keep] for k, v in cols.items()} for cols, keep in ((p, keep_p), (u, keep_u), (g, keep_g)))
+    # MAFIDs are identifiers: renumbered consecutively from MAFID_MIN (same order), so that the
+    # release path's MAFID look-ups see a span of a few thousand instead of 800 million -- the
+    # generator spreads them over the whole range, and a run would spend most of its time
+    # building a rank bitmap over that span, once per run.
+    used = np.union1d(u["MAFID"], g["MAFID"])
+    for cols in (p, u, g):
+        cols["MAFID"] = (MAFID_MIN + np.searchsorted(used, cols["MAFID"])).astype(cols["MAFID"].dtype)
+    return Records(p, u, g)
 
 
 def _concat(parts: Sequence[Columns], stem: str) -> Columns:
@@ -104,29 +111,32 @@ class TableRecords:
         self.states = tuple(states)
         self.n_canaries = len(layout.canaries)
         spec = TABLES[layout.table]
-        out_p, out_u, in_p, in_u, geo = [], [], [], [], []
+        out_p, out_u, in_p, in_u, out_g, in_g = [], [], [], [], [], []
         for c in layout.canaries:
-            po, uo = household_records(c.template, c.size, False, c.mafid)
-            pi, ui = household_records(c.template, c.size, True, c.mafid)
-            out_p.append(po)
-            out_u.append(uo)
-            in_p.append(pi)
-            in_u.append(ui)
-            geo.append({"RTYPE": np.array([2]), "MAFID": np.array([c.mafid]),
-                        "TABBLKST": np.array([int(self.states[c.state])])})
+            for inside, persons_, units_, geo_ in ((False, out_p, out_u, out_g), (True, in_p, in_u, in_g)):
+                p, u = household_records(c.template, c.size, inside, c.mafid)
+                persons_.append(p)
+                units_.append(u)
+                # A version without a household has no geo row either (units and geo hold the
+                # same MAFIDs).
+                geo_.append({"RTYPE": np.full(len(u["MAFID"]), 2), "MAFID": np.asarray(u["MAFID"]),
+                             "TABBLKST": np.full(len(u["MAFID"]), int(self.states[c.state]))})
+        empty = {stem: {k: np.empty(0, dt) for k, dt in _dtypes(stem).items()} for stem in FILES}
         if self.n_canaries:
             self._out_persons, self._in_persons = _concat(out_p, "persons"), _concat(in_p, "persons")
             self._out_units, self._in_units = _concat(out_u, "units"), _concat(in_u, "units")
-            canary_geo = _concat(geo, "geo")
+            self._out_geo, self._in_geo = _concat(out_g, "geo"), _concat(in_g, "geo")
         else:
-            empty = {stem: {k: np.empty(0, dt) for k, dt in _dtypes(stem).items()} for stem in FILES}
             self._out_persons = self._in_persons = empty["persons"]
             self._out_units = self._in_units = empty["units"]
-            canary_geo = empty["geo"]
-        self._out_owner = np.repeat(np.arange(self.n_canaries), [len(p["MAFID"]) for p in out_p]).astype(np.int64)
-        self._in_owner = np.repeat(np.arange(self.n_canaries), [len(p["MAFID"]) for p in in_p]).astype(np.int64)
+            self._out_geo = self._in_geo = empty["geo"]
+
+        def owner(parts: list[dict]) -> np.ndarray:
+            return np.repeat(np.arange(self.n_canaries), [len(p["MAFID"]) for p in parts]).astype(np.int64)
+
+        self._out_owner, self._in_owner = owner(out_p), owner(in_p)
+        self._out_unit_owner, self._in_unit_owner = owner(out_u), owner(in_u)
         self._background = background
-        self._geo = _concat([background.geo, canary_geo], "geo")
 
         # The exact counts of the "all out" records, and each canary's change, per level.
         none = np.zeros(self.n_canaries, dtype=bool)
@@ -148,14 +158,17 @@ class TableRecords:
     def records(self, included: np.ndarray) -> Records:
         """The run's records: the background, and each canary in or out as ``included`` says."""
         included = np.asarray(included, dtype=bool)
-        keep_out_p = ~included[self._out_owner]
-        keep_in_p = included[self._in_owner]
+        keep_out_p, keep_in_p = ~included[self._out_owner], included[self._in_owner]
+        keep_out_u, keep_in_u = ~included[self._out_unit_owner], included[self._in_unit_owner]
         b = self._background
-        persons = {k: np.concatenate([b.persons[k], self._out_persons[k][keep_out_p], self._in_persons[k][keep_in_p]])
-                   for k in b.persons}
-        units = {k: np.concatenate([b.units[k], self._out_units[k][~included], self._in_units[k][included]])
-                 for k in b.units}
-        return Records(persons, units, self._geo)
+
+        def merged(stem: str, out: Columns, inside: Columns, keep_out: np.ndarray, keep_in: np.ndarray) -> Columns:
+            return {k: np.concatenate([getattr(b, stem)[k], out[k][keep_out], inside[k][keep_in]])
+                    for k in getattr(b, stem)}
+
+        return Records(merged("persons", self._out_persons, self._in_persons, keep_out_p, keep_in_p),
+                       merged("units", self._out_units, self._in_units, keep_out_u, keep_in_u),
+                       merged("geo", self._out_geo, self._in_geo, keep_out_u, keep_in_u))
 
     def inputs(self, included: np.ndarray) -> InputTables:
         r = self.records(included)

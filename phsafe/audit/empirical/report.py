@@ -8,16 +8,24 @@ opens offline.
 
 ``audit.json``::
 
-    {"audit": "empirical", "verdict": "PASS", "mode": "quick", "seed": 0, ...,
-     "tables": [{"table": "PH3", "level": "all", "mu_lb": 0.64, "mu_ub": 0.77, "mu_reach": 0.70,
-                 "mu_declared": 1.17, "epsilon_hat": 4.1, "epsilon_declared": 7.75,
-                 "delta": 1e-10, "budget_scale": 1, "verdict": "PASS", "runs": 251,
-                 "seconds": 31.2, ...}, ...],
+    {"audit": "empirical", "verdict": "PASS", "mode": "quick", "seed": 0,
+     "sensitivity": ["paper", "exact"], ...,
+     "tables": [{"table": "PH3", "level": "all", "sensitivity": "paper", "mu_lb": 0.64,
+                 "mu_ub": 0.77, "mu_reach": 0.70, "mu_declared": 1.17, "ceiling": 0.60,
+                 "epsilon_hat": 4.1, "epsilon_declared": 7.75, "delta": 1e-10,
+                 "budget_scale": 1, "verdict": "PASS", "conclusive": true,
+                 "runs_to_separate": null, "runs": 51, "seconds": 31.2, ...}, ...],
+     "side_by_side": [{"table": "PH3", "level": "all", "paper": {"epsilon_ratio": 0.53,
+                       "ceiling": 0.60, "verdict": "PASS", ...}, "exact": {...}}, ...],
      "checks": [{"name": "noise variance", "kind": "residual", "table": "PH3",
                  "level": "state_A-G", "status": "PASS", ...}, ...],
      "not_audited": [...], "canaries": {...}}
 
-A bound that is infinite (``mu_ub`` when no false positive was seen) is ``null``; pure-DP rows
+Every row says the calibration its release was drawn for (``sensitivity``); with ``--sensitivity
+both`` the two are audited on their own (each with its own family-wise alpha) and set side by
+side. A row whose bounds hold both 0 and ``mu_declared`` is ``INCONCLUSIVE`` with
+``conclusive: false`` and the runs that would separate them. A bound that is infinite
+(``mu_ub`` when no false positive was seen) is ``null``; pure-DP rows
 have ``null`` mu fields, ``delta`` 0, and count their tail event (``events_out``, ``events_in``)
 where zCDP rows count errors (``false_positives``, ``false_negatives``).
 """
@@ -65,16 +73,34 @@ def report_json(result: AuditResult) -> dict:
         "code_version": _code_version(),
         "opendp_version": result.opendp,
         "config": {"privacy_defn": config.privacy_defn.value, "states": list(config.states),
-                   "tau": dict(config.tau)},
+                   "tau": dict(config.tau), "sensitivity": config.sensitivity.value},
+        "sensitivity": list(result.calibrations),
+        "workers": s.workers,
         "delta": s.delta,
         "alpha": s.alpha,
         "check_alpha": s.check_alpha,
         "background_persons": s.background_persons,
         "tables": [r.as_dict() for r in result.rows],
+        "side_by_side": side_by_side(result),
         "not_audited": result.not_audited,
         "checks": [c.as_dict() for c in result.checks],
         "canaries": result.canaries,
     }
+
+
+def side_by_side(result: AuditResult) -> list[dict]:
+    """Per table and level, each calibration's epsilon_hat / epsilon, ceiling and verdict."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in result.rows:
+        entry = out.setdefault((r.table, r.level), {"table": r.table, "level": r.level})
+        entry[r.sensitivity] = {"epsilon_ratio": _num(r.ratio), "ceiling": _num(r.ceiling),
+                                "epsilon_ceiling": _num(r.epsilon_ceiling), "verdict": r.verdict,
+                                "budget_scale": r.budget_scale, "lead": r.lead}
+    return list(out.values())
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
 
 
 def _fmt(x: float | None, digits: int = 3) -> str:
@@ -93,13 +119,25 @@ def _row_view(row: Row) -> dict:
     pure = row.mu_lb is None
     return {
         "table": row.table, "level": "whole table" if row.level == WHOLE_TABLE else row.level,
-        "scale": _scale(row), "runs": f"{row.runs:,}", "canaries": f"{row.canaries_per_run:,}",
+        "sensitivity": row.sensitivity, "ceiling": _fmt(row.ceiling), "lead": row.lead,
+        "conclusive": row.conclusive, "runs_to_separate": "-" if row.runs_to_separate is None else
+        f"{row.runs_to_separate:,}", "reach_note": row.reach_note, "scale": _scale(row), "runs": f"{row.runs:,}", "canaries": f"{row.canaries_per_run:,}",
         "mu_lb": _fmt(row.mu_lb), "mu_ub": _fmt(row.mu_ub), "mu_reach": _fmt(row.mu_reach),
         "mu_declared": _fmt(row.mu_declared), "epsilon_hat": _fmt(row.epsilon_hat),
         "epsilon_declared": _fmt(row.epsilon_declared), "ratio": _fmt(row.ratio), "verdict": row.verdict,
-        "seconds": f"{row.seconds:,.0f}", "pure": pure, "ok": row.verdict == "PASS",
+        "seconds": f"{row.seconds:,.0f}", "pure": pure, "ok": row.verdict in ("PASS", "INCONCLUSIVE"),
         "epsilon_reach": _fmt(row.epsilon_reach), "epsilon_ub": _fmt(row.epsilon_ub),
     }
+
+
+def _pair_view(entry: dict, calibrations: tuple[str, ...]) -> dict:
+    view = {"table": entry["table"], "level": "whole table" if entry["level"] == WHOLE_TABLE else entry["level"]}
+    for c in calibrations:
+        e = entry.get(c)
+        view[c] = None if e is None else {
+            "ratio": _fmt(e["epsilon_ratio"]), "ceiling": _fmt(e["ceiling"]), "verdict": e["verdict"],
+            "scale": "" if e["budget_scale"] == 1 else f"x{e['budget_scale']:g}", "lead": e["lead"]}
+    return view
 
 
 def write_report(result: AuditResult, out: Path) -> tuple[Path, Path]:
@@ -116,7 +154,8 @@ def write_report(result: AuditResult, out: Path) -> tuple[Path, Path]:
     summary: dict[tuple[str, str], dict[str, int]] = {}
     for c in checks:
         if c.kind == "residual":
-            counts = summary.setdefault((c.table, c.name), {PASS: 0, FAIL: 0, INCONCLUSIVE: 0})
+            table = c.table if c.sensitivity is None else f"{c.table} ({c.sensitivity})"
+            counts = summary.setdefault((table, c.name), {PASS: 0, FAIL: 0, INCONCLUSIVE: 0})
             counts[c.status] += 1
     html_path = write(
         out / HTML_NAME, "empirical_audit.html.j2",
@@ -128,6 +167,10 @@ def write_report(result: AuditResult, out: Path) -> tuple[Path, Path]:
         white_box=[c for c in checks if c.kind in ("white-box", "release")],
         residual_summary=[{"table": t, "name": n, **v} for (t, n), v in sorted(summary.items())],
         plots=plots, pure=result.settings.config.privacy_defn.value == "puredp",
+        calibrations=result.calibrations, both=len(result.calibrations) > 1,
+        side_by_side=[_pair_view(e, result.calibrations) for e in document["side_by_side"]],
+        notes=sorted({(r.table, r.level, r.sensitivity, r.reach_note) for r in result.rows if r.reach_note}),
+        inconclusive=sum(r.verdict == "INCONCLUSIVE" for r in result.rows),
     )
     return json_path, html_path
 
@@ -167,11 +210,12 @@ def _interval_plot(rows: list[Row], path: Path) -> dict:
         decl = r.mu_declared or 1.0
         lo = max(r.mu_lb or 0.0, 0.0) / decl
         hi = r.mu_ub / decl if r.mu_ub is not None and math.isfinite(r.mu_ub) else 2.0
-        colour = {"PASS": "#1a7f37", "WEAK": "#9a6700", "EXCESS": "#cf222e", "VIOLATION": "#82071e"}[r.verdict]
+        colour = {"PASS": "#1a7f37", "INCONCLUSIVE": "#8c959f", "WEAK": "#9a6700", "EXCESS": "#cf222e",
+                  "VIOLATION": "#82071e"}[r.verdict]
         ax.plot([lo, min(hi, 2.0)], [y, y], "-", color=colour, linewidth=3, solid_capstyle="butt")
         ax.plot([(r.mu_reach or 0) / decl], [y], "|", color="black", markersize=10)
         scaled = "" if r.budget_scale == 1 else f" (x{r.budget_scale:g})"
-        labels.append(f"{r.table} {'whole table' if r.level == WHOLE_TABLE else r.level}{scaled}")
+        labels.append(f"{r.table} {'whole table' if r.level == WHOLE_TABLE else r.level}{scaled} [{r.sensitivity}]")
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=0.9, label="declared (mu_declared)")
     ax.plot([], [], "|", color="black", markersize=10, label="reachable by correct code (mu_reach)")
     ax.plot([], [], "-", color="#1a7f37", linewidth=3, label="[mu_lb, mu_ub] / mu_declared")
@@ -188,13 +232,14 @@ def _interval_plot(rows: list[Row], path: Path) -> dict:
     return {"src": path.name, "alt": "mu bounds per table and level",
             "caption": "Each bar is the confidence interval [mu_lb, mu_ub] of a row, over its declared mu "
                        "(dashed line at 1: a bar starting right of it is a VIOLATION). The tick is the mu correct "
-                       "code gives with these canaries (a bar starting right of it is an EXCESS, one ending left "
-                       "of it is WEAK). Bars of levels with small budgets are wide: few runs tell little there."}
+                       "code gives with these canaries, its ceiling (a bar starting right of it is an EXCESS, one "
+                       "ending left of it is WEAK). Grey bars are INCONCLUSIVE: they hold both 0 and the declared "
+                       "mu -- at these levels' budgets the runs tell nothing."}
 
 
 def _histograms(result: AuditResult, path: Path) -> dict | None:
     """The test statistic of the whole-table canaries, with and without the canary."""
-    keys = [k for k in result.tallies if k[1] == WHOLE_TABLE and result.tallies[k].scores_out]
+    keys = [k for k in result.tallies if k[2] == WHOLE_TABLE and result.tallies[k].scores_out]
     if not keys:
         return None
     cols = 3
@@ -211,7 +256,7 @@ def _histograms(result: AuditResult, path: Path) -> dict | None:
         ax.hist(in_scores, bins=bins, alpha=0.55, density=True, label="canary in")
         mu = float(np.median(tally.family.mus))
         ax.axvline(mu / 2, color="black", linewidth=0.8, linestyle="--", label="threshold mu/2")
-        ax.set_title(key[0], fontsize="small")
+        ax.set_title(f"{key[1]} ({key[0]})", fontsize="small")
         ax.tick_params(labelsize="x-small")
         if i == 0:
             ax.legend(fontsize="x-small")
