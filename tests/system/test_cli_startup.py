@@ -26,3 +26,28 @@ def test_a_command_imports_what_it_needs_only() -> None:
             " if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "IMPORTED []" in out, out
+
+
+def test_a_process_of_the_pass_imports_great_expectations_without_what_the_suites_never_use() -> None:
+    # The validation's second process and the pass's worker processes call trim_imports() first:
+    # the suites still evaluate (a failing rule too, with its count), and neither SciPy's
+    # statistics nor SQLAlchemy were loaded. (Their reports are compared with the in-process
+    # evaluation's in tests/system/test_validation_by_state.py.)
+    code = """
+import sys
+from phsafe.validation import _gx
+_gx.trim_imports()
+import pandas as pd
+from phsafe.validation._suites import load_suite
+suite = load_suite("persons")
+frame = next(iter({r.frame for r in suite.rules}))
+rules = [r for r in suite.rules if r.frame == frame]
+results = _gx.run(suite, frame, pd.DataFrame({c: [None] for r in rules for c in r.referenced_columns()}), rules)
+print("EVALUATED", len(results), all(r.raised is None for r in results))
+print("LAZY", type(sys.modules["scipy.stats"]).__name__ if "scipy.stats" in sys.modules else "absent")
+print("SQL", sys.modules.get("sqlalchemy", "absent"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "EVALUATED" in out and "True" in out.split("EVALUATED")[1].splitlines()[0], out
+    assert "LAZY _LazyModule" in out or "LAZY absent" in out, out
+    assert "SQL None" in out, out
