@@ -75,6 +75,7 @@ from phsafe.memory import (
     parallel_budget,
     part_bytes,
     plan_part,
+    plan_target,
     worker_processes,
 )
 from phsafe.preprocess import NOT_TABULATED, AsideMafids, Joiner, geo_side, sorted_distinct, state_indices
@@ -111,16 +112,18 @@ def plan_parts(files: Mapping[str, InputFile], states: tuple[str, ...] | None
             [part(s) for s in found if s not in released], len(found))
 
 
-def plan_memory(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool) -> MemoryPlan | None:
+def plan_memory(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool,
+                target: int | None = None) -> MemoryPlan | None:
     """The memory plan of a pass over ``parts``: each partition in memory or spilled into
-    buckets (:func:`phsafe.memory.plan_part`); None if some partition cannot fit in ``limit``."""
+    buckets (:func:`phsafe.memory.plan_part`), the buckets aimed at ``target`` (default:
+    ``limit``); None if some partition cannot fit in ``limit``."""
     plans = {}
     for part in parts:
         rows = part.rows()
         # National partitions count their MAFID ranges in worker processes, one per core.
         parallel = worker_processes() if part.state is None and rows.get("persons", 0) >= memory.WORKERS_MIN_PERSONS \
             else 1
-        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel)
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel, target=target)
         if plan is None:
             return None
         plans[part.label] = plan
@@ -207,9 +210,11 @@ class InputPass:
                     self._layout = Layout({s: f.name for s, f in self.files.items()}, strict=observer is None)
         self.parts = parts
         self.memory_limit = memory_limit if memory_limit is not None else default_memory_limit()
+        self.memory_target = plan_target(memory_limit)
+        """What the pass aims at (:func:`phsafe.memory.plan_target`): the limit when one is given."""
         self.spill_dir = spill_dir
         self.memory = plan_memory(self.parts, self.memory_limit, validate=observer is not None,
-                                  by_state=self.result.by_state)
+                                  by_state=self.result.by_state, target=self.memory_target)
         self._spill: SpillArea | None = None
         self._bytes_read: dict[str, Task] = {}
         self._buckets_done: Task | None = None
@@ -237,7 +242,7 @@ class InputPass:
             # Data stored by state: states counted two at a time in worker processes, as many as
             # the memory limit holds at once.
             state_budget = parallel_budget([p.rows() for p in self.parts], self.memory_limit,
-                                           validate=self.observer is not None)
+                                           validate=self.observer is not None, target=self.memory_target)
         if state_budget is not None or (self.memory.workers > 1 and any(
                 self.memory.parts[part.label].spilled and part.state is None for part in self.parts)):
             self._workers = WorkerProcesses(worker_processes(), validation=self.observer is not None)
@@ -341,6 +346,7 @@ class InputPass:
                         joiner = reading.joiner
                         assert isinstance(joiner, Joiner)
                         reading.join = joiner.finish(reading.person_keys)
+                        reading.person_keys = []  # in the join now: not kept twice
                         for s in ("units", "persons"):
                             self.result.set_aside[s] += joiner.set_aside[s]
                     yield part, reading, last_part
@@ -499,6 +505,7 @@ class InputPass:
             rows_of.finish()
         reading.joiner = joiner
         reading.join = joiner.finish(reading.person_keys)
+        reading.person_keys = []  # in the join now: not kept twice
         for s in ("units", "persons"):
             self.result.set_aside[s] += joiner.set_aside[s]
         return bucket_part, reading

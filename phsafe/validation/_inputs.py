@@ -64,7 +64,7 @@ COMPACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "geo": ("MAFID", "RTYPE"),
 }
 """Columns of each file the cross-file rules read."""
-SLICE_ROWS = 4_000_000
+SLICE_ROWS = 2_000_000
 """Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
 MAFID_JOB_ROWS = 4_000_000
 """Distinct MAFIDs of several state partitions are judged together, about this many a job."""

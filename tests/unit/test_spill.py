@@ -229,3 +229,33 @@ def test_spilled_columns_are_the_pass_columns() -> None:
         assert {c.name for c in columns} <= {c.name for c in FILES[stem]}
         assert "MAFID" in {c.name for c in columns}
     assert pa.types.is_unsigned_integer(pa.from_numpy_dtype(np.dtype(SPILLED_COLUMNS["persons"][0].dtype)))
+
+
+def test_the_default_plan_aims_at_its_target_and_refuses_only_by_the_limit() -> None:
+    assert memory.plan_target(5 * GIB) == 5 * GIB  # a limit given is what the pass aims at
+    assert memory.plan_target(None) == min(memory.default_memory_limit(), memory.DEFAULT_TARGET_BYTES)
+    target = memory.DEFAULT_TARGET_BYTES
+    nation = {"persons": 331_000_000, "units": 143_000_000, "geo": 143_000_000}
+    wide = memory.plan_part(nation, 12 * GIB, validate=True, by_state=False, parallel=2)
+    aimed = memory.plan_part(nation, 12 * GIB, validate=True, by_state=False, parallel=2, target=target)
+    assert wide is not None and aimed is not None
+    assert aimed.parallel == 2 and aimed.buckets > wide.buckets and aimed.peak_bytes <= target < wide.peak_bytes
+    # A partition that fits in the limit stays in memory, above the target: spilling costs more.
+    middle = {"persons": 30_000_000, "units": 13_000_000, "geo": 13_000_000}
+    held = memory.plan_part(middle, 12 * GIB, validate=True, by_state=False, parallel=2, target=target)
+    assert held is not None and not held.spilled and held.peak_bytes > target
+    # A target below what any plan needs falls back to the limit; refusals follow the limit only.
+    need = memory.needed_limit(nation, validate=True, by_state=False)
+    assert memory.plan_part(nation, need, validate=True, by_state=False, target=GIB) is not None
+    assert memory.plan_part(nation, need - (64 << 20), validate=True, by_state=False, target=need) is None
+
+
+def test_states_counted_at_once_fit_the_target_and_a_larger_state_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "worker_processes", lambda: 2)
+    states = [{"persons": p, "units": p // 2, "geo": p // 2} for p in (39_000_000, 29_000_000, 5_000_000, 600_000)]
+    fixed = memory.fixed_bytes(validate=True, by_state=True) + 2 * memory.WORKER_BYTES
+    budget = memory.parallel_budget(states, 12 * GIB, validate=True, target=memory.DEFAULT_TARGET_BYTES)
+    assert budget == memory.DEFAULT_TARGET_BYTES - fixed
+    assert memory.part_bytes(states[0]) > budget  # California: counted alone (one job always may)
+    assert memory.parallel_budget(states, 12 * GIB, validate=True) == 12 * GIB - fixed
+    assert memory.parallel_budget(states, fixed + memory.part_bytes(states[0]) - 1, validate=True) is None
