@@ -1026,14 +1026,15 @@ def _encode_dictionary(c: Column, arr: pa.DictionaryArray, book: ClassBook | Non
         classes = None
         if book is not None:
             classes = np.concatenate([inner.class_of_rows(), np.array([book.null_class], np.int64)])
-        return Encoded(c, values[idx], kind[idx], None if classes is None else classes[idx])
+        return Encoded(c, np.take(values, idx), np.take(kind, idx), None if classes is None else np.take(classes, idx))
+    # np.take, not values[idx]: numpy's fancy indexing is 2-3x slower with int32 indices.
     idx = indices.to_numpy(zero_copy_only=False)
     if inner.kind is None:
-        return Encoded(c, inner.values[idx])
-    kind = inner.kind[idx]
+        return Encoded(c, np.take(inner.values, idx))
+    kind = np.take(inner.kind, idx)
     if not kind.any():  # only unused dictionary entries are irregular: no row is
-        return Encoded(c, inner.values[idx])
-    return Encoded(c, inner.values[idx], kind, None if book is None else inner.class_of_rows()[idx])
+        return Encoded(c, np.take(inner.values, idx))
+    return Encoded(c, np.take(inner.values, idx), kind, None if book is None else np.take(inner.class_of_rows(), idx))
 
 
 def _encode_integers(c: Column, arr: pa.Array, book: ClassBook | None) -> Encoded:

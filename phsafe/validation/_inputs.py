@@ -414,7 +414,8 @@ class InputValidation:
             if orphan.any():
                 check.irregular_mafids.append(rows.columns["MAFID"][orphan].astype(np.int64) + 1)
         present = weights > 0
-        check.mafids.append((keys[present].astype(np.int64) + 1, weights[present].astype(np.int64)))
+        check.mafids.append((np.compress(present, keys).astype(np.int64) + 1,
+                             np.compress(present, weights).astype(np.int64)))
         if check.irregular_mafids:
             extra, extra_counts = distinct([np.concatenate(check.irregular_mafids)])
             check.irregular_mafids.clear()
