@@ -259,3 +259,15 @@ def test_states_counted_at_once_fit_the_target_and_a_larger_state_goes_alone(mon
     assert memory.part_bytes(states[0]) > budget  # California: counted alone (one job always may)
     assert memory.parallel_budget(states, 12 * GIB, validate=True) == 12 * GIB - fixed
     assert memory.parallel_budget(states, fixed + memory.part_bytes(states[0]) - 1, validate=True) is None
+
+
+def test_the_bucket_table_gives_what_a_binary_search_of_the_cuts_gives() -> None:
+    rng = np.random.default_rng(7)
+    for n_cuts in (1, 2, 43, 58, 400):
+        cuts = tuple(sorted({int(x) for x in rng.integers(MAFID_MIN, MAFID_MAX, n_cuts)}))
+        plan = BucketPlan(cuts)
+        edges = np.array([0, MAFID_MIN, MAFID_MIN + 1, MAFID_MAX - 1, MAFID_MAX], np.int64)
+        near = np.concatenate([np.array(cuts) + d for d in (-1024, -1, 0, 1, 1023)])
+        mafids = np.concatenate([edges, near, rng.integers(MAFID_MIN, MAFID_MAX + 1, 200_000)]).astype(np.int32)
+        expected = np.searchsorted(np.asarray(cuts, np.int64), mafids.astype(np.int64), side="right")
+        assert plan.bucket_of(mafids).tolist() == expected.tolist()
