@@ -80,7 +80,18 @@ from phsafe.memory import (
 )
 from phsafe.preprocess import NOT_TABULATED, AsideMafids, Joiner, geo_side, sorted_distinct, state_indices
 from phsafe.progress import BYTES
-from phsafe.reader import OK, Encoded, FileBatch, InputFile, Problems, SourceReader, encode, raise_value_problems
+from phsafe.reader import (
+    OK,
+    Encoded,
+    FileBatch,
+    InputFile,
+    Problems,
+    SourceReader,
+    digests_of,
+    encode,
+    file_digest,
+    raise_value_problems,
+)
 from phsafe.schema import FILES
 from phsafe.validation import FileSeen, InputValidation, piece_validation
 
@@ -281,9 +292,11 @@ class InputPass:
             self.result.counts = None
         if self.counting is not None and self.result.count_error is None and self.result.counts is None:
             self.result.counts = zero_counts(self.counting, self.states or ())
-        if self.result.counts is not None and self.parts and self.parts[0].state is None and all(
-                not f.directory and str(f.path) in self.result.digests for f in self.files.values()):
-            self.result.counts.input_digests = {f.name: self.result.digests[str(f.path)] for f in self.files.values()}
+        if self.result.counts is not None:
+            # Every input file hashed as the pass read it (national CSV files, as they stream;
+            # a state's folders, by the worker process that read them): the run need not read
+            # them again for the ledger's digests.
+            self.result.counts.input_digests = digests_of(self.files, self.result.digests)
         return self.result
 
     def _partitions(self, files_read: "Task", totals: StageTotals) -> Iterator[tuple[PassPart, Reading, bool]]:
@@ -723,6 +736,7 @@ class InputPass:
         """A state folder outside the state filter: set aside; only its layout is checked (the
         MAFIDs of units and geo, geo's TABBLKST); its persons are never read."""
         self.result.set_aside["persons"] += part.files["persons"].estimated_rows()
+        self.result.digests.update(_digests(part))
         for stem, names in (("units", ("MAFID",)), ("geo", ("MAFID", "TABBLKST"))):
             reader = SourceReader(part.files[stem], Problems(strict=False), columns=names, reads=self.reads)
             mafids = []
@@ -746,6 +760,20 @@ class InputPass:
             if i >= 0:
                 out[name] = encode(COLUMN[stem, name], batch.column(i))
         return out
+
+
+def _digests(part: PassPart) -> dict[str, str]:
+    """The SHA-256 of each of a partition's files (path -> hex), for the ledger's input digests
+    (:func:`phsafe.reader.digests_of`); a file that cannot be read is left out (the run then
+    hashes the inputs itself, and says what it could not read)."""
+    out = {}
+    for f in part.files.values():
+        for path in f.files:
+            try:
+                out[str(path)] = file_digest(path)
+            except OSError:
+                pass
+    return out
 
 
 def _take_rows(batch: pa.RecordBatch, mafid: Encoded | None, rows: np.ndarray) -> tuple[pa.RecordBatch, Encoded | None]:
@@ -822,6 +850,9 @@ def count_state(plan: ClusterPlan, index: int, part: PassPart) -> Piece:
         piece.misplaced = result.misplaced
         piece.problems = {stem: list(p.found) for stem, p in result.problems.items()}
         piece.layout = layout.mafids
+        # Hashed here, just read (in the page cache), on this process's core: the ledger's
+        # digests need not read the nation's folders again after the pass.
+        piece.digests = _digests(part)
         return piece
     finally:
         if observer is not None:
