@@ -65,6 +65,7 @@ from phsafe.intake.parts import (
 )
 from phsafe.intake.pieces import Piece, error_fields, merge
 from phsafe.intake.spill import SpillArea, SpillWriter, plan_buckets, read_bucket, remove_partition
+from phsafe.intake.workers import release_memory
 from phsafe.logs import get_logger
 from phsafe.memory import (
     BYTES_PER_ROW,
@@ -380,7 +381,7 @@ class InputPass:
         totals.add(reading.timer)
         # What the streaming held (parsed batches, the spill writers' buffers) goes back to the
         # system before the buckets are counted: pyarrow's allocator keeps freed memory otherwise.
-        pa.default_memory_pool().release_unused()
+        release_memory()
         planned = self.memory.parts[part.label].buckets
         try:
             if self._workers is not None and part.state is None:
@@ -643,9 +644,9 @@ class InputPass:
     def _finish_partition(self, part: PassPart, reading: Reading, last: bool, totals: StageTotals) -> None:
         join = reading.join
         assert join is not None
-        # The partition is read: what pyarrow's allocator keeps of the freed batches (about 1 GiB
-        # after California's folders) goes back to the system before the join's temporaries.
-        pa.default_memory_pool().release_unused()
+        # The partition is read: what pyarrow's allocator keeps of the freed batches goes back to
+        # the system before the join's temporaries.
+        release_memory()
         rows = reading.all_rows()
         geo_clean = rows["geo"].clean
         totals.add(reading.timer)

@@ -10,6 +10,7 @@ states of data stored by state, on every core. A job is a function and its argum
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import queue
@@ -22,7 +23,7 @@ from typing import IO, Any
 
 from phsafe.errors import PHSafeError
 
-__all__ = ["WorkerProcesses", "serve"]
+__all__ = ["WorkerProcesses", "release_memory", "serve"]
 
 Job = tuple[int, Callable[..., Any], tuple[Any, ...]]
 
@@ -31,7 +32,7 @@ def serve() -> int:
     """A worker process: run jobs (pickled ``(number, function, arguments)``) from standard input
     until it ends; answer each with ``(result, None)`` or ``(None, the exception's class name)``
     -- never its message, which may quote data. Nothing else is printed."""
-    from phsafe.validation._gx import trim_imports
+    from phsafe.validation import trim_imports
 
     channel = os.fdopen(os.dup(1), "wb")  # results only; anything else printed goes nowhere
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -51,6 +52,23 @@ def serve() -> int:
             answer = (None, type(exc).__name__)
         pickle.dump(answer, channel, protocol=pickle.HIGHEST_PROTOCOL)
         channel.flush()
+        del answer
+        release_memory()
+
+
+def release_memory() -> None:
+    """What the pass freed goes back to the system: between a worker's jobs -- a process waiting for
+    its next job (while the other counts California) must not hold the last state's batches in
+    pyarrow's allocator, hundreds of MiB of the process tree's memory -- and after a partition is
+    streamed."""
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()
+    if sys.platform.startswith("linux"):  # and what the C heap keeps of numpy's freed arrays
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _command(entry: Callable[[], int]) -> list[str]:
