@@ -79,6 +79,51 @@ def _help_everywhere(command: click.Command) -> None:
         _help_everywhere(sub)
 
 
+class _Commands(dict):  # type: ignore[type-arg]
+    """The group's commands by name: a command of :data:`COMMAND_TABLE` is imported and mounted
+    when it is first looked up (``main.commands["synth"]``, ``"synth" in main.commands`` and
+    iteration see every command of the table)."""
+
+    def __missing__(self, name: str) -> click.Command:
+        entry = next((e for e in COMMAND_TABLE if e.name == name), None)
+        if entry is None:
+            raise KeyError(name)
+        command = getattr(importlib.import_module(entry.module), entry.attribute)
+        _help_everywhere(command)
+        self[name] = command
+        return command
+
+    def mounted(self, name: str) -> bool:
+        return dict.__contains__(self, name)
+
+    def __contains__(self, name: object) -> bool:
+        return dict.__contains__(self, name) or any(e.name == name for e in COMMAND_TABLE)
+
+    def get(self, name: str, default: click.Command | None = None) -> click.Command | None:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def names(self) -> list[str]:
+        return sorted({e.name for e in COMMAND_TABLE} | set(dict.keys(self)))
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def keys(self):  # type: ignore[no-untyped-def,override]
+        return self.names()
+
+    def values(self):  # type: ignore[no-untyped-def,override]
+        return [self[n] for n in self.names()]
+
+    def items(self):  # type: ignore[no-untyped-def,override]
+        return [(n, self[n]) for n in self.names()]
+
+
 class _CommandTable(click.Group):
     """The ``phsafe`` group: its commands mounted from :data:`COMMAND_TABLE` on first use.
 
@@ -86,26 +131,19 @@ class _CommandTable(click.Group):
     (the list shows each command's summary from the table, shortened as click shortens a
     command's own help)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({e.name for e in COMMAND_TABLE} | set(self.commands))
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in self.commands:
-            entry = next((e for e in COMMAND_TABLE if e.name == cmd_name), None)
-            if entry is None:
-                return None
-            command = getattr(importlib.import_module(entry.module), entry.attribute)
-            _help_everywhere(command)
-            self.add_command(command, entry.name)
-        return self.commands.get(cmd_name)
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.commands = _Commands(self.commands)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        commands = self.commands
+        assert isinstance(commands, _Commands)
         summaries = {e.name: e.summary for e in COMMAND_TABLE}
         rows = []
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
         for name in names:
-            if name in self.commands or name not in summaries:  # mounted already: its own help
+            if commands.mounted(name) or name not in summaries:  # mounted already: its own help
                 command = self.get_command(ctx, name)
                 if command is None or command.hidden:
                     continue

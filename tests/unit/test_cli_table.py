@@ -54,3 +54,11 @@ def test_the_help_listing_is_the_same_before_and_after_the_commands_are_mounted(
         assert lazy.exit_code == mounted.exit_code == 0
         assert lazy.output == mounted.output
         group = _fresh_group()
+
+
+def test_the_commands_mapping_mounts_a_command_when_it_is_looked_up() -> None:
+    group = _fresh_group()
+    assert "synth" in group.commands and "no-such" not in group.commands
+    assert group.commands["synth"].name == "synth"
+    assert group.commands.get("no-such") is None
+    assert sorted(group.commands) == sorted(e.name for e in importlib.import_module("phsafe.cli").COMMAND_TABLE)
