@@ -78,6 +78,17 @@ WORKER_BYTES = 350 * MIB
 """A worker process that counts MAFID ranges (:class:`phsafe.intake.WorkerProcesses`), before its
 range: interpreter, libraries and, with validation, Great Expectations (imported as the second
 process imports it: about 190 MiB resident)."""
+STATE_BASE_BYTES = 250 * MIB
+STATE_BYTES_PER_ROW: Mapping[str, int] = {"persons": 40, "units": 45, "geo": 33}
+"""What a state's folders cost while a worker process reads, validates and counts them
+(:func:`state_bytes`), measured at full US: California (39.5M persons, 17M units and geo rows)
+peaks at about 3.0 GiB beside the process's own 0.2 GiB; a 10M-person state at about 1.0 GiB.
+:data:`BYTES_PER_ROW` is the planning model of a partition held in memory, with its margins;
+this is what decides how many states are counted at once."""
+BY_STATE_FIXED_BYTES = 1350 * MIB
+"""Data stored by state: the pass's own process (the layout check's bits, the pieces merged, the
+report), Great Expectations' second process and the two worker processes between states --
+measured at full US: at most about 1.3 GiB together."""
 DEFAULT_TARGET_BYTES = 3750 * MIB
 """What a pass aims at by default (:func:`plan_target`): with this model's margins, the full US
 measured at about 3.4-3.7 GiB of process-tree memory (summed PSS), under the 4 GB goal of
@@ -205,20 +216,27 @@ def _buckets(rows: Mapping[str, int], limit: int, fixed: int, whole: int, parall
     return PartPlan(need, fixed + STREAM_BYTES + workers + parallel * per_bucket, disk, parallel)
 
 
+def state_bytes(rows: Mapping[str, int]) -> int:
+    """What one state's folders cost in a worker process (:data:`STATE_BYTES_PER_ROW`)."""
+    return STATE_BASE_BYTES + sum(rows.get(stem, 0) * cost for stem, cost in STATE_BYTES_PER_ROW.items())
+
+
 def parallel_budget(parts: list[Mapping[str, int]], limit: int, *, validate: bool,
                     target: int | None = None) -> int | None:
     """For data stored by state held in memory: the bytes of states that may be counted at once
-    in :func:`worker_processes` worker processes (each state's cost by :func:`part_bytes`) --
-    what ``target`` (default: ``limit``) leaves; a state larger than that is counted alone -- or
-    None when the largest state does not fit ``limit`` beside the worker processes, or the input
-    is too small to be worth them (then states are counted one at a time in the pass's process)."""
+    in :func:`worker_processes` worker processes (each state's cost by :func:`state_bytes`) --
+    what ``target`` (default: ``limit``) leaves beside the pass's other processes
+    (:data:`BY_STATE_FIXED_BYTES`); a state larger than that is counted alone -- or None when the
+    largest state does not fit ``limit`` beside the worker processes (by the planning model,
+    :func:`part_bytes`), or the input is too small to be worth them (then states are counted one
+    at a time in the pass's process)."""
     if worker_processes() < 2 or len(parts) < 2 or sum(p.get("persons", 0) for p in parts) < WORKERS_MIN_PERSONS:
         return None
     fixed = fixed_bytes(validate=validate, by_state=True) + worker_processes() * WORKER_BYTES
     largest = max(part_bytes(rows) for rows in parts)
     if limit - fixed < largest:
         return None
-    return max(0, min(limit, target if target is not None else limit) - fixed)
+    return max(0, min(limit, target if target is not None else limit) - BY_STATE_FIXED_BYTES)
 
 
 def needed_limit(rows: Mapping[str, int], *, validate: bool, by_state: bool) -> int:

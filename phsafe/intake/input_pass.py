@@ -74,9 +74,9 @@ from phsafe.memory import (
     default_memory_limit,
     needed_limit,
     parallel_budget,
-    part_bytes,
     plan_part,
     plan_target,
+    state_bytes,
     worker_processes,
 )
 from phsafe.preprocess import NOT_TABULATED, AsideMafids, Joiner, geo_side, sorted_distinct, state_indices
@@ -426,7 +426,7 @@ class InputPass:
         observer of its own); their pieces merged here (:func:`phsafe.intake.pieces.merge`)."""
         assert self._workers is not None and isinstance(self._layout, Layout)
         plan = ClusterPlan.for_worker(self.files, self.states, self.counting, self.observer)
-        costs = [part_bytes(p.rows()) for p in self.parts]
+        costs = [state_bytes(p.rows()) for p in self.parts]
         by_label = {p.label: p for p in self.parts}
 
         def advance(piece: Piece) -> None:

@@ -17,7 +17,6 @@ import queue
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
@@ -139,33 +138,46 @@ class WorkerProcesses:
         """Run ``fn(*args)`` (a module-level function) for each ``args`` of ``calls`` on the
         processes; the results in order, each as soon as it (and those before it) is done.
 
-        Args:
-            costs, budget: A job starts only while the costs (bytes of memory) of the jobs
-                started and not yet answered, with its own, stay within ``budget`` -- one job
-                always may.
+        A job starts when a process is free. With ``budget``, only while the costs (bytes of
+        memory) of the jobs running, with its own, stay within it: the largest job that fits
+        starts first, a job that does not fit waits while smaller ones that do run (its answer
+        still comes in its place), and one job always may start when none runs.
 
         Raises:
             PHSafeError: A job failed in its process (its exception's class is named).
         """
         costs = list(costs) if costs is not None else [0] * len(calls)
-        waiting = deque(zip(calls, costs))
-        started: deque[tuple[int, int]] = deque()
-        in_flight = 0
-        while waiting or started:
-            while waiting and (not started or budget is None or in_flight + waiting[0][1] <= budget):
-                args, cost = waiting.popleft()
+        pending = list(range(len(calls)))
+        if budget is not None:  # the largest first: what runs alone does so early, small jobs fill in
+            pending.sort(key=lambda i: -costs[i])
+        running: dict[int, int] = {}  # job number -> call index
+        done: dict[int, Any] = {}
+        in_flight, next_out = 0, 0
+        while next_out < len(calls):
+            while pending and len(running) < len(self._procs):
+                if budget is None or not running:
+                    index = pending.pop(0)
+                else:
+                    index = next((i for i in pending if in_flight + costs[i] <= budget), -1)
+                    if index < 0:
+                        break
+                    pending.remove(index)
                 self._number += 1
-                started.append((self._number, cost))
-                in_flight += cost
-                self._jobs.put((self._number, fn, tuple(args)))
-            number, cost = started.popleft()
+                running[self._number] = index
+                in_flight += costs[index]
+                self._jobs.put((self._number, fn, tuple(calls[index])))
             with self._done:
-                self._done.wait_for(lambda: number in self._results)
+                self._done.wait_for(lambda: any(n in self._results for n in running))
+                number = next(n for n in running if n in self._results)
                 answer, error = self._results.pop(number)
-            in_flight -= cost
+            index = running.pop(number)
+            in_flight -= costs[index]
             if error is not None:
                 raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
-            yield answer
+            done[index] = answer
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
 
     def close(self) -> None:
         """Stop the processes (jobs not started yet are dropped)."""

@@ -252,13 +252,17 @@ def test_the_default_plan_aims_at_its_target_and_refuses_only_by_the_limit() -> 
 
 def test_states_counted_at_once_fit_the_target_and_a_larger_state_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(memory, "worker_processes", lambda: 2)
-    states = [{"persons": p, "units": p // 2, "geo": p // 2} for p in (39_000_000, 29_000_000, 5_000_000, 600_000)]
-    fixed = memory.fixed_bytes(validate=True, by_state=True) + 2 * memory.WORKER_BYTES
+    california = {"persons": 39_540_000, "units": 17_000_000, "geo": 17_070_000}
+    states = [california] + [{"persons": p, "units": p // 2, "geo": p // 2} for p in (29_000_000, 5_000_000, 600_000)]
     budget = memory.parallel_budget(states, 12 * GIB, validate=True, target=memory.DEFAULT_TARGET_BYTES)
-    assert budget == memory.DEFAULT_TARGET_BYTES - fixed
-    assert memory.part_bytes(states[0]) > budget  # California: counted alone (one job always may)
-    assert memory.parallel_budget(states, 12 * GIB, validate=True) == 12 * GIB - fixed
-    assert memory.parallel_budget(states, fixed + memory.part_bytes(states[0]) - 1, validate=True) is None
+    assert budget == memory.DEFAULT_TARGET_BYTES - memory.BY_STATE_FIXED_BYTES
+    # California as measured at full US (about 3.0 GiB beside its process's own): counted alone.
+    assert 2.8 * GIB <= memory.state_bytes(california) <= 3.2 * GIB
+    assert memory.state_bytes(california) > budget
+    assert memory.state_bytes(states[2]) + memory.state_bytes(states[3]) <= budget  # small states pair up
+    fixed = memory.fixed_bytes(validate=True, by_state=True) + 2 * memory.WORKER_BYTES
+    assert memory.parallel_budget(states, 12 * GIB, validate=True) == 12 * GIB - memory.BY_STATE_FIXED_BYTES
+    assert memory.parallel_budget(states, fixed + memory.part_bytes(california) - 1, validate=True) is None
 
 
 def test_the_bucket_table_gives_what_a_binary_search_of_the_cuts_gives() -> None:
