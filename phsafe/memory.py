@@ -91,8 +91,8 @@ report), Great Expectations' second process and the two worker processes between
 measured at full US: at most about 1.3 GiB together."""
 DEFAULT_TARGET_BYTES = 3750 * MIB
 """What a pass aims at by default (:func:`plan_target`): with this model's margins, the full US
-measured at about 3.4-3.7 GiB of process-tree memory (summed PSS), under the 4 GB goal of
-issue 36."""
+measured at about 3.4-3.5 GiB of process-tree memory (summed PSS) from national CSV files and from
+Parquet stored by state, under the 4 GB goal of issue 36 (``benchmarks/README.md``)."""
 
 
 WORKERS_MIN_PERSONS = 16_000_000
