@@ -138,30 +138,24 @@ class WorkerProcesses:
         """Run ``fn(*args)`` (a module-level function) for each ``args`` of ``calls`` on the
         processes; the results in order, each as soon as it (and those before it) is done.
 
-        A job starts when a process is free. With ``budget``, only while the costs (bytes of
-        memory) of the jobs running, with its own, stay within it: the largest job that fits
-        starts first, a job that does not fit waits while smaller ones that do run (its answer
-        still comes in its place), and one job always may start when none runs.
+        Jobs start in the calls' order, each when a process is free -- with ``budget``, only while
+        the costs (bytes of memory) of the jobs running, with its own, stay within it (a job always
+        may when none runs). A job that does not fit waits for running ones to end; later ones do
+        not pass it: they would run it last, alone, with every answer after it held here.
 
         Raises:
             PHSafeError: A job failed in its process (its exception's class is named).
         """
         costs = list(costs) if costs is not None else [0] * len(calls)
         pending = list(range(len(calls)))
-        if budget is not None:  # the largest first: what runs alone does so early, small jobs fill in
-            pending.sort(key=lambda i: -costs[i])
         running: dict[int, int] = {}  # job number -> call index
         done: dict[int, Any] = {}
         in_flight, next_out = 0, 0
         while next_out < len(calls):
             while pending and len(running) < len(self._procs):
-                if budget is None or not running:
-                    index = pending.pop(0)
-                else:
-                    index = next((i for i in pending if in_flight + costs[i] <= budget), -1)
-                    if index < 0:
-                        break
-                    pending.remove(index)
+                if budget is not None and running and in_flight + costs[pending[0]] > budget:
+                    break
+                index = pending.pop(0)
                 self._number += 1
                 running[self._number] = index
                 in_flight += costs[index]
