@@ -24,12 +24,17 @@ import numpy as np
 from phsafe.config import PHSafeConfig
 from phsafe.fingerprint import ContentDigest, content_digest
 from phsafe.invariants import check_structure
-from phsafe.preprocess import MAX_PERSONS_PER_PARTITION, NOT_TABULATED, Join, prepared
+from phsafe.preprocess import NOT_TABULATED, Join, prepared
 from phsafe.reader import Columns
 from phsafe.tables import TableSpec
 from phsafe.tabulate import TableCounts, tabulate
 
 __all__ = ["Counting", "Counts", "combine_counts", "count_join", "zero_counts"]
+
+TABULATE_PERSONS = 1_000_000
+"""Persons of a partition (or MAFID range) tabulated at once (:func:`phsafe.tabulate.tabulate`'s
+MAFID ranges): the counting's temporaries are a few tens of bytes a person, so smaller ranges keep
+the pass's peak lower at no cost in time (a range of a million persons is large enough for numpy)."""
 
 
 class Counts(Mapping[str, TableCounts]):
@@ -105,7 +110,7 @@ def count_join(counting: Counting, join: Join, units: Columns, persons: Columns,
     content = content_digest(data.persons, data.person_state, data.units, data.unit_state, states,
                              not_tabulated=int(NOT_TABULATED))
     tables = tabulate(list(counting.specs), data, taus=counting.taus, key=counting.key,
-                      max_persons_per_partition=MAX_PERSONS_PER_PARTITION)
+                      max_persons_per_partition=TABULATE_PERSONS)
     return Counts(tables, content)
 
 

@@ -23,9 +23,18 @@ measured on this code (``benchmarks/README.md``):
 
 A partition that fits is held in memory (no spill). One that does not is cut into the fewest
 buckets that fit, and no larger than :data:`MAX_BUCKET_PERSONS` persons (larger ones are no
-faster), so the peak of a spilled pass is about the same whatever the limit above a few GiB. An input that cannot be processed within the limit even in buckets of
+faster). An input that cannot be processed within the limit even in buckets of
 :data:`MIN_BUCKET_PERSONS` is refused before anything is read (:func:`check_memory`, called by
 the run's preflight) with one line that says what limit it needs.
+
+The limit decides what is refused; what the pass *aims* at is its target (:func:`plan_target`):
+the limit when one is given, and by default the smaller of the default limit and
+:data:`DEFAULT_TARGET_BYTES` -- a spilled partition's buckets, and the states of data stored by
+state counted at once, are planned for the target, so that a run with the default settings stays
+within about 4 GB whatever the machine (the full US from national CSV files or from Parquet stored
+by state: ``benchmarks/README.md``). A partition that fits in the limit is still held in memory
+(spilling it would cost more than it saves); one that cannot be planned within the target is
+planned within the limit.
 """
 
 from __future__ import annotations
@@ -45,9 +54,11 @@ from phsafe.sizes import GIB, MIB, format_size
 
 BASE_BYTES = 400 * MIB
 """The run's process before it reads: interpreter, numpy, pyarrow, pandas, the engine."""
-VALIDATION_BYTES = 700 * MIB
+VALIDATION_BYTES = 600 * MIB
 """Great Expectations' second process (imported libraries and the frames it evaluates) and the
-validation's own state in this process (combination counters, the jobs in flight)."""
+validation's own state in this process (combination counters, the jobs in flight). The second
+process imports Great Expectations without what its suites never use
+(:func:`phsafe.validation._gx.trim_imports`: about 80 MiB less)."""
 STREAM_BYTES = 600 * MIB
 """A spilled partition while it is streamed: parsed batches read ahead, their checked compact
 columns, the batches queued for the spill writer."""
@@ -63,14 +74,31 @@ about 1 GiB)."""
 MIN_BUCKET_PERSONS = 1_000_000
 """Buckets are no smaller than this: the fixed cost of each would dominate."""
 MAX_BUCKETS = 4096
-WORKER_BYTES = 450 * MIB
+WORKER_BYTES = 350 * MIB
 """A worker process that counts MAFID ranges (:class:`phsafe.intake.WorkerProcesses`), before its
-range: interpreter, libraries and, with validation, Great Expectations."""
+range: interpreter, libraries and, with validation, Great Expectations (imported as the second
+process imports it: about 190 MiB resident)."""
+STATE_BASE_BYTES = 250 * MIB
+STATE_BYTES_PER_ROW: Mapping[str, int] = {"persons": 40, "units": 45, "geo": 33}
+"""What a state's folders cost while a worker process reads, validates and counts them
+(:func:`state_bytes`), measured at full US: California (39.5M persons, 17M units and geo rows)
+peaks at about 3.0 GiB beside the process's own 0.2 GiB; a 10M-person state at about 1.0 GiB.
+:data:`BYTES_PER_ROW` is the planning model of a partition held in memory, with its margins;
+this is what decides how many states are counted at once."""
+BY_STATE_FIXED_BYTES = 1350 * MIB
+"""Data stored by state: the pass's own process (the layout check's bits, the pieces merged, the
+report), Great Expectations' second process and the two worker processes between states --
+measured at full US: at most about 1.3 GiB together."""
+DEFAULT_TARGET_BYTES = 3750 * MIB
+"""What a pass aims at by default (:func:`plan_target`): with this model's margins, the full US
+measured at about 3.4-3.5 GiB of process-tree memory (summed PSS) from national CSV files and from
+Parquet stored by state, under the 4 GB goal of issue 36 (``benchmarks/README.md``)."""
 
 
-WORKERS_MIN_PERSONS = 4_000_000
+WORKERS_MIN_PERSONS = 16_000_000
 """Passes over fewer persons use no worker processes: starting them and importing Great
-Expectations in each would cost more than they save."""
+Expectations in each (about 2.5 CPU-s a process) would cost more CPU than the second core saves
+time -- the pass counts about 2M persons a CPU-second."""
 
 
 def worker_processes() -> int:
@@ -97,6 +125,14 @@ def machine_memory() -> int:
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     limit = _cgroup_limit()
     return min(total, limit) if limit else total
+
+
+def plan_target(memory_limit: int | None) -> int:
+    """The memory a pass aims at (see the module docstring): ``memory_limit`` when given, else
+    the smaller of :func:`default_memory_limit` and :data:`DEFAULT_TARGET_BYTES`."""
+    if memory_limit is not None:
+        return memory_limit
+    return min(default_memory_limit(), DEFAULT_TARGET_BYTES)
 
 
 def default_memory_limit() -> int:
@@ -145,16 +181,28 @@ def fixed_bytes(*, validate: bool, by_state: bool) -> int:
 
 
 def plan_part(rows: Mapping[str, int], limit: int, *, validate: bool, by_state: bool,
-              parallel: int = 1) -> PartPlan | None:
+              parallel: int = 1, target: int | None = None) -> PartPlan | None:
     """In memory if it fits, else the fewest buckets that fit -- ``parallel`` of them counted at
     once, each in a worker process of :data:`WORKER_BYTES` -- and no more than
     :data:`MAX_BUCKET_PERSONS` persons each; None when not even buckets of
-    :data:`MIN_BUCKET_PERSONS` persons fit in ``limit``."""
+    :data:`MIN_BUCKET_PERSONS` persons fit in ``limit``. Buckets are planned to fit ``target``
+    (default: ``limit``) when they can, else ``limit``."""
     fixed = fixed_bytes(validate=validate, by_state=by_state)
     whole = part_bytes(rows)
-    persons = max(1, rows.get("persons", 0))
     if fixed + whole <= limit:
         return PartPlan(1, fixed + whole, 0)
+    if target is not None and target < limit:
+        aimed = _buckets(rows, target, fixed, whole, parallel, fall_back=False)
+        if aimed is not None:
+            return aimed
+    return _buckets(rows, limit, fixed, whole, parallel)
+
+
+def _buckets(rows: Mapping[str, int], limit: int, fixed: int, whole: int, parallel: int, *,
+             fall_back: bool = True) -> PartPlan | None:
+    """The fewest buckets within ``limit`` (see :func:`plan_part`); with ``fall_back``, one at a
+    time when ``parallel`` of them do not fit."""
+    persons = max(1, rows.get("persons", 0))
     workers = WORKER_BYTES * parallel if parallel > 1 else 0
     room = (limit - fixed - STREAM_BYTES - workers) // max(1, parallel)
     need = max(math.ceil(persons / MAX_BUCKET_PERSONS), 2)
@@ -162,22 +210,33 @@ def plan_part(rows: Mapping[str, int], limit: int, *, validate: bool, by_state: 
         need = max(need, math.ceil(whole / room))
     most = max(2, min(MAX_BUCKETS, math.ceil(persons / MIN_BUCKET_PERSONS)))
     if room <= 0 or need > most:
-        return None if parallel == 1 else plan_part(rows, limit, validate=validate, by_state=by_state)
+        return None if parallel == 1 or not fall_back else _buckets(rows, limit, fixed, whole, 1)
     per_bucket = math.ceil(whole / need)
     disk = sum(rows.get(stem, 0) * cost for stem, cost in SPILL_BYTES_PER_ROW.items())
     return PartPlan(need, fixed + STREAM_BYTES + workers + parallel * per_bucket, disk, parallel)
 
 
-def parallel_budget(parts: list[Mapping[str, int]], limit: int, *, validate: bool) -> int | None:
+def state_bytes(rows: Mapping[str, int]) -> int:
+    """What one state's folders cost in a worker process (:data:`STATE_BYTES_PER_ROW`)."""
+    return STATE_BASE_BYTES + sum(rows.get(stem, 0) * cost for stem, cost in STATE_BYTES_PER_ROW.items())
+
+
+def parallel_budget(parts: list[Mapping[str, int]], limit: int, *, validate: bool,
+                    target: int | None = None) -> int | None:
     """For data stored by state held in memory: the bytes of states that may be counted at once
-    in :func:`worker_processes` worker processes (each state's cost by :func:`part_bytes`), or
-    None when that would not fit ``limit`` with the largest state (then states are counted one at
-    a time in the pass's process)."""
+    in :func:`worker_processes` worker processes (each state's cost by :func:`state_bytes`) --
+    what ``target`` (default: ``limit``) leaves beside the pass's other processes
+    (:data:`BY_STATE_FIXED_BYTES`); a state larger than that is counted alone -- or None when the
+    largest state does not fit ``limit`` beside the worker processes (by the planning model,
+    :func:`part_bytes`), or the input is too small to be worth them (then states are counted one
+    at a time in the pass's process)."""
     if worker_processes() < 2 or len(parts) < 2 or sum(p.get("persons", 0) for p in parts) < WORKERS_MIN_PERSONS:
         return None
-    budget = limit - fixed_bytes(validate=validate, by_state=True) - worker_processes() * WORKER_BYTES
+    fixed = fixed_bytes(validate=validate, by_state=True) + worker_processes() * WORKER_BYTES
     largest = max(part_bytes(rows) for rows in parts)
-    return budget if budget >= largest else None
+    if limit - fixed < largest:
+        return None
+    return max(0, min(limit, target if target is not None else limit) - BY_STATE_FIXED_BYTES)
 
 
 def needed_limit(rows: Mapping[str, int], *, validate: bool, by_state: bool) -> int:

@@ -78,7 +78,7 @@ class CellLookup:
                 flat += values.astype(np.int32) * stride
         if flat is None:
             return np.zeros(len(column(Source.UNIT, "MAFID")), dtype=np.int16)
-        return self.table[flat]
+        return np.take(self.table, flat)
 
 
 @lru_cache(maxsize=None)
@@ -218,6 +218,8 @@ def count_records(
 
 
 class _Shared:
+    # Gathers are np.take and np.compress, not fancy indexing: the same arrays, 2-10x faster in
+    # numpy 2 for these index types (int32 rows, boolean masks).
     """Work the tables of one partition share: each universe's mask (one gather through a lookup
     table per condition), each unit universe's unique units, and each truncated join -- PH1_num,
     PH2 and PH7 have the same universes and, with the production thresholds, the same τ: their
@@ -244,7 +246,7 @@ class _Shared:
                 size = max(max(cond.values), int(column.max()) if len(column) else 0) + 1
                 inside = np.zeros(size, dtype=bool)
                 inside[list(cond.values)] = True
-                mask &= inside[column]
+                mask &= np.take(inside, column)
             self._masks[key] = mask
         return self._masks[key]
 
@@ -254,9 +256,9 @@ class _Shared:
         if key not in self._gathered:
             if source is Source.PERSON:
                 assert joined.person_rows is not None
-                self._gathered[key] = self.part.persons[column][joined.person_rows]
+                self._gathered[key] = np.take(self.part.persons[column], joined.person_rows)
             else:
-                self._gathered[key] = self.part.units[column][joined.unit_rows]
+                self._gathered[key] = np.take(self.part.units[column], joined.unit_rows)
         return self._gathered[key]
 
     def base(self, joined: Joined, race_cols: tuple[Source, str, str] | None) -> npt.NDArray[np.int32]:
@@ -264,7 +266,7 @@ class _Shared:
         join and iteration source."""
         key = (id(joined), race_cols)
         if key not in self._base:
-            state = self.part.unit_state[joined.unit_rows].astype(np.int32)
+            state = np.take(self.part.unit_state, joined.unit_rows).astype(np.int32)
             if race_cols is not None:
                 source, race_col, eth_col = race_cols
                 race, eth = self.gather(joined, source, race_col), self.gather(joined, source, eth_col)
@@ -289,7 +291,8 @@ class _Shared:
         """The unique in-universe units of a unit table."""
         if unit_universe not in self._unit_joins:
             row_of_group = self.row_of_group(unit_universe)
-            self._unit_joins[unit_universe] = Joined(person_rows=None, unit_rows=row_of_group[row_of_group >= 0])
+            self._unit_joins[unit_universe] = Joined(person_rows=None,
+                                                     unit_rows=np.compress(row_of_group >= 0, row_of_group))
         return self._unit_joins[unit_universe]
 
     def persons(self, spec: TableSpec, tau: int | None, key: bytes | None) -> Joined:
@@ -300,11 +303,11 @@ class _Shared:
             part = self.part
             unit_of, has_unit = self.person_units(spec.unit_universe)
             rows = np.flatnonzero(self.mask(spec.person_universe, Source.PERSON) & has_unit)
-            units = unit_of[rows]
+            units = np.take(unit_of, rows)
             if tau is not None:
                 assert key is not None and len(key) == TRUNCATION_KEY_BYTES
                 keep = _truncate(units, part.persons, rows, tau, key)
-                rows, units = rows[keep], units[keep]
+                rows, units = np.compress(keep, rows), np.compress(keep, units)
             self._joins[cache_key] = Joined(person_rows=rows, unit_rows=units)
         return self._joins[cache_key]
 
@@ -312,7 +315,7 @@ class _Shared:
         """Each person's unique in-universe unit row (-1: none), and where there is one -- the
         join's gather, done once for the tables of a unit universe."""
         if unit_universe not in self._person_units:
-            unit_of = self.row_of_group(unit_universe)[self.part.person_group]
+            unit_of = np.take(self.row_of_group(unit_universe), self.part.person_group)
             self._person_units[unit_universe] = (unit_of, unit_of >= 0)
         return self._person_units[unit_universe]
 
@@ -333,7 +336,7 @@ def tabulate_partition(
         weights = None
     else:
         joined = shared.units(spec.unit_universe)
-        weights = part.units[spec.weight][joined.unit_rows] if spec.weight else None
+        weights = np.take(part.units[spec.weight], joined.unit_rows) if spec.weight else None
     return count_records(spec, part, joined, n_states, weights=weights, shared=shared)
 
 

@@ -54,7 +54,7 @@ def unique_units(
 ) -> npt.NDArray[np.int64]:
     """For each MAFID group, its single in-universe unit row, or -1 if it has none or several."""
     rows = np.flatnonzero(unit_mask)
-    groups = unit_group[rows]
+    groups = np.take(unit_group, rows)
     count = np.bincount(groups, minlength=n_groups)
     row_of_group = np.full(n_groups, -1, dtype=np.int64)
     row_of_group[groups] = rows
@@ -64,9 +64,9 @@ def unique_units(
 
 def record_words(persons: Columns, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
     """Pack each person record's content into one 64-bit word (the hashed message)."""
-    w = persons["MAFID"][rows].astype(np.uint64)
+    w = np.take(persons["MAFID"], rows).astype(np.uint64)
     for name, bits in (("QAGE", 7), ("CENHISP", 2), ("CENRACE", 6), ("RELSHIP", 6), ("RTYPE", 3)):
-        w = (w << np.uint64(bits)) | persons[name][rows].astype(np.uint64)
+        w = (w << np.uint64(bits)) | np.take(persons[name], rows).astype(np.uint64)
     return w
 
 
@@ -95,18 +95,19 @@ def truncate(
     if len(unit_rows) == 0:
         return keep
     size = np.bincount(unit_rows)
-    over = np.flatnonzero(size[unit_rows] > tau)
+    over = np.flatnonzero(np.take(size, unit_rows) > tau)
     if len(over) == 0:
         return keep
-    words = record_words(persons, person_rows[over])
+    words = record_words(persons, np.take(person_rows, over))
     h = siphash24_u64(key, words)
     # By unit, then by keyed hash; a tie of hashes (of different records) is broken by the
     # record's content, never by its position in the file. Identical records are interchangeable.
-    order = np.lexsort((words, h, unit_rows[over]))
-    u_sorted = unit_rows[over][order]
+    units_over = np.take(unit_rows, over)
+    order = np.lexsort((words, h, units_over))
+    u_sorted = np.take(units_over, order)
     starts = np.ones(len(u_sorted), dtype=bool)
     starts[1:] = u_sorted[1:] != u_sorted[:-1]
     first = np.maximum.accumulate(np.where(starts, np.arange(len(u_sorted)), 0))
     rank = np.arange(len(u_sorted)) - first
-    keep[over[order[rank >= tau]]] = False
+    keep[np.take(over, np.compress(rank >= tau, order))] = False
     return keep

@@ -35,12 +35,12 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from phsafe import logs
-from phsafe.progress import Progress, for_stream
+if TYPE_CHECKING:
+    from phsafe.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,12 +97,15 @@ def verbosity(ctx: click.Context | None = None) -> tuple[bool, int]:
 
 
 @contextlib.contextmanager
-def command_progress(log_file: Path | None = None, *, stream: Any = None) -> Iterator[Progress]:
+def command_progress(log_file: Path | None = None, *, stream: Any = None) -> Iterator["Progress"]:
     """The progress display of the running command, with the logs configured to match.
 
     Yields:
         The :class:`phsafe.progress.Progress` to hand to the library.
     """
+    from phsafe import logs  # imported when a command runs: ``phsafe --help`` needs neither
+    from phsafe.progress import for_stream
+
     quiet, verbose = verbosity()
     progress = for_stream(stream or sys.stderr, quiet=quiet, verbose=verbose)
     logs.configure(log_file, console_level=CONSOLE_OFF, sinks=[progress.log_sink])

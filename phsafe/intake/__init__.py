@@ -229,7 +229,7 @@ def check_pass_memory(data_dir: Path, states: tuple[str, ...] | None, *, memory_
         PHSafeError: One line that says what to do: the limit it needs, or the space the spill
             needs. Nothing is read, nothing spent.
     """
-    from phsafe.memory import default_memory_limit
+    from phsafe.memory import default_memory_limit, plan_target
 
     try:
         files = locate_inputs(data_dir)
@@ -238,6 +238,6 @@ def check_pass_memory(data_dir: Path, states: tuple[str, ...] | None, *, memory_
     parts, _, states_found = plan_parts(files, states)
     by_state = states_found is not None
     limit = memory_limit if memory_limit is not None else default_memory_limit()
-    plan = plan_memory(parts, limit, validate=validate, by_state=by_state)
+    plan = plan_memory(parts, limit, validate=validate, by_state=by_state, target=plan_target(memory_limit))
     check_memory(plan, smallest_limit(parts, validate=validate, by_state=by_state), spill_dir)
     return plan

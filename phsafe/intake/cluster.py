@@ -63,7 +63,7 @@ from phsafe.intake.pieces import Piece, error_fields, merge
 from phsafe.intake.spill import plan_buckets
 from phsafe.memory import BYTES_PER_ROW, MAX_BUCKET_PERSONS
 from phsafe.preprocess import AsideMafids, sorted_distinct
-from phsafe.reader import SourceReader, csv_blocks, locate_inputs, parquet_blocks
+from phsafe.reader import SourceReader, csv_blocks, digests_of, locate_inputs, parquet_blocks
 from phsafe.tables import TableSpec
 from phsafe.validation import (
     FileSeen,
@@ -292,6 +292,7 @@ def conclude(plan: ClusterPlan, pieces: Sequence[Piece], *, report_dir: Path | N
     counts = None
     if plan.counting is not None and result.count_error is None:
         counts = result.counts if result.counts is not None else zero_counts(plan.counting, plan.states or ())
+        counts.input_digests = digests_of(plan.files, result.digests)  # None unless every file was hashed
     if not plan.validate:
         if result.count_error is not None:
             raise result.count_error

@@ -65,6 +65,7 @@ from phsafe.intake.parts import (
 )
 from phsafe.intake.pieces import Piece, error_fields, merge
 from phsafe.intake.spill import SpillArea, SpillWriter, plan_buckets, read_bucket, remove_partition
+from phsafe.intake.workers import release_memory
 from phsafe.logs import get_logger
 from phsafe.memory import (
     BYTES_PER_ROW,
@@ -73,13 +74,25 @@ from phsafe.memory import (
     default_memory_limit,
     needed_limit,
     parallel_budget,
-    part_bytes,
     plan_part,
+    plan_target,
+    state_bytes,
     worker_processes,
 )
 from phsafe.preprocess import NOT_TABULATED, AsideMafids, Joiner, geo_side, sorted_distinct, state_indices
 from phsafe.progress import BYTES
-from phsafe.reader import OK, Encoded, FileBatch, InputFile, Problems, SourceReader, encode, raise_value_problems
+from phsafe.reader import (
+    OK,
+    Encoded,
+    FileBatch,
+    InputFile,
+    Problems,
+    SourceReader,
+    digests_of,
+    encode,
+    file_digest,
+    raise_value_problems,
+)
 from phsafe.schema import FILES
 from phsafe.validation import FileSeen, InputValidation, piece_validation
 
@@ -111,16 +124,18 @@ def plan_parts(files: Mapping[str, InputFile], states: tuple[str, ...] | None
             [part(s) for s in found if s not in released], len(found))
 
 
-def plan_memory(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool) -> MemoryPlan | None:
+def plan_memory(parts: Sequence[PassPart], limit: int, *, validate: bool, by_state: bool,
+                target: int | None = None) -> MemoryPlan | None:
     """The memory plan of a pass over ``parts``: each partition in memory or spilled into
-    buckets (:func:`phsafe.memory.plan_part`); None if some partition cannot fit in ``limit``."""
+    buckets (:func:`phsafe.memory.plan_part`), the buckets aimed at ``target`` (default:
+    ``limit``); None if some partition cannot fit in ``limit``."""
     plans = {}
     for part in parts:
         rows = part.rows()
         # National partitions count their MAFID ranges in worker processes, one per core.
         parallel = worker_processes() if part.state is None and rows.get("persons", 0) >= memory.WORKERS_MIN_PERSONS \
             else 1
-        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel)
+        plan = plan_part(rows, limit, validate=validate, by_state=by_state, parallel=parallel, target=target)
         if plan is None:
             return None
         plans[part.label] = plan
@@ -207,9 +222,11 @@ class InputPass:
                     self._layout = Layout({s: f.name for s, f in self.files.items()}, strict=observer is None)
         self.parts = parts
         self.memory_limit = memory_limit if memory_limit is not None else default_memory_limit()
+        self.memory_target = plan_target(memory_limit)
+        """What the pass aims at (:func:`phsafe.memory.plan_target`): the limit when one is given."""
         self.spill_dir = spill_dir
         self.memory = plan_memory(self.parts, self.memory_limit, validate=observer is not None,
-                                  by_state=self.result.by_state)
+                                  by_state=self.result.by_state, target=self.memory_target)
         self._spill: SpillArea | None = None
         self._bytes_read: dict[str, Task] = {}
         self._buckets_done: Task | None = None
@@ -237,7 +254,7 @@ class InputPass:
             # Data stored by state: states counted two at a time in worker processes, as many as
             # the memory limit holds at once.
             state_budget = parallel_budget([p.rows() for p in self.parts], self.memory_limit,
-                                           validate=self.observer is not None)
+                                           validate=self.observer is not None, target=self.memory_target)
         if state_budget is not None or (self.memory.workers > 1 and any(
                 self.memory.parts[part.label].spilled and part.state is None for part in self.parts)):
             self._workers = WorkerProcesses(worker_processes(), validation=self.observer is not None)
@@ -276,9 +293,11 @@ class InputPass:
             self.result.counts = None
         if self.counting is not None and self.result.count_error is None and self.result.counts is None:
             self.result.counts = zero_counts(self.counting, self.states or ())
-        if self.result.counts is not None and self.parts and self.parts[0].state is None and all(
-                not f.directory and str(f.path) in self.result.digests for f in self.files.values()):
-            self.result.counts.input_digests = {f.name: self.result.digests[str(f.path)] for f in self.files.values()}
+        if self.result.counts is not None:
+            # Every input file hashed as the pass read it (national CSV files, as they stream;
+            # a state's folders, by the worker process that read them): the run need not read
+            # them again for the ledger's digests.
+            self.result.counts.input_digests = digests_of(self.files, self.result.digests)
         return self.result
 
     def _partitions(self, files_read: "Task", totals: StageTotals) -> Iterator[tuple[PassPart, Reading, bool]]:
@@ -341,6 +360,7 @@ class InputPass:
                         joiner = reading.joiner
                         assert isinstance(joiner, Joiner)
                         reading.join = joiner.finish(reading.person_keys)
+                        reading.person_keys = []  # in the join now: not kept twice
                         for s in ("units", "persons"):
                             self.result.set_aside[s] += joiner.set_aside[s]
                     yield part, reading, last_part
@@ -361,7 +381,7 @@ class InputPass:
         totals.add(reading.timer)
         # What the streaming held (parsed batches, the spill writers' buffers) goes back to the
         # system before the buckets are counted: pyarrow's allocator keeps freed memory otherwise.
-        pa.default_memory_pool().release_unused()
+        release_memory()
         planned = self.memory.parts[part.label].buckets
         try:
             if self._workers is not None and part.state is None:
@@ -406,7 +426,7 @@ class InputPass:
         observer of its own); their pieces merged here (:func:`phsafe.intake.pieces.merge`)."""
         assert self._workers is not None and isinstance(self._layout, Layout)
         plan = ClusterPlan.for_worker(self.files, self.states, self.counting, self.observer)
-        costs = [part_bytes(p.rows()) for p in self.parts]
+        costs = [state_bytes(p.rows()) for p in self.parts]
         by_label = {p.label: p for p in self.parts}
 
         def advance(piece: Piece) -> None:
@@ -499,6 +519,7 @@ class InputPass:
             rows_of.finish()
         reading.joiner = joiner
         reading.join = joiner.finish(reading.person_keys)
+        reading.person_keys = []  # in the join now: not kept twice
         for s in ("units", "persons"):
             self.result.set_aside[s] += joiner.set_aside[s]
         return bucket_part, reading
@@ -623,6 +644,9 @@ class InputPass:
     def _finish_partition(self, part: PassPart, reading: Reading, last: bool, totals: StageTotals) -> None:
         join = reading.join
         assert join is not None
+        # The partition is read: what pyarrow's allocator keeps of the freed batches goes back to
+        # the system before the join's temporaries.
+        release_memory()
         rows = reading.all_rows()
         geo_clean = rows["geo"].clean
         totals.add(reading.timer)
@@ -716,6 +740,7 @@ class InputPass:
         """A state folder outside the state filter: set aside; only its layout is checked (the
         MAFIDs of units and geo, geo's TABBLKST); its persons are never read."""
         self.result.set_aside["persons"] += part.files["persons"].estimated_rows()
+        self.result.digests.update(_digests(part))
         for stem, names in (("units", ("MAFID",)), ("geo", ("MAFID", "TABBLKST"))):
             reader = SourceReader(part.files[stem], Problems(strict=False), columns=names, reads=self.reads)
             mafids = []
@@ -739,6 +764,20 @@ class InputPass:
             if i >= 0:
                 out[name] = encode(COLUMN[stem, name], batch.column(i))
         return out
+
+
+def _digests(part: PassPart) -> dict[str, str]:
+    """The SHA-256 of each of a partition's files (path -> hex), for the ledger's input digests
+    (:func:`phsafe.reader.digests_of`); a file that cannot be read is left out (the run then
+    hashes the inputs itself, and says what it could not read)."""
+    out = {}
+    for f in part.files.values():
+        for path in f.files:
+            try:
+                out[str(path)] = file_digest(path)
+            except OSError:
+                pass
+    return out
 
 
 def _take_rows(batch: pa.RecordBatch, mafid: Encoded | None, rows: np.ndarray) -> tuple[pa.RecordBatch, Encoded | None]:
@@ -815,6 +854,9 @@ def count_state(plan: ClusterPlan, index: int, part: PassPart) -> Piece:
         piece.misplaced = result.misplaced
         piece.problems = {stem: list(p.found) for stem, p in result.problems.items()}
         piece.layout = layout.mafids
+        # Hashed here, just read (in the page cache), on this process's core: the ledger's
+        # digests need not read the nation's folders again after the pass.
+        piece.digests = _digests(part)
         return piece
     finally:
         if observer is not None:

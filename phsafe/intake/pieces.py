@@ -60,6 +60,7 @@ class Piece:
             across folders).
         bucket_rows: Rows a block wrote to each bucket (sizes the buckets' look-ups).
         aside_found: A geo block found rows the state filter sets aside.
+        digests: The SHA-256 of the files the piece read (path -> hex; a state's folders).
     """
 
     label: str
@@ -76,6 +77,7 @@ class Piece:
     layout: dict[str, list[np.ndarray]] = field(default_factory=dict)
     bucket_rows: np.ndarray | None = None
     aside_found: bool = False
+    digests: dict[str, str] = field(default_factory=dict)
 
 
 def merge(pieces: Iterable[Piece], *, result: PassResult | None = None, validation: PassObserver | None = None,
@@ -103,6 +105,7 @@ def merge(pieces: Iterable[Piece], *, result: PassResult | None = None, validati
         for stem, found in piece.problems.items():
             result.problems[stem].found.extend(found)
         result.misplaced += piece.misplaced
+        result.digests.update(piece.digests)
         for stem, n in piece.set_aside.items():
             result.set_aside[stem] += n
         if layout is not None:

@@ -60,6 +60,11 @@ SAMPLE_WINDOW_BYTES = 1 << 18
 # --------------------------------------------------------------------------------------------
 # Buckets
 # --------------------------------------------------------------------------------------------
+_BLOCK_BITS = 10
+_SPLIT = np.uint16(0xFFFF)  # more buckets than MAX_BUCKETS (4,096) never exist
+_TABLES: dict[tuple[int, ...], np.ndarray] = {}
+
+
 @dataclass(frozen=True)
 class BucketPlan:
     """MAFID ranges: bucket ``b`` holds ``cuts[b-1] <= MAFID < cuts[b]`` (open at both ends).
@@ -75,11 +80,46 @@ class BucketPlan:
         return len(self.cuts) + 1
 
     def bucket_of(self, mafid: np.ndarray) -> np.ndarray:
-        """The bucket of each MAFID (``uint16``)."""
+        """The bucket of each MAFID (``uint16``): what a binary search of the cuts gives, found
+        by a table over MAFID blocks of 1,024 (:meth:`_table`) -- a binary search only for the
+        MAFIDs of the few blocks a cut splits. Every row of a national file passes here."""
         if not self.cuts:
             return np.zeros(len(mafid), np.uint16)
-        return np.searchsorted(np.asarray(self.cuts, dtype=mafid.dtype if mafid.dtype.kind == "i" else np.int64),
-                               mafid, side="right").astype(np.uint16)
+        table = self._table()
+        block = mafid.astype(np.int64) - MAFID_MIN
+        np.clip(block, 0, None, out=block)
+        block >>= _BLOCK_BITS
+        np.minimum(block, len(table) - 1, out=block)
+        out = np.take(table, block)
+        split = np.flatnonzero(out == _SPLIT)
+        if len(split):
+            out[split] = self._search(np.take(mafid, split))
+        return out
+
+    def _search(self, mafid: np.ndarray) -> np.ndarray:
+        return np.searchsorted(np.asarray(self.cuts, dtype=np.int64), mafid.astype(np.int64),
+                               side="right").astype(np.uint16)
+
+    def _table(self) -> np.ndarray:
+        """The bucket of each block of 1,024 MAFIDs from ``MAFID_MIN`` (``_SPLIT``: a cut lies
+        inside the block); MAFIDs below ``MAFID_MIN`` read block 0, above ``MAFID_MAX`` the last."""
+        table = _TABLES.get(self.cuts)
+        if table is None:
+            starts = MAFID_MIN + (np.arange(((MAFID_MAX - MAFID_MIN) >> _BLOCK_BITS) + 1, dtype=np.int64)
+                                  << _BLOCK_BITS)
+            table = self._search(starts)
+            last = self._search(starts + (1 << _BLOCK_BITS) - 1)
+            table[table != last] = _SPLIT
+            first_below = self._search(np.array([np.iinfo(np.int32).min], np.int64))[0]
+            if table[0] != first_below:  # MAFIDs below MAFID_MIN (invalid ones read as 0) are in block 0
+                table[0] = _SPLIT
+            top = self._search(np.array([np.iinfo(np.int64).max], np.int64))[0]
+            if table[-1] != top:
+                table[-1] = _SPLIT
+            while len(_TABLES) >= 4:  # a process runs a few plans at most: keep the latest
+                del _TABLES[next(iter(_TABLES))]
+            _TABLES[self.cuts] = table
+        return table
 
     def range_of(self, bucket: int) -> tuple[int, int]:
         """``[lo, hi)`` of a bucket's valid MAFIDs."""

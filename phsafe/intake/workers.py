@@ -10,19 +10,19 @@ states of data stored by state, on every core. A job is a function and its argum
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import queue
 import subprocess
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from phsafe.errors import PHSafeError
 
-__all__ = ["WorkerProcesses", "serve"]
+__all__ = ["WorkerProcesses", "release_memory", "serve"]
 
 Job = tuple[int, Callable[..., Any], tuple[Any, ...]]
 
@@ -31,10 +31,13 @@ def serve() -> int:
     """A worker process: run jobs (pickled ``(number, function, arguments)``) from standard input
     until it ends; answer each with ``(result, None)`` or ``(None, the exception's class name)``
     -- never its message, which may quote data. Nothing else is printed."""
+    from phsafe.validation import trim_imports
+
     channel = os.fdopen(os.dup(1), "wb")  # results only; anything else printed goes nowhere
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- for the life of the process
+    trim_imports()  # a process of the pass only: Great Expectations' import a third cheaper
     jobs = sys.stdin.buffer
     while True:
         try:
@@ -48,6 +51,23 @@ def serve() -> int:
             answer = (None, type(exc).__name__)
         pickle.dump(answer, channel, protocol=pickle.HIGHEST_PROTOCOL)
         channel.flush()
+        del answer
+        release_memory()
+
+
+def release_memory() -> None:
+    """What the pass freed goes back to the system: between a worker's jobs -- a process waiting for
+    its next job (while the other counts California) must not hold the last state's batches in
+    pyarrow's allocator, hundreds of MiB of the process tree's memory -- and after a partition is
+    streamed."""
+    pyarrow = sys.modules.get("pyarrow")
+    if pyarrow is not None:
+        pyarrow.default_memory_pool().release_unused()
+    if sys.platform.startswith("linux"):  # and what the C heap keeps of numpy's freed arrays
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
 
 
 def _command(entry: Callable[[], int]) -> list[str]:
@@ -118,33 +138,40 @@ class WorkerProcesses:
         """Run ``fn(*args)`` (a module-level function) for each ``args`` of ``calls`` on the
         processes; the results in order, each as soon as it (and those before it) is done.
 
-        Args:
-            costs, budget: A job starts only while the costs (bytes of memory) of the jobs
-                started and not yet answered, with its own, stay within ``budget`` -- one job
-                always may.
+        Jobs start in the calls' order, each when a process is free -- with ``budget``, only while
+        the costs (bytes of memory) of the jobs running, with its own, stay within it (a job always
+        may when none runs). A job that does not fit waits for running ones to end; later ones do
+        not pass it: they would run it last, alone, with every answer after it held here.
 
         Raises:
             PHSafeError: A job failed in its process (its exception's class is named).
         """
         costs = list(costs) if costs is not None else [0] * len(calls)
-        waiting = deque(zip(calls, costs))
-        started: deque[tuple[int, int]] = deque()
-        in_flight = 0
-        while waiting or started:
-            while waiting and (not started or budget is None or in_flight + waiting[0][1] <= budget):
-                args, cost = waiting.popleft()
+        pending = list(range(len(calls)))
+        running: dict[int, int] = {}  # job number -> call index
+        done: dict[int, Any] = {}
+        in_flight, next_out = 0, 0
+        while next_out < len(calls):
+            while pending and len(running) < len(self._procs):
+                if budget is not None and running and in_flight + costs[pending[0]] > budget:
+                    break
+                index = pending.pop(0)
                 self._number += 1
-                started.append((self._number, cost))
-                in_flight += cost
-                self._jobs.put((self._number, fn, tuple(args)))
-            number, cost = started.popleft()
+                running[self._number] = index
+                in_flight += costs[index]
+                self._jobs.put((self._number, fn, tuple(calls[index])))
             with self._done:
-                self._done.wait_for(lambda: number in self._results)
+                self._done.wait_for(lambda: any(n in self._results for n in running))
+                number = next(n for n in running if n in self._results)
                 answer, error = self._results.pop(number)
-            in_flight -= cost
+            index = running.pop(number)
+            in_flight -= costs[index]
             if error is not None:
                 raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
-            yield answer
+            done[index] = answer
+            while next_out in done:
+                yield done.pop(next_out)
+                next_out += 1
 
     def close(self) -> None:
         """Stop the processes (jobs not started yet are dropped)."""

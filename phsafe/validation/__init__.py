@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from phsafe.config import PHSafeConfig
 
 __all__ = ["Failure", "FileSeen", "InputValidation", "ValidationMachineryError", "ValidationPiece", "ValidationReport",
-           "ValidationSetup", "guarded", "piece_validation", "prewarm", "report_of_pieces", "usable_states", "validate",
-           "validate_outputs"]
+           "ValidationSetup", "guarded", "piece_validation", "prewarm", "report_of_pieces", "trim_imports", "usable_states",
+           "validate", "validate_outputs"]
 
 ValidationError = ValidationMachineryError
 """The former name of :class:`~phsafe.errors.ValidationMachineryError`, still importable for callers that
@@ -73,6 +73,15 @@ def prewarm() -> None:
     from phsafe.validation._gx import import_gx
 
     import_gx()
+
+
+def trim_imports() -> None:
+    """In a process that only runs the pass (a worker process, the validation's second process):
+    Great Expectations imported without what the suites never use -- see
+    :func:`phsafe.validation._gx.trim_imports`. Call it first."""
+    from phsafe.validation._gx import trim_imports as trim
+
+    trim()
 
 
 def validate_outputs(config: "PHSafeConfig", output_dir: Path, *, report_dir: Path | None = None) -> ValidationReport:

@@ -64,7 +64,7 @@ COMPACT_COLUMNS: dict[str, tuple[str, ...]] = {
     "geo": ("MAFID", "RTYPE"),
 }
 """Columns of each file the cross-file rules read."""
-SLICE_ROWS = 4_000_000
+SLICE_ROWS = 2_000_000
 """Derived frames are built this many persons (or MAFIDs) at a time: bounded temporaries."""
 MAFID_JOB_ROWS = 4_000_000
 """Distinct MAFIDs of several state partitions are judged together, about this many a job."""
@@ -414,7 +414,8 @@ class InputValidation:
             if orphan.any():
                 check.irregular_mafids.append(rows.columns["MAFID"][orphan].astype(np.int64) + 1)
         present = weights > 0
-        check.mafids.append((keys[present].astype(np.int64) + 1, weights[present].astype(np.int64)))
+        check.mafids.append((np.compress(present, keys).astype(np.int64) + 1,
+                             np.compress(present, weights).astype(np.int64)))
         if check.irregular_mafids:
             extra, extra_counts = distinct([np.concatenate(check.irregular_mafids)])
             check.irregular_mafids.clear()
@@ -468,12 +469,13 @@ class InputValidation:
             geo_count = np.zeros(len(keys), np.int64)
             geo_first = np.full(len(keys), -1, np.int64)
             in_geo = keys < n_geo
-            geo_count[in_geo] = geo.rows[keys[in_geo]]
-            geo_first[in_geo] = geo.first[keys[in_geo]]
+            keys_in_geo = np.compress(in_geo, keys)
+            geo_count[in_geo] = np.take(geo.rows, keys_in_geo)
+            geo_first[in_geo] = np.take(geo.first, keys_in_geo)
             self._cross_add("units_geo", {
-                "UNITS_ROWS": np.minimum(join.unit_rows[keys], _SMALL_MAX),
+                "UNITS_ROWS": np.minimum(np.take(join.unit_rows, keys), _SMALL_MAX),
                 "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
-                "UNIT_RTYPE": _at(unit_rtype, join.unit_first[keys]),
+                "UNIT_RTYPE": _at(unit_rtype, np.take(join.unit_first, keys)),
                 "GEO_RTYPE": _at(geo_rtype, geo_first),
             })
 
@@ -498,7 +500,7 @@ class InputValidation:
             rtype, age = rtype_all[rows], age_all[rows]
             if valid is not None:
                 keep = valid[rows]
-                key, relship, rtype, age = key[keep], relship[keep], rtype[keep], age[keep]
+                key, relship, rtype, age = (np.compress(keep, a) for a in (key, relship, rtype, age))
             in_units = _at(has_unit, key, False)
             self._cross_add("persons_in_units", {
                 "IN_UNITS": in_units.view(np.int8),
@@ -509,8 +511,8 @@ class InputValidation:
                 "UNIT_HHT": _at(unit_hht, key),
                 "UNIT_HHT2": _at(unit_hht2, key),
             })
-            householder_keys.append(key[in_units & (relship == RELSHIP_HOUSEHOLDER)])
-            unknown_keys.append(key[in_units & (relship == INVALID)])
+            householder_keys.append(np.compress(in_units & (relship == RELSHIP_HOUSEHOLDER), key))
+            unknown_keys.append(np.compress(in_units & (relship == INVALID), key))
         # Households: the first unit row of each MAFID with RTYPE 2 and HHT != 0, and its number
         # of householders (unknown when one of its persons' RELSHIP broke a per-file rule).
         households = np.flatnonzero((unit_rtype == RTYPE_UNIT_HU) & (unit_hht > 0))
@@ -871,6 +873,9 @@ def _at(values: np.ndarray, rows: np.ndarray, missing: int | bool = INVALID) -> 
         values = _signed(values)
     if not len(values):
         return np.full(len(rows), missing, dtype=values.dtype)
+    if len(rows) and int(rows.min()) >= -1:
+        # ``missing`` appended: row -1 reads it (np.take, as Python indexing, counts from the end).
+        return np.take(np.concatenate([values, np.array([missing], values.dtype)]), rows)
     out = values.take(rows, mode="clip")  # -1 reads the first value: replaced below
     absent = rows < 0
     if absent.any():

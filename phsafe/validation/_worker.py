@@ -185,6 +185,7 @@ def main() -> int:
     # This file runs as __main__; the jobs' classes are those of the package's module.
     from phsafe.validation._worker import _run as run
 
+    _gx.trim_imports()
     _gx.import_gx()
     jobs = sys.stdin.buffer
     while True:

@@ -371,3 +371,25 @@ def test_a_broken_record_mid_file_is_one_line_and_nothing_is_spent(datasets: dic
     assert not (tmp_path / "out").exists()
     assert not [p for p in work.rglob("*") if "spill" in p.name]  # no spill file left behind
     assert all(f.is_relative_to(work) and not f.exists() for f in made)
+
+
+def test_worker_processes_start_what_fits_the_budget_and_answer_in_order() -> None:
+    # Costs 3, 9, 3, 8, 2 with a budget of 10 on two processes: 9 waits for the first 3 and runs
+    # alone, then 3 beside 8, then 2 -- no two jobs over the budget at once, the answers in the
+    # calls' order. (Timing is observed, never asserted: which jobs overlap follows from the
+    # budget, not from how fast the machine is.)
+    from phsafe.intake.workers import WorkerProcesses
+    from tests.system._pass_jobs import span
+
+    costs = [3, 9, 3, 8, 2]
+    calls = [(f"job{i}", 0.3) for i in range(len(costs))]
+    with WorkerProcesses(2) as pool:
+        answers = list(pool.map(span, calls, costs=costs, budget=10))
+    assert [a[0] for a in answers] == [c[0] for c in calls]
+    runs = {label: (start, end) for label, start, end in answers}
+    cost = {f"job{i}": c for i, c in enumerate(costs)}
+    for a in runs:
+        for b in runs:
+            if a < b and runs[a][0] < runs[b][1] and runs[b][0] < runs[a][1]:  # ran at the same time
+                assert cost[a] + cost[b] <= 10, (a, b)
+    assert runs["job0"][0] <= min(start for start, _ in runs.values())  # the calls' order first

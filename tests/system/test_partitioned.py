@@ -308,3 +308,22 @@ def test_validation_shows_each_file_of_each_released_state_read(datasets: dict[s
     with progress.stage("validate"):
         assert validate_inputs(config_path, datasets["csv"], progress=progress).ok
     assert any(line.startswith("phsafe: read, check and join: 3 files, geo.csv ") for line in lines), lines
+
+
+@pytest.mark.parametrize("workers", [True, False])
+def test_the_pass_hashes_the_folders_it_reads_as_the_ledger_does(
+        datasets: dict[str, Path], config_path: Path, monkeypatch: pytest.MonkeyPatch, workers: bool) -> None:
+    # States counted in worker processes hash the folders they read (and the pass the folders
+    # outside the state filter: Alaska's): the run need not read the files again, and the digests
+    # are those the ledger would compute (reader.input_digests). In one process: left to the run.
+    from phsafe import memory
+
+    monkeypatch.setattr(memory, "WORKERS_MIN_PERSONS", 1000 if workers else 1 << 40)
+    data = datasets["parquet-partitioned"]
+    counts = exact_counts(load_config(config_path), data, SPECS, key=KEY, memory_limit=1 << 40)
+    if workers:
+        assert counts.input_digests == input_digests(locate_inputs(data))
+    else:
+        assert counts.input_digests is None
+    csv = exact_counts(load_config(config_path), datasets["csv"], SPECS, key=KEY, memory_limit=1 << 40)
+    assert csv.input_digests == input_digests(locate_inputs(datasets["csv"]))

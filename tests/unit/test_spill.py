@@ -229,3 +229,49 @@ def test_spilled_columns_are_the_pass_columns() -> None:
         assert {c.name for c in columns} <= {c.name for c in FILES[stem]}
         assert "MAFID" in {c.name for c in columns}
     assert pa.types.is_unsigned_integer(pa.from_numpy_dtype(np.dtype(SPILLED_COLUMNS["persons"][0].dtype)))
+
+
+def test_the_default_plan_aims_at_its_target_and_refuses_only_by_the_limit() -> None:
+    assert memory.plan_target(5 * GIB) == 5 * GIB  # a limit given is what the pass aims at
+    assert memory.plan_target(None) == min(memory.default_memory_limit(), memory.DEFAULT_TARGET_BYTES)
+    target = memory.DEFAULT_TARGET_BYTES
+    nation = {"persons": 331_000_000, "units": 143_000_000, "geo": 143_000_000}
+    wide = memory.plan_part(nation, 12 * GIB, validate=True, by_state=False, parallel=2)
+    aimed = memory.plan_part(nation, 12 * GIB, validate=True, by_state=False, parallel=2, target=target)
+    assert wide is not None and aimed is not None
+    assert aimed.parallel == 2 and aimed.buckets > wide.buckets and aimed.peak_bytes <= target < wide.peak_bytes
+    # A partition that fits in the limit stays in memory, above the target: spilling costs more.
+    middle = {"persons": 30_000_000, "units": 13_000_000, "geo": 13_000_000}
+    held = memory.plan_part(middle, 12 * GIB, validate=True, by_state=False, parallel=2, target=target)
+    assert held is not None and not held.spilled and held.peak_bytes > target
+    # A target below what any plan needs falls back to the limit; refusals follow the limit only.
+    need = memory.needed_limit(nation, validate=True, by_state=False)
+    assert memory.plan_part(nation, need, validate=True, by_state=False, target=GIB) is not None
+    assert memory.plan_part(nation, need - (64 << 20), validate=True, by_state=False, target=need) is None
+
+
+def test_states_counted_at_once_fit_the_target_and_a_larger_state_goes_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "worker_processes", lambda: 2)
+    california = {"persons": 39_540_000, "units": 17_000_000, "geo": 17_070_000}
+    states = [california] + [{"persons": p, "units": p // 2, "geo": p // 2} for p in (29_000_000, 5_000_000, 600_000)]
+    budget = memory.parallel_budget(states, 12 * GIB, validate=True, target=memory.DEFAULT_TARGET_BYTES)
+    assert budget == memory.DEFAULT_TARGET_BYTES - memory.BY_STATE_FIXED_BYTES
+    # California as measured at full US (about 3.0 GiB beside its process's own): counted alone.
+    assert 2.8 * GIB <= memory.state_bytes(california) <= 3.2 * GIB
+    assert memory.state_bytes(california) > budget
+    assert memory.state_bytes(states[2]) + memory.state_bytes(states[3]) <= budget  # small states pair up
+    fixed = memory.fixed_bytes(validate=True, by_state=True) + 2 * memory.WORKER_BYTES
+    assert memory.parallel_budget(states, 12 * GIB, validate=True) == 12 * GIB - memory.BY_STATE_FIXED_BYTES
+    assert memory.parallel_budget(states, fixed + memory.part_bytes(california) - 1, validate=True) is None
+
+
+def test_the_bucket_table_gives_what_a_binary_search_of_the_cuts_gives() -> None:
+    rng = np.random.default_rng(7)
+    for n_cuts in (1, 2, 43, 58, 400):
+        cuts = tuple(sorted({int(x) for x in rng.integers(MAFID_MIN, MAFID_MAX, n_cuts)}))
+        plan = BucketPlan(cuts)
+        edges = np.array([0, MAFID_MIN, MAFID_MIN + 1, MAFID_MAX - 1, MAFID_MAX], np.int64)
+        near = np.concatenate([np.array(cuts) + d for d in (-1024, -1, 0, 1, 1023)])
+        mafids = np.concatenate([edges, near, rng.integers(MAFID_MIN, MAFID_MAX + 1, 200_000)]).astype(np.int32)
+        expected = np.searchsorted(np.asarray(cuts, np.int64), mafids.astype(np.int64), side="right")
+        assert plan.bucket_of(mafids).tolist() == expected.tolist()

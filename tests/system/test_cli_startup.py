@@ -1,0 +1,53 @@
+"""``phsafe --help`` in a fresh interpreter imports no command: the command table lists them
+(:data:`phsafe.cli.COMMAND_TABLE`; ``tests/unit/test_cli_table.py`` holds it to the commands)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("pandas", "pyarrow", "numpy", "structlog", "pydantic", "great_expectations", "phsafe.cli.private",
+         "phsafe.cli.validate", "phsafe.synthetic", "phsafe.logs")
+
+
+def test_help_imports_no_command_module_nor_their_libraries() -> None:
+    code = ("import sys\nfrom phsafe.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"print('IMPORTED', sorted(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "Commands:" in out and "private" in out
+    assert "IMPORTED []" in out, out
+
+
+def test_a_command_imports_what_it_needs_only() -> None:
+    code = ("import sys\nfrom phsafe.cli import main\n"
+            "try:\n    main(['keys', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('IMPORTED', sorted(m for m in ('phsafe.cli.private', 'phsafe.cli.synth', 'great_expectations')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "IMPORTED []" in out, out
+
+
+def test_a_process_of_the_pass_imports_great_expectations_without_what_the_suites_never_use() -> None:
+    # The validation's second process and the pass's worker processes call trim_imports() first:
+    # the suites still evaluate (a failing rule too, with its count), and neither SciPy's
+    # statistics nor SQLAlchemy were loaded. (Their reports are compared with the in-process
+    # evaluation's in tests/system/test_validation_by_state.py.)
+    code = """
+import sys
+from phsafe.validation import _gx
+_gx.trim_imports()
+import pandas as pd
+from phsafe.validation._suites import load_suite
+suite = load_suite("persons")
+frame = next(iter({r.frame for r in suite.rules}))
+rules = [r for r in suite.rules if r.frame == frame]
+results = _gx.run(suite, frame, pd.DataFrame({c: [None] for r in rules for c in r.referenced_columns()}), rules)
+print("EVALUATED", len(results), all(r.raised is None for r in results))
+print("LAZY", type(sys.modules["scipy.stats"]).__name__ if "scipy.stats" in sys.modules else "absent")
+print("SQL", sys.modules.get("sqlalchemy", "absent"))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "EVALUATED" in out and "True" in out.split("EVALUATED")[1].splitlines()[0], out
+    assert "LAZY _LazyModule" in out or "LAZY absent" in out, out
+    assert "SQL None" in out, out
