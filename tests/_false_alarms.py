@@ -225,6 +225,8 @@ NOT_ASSERTED: dict[str, str] = {
     "tests/unit/test_audit.py":
         "the auditor's checks of ledgers and releases; the content mutants change a noisy table in ways detected "
         "for every value (a count +1, two different counts swapped)",
+    "tests/unit/test_dataset_claims.py":
+        "datasets declared, claimed and retired: the ledger's accounts, the log's entries and the outsider's and the monitor's findings; noise only as spends",
     "tests/unit/test_ledger.py":
         "the ledger's entries, chain, caps and repairs; noise only as digests of what was drawn",
     "tests/unit/test_ledger_resume.py":
@@ -233,6 +235,8 @@ NOT_ASSERTED: dict[str, str] = {
         "the order of the ledger's entries and the sampler's call; the noisy vector's type, shape and digest",
     "tests/unit/test_noise.py::test_with_the_production_ledger_intent_is_durable_before_the_draw":
         "what the ledger holds on disk when the sampler runs, and the digest of the draw",
+    "tests/unit/test_public_monitor.py":
+        "the monitor's findings and exit statuses for genuine and attacked logs; releases only as log entries",
     "tests/unit/test_public_statement.py":
         "the public statement of spends and releases, a function of the ledger's public facts",
     "tests/unit/test_publog.py":

@@ -75,6 +75,11 @@ def _help_everywhere(command: click.Command) -> None:
     # click remembers a command's help option the first time it is asked, from the context of
     # that call, so inheriting the names from the group is not enough.
     command.context_settings.setdefault("help_option_names", HELP_OPTIONS)
+    # ... and a command invoked on its own before it is mounted here (a test's CliRunner on
+    # `audit`) has already built its help option from `--help` alone: built again on next use.
+    # (`_help_option` is click's cache, 8.2 onwards; click is pinned in requirements.lock.)
+    if getattr(command, "_help_option", None) is not None:
+        command._help_option = None
     for sub in getattr(command, "commands", {}).values():
         _help_everywhere(sub)
 

@@ -165,6 +165,7 @@ def test_defects_smaller_than_2x_at_one_level_are_caught(mechanism, calibration,
     assert check in {c.name for c in result.checks if c.status == FAIL}, mechanism.name
 
 
+@pytest.mark.noise_not_asserted("reads the plan and the white-box check, never the two runs' draws")
 def test_a_defect_within_the_papers_slack_is_no_privacy_loss() -> None:
     """The paper's 2 tau + 2 over 1.25 (sqrt(310) = 17.6) still covers every neighbour (tau sqrt2 =
     14.1): the release keeps its promise, and the white-box sensitivity check says so; with the

@@ -36,6 +36,8 @@ def test_the_built_in_production_config_is_the_production_fixture() -> None:
     assert production_config() == load_config(US_CONFIG)
 
 
+@pytest.mark.noise_not_asserted("fresh truncation keys on purpose: the exact counts must equal the oracle's for every key, "
+                                 "so correct code passes whichever keys are drawn")
 @pytest.mark.parametrize("table", TAU_TABLES)
 def test_canaries_exact_counts_do_not_depend_on_the_truncation_key(table: str) -> None:
     """100 fresh keys: the release path's exact vectors are always the auditor's (oracle) ones."""
