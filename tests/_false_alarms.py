@@ -53,7 +53,7 @@ FALSE_ALARMS: dict[str, FalseAlarm] = {
     "tests/flows/test_empirical_audit_flow.py::test_the_flow_audits_the_release_path_and_shows_its_report": FalseAlarm(
         5.0e-06, "one empirical audit of correct code, two calibrations: per calibration a false VIOLATION/EXCESS "
                  "and a false WEAK each at most alpha = 1e-6 (Bonferroni over the rows, Clopper-Pearson limits); "
-                 "a false statistical check at most check_alpha = 1e-6"),
+                 "a false statistical check at most check_alpha = 1e-6", "bound"),
     "tests/flows/test_rehearsal.py::test_rehearsal_fails_when_the_noise_is_wider_than_the_stated_moe": FalseAlarm(
         1.2e-07, "noise of twice the stated variance (a sum of two draws): P(US pooled MOE coverage >= 0.8) = 1.1e-25 (the "
                  "flow passes only if that row is inside its tolerance, which lies above 0.8), P(Puerto Rico pooled >= 0.9) "
@@ -81,10 +81,10 @@ FALSE_ALARMS: dict[str, FalseAlarm] = {
                   "MOE ratios and the coverage ranges are deterministic", "bound"),
     "tests/system/test_empirical_audit_cli.py::test_a_pool_of_processes_runs_the_same_audit": FalseAlarm(
         1.0e-30, "compares seeded coins only; the truncation keys' distinctness: 170 fresh 16-byte keys, birthday "
-                 "bound 170^2 / 2^129"),
+                 "bound 170^2 / 2^129", "bound"),
     "tests/system/test_empirical_audit_cli.py::test_a_small_audit_writes_its_report": FalseAlarm(
         1.0e-05, "two audits of correct code must pass, each of two calibrations: 2 x (1e-6 + 1e-6) + 1e-6 each "
-                 "(alpha of the verdicts and the WEAK bound per calibration, check_alpha)"),
+                 "(alpha of the verdicts and the WEAK bound per calibration, check_alpha)", "bound"),
     "tests/system/test_estimate_coverage.py::test_average_interval_coverage_within_its_binomial_tolerance": FalseAlarm(
         8.9e-08, "per cell, the covered count over 600 independent groups, whose tails the binomial at its mean "
                  "bounds (Hoeffding 1956), the mean at the ends of its 99.9% interval from 70 seeded replications "
@@ -107,20 +107,20 @@ FALSE_ALARMS: dict[str, FalseAlarm] = {
                  "(0.8975-0.9083), summed over the 12 laws (sigma 12.2's 0.9083 dominates)", "exact"),
     "tests/unit/test_empirical_audit.py::test_correct_code_passes": FalseAlarm(
         5.0e-06, "two calibrations x (alpha 1e-6 for a false VIOLATION/EXCESS + alpha 1e-6 for a false WEAK) + "
-                 "check_alpha 1e-6; mu_lb > 0 at the lead level fails below 1e-100 (25 standard errors)"),
+                 "check_alpha 1e-6; mu_lb > 0 at the lead level fails below 1e-100 (25 standard errors)", "bound"),
     "tests/unit/test_empirical_audit.py::test_defects_smaller_than_2x_at_one_level_are_caught": FalseAlarm(
         7.0e-07, "7 planted defects, each run for a miss probability below 1e-7 (its runs from the normal "
                  "approximation of the Clopper-Pearson limits: mu_hat 5.2 standard errors above the verdict's "
-                 "threshold plus the bound's margin); the white-box checks are deterministic"),
+                 "threshold plus the bound's margin); the white-box checks are deterministic", "approximation"),
     "tests/unit/test_empirical_audit.py::test_each_planted_bug_is_caught": FalseAlarm(
         4.0e-09, "4 black-box bugs with mu_lb 6 to 28 standard errors above the EXCESS threshold (miss below 1e-9 "
-                 "each, normal approximation); the others' checks are deterministic or at chance below 1e-40"),
+                 "each, normal approximation); the others' checks are deterministic or at chance below 1e-40", "approximation"),
     "tests/unit/test_empirical_audit.py::test_pure_dp_is_audited_with_the_tail_event": FalseAlarm(
         3.1e-06, "correct code: alpha 1e-6 (VIOLATION/EXCESS) + alpha 1e-6 (WEAK) + check_alpha 1e-6, and the "
                  "bounds' ordering below 1e-10 (6.5 and 7.9 standard errors); the bug: epsilon_lb 7.6 standard "
-                 "errors above the EXCESS threshold at 80 runs (below 1e-13)"),
+                 "errors above the EXCESS threshold at 80 runs (below 1e-13)", "bound"),
     "tests/unit/test_empirical_audit.py::test_the_seed_seeds_the_data_never_the_noise": FalseAlarm(
-        1.0e-100, "two audits' fresh noise equal in every one of thousands of cells (below 0.1 per cell)"),
+        1.0e-100, "two audits' fresh noise equal in every one of thousands of cells (below 0.1 per cell)", "bound"),
     "tests/unit/test_noise.py::test_discrete_gaussian_goodness_of_fit": FalseAlarm(
         9.5e-06, "the size of Pearson's test at chi2.isf(1e-6) by 10^6 seeded multinomial samples of the test's bins "
                  "(200,000 draws of the exact pmf): 1 exceedance each for sigma 121.6 (815 bins) and sigma 2 (17 bins), "

@@ -22,12 +22,11 @@ from typing import Any
 from phsafe.errors import LedgerError, TlogError
 from phsafe.publog.ledgers import open_ledger
 from phsafe.publog.log import log_path
-from phsafe.tlog.fetch import fetch_published_log
 from phsafe.tlog.checkpoint import parse_checkpoint
+from phsafe.tlog.fetch import fetch_published_log
 from phsafe.tlog.keys import verifier_from_key
-from phsafe.tlog.note import parse_note
 from phsafe.tlog.layout import VERIFIER_KEY_FILE, decode_entries, verify_published_log
-from phsafe.tlog.note import ALG_ED25519
+from phsafe.tlog.note import ALG_ED25519, parse_note
 from phsafe.tlog.registration import Registration, format_registration, make_registration, policy_datasets
 
 
