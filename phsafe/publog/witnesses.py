@@ -42,6 +42,7 @@ from phsafe.errors import (
     WitnessUnreachable,
 )
 from phsafe.tlog.cosignature import CosignatureVerifier
+from phsafe.tlog.fetch import network_reason
 from phsafe.tlog.files import write_signer_key, write_verifier_key
 from phsafe.tlog.keys import format_verifier_key, generate_keys, verifier_from_key
 from phsafe.tlog.note import ALG_COSIGNATURE_V1
@@ -239,23 +240,13 @@ class HttpWitness:
         except httpx.TimeoutException:
             raise WitnessUnreachable(f"no answer within {WITNESS_TIMEOUT_SECONDS:g} s") from None
         except httpx.HTTPError as exc:
-            raise WitnessUnreachable(_network_reason(exc)) from None
+            raise WitnessUnreachable(network_reason(exc)) from None
         return read_add_checkpoint_answer(reply.status_code, reply.headers.get("content-type"), reply.content)
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def _network_reason(exc: Exception) -> str:
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, OSError) and cause.strerror:
-            return cause.strerror.lower()
-        cause = cause.__cause__ or cause.__context__
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
 
 
 def describe_refusal(name: str, url: str, error: TlogError, size: int) -> str:

@@ -50,10 +50,12 @@ def _get(url: str, transport: Any = None) -> bytes:
     except httpx.TimeoutException:
         raise StoreError(f"GET {url}: no answer within {FETCH_TIMEOUT_SECONDS:g} s") from None
     except httpx.HTTPError as exc:
-        raise StoreError(f"GET {url}: {_reason(exc)}") from None
+        raise StoreError(f"GET {url}: {network_reason(exc)}") from None
 
 
-def _reason(exc: BaseException) -> str:
+def network_reason(exc: BaseException) -> str:
+    """What went wrong with a request, in a few words: the operating system's reason where there
+    is one (``connection refused``), else the error's first line (at most 200 characters)."""
     cause: BaseException | None = exc
     while cause is not None:
         if isinstance(cause, OSError) and cause.strerror:
