@@ -6,6 +6,11 @@ line is one test: its own process's user+system CPU over setup, call and teardow
 fixtures fall on its first test), the CPU of the child processes it waited for, and its wall
 time. With xdist each worker appends its own lines (one ``write`` each, so they do not mix).
 
+A child's CPU is counted when it is reaped, so a process a fixture or an earlier test started
+and left running (a server, a process pool) lands on the test during which it ends -- a unit test
+of milliseconds can show tens of "children" seconds. The totals are right; look at ``own`` and
+at the test that started the process before blaming the one it ended under.
+
     python -m pytest -n 2 --cpu-report /tmp/cpu.jsonl ...
     python -m tests._cpu_report /tmp/cpu.jsonl          # the largest, by test and by module
 """
