@@ -57,10 +57,12 @@ _state: dict[str, Any] = {}
 def import_gx() -> dict[str, Any]:
     """Import Great Expectations once, configured for a batch pipeline (thread-safe)."""
     with _lock:
+        # Before the import: analytics read this variable when the package loads. Set on every
+        # call, not only the first: something may have restored the environment since (a test's
+        # patched environment), and processes started from this one inherit it.
+        os.environ["GX_ANALYTICS_ENABLED"] = "False"
         if _state:
             return _state
-        # Before the import: analytics read this variable when the package loads.
-        os.environ["GX_ANALYTICS_ENABLED"] = "False"
         # Great Expectations' own log lines may quote data from failed metric computations.
         logging.getLogger("great_expectations").setLevel(logging.CRITICAL)
         with warnings.catch_warnings():

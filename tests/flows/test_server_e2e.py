@@ -660,6 +660,7 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
     """What the operator does: the flow run's page, Retry, confirm; then the page once the run is
     final again, showing ``log_line`` of the retry (screenshot). Returns the flow run as the API
     has it then."""
+    from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect
 
     from tests._browser import browser_page
@@ -683,7 +684,14 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
             page.mouse.wheel(0, 4000)
             page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
             page.wait_for_timeout(500)
-        line.scroll_into_view_if_needed()
+        for attempt in range(5):
+            try:
+                line.scroll_into_view_if_needed(timeout=30_000)
+                break
+            except PlaywrightError as exc:  # the log's list re-rendered the line while it was scrolled to
+                if "not attached" not in str(exc) or attempt == 4:
+                    raise
+                page.wait_for_timeout(500)
         expect(line).to_be_visible()
         page.screenshot(path=screenshot, full_page=True)
         # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
