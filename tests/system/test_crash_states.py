@@ -340,6 +340,26 @@ def _explore_all(phase: Phase, inputs: dict[str, Path]) -> None:
         print(f"  {how:4d}  resume class: {cls}")
 
 
+def _failed_run(inputs: dict[str, Path], ledger: Path, out: Path, monkeypatch: pytest.MonkeyPatch,
+                saves: int) -> str:
+    """A release whose ``saves``-th measurement save finds the disk full: the run fails after its
+    spends. Returns its run id."""
+    original, calls = MeasurementStore.save, []
+
+    def save(store, key, vector):  # noqa: ANN001, ANN202
+        calls.append(key)
+        if len(calls) == saves:
+            raise OSError(28, "No space left on device")
+        return original(store, key, vector)
+
+    monkeypatch.setattr(MeasurementStore, "save", save)
+    with pytest.raises(OSError):
+        _run(inputs, ledger, out, new_version="v1")
+    monkeypatch.setattr(MeasurementStore, "save", original)
+    (run_id, _), = read_ledger(ledger).runs.items()
+    return run_id
+
+
 def test_every_crash_state_of_a_release(inputs: dict[str, Path], tmp_path: Path, draws) -> None:
     root, ledger, out = _setup(tmp_path)
     ran: list[str] = []
@@ -352,20 +372,8 @@ def test_every_crash_state_of_a_release(inputs: dict[str, Path], tmp_path: Path,
 def test_every_crash_state_of_a_resume(inputs: dict[str, Path], tmp_path: Path, draws,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     root, ledger, out = _setup(tmp_path)
-    original, calls = MeasurementStore.save, []
-
-    def save(store, key, vector):  # noqa: ANN001, ANN202
-        calls.append(key)
-        if len(calls) == 5:
-            raise OSError(28, "No space left on device")
-        return original(store, key, vector)
-
-    monkeypatch.setattr(MeasurementStore, "save", save)
-    with pytest.raises(OSError):
-        _run(inputs, ledger, out, new_version="v1")
-    monkeypatch.setattr(MeasurementStore, "save", original)
-    (run_id, run), = read_ledger(ledger).runs.items()
-    assert run.status is RunStatus.FAILED
+    run_id = _failed_run(inputs, ledger, out, monkeypatch, saves=5)
+    assert read_ledger(ledger).runs[run_id].status is RunStatus.FAILED
     before, held = _entries(ledger), ledger.read_bytes()
     recorder = _record("resume", root, lambda: _run(inputs, ledger, out, resume=run_id, resume_reason="r"), draws)
     phase = _phase("resume", recorder, ledger, out, run_id, before, inputs, held)
@@ -375,19 +383,7 @@ def test_every_crash_state_of_a_resume(inputs: dict[str, Path], tmp_path: Path, 
 def test_every_crash_state_of_a_repair(inputs: dict[str, Path], tmp_path: Path, draws,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     root, ledger, out = _setup(tmp_path)
-    original, calls = MeasurementStore.save, []
-
-    def save(store, key, vector):  # noqa: ANN001, ANN202
-        calls.append(key)
-        if len(calls) == 3:
-            raise OSError(28, "No space left on device")
-        return original(store, key, vector)
-
-    monkeypatch.setattr(MeasurementStore, "save", save)
-    with pytest.raises(OSError):
-        _run(inputs, ledger, out, new_version="v1")
-    monkeypatch.setattr(MeasurementStore, "save", original)
-    (run_id, _), = read_ledger(ledger).runs.items()
+    run_id = _failed_run(inputs, ledger, out, monkeypatch, saves=3)
     with open(ledger, "ab") as f:  # an append torn by a power cut
         f.write(TORN)
     before, held = _entries(ledger), ledger.read_bytes()
