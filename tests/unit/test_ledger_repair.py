@@ -108,13 +108,18 @@ def test_a_repair_stopped_at_any_step_is_named_and_finished_by_running_it_again(
     _repaired_once(path, before)
 
 
-def test_a_torn_part_of_the_repairs_own_entry_is_cut_and_the_entry_written(tmp_path: Path,
-                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    path, before = _torn(tmp_path)
+def _stopped_before_its_entry(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repair that cut the tail and stopped before appending its TAIL_REPAIRED entry."""
     monkeypatch.setattr(store_mod.LedgerFile, "append_line", lambda self, line: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         repair_ledger(path)
     monkeypatch.undo()
+
+
+def test_a_torn_part_of_the_repairs_own_entry_is_cut_and_the_entry_written(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    path, before = _torn(tmp_path)
+    _stopped_before_its_entry(path, monkeypatch)
     record = RepairRecord.decode(repair_record_path(path).read_bytes())
     assert record is not None
     with open(path, "ab") as f:  # the TAIL_REPAIRED write, cut by a power cut
@@ -137,10 +142,7 @@ def test_a_record_cut_short_is_written_again(tmp_path: Path) -> None:
 def test_a_record_that_does_not_describe_the_ledger_is_refused_and_nothing_changes(tmp_path: Path,
                                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     path, before = _torn(tmp_path)
-    monkeypatch.setattr(store_mod.LedgerFile, "append_line", lambda self, line: (_ for _ in ()).throw(Stop()))
-    with pytest.raises(Stop):
-        repair_ledger(path)
-    monkeypatch.undo()
+    _stopped_before_its_entry(path, monkeypatch)
     with open(path, "ab") as f:  # something else written after the cut: not the repair's entry
         f.write(b'{"kind":"INTENT","key":"PH2')
     data = path.read_bytes()
