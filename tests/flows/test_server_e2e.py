@@ -688,10 +688,13 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
             try:
                 line.scroll_into_view_if_needed(timeout=30_000)
                 break
-            except PlaywrightError as exc:  # the log's list re-rendered the line while it was scrolled to
-                if "not attached" not in str(exc) or attempt == 4:
+            except PlaywrightError:  # the log's list re-rendered (or unloaded) the line meanwhile
+                if attempt == 4:
                     raise
-                page.wait_for_timeout(500)
+                again = time.monotonic() + 60
+                while not line.is_visible() and time.monotonic() < again:
+                    page.mouse.wheel(0, 4000)
+                    page.wait_for_timeout(500)
         expect(line).to_be_visible()
         page.screenshot(path=screenshot, full_page=True)
         # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
