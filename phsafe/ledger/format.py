@@ -279,6 +279,12 @@ UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}
 def canonical_json(obj: Any) -> bytes:
     """Canonical JSON: sorted keys, no whitespace, UTF-8, no floats (exact numbers are strings)."""
     _reject_floats(obj)
+    return _encode_canonical(obj)
+
+
+def _encode_canonical(obj: Any) -> bytes:
+    """Canonical JSON of an object already known to hold no float: what :func:`parse_line`
+    decoded (its decoder refuses floats and JSON keys are strings), so not walked again."""
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode("utf-8")
@@ -303,6 +309,12 @@ def entry_hash(entry: Mapping[str, Any]) -> str:
     """SHA-256 (hex) of ``ENTRY_DOMAIN`` + canonical JSON of ``entry`` without its ``hash``."""
     body = {k: v for k, v in entry.items() if k != "hash"}
     return hashlib.sha256(ENTRY_DOMAIN + canonical_json(body)).hexdigest()
+
+
+def _parsed_entry_hash(entry: Mapping[str, Any]) -> str:
+    """:func:`entry_hash` of an entry :func:`parse_line` decoded (no float to look for)."""
+    body = {k: v for k, v in entry.items() if k != "hash"}
+    return hashlib.sha256(ENTRY_DOMAIN + _encode_canonical(body)).hexdigest()
 
 
 def checkpoint_message(ledger_size: int, head_hash: str) -> bytes:
@@ -509,7 +521,7 @@ def parse_line(line: bytes, *, seq: int, prev: str, format: int) -> dict[str, An
     kind_text = entry.get("kind")
     kind = kind_text if isinstance(kind_text, str) else None
     try:
-        if canonical_json(entry) != line:
+        if _encode_canonical(entry) != line:
             raise LedgerRuleViolation("not in canonical JSON form (sorted keys, no whitespace)")
         try:
             kind_enum = EntryKind(kind_text)
@@ -529,7 +541,7 @@ def parse_line(line: bytes, *, seq: int, prev: str, format: int) -> dict[str, An
             raise LedgerRuleViolation(f"sequence number is {entry['seq']!r}, expected {seq}")
         if entry["prev"] != prev:
             raise LedgerRuleViolation("prev does not match the hash of the previous entry")
-        if not isinstance(entry["hash"], str) or entry["hash"] != entry_hash(entry):
+        if not isinstance(entry["hash"], str) or entry["hash"] != _parsed_entry_hash(entry):
             raise LedgerRuleViolation("hash does not match the entry's content")
         if not isinstance(entry["time"], str) or not TIME.fullmatch(entry["time"]):
             raise LedgerRuleViolation("time is not a UTC timestamp YYYY-MM-DDTHH:MM:SS.ffffffZ")
