@@ -63,8 +63,11 @@ def _read(module: Module) -> None:
     tree = ast.parse(module.path.read_text(encoding="utf-8"))
     package = module.name if module.is_package else module.name.rpartition(".")[0]
     aliases: dict[str, str] = {}  # local name -> phsafe module it is bound to
+    attributes: list[ast.Attribute] = []  # checked once every alias is known (one walk of the tree)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Attribute):
+            attributes.append(node)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 target = _resolve(alias.name)
                 if target:
@@ -88,9 +91,8 @@ def _read(module: Module) -> None:
                         module.borrowed.append(f"line {node.lineno}: private module {target}")
                 elif _private(alias.name) and target != module.name:
                     module.borrowed.append(f"line {node.lineno}: {target}.{alias.name}")
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr)
-                and node.value.id in aliases):
+    for node in attributes:
+        if isinstance(node.value, ast.Name) and _private(node.attr) and node.value.id in aliases:
             target = aliases[node.value.id]
             if f"{target}.{node.attr}" not in MODULES and target != module.name:
                 module.borrowed.append(f"line {node.lineno}: {target}.{node.attr}")
