@@ -8,6 +8,7 @@ table that iterates (by the person's or by the householder's characteristics) us
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,7 +83,7 @@ class PopulationGroupLevel:
     geography: GeographyLevel
     iteration: IterationLevel
 
-    @property
+    @functools.cached_property  # asked in inner loops (the audit's packing); fields are frozen
     def config_key(self) -> str:
         """The key of this level in ``config.json``'s ``privacy_budget`` entries."""
         return f"{self.geography.config_prefix}_{self.iteration.value}"

@@ -328,11 +328,13 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
     by_key = {m.level.config_key: m for m in measurements}
     pure = measurements[0].privacy_defn is PrivacyDefinition.PUREDP if measurements else False
 
+    sigma_of = {key: _sigma(m) for key, m in by_key.items()}  # exact Fractions: computed once, not per canary
+
     def mu_of(canary_index: int, levels: Sequence[str]) -> float:
         total = 0.0
         for key in levels:
             change = layout.change[canary_index][key]
-            total += sum(v * v for v in change.values()) / _sigma(by_key[key]) ** 2
+            total += sum(v * v for v in change.values()) / sigma_of[key] ** 2
         return math.sqrt(total)
 
     def shapes_of(members: Sequence[int], levels_of: Callable[[int], Sequence[str]]
@@ -351,7 +353,7 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
         for k in members:
             pin = pout = 1.0
             for key in levels_of(k):
-                q = math.exp(-1.0 / _sigma(by_key[key]))
+                q = math.exp(-1.0 / sigma_of[key])
                 for v in layout.change[k][key].values():
                     pin *= 1.0 / (1.0 + q)  # P(n >= 0): the cell moved by at least its change
                     pout *= q ** abs(v) / (1.0 + q)  # P(n >= |v|) without the canary

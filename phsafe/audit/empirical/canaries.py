@@ -464,9 +464,17 @@ def pack(table: str, levels: Sequence[PopulationGroupLevel], tau: int | None, n_
     # A level's reach: the largest change any candidate makes there (the same in every state).
     reach = {lv: max((first[t][lv.iteration] for t in pool), key=norm, default={}) for lv in levels}
 
+    # Whether a candidate's change reaches a level's reach, answered once: the greedy steps and the
+    # states ask again and again, and hashing templates and levels was most of the packing's time.
+    if len({t.name for t in pool}) != len(pool):
+        raise AssertionError(f"{table}: two candidates share a name")
+    reach_norm = {lv.config_key: norm(reach[lv]) for lv in levels}
+    is_full = {(t.name, lv.config_key): bool(first[t][lv.iteration])
+               and math.isclose(norm(first[t][lv.iteration]), reach_norm[lv.config_key], rel_tol=1e-12)
+               for t in pool for lv in levels}
+
     def full(template: Template, lv: PopulationGroupLevel) -> bool:
-        change = first[template][lv.iteration]
-        return bool(change) and math.isclose(norm(change), norm(reach[lv]), rel_tol=1e-12)
+        return is_full[(template.name, lv.config_key)]
 
     # Per state (the same choice in every state): greedily, the candidate owning most levels.
     owned: dict[str, set[tuple[int, int]]] = {lv.config_key: set() for lv in state_levels}
