@@ -677,7 +677,7 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
         page.get_by_role("button", name="Retry").first.click()
         expect(page.get_by_text(f"Retry {flow_run.name}?")).to_be_visible(timeout=30_000)
         page.get_by_role("button", name="Retry").last.click()  # the dialog's confirmation
-        _retry_accepted(stack, flow_run.id, before.state.id)  # the page's request reached the server
+        _retry_accepted(stack, page, flow_run.id, before.state.id)  # the page's request reached the server
         assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
     final = _final(stack, flow_run.id, before.run_count)
     _log_line_stored(stack, flow_run.id, log_line)
@@ -713,18 +713,20 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
     return final
 
 
-def _retry_accepted(stack: Stack, flow_run_id: Any, state_before: Any, timeout: float = 60) -> None:
-    """Wait until the flow run's state is no longer ``state_before`` (the Retry set a new one)."""
-    async def wait(client):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = await client.read_flow_run(flow_run_id)
-            if run.state is not None and run.state.id != state_before:
-                return
-            await asyncio.sleep(0.5)
-        raise AssertionError(f"flow run {flow_run_id}: the Retry clicked did not reach the server within {timeout} s")
-
-    _api(stack, wait)
+def _retry_accepted(stack: Stack, page: Any, flow_run_id: Any, state_before: Any, timeout: float = 60) -> None:
+    """Wait until the flow run's state is no longer ``state_before`` (the Retry set a new one),
+    letting ``page`` run meanwhile: its requests pass the browser's route (tests/_browser.py)
+    only while Playwright is called, so a wait that blocked this thread would hold the Retry's
+    own request back."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = _api(stack, lambda client: client.read_flow_run(flow_run_id))
+        if run.state is not None and run.state.id != state_before:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flow run {flow_run_id}: the Retry clicked did not reach the server within "
+                                 f"{timeout} s")
+        page.wait_for_timeout(500)
 
 
 def _log_line_stored(stack: Stack, flow_run_id: Any, log_line: "re.Pattern[str]", timeout: float = 120) -> None:
