@@ -20,10 +20,26 @@ DEMO_US = REPO / "demo" / "data" / "us"
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
+@pytest.fixture(scope="module")
+def cluster(prefect_server) -> str:  # noqa: ANN001
+    """The scheduler address of one ``LocalCluster`` of two worker processes for the module, made
+    with the settings the flows give theirs (:func:`flows.counting.dask_task_runner`: one thread
+    per worker process, the workers reporting to this Prefect API). The comparisons and one US
+    run use it as an existing cluster; the other US run starts a cluster of its own, as a flow
+    given ``dask_workers`` does. One cluster rather than one per test: each start pays two worker
+    processes importing Prefect, phsafe and Great Expectations, which none of the tests is about."""
+    from distributed import LocalCluster
+
+    from flows.counting import dask_task_runner
+
+    with LocalCluster(**dask_task_runner(None, 2).cluster_kwargs) as local:
+        yield local.scheduler_address
+
+
 @flow(name="test-dask-counting")
-def _compare(data: str, config: str, ledger: str, out: str, validate: bool) -> dict:
-    """Validate and count data stored by state here and on a LocalCluster of two worker
-    processes; the task runs' names and what each found."""
+def _compare(data: str, config: str, ledger: str, out: str, validate: bool, address: str) -> dict:
+    """Validate and count data stored by state here and on the cluster at ``address`` (a
+    LocalCluster of two worker processes); the task runs' names and what each found."""
     from flows.counting import dask_task_runner, validate_and_count_on_dask
 
     parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
@@ -32,7 +48,7 @@ def _compare(data: str, config: str, ledger: str, out: str, validate: bool) -> d
     run = dataclasses.replace(run, truncation_key=bytes(range(16)))  # a preflight draws it fresh
     run.run_dir.mkdir(parents=True)
     local, local_report = engine.validate_and_count(run)
-    with dask_task_runner(None, 2) as runner:
+    with dask_task_runner(address) as runner:
         on_dask, dask_report = validate_and_count_on_dask(run, cfg, runner=runner)
     assert local is not None and on_dask is not None
     assert on_dask.content == local.content  # the same content fingerprint
@@ -50,7 +66,7 @@ def _compare(data: str, config: str, ledger: str, out: str, validate: bool) -> d
 
 
 @pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
-def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate):
+def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate, cluster):
     """Each state's folders read once, by one ``count-<state>`` task that validates and counts
     them: no validation before the counting (the flow used to read the inputs twice)."""
     import json
@@ -64,7 +80,7 @@ def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate):
     raw["state_filter"] = ["01", "11"]  # Alaska's folder: its layout only
     (tmp_path / "config.json").write_text(json.dumps(raw))
     state = _compare(str(data), str(tmp_path / "config.json"), str(tmp_path / "l.jsonl"), str(tmp_path / "out"),
-                     validate, return_state=True)
+                     validate, cluster, return_state=True)
     assert state.is_completed(), state.message
     assert state.result()["compared"] > 100  # every cube cell of the two released states
     names = _task_run_names(state.state_details.flow_run_id)
@@ -74,6 +90,7 @@ def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate):
 
 
 def test_us_flow_counts_on_dask(tmp_path):
+    """The flow's own LocalCluster (``dask_workers``), started and stopped by the run."""
     from flows.sdhc import us_flow
 
     from tests._ledgers import new_ledger
@@ -93,12 +110,13 @@ def test_us_flow_counts_on_dask(tmp_path):
 
 
 @flow(name="test-dask-one-read")
-def _one_read(datasets: list[str], config: str, ledger: str, out: str) -> list[dict]:
-    """Validate and count the same national files on this process and on a LocalCluster of two
-    worker processes (blocks of 160 kB, ranges of 5,000 persons); what each found."""
+def _one_read(datasets: list[str], config: str, ledger: str, out: str, address: str) -> list[dict]:
+    """Validate and count the same national files on this process and on the cluster at
+    ``address`` (a LocalCluster of two worker processes; blocks of 160 kB, ranges of 5,000
+    persons); what each found."""
     from flows.counting import dask_task_runner
 
-    with dask_task_runner(None, 2) as runner:
+    with dask_task_runner(address) as runner:
         return [_compare_one_read(data, config, ledger, f"{out}-{i}", runner) for i, data in enumerate(datasets)]
 
 
@@ -139,7 +157,7 @@ def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> 
     return {"ok": True, "report": dask_report.to_text()}
 
 
-def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path):
+def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path, cluster):
     """Validation and counting from the same blocks on the cluster: the local pass's report and
     exact counts -- with the state filter setting records aside, and with broken records."""
     import json
@@ -156,12 +174,14 @@ def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path):
     fields[5] = "99"  # a RELSHIP outside the code list, mid-file
     persons[len(persons) // 2] = ",".join(fields) + "\n"
     (bad / "persons.csv").write_text("".join(persons))
-    good, broken = _one_read([str(DEMO_US), str(bad)], str(config), str(tmp_path / "l.jsonl"), str(tmp_path / "out"))
+    good, broken = _one_read([str(DEMO_US), str(bad)], str(config), str(tmp_path / "l.jsonl"), str(tmp_path / "out"),
+                              cluster)
     assert good["ok"] and "set aside" in good["report"], good["report"]
     assert not broken["ok"] and "persons.csv [RELSHIP]" in broken["report"], broken["report"]
 
 
-def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path):
+def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path, cluster):
+    """An existing cluster, given to the flow by its scheduler address (``dask_address``)."""
     from flows.sdhc import us_flow
 
     from tests._ledgers import new_ledger
@@ -169,7 +189,7 @@ def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path):
     ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
     state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
                     ledger=str(ledger), new_version="the demo's records", validate=True,
-                    counting="dask", dask_workers=2, partition_persons=1500, return_state=True)
+                    counting="dask", dask_address=cluster, partition_persons=1500, return_state=True)
     assert state.is_completed(), state.message
     from tests.flows.test_flows import _task_run_names, _verify
 

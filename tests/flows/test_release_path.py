@@ -9,8 +9,11 @@ server, worker and browser: ``tests/flows/test_server_e2e.py``.
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +43,38 @@ def _release(tmp_path: Path, ledgers: dict[str, Path], **kw) -> dict:
                   output_root=str(tmp_path / "releases"), validate_private_output=False)
     params.update(kw)
     return params
+
+
+@dataclass(frozen=True)
+class Published:
+    """A release of both datasets, completed on fresh ledgers: its flow run's final state, its
+    ledgers, and as the release left them: each dataset's confidential log, the flow run's
+    artifacts and log lines (a retry of the run adds its own)."""
+
+    ledgers: dict[str, Path]
+    state: Any
+    log_events: dict[str, list[dict]]
+    artifacts: list
+    log_messages: list[str]
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory, prefect_server) -> Published:  # noqa: ANN001
+    """One first release for the tests that start from a published release (a release run is
+    the module's costliest step). The tests leave its ledgers as they found them -- a refused
+    trigger and a retry of a completed release record nothing, as they assert -- and what changes
+    them (a declared re-release) runs on a copy."""
+    from flows.sdhc import release_flow
+
+    root = tmp_path_factory.mktemp("published")
+    ledgers = _enclaves(root)
+    state = release_flow(**_release(root, ledgers, new_version=NEW), return_state=True)
+    assert state.is_completed(), state.message
+    from tests.flows.test_flows import _artifacts
+
+    events = {label: [json.loads(line) for line in (ledger.parent / "phsafe-log.jsonl").read_text().splitlines()]
+              for label, ledger in ledgers.items()}
+    return Published(ledgers, state, events, _artifacts(_flow_run_id(state)), _log_messages(_flow_run_id(state)))
 
 
 def _kinds(ledger: Path) -> Counter:
@@ -107,12 +142,11 @@ def test_the_cli_and_the_flow_run_the_same_sequence(tmp_path):
     assert set(started) == set(order)
 
 
-def test_a_second_trigger_of_the_release_is_refused_before_any_spend(tmp_path):
+def test_a_second_trigger_of_the_release_is_refused_before_any_spend(tmp_path, published):
     from flows.sdhc import release_flow
 
-    ledgers = _enclaves(tmp_path)
-    first = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
-    assert first.is_completed(), first.message
+    ledgers = published.ledgers
+    first = published.state
     published = first.result()
     before = {label: path.read_bytes() for label, path in ledgers.items()}
 
@@ -127,7 +161,11 @@ def test_a_second_trigger_of_the_release_is_refused_before_any_spend(tmp_path):
     for sub in _subflow_runs(again):
         assert not [m for m in _log_messages(sub) if "Traceback" in m]  # a refusal is not a bug
 
-    # A declared re-release goes through, recorded; the cap still applies.
+    # A declared re-release goes through, recorded; the cap still applies. (On a copy of the
+    # enclave: the published release is the module's.)
+    enclave = next(iter(ledgers.values())).parent.parent
+    shutil.copytree(enclave, tmp_path / "enclave")
+    ledgers = {label: tmp_path / "enclave" / path.relative_to(enclave) for label, path in ledgers.items()}
     third = release_flow(**_release(tmp_path, ledgers, re_release="a second release, for the test"),
                          return_state=True)
     assert third.is_completed(), third.message
@@ -147,12 +185,10 @@ def _subflow_runs(state) -> list:
     return [r.id for r in runs]
 
 
-def test_a_retry_of_a_completed_release_does_nothing_and_says_where_it_is(tmp_path):
+def test_a_retry_of_a_completed_release_does_nothing_and_says_where_it_is(published):
     from flows.sdhc import release_flow
 
-    ledgers = _enclaves(tmp_path)
-    first = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
-    assert first.is_completed(), first.message
+    ledgers, first = published.ledgers, published.state
     before = {label: path.read_bytes() for label, path in ledgers.items()}
     again = retry(release_flow, first)
     assert again.is_completed(), again.message
@@ -200,22 +236,17 @@ def test_a_retry_of_the_release_resumes_a_dataset_that_failed_after_spending(tmp
     _verify(ledgers["us"], Path(result["us"]["outputs"]))
 
 
-def test_each_dataset_logs_beside_its_own_ledger_and_the_release_shows_a_summary(tmp_path):
-    from flows.sdhc import release_flow
-    from tests.flows.test_flows import _artifacts
-
-    ledgers = _enclaves(tmp_path)
-    state = release_flow(**_release(tmp_path, ledgers, new_version=NEW), return_state=True)
-    assert state.is_completed(), state.message
-    for label, ledger in ledgers.items():
-        events = [json.loads(line) for line in (ledger.parent / "phsafe-log.jsonl").read_text().splitlines()]
+def test_each_dataset_logs_beside_its_own_ledger_and_the_release_shows_a_summary(published):
+    state = published.state
+    for label in published.ledgers:
+        events = published.log_events[label]  # each log as the release left it
         assert events and {e["dataset"] for e in events if "dataset" in e} <= {label, f"demo-{label}"}
         assert {e["run_id"] for e in events if "run_id" in e} == {state.result()[label]["run_id"]}
-    (summary,) = [a for a in _artifacts(_flow_run_id(state)) if a.key == "release-summary"]
+    (summary,) = [a for a in published.artifacts if a.key == "release-summary"]
     for label, o in state.result().items():
         assert o["outputs"] in summary.data and o["checkpoint_head"] in summary.data
         assert f"| {o['run_charge']} | {o['dataset_spent']} | 10 (rho) | {o['left']} |" in summary.data
-    logs = _log_messages(_flow_run_id(state))
+    logs = published.log_messages
     assert any(m.startswith("us: run us-") and "published to" in m and "left" in m for m in logs)
 
 

@@ -657,23 +657,33 @@ def _final(stack: Stack, flow_run_id: Any, runs_before: int, timeout: float = 30
 
 
 def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "re.Pattern[str]") -> Any:
-    """What the operator does: the flow run's page, Retry, confirm; then the page once the run is
-    final again, showing ``log_line`` of the retry (screenshot). Returns the flow run as the API
-    has it then."""
+    """What the operator does: the flow run's page, Retry, confirm; then, once the run is final
+    again, its page showing ``log_line`` of the retry (screenshot). Returns the flow run as the API
+    has it then.
+
+    The browser is closed while the retry runs (nothing is asserted in it meanwhile; Chromium
+    redraws the page's run graph as it polls), and the page is opened again only once the API has
+    the retry's ``log_line``: the log pane then loads every line it will show at once, instead of
+    re-rendering (and dropping) lines under the scroll as they arrive."""
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect
 
     from tests._browser import browser_page
 
-    runs_before = _api(stack, lambda client: client.read_flow_run(flow_run.id)).run_count
+    before = _api(stack, lambda client: client.read_flow_run(flow_run.id))
     with browser_page(allow=(stack.ui,)) as page:
         page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
         expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
         page.get_by_role("button", name="Retry").first.click()
         expect(page.get_by_text(f"Retry {flow_run.name}?")).to_be_visible(timeout=30_000)
         page.get_by_role("button", name="Retry").last.click()  # the dialog's confirmation
-        final = _final(stack, flow_run.id, runs_before)
-        page.reload()
+        _retry_accepted(stack, page, flow_run.id, before.state.id)  # the page's request reached the server
+        assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
+    final = _final(stack, flow_run.id, before.run_count)
+    _log_line_stored(stack, flow_run.id, log_line)
+    with browser_page(allow=(stack.ui,)) as page:
+        page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
+        expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
         expect(page.get_by_text(final.state.name, exact=True).first).to_be_visible(timeout=60_000)
         # The retry's lines come last (oldest to newest): scroll down the log (its list grows as
         # it is scrolled) until the line is there.
@@ -697,11 +707,51 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
                     page.wait_for_timeout(500)
         expect(line).to_be_visible()
         page.screenshot(path=screenshot, full_page=True)
-        # Nothing tried to leave the machine (the reload aborts the page's own polling requests).
-        assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
+        assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []  # nothing left the machine
     assert screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
     return final
+
+
+def _retry_accepted(stack: Stack, page: Any, flow_run_id: Any, state_before: Any, timeout: float = 60) -> None:
+    """Wait until the flow run's state is no longer ``state_before`` (the Retry set a new one),
+    letting ``page`` run meanwhile: its requests pass the browser's route (tests/_browser.py)
+    only while Playwright is called, so a wait that blocked this thread would hold the Retry's
+    own request back."""
+    deadline = time.monotonic() + timeout
+    while True:
+        run = _api(stack, lambda client: client.read_flow_run(flow_run_id))
+        if run.state is not None and run.state.id != state_before:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"flow run {flow_run_id}: the Retry clicked did not reach the server within "
+                                 f"{timeout} s")
+        page.wait_for_timeout(500)
+
+
+def _log_line_stored(stack: Stack, flow_run_id: Any, log_line: "re.Pattern[str]", timeout: float = 120) -> None:
+    """Wait until the API has a log line of the flow run matching ``log_line`` (the worker ships
+    the lines in batches, after the state)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async def wait(client):
+        log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        deadline = time.monotonic() + timeout
+        while True:
+            messages: list[str] = []
+            while True:
+                page = await client.read_logs(log_filter=log_filter, limit=200, offset=len(messages))
+                messages += [entry.message for entry in page]
+                if len(page) < 200:
+                    break
+            if any(log_line.search(m) for m in messages):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"flow run {flow_run_id}: no log line {log_line.pattern!r} within {timeout} s; "
+                                     f"the last: {messages[-5:]}")
+            await asyncio.sleep(1)
+
+    _api(stack, wait)
 
 
 def check_retry_of_the_completed_release(stack: Stack, release: Any, tmp_path: Path) -> None:
