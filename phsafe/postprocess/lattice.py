@@ -551,8 +551,8 @@ class CoupledRatio:
         k = np.floor(r[:, None] * self.hv[None, :] + 1e-9).astype(np.int64) - self.n2lo
         below = k < 0
         k = np.clip(k, 0, self.n2len - 1)
-        rows_ = np.broadcast_to(np.arange(self.hv.size), k.shape)
-        return np.where(below, 0.0, self.cum[rows_, k]).sum(axis=1) / self.total
+        k += np.arange(0, self.hv.size * self.n2len, self.n2len)  # row h, entry k: k + h * n2len of the flat lattice
+        return np.where(below, 0.0, self.cum.reshape(-1).take(k)).sum(axis=1) / self.total
 
     def quantiles(self, ps: Sequence[float], tau: int) -> Array:
         if self.empty:
