@@ -142,13 +142,20 @@ class LogCum:
         left = np.where(i > 0, self.cpre[np.maximum(i - 1, 0)], 0.0)
         from_i = self.csuf[np.minimum(i, last)]
 
+        # Read at j + 1 (j from -1 to last): cpre[max(j, 0)], and csuf[j + 1] or 0 past the end --
+        # the clipping and the test at the end done once here, by padding, not at every point.
+        pre_at = np.concatenate([self.cpre[:1], self.cpre])
+        suf_after = np.concatenate([self.csuf, [0.0]])
+
         def mass(b: IntArray) -> Array:
-            j = np.minimum(np.maximum(np.asarray(b, dtype=np.int64) - self.factor.lo, -1), last)
-            right = np.where(j < last, self.csuf[np.minimum(j + 1, last)], 0.0)
-            via_pre = self.cpre[np.maximum(j, 0)] - left
+            j1 = np.minimum(np.maximum(np.asarray(b, dtype=np.int64) - self.factor.lo, -1), last) + 1
+            right = suf_after.take(j1)
+            via_pre = pre_at.take(j1) - left
             via_suf = from_i - right
             out = np.where(left <= right, via_pre, via_suf)
-            return np.where(j < i, 0.0, np.maximum(out, 0.0))
+            np.maximum(out, 0.0, out=out)
+            np.copyto(out, 0.0, where=j1 <= i)  # j < i: an empty interval
+            return out
 
         return mass
 
