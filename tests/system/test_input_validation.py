@@ -51,10 +51,18 @@ def _summary(report: ValidationReport) -> set[tuple[str, str | None, int | None]
     return {(f.file, f.rule_id, f.failing_rows) for f in report.failures}
 
 
-def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, tmp_path: Path) -> None:
-    csv_dir = _write(_broken(small), tmp_path / "csv")
+@pytest.fixture(scope="module")
+def broken_csv(small: synthetic.SyntheticData, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ValidationReport]:
+    """The broken records as plain CSV files, and their report with the default settings: the
+    reference four cases compare against (they only read it; validated once, not four times)."""
+    data = _write(_broken(small), tmp_path_factory.mktemp("broken") / "csv")
+    return data, validate_inputs(data / "config.json", data)
+
+
+def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, broken_csv: tuple[Path, ValidationReport],
+                                               tmp_path: Path) -> None:
     pq_dir = _write(_broken(small), tmp_path / "parquet", fmt="parquet")
-    csv_report = validate_inputs(csv_dir / "config.json", csv_dir)
+    _, csv_report = broken_csv
     pq_report = validate_inputs(pq_dir / "config.json", pq_dir)
     assert {(r, n) for _, r, n in _summary(csv_report)} == {(r, n) for _, r, n in _summary(pq_report)}
     assert {f for f, _, _ in _summary(pq_report)} == {"persons.parquet"}
@@ -63,10 +71,9 @@ def test_parquet_inputs_are_validated_like_csv(small: synthetic.SyntheticData, t
 
 
 def test_batches_and_distinct_combinations_do_not_change_the_report(
-    small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    broken_csv: tuple[Path, ValidationReport], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = _write(_broken(small), tmp_path / "data")
-    whole = validate_inputs(data / "config.json", data)
+    data, whole = broken_csv
     # Many small batches, whose distinct combinations are added up; combinations counted by
     # sorting their keys rather than in dense bins.
     monkeypatch.setattr(reader, "CSV_BLOCK_BYTES", 16 << 10)
@@ -96,10 +103,9 @@ def test_geo_values_checked_column_by_column_give_exact_counts(
 
 
 def test_second_process_gives_the_same_report(
-    small: synthetic.SyntheticData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    broken_csv: tuple[Path, ValidationReport], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = _write(_broken(small), tmp_path / "data")
-    here = validate_inputs(data / "config.json", data)
+    data, here = broken_csv
     started = []
 
     def second_process(rows: int) -> _worker.Evaluator:
@@ -138,11 +144,11 @@ def test_importing_the_cli_and_validation_does_not_import_great_expectations() -
     assert out.stdout.strip() == "False"
 
 
-def test_crlf_quoted_and_blank_line_files_are_validated_like_plain_ones(small: synthetic.SyntheticData,
+def test_crlf_quoted_and_blank_line_files_are_validated_like_plain_ones(broken_csv: tuple[Path, ValidationReport],
                                                                         tmp_path: Path) -> None:
     """Validation reads the files the counting reads -- quoted header and fields, CRLF line
     endings, a trailing blank line -- and reports the same."""
-    plain = _write(_broken(small), tmp_path / "plain")
+    plain, plain_report = broken_csv
     edited = tmp_path / "edited"
     edited.mkdir()
     for path in plain.iterdir():
@@ -151,5 +157,4 @@ def test_crlf_quoted_and_blank_line_files_are_validated_like_plain_ones(small: s
             lines = text.splitlines()
             text = "\r\n".join(",".join(f'"{f}"' for f in line.split(",")) for line in lines) + "\r\n\r\n"
         (edited / path.name).write_text(text, newline="")
-    assert _summary(validate_inputs(edited / "config.json", edited)) == _summary(
-        validate_inputs(plain / "config.json", plain))
+    assert _summary(validate_inputs(edited / "config.json", edited)) == _summary(plain_report)

@@ -79,19 +79,28 @@ def _summary(report: ValidationReport) -> set[tuple[str | None, str, int | None]
     return {(f.rule_id, f.rule, f.failing_rows) for f in report.failures}
 
 
+@pytest.fixture(scope="module")
+def broken_by_state(small: synthetic.SyntheticData,
+                    tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ValidationReport]:
+    """The broken records stored by state, and their report with the default settings (two cases
+    only read it: validated once, not twice)."""
+    by_state = _write_by_state(_broken(small), tmp_path_factory.mktemp("broken") / "by_state")
+    return by_state, validate_inputs(by_state / "config.json", by_state)
+
+
 def _failure(report: ValidationReport, rule_id: str) -> int | None:
     (failure,) = [f for f in report.failures if f.rule_id == rule_id]
     return failure.failing_rows
 
 
-def test_stored_by_state_gives_the_report_of_one_csv(small: synthetic.SyntheticData, tmp_path: Path,
+def test_stored_by_state_gives_the_report_of_one_csv(small: synthetic.SyntheticData,
+                                                     broken_by_state: tuple[Path, ValidationReport], tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     data = _broken(small)
     csv_dir = tmp_path / "csv"
     synthetic.write(data, csv_dir)
     whole = validate_inputs(_config(csv_dir), csv_dir)
-    by_state = _write_by_state(data, tmp_path / "by_state")
-    together = validate_inputs(by_state / "config.json", by_state)  # each state's folders in one batch
+    by_state, together = broken_by_state  # each state's folders in one batch
     monkeypatch.setattr(reader, "PARQUET_BATCH_ROWS", 97)  # and in many
     apart = validate_inputs(by_state / "config.json", by_state)
 
@@ -182,10 +191,9 @@ def test_a_state_missing_from_a_file_holds_no_rows_of_it(small: synthetic.Synthe
     assert _failure(report, "persons_in_units.unit_exists") == dc_persons
 
 
-def test_states_on_a_second_process_give_the_same_report(small: synthetic.SyntheticData, tmp_path: Path,
+def test_states_on_a_second_process_give_the_same_report(broken_by_state: tuple[Path, ValidationReport],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    by_state = _write_by_state(_broken(small), tmp_path / "by_state")
-    here = validate_inputs(by_state / "config.json", by_state)
+    by_state, here = broken_by_state
     started: list[int] = []
 
     def second_process(rows: int) -> _worker.Evaluator:

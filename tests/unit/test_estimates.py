@@ -277,6 +277,53 @@ def test_masses_from_fixed_lower_ends_are_the_masses() -> None:
     np.testing.assert_array_equal(cum.mass_from(a)(b), cum.mass(np.broadcast_to(a, b.shape), b))
 
 
+def _whole_lattice_cdfs(n2: lattice.Factor, n3: lattice.Factor, h: lattice.Factor, b: int, tau: int) -> np.ndarray:
+    """The row cdfs of :class:`lattice.CoupledRatio`'s plain-number path as it computed them on
+    the whole lattice at once, before the lattice was filled a block of rows at a time."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    c2, c3, ch = lattice.LogCum(n2), lattice.LogCum(n3), lattice.LogCum(h)
+    hv = np.arange(h.lo, h.hi + 1, dtype=np.int64)
+    m, n3len = n2.lw.size, n3.lw.size
+    total = float(c3.cpre[-1])
+
+    def reader(sums, before, after):  # type: ignore[no-untyped-def]
+        pad = np.concatenate([np.full(m + 1, before), sums, np.full(m + 1, after)])
+        view = sliding_window_view(pad[::-1], m)
+        return lambda index: view[pad.size - 1 - (np.clip(index, -1, n3len + m - 1) + m + 1)]
+
+    prefix, suffix = reader(c3.cpre, 0.0, total), reader(c3.csuf, total, 0.0)
+    base = -n2.lo - n3.lo
+    hi, lo = tau * hv + base, b * hv + base
+    via_pre = prefix(hi) - prefix(lo - 1)
+    use_pre = prefix(lo - 1) <= suffix(hi + 1)
+    w = suffix(lo) - suffix(hi + 1)
+    np.copyto(w, via_pre, where=use_pre)
+    w = np.maximum(w, 0.0)
+    w *= np.exp(h.lw - ch.shift)[:, None]
+    w *= np.exp(n2.lw - c2.shift)[None, :]
+    return np.cumsum(w, axis=1)
+
+
+@pytest.mark.parametrize("block", [1, 700, lattice.LATTICE_BLOCK])  # a row, a few rows, the default
+def test_the_lattice_filled_by_blocks_of_rows_is_the_whole_lattice_to_the_bit(
+        block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The coupled ratio's lattice, filled a block of rows at a time (to stay in the processor's
+    cache), holds the very numbers of the whole-lattice computation it replaced: the same draws
+    and quantiles for a fixed seed."""
+    monkeypatch.setattr(lattice, "LATTICE_BLOCK", block)
+    m = NoiseModel.of(DG, 30.0**2)
+    for y2, y3, yh, b, tau in ((120, 300, 90, 1, 10), (-40, 15, 3, 2, 10), (900, 20, 400, 1, 3)):
+        n2 = lattice.likelihood(m, y2, max(0, y2 - 150), y2 + 150)
+        n3 = lattice.likelihood(m, y3, max(0, y3 - 150), y3 + 170)
+        h = lattice.likelihood(m, yh, max(1, yh - 120), yh + 130)
+        coupled = lattice.CoupledRatio(n2, n3, h, b, tau)
+        expected = _whole_lattice_cdfs(n2, n3, h, b, tau)
+        assert not coupled.empty and coupled.cum.shape == expected.shape
+        np.testing.assert_array_equal(coupled.cum, expected)
+        assert coupled.total == float(expected[:, -1].sum())
+
+
 def test_convolution_methods_agree_and_bound_what_they_drop() -> None:
     m = NoiseModel.of(DG, 50.0)
     a = lattice.likelihood(m, 40, 0, 400)
