@@ -73,8 +73,8 @@ class Child:
         self.returncode: int | None = None
 
     def kill(self) -> None:
-        """SIGKILL the child. (The helper reaps it only after it ends, so its pid is not reused
-        before then: this never signals another process.)"""
+        """SIGKILL the child. (The helper reaps it only once the next command is asked for, so its
+        pid is not reused before then: this never signals another process.)"""
         if self.returncode is None:
             os.kill(self.pid, signal.SIGKILL)
 
@@ -300,7 +300,11 @@ def _serve(preload: Sequence[str]) -> None:
         os.write(answers, (json.dumps(message) + "\n").encode())
 
     answer({"ready": True})
+    ended = None  # the last child: ended, not reaped yet (see below)
     for line in requests:
+        if ended is not None:
+            os.waitpid(ended, 0)
+            ended = None
         request = json.loads(line)
         threads = _threads()
         if threads != 1:  # a fork now could copy a lock another thread holds
@@ -312,8 +316,16 @@ def _serve(preload: Sequence[str]) -> None:
         if pid == 0:
             _child(request, (requests.fileno(), answers))
         answer({"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        answer({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        # Its end, leaving it a zombie: its pid stays its own until the test process sends the
+        # next request (or closes), so a SIGKILL sent after it ended -- before its status was
+        # read -- reaches no other process. Reaped then; its CPU counts in the helper's children.
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        assert info is not None
+        killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+        answer({"pid": pid, "returncode": -info.si_status if killed else info.si_status})
+        ended = pid
+    if ended is not None:
+        os.waitpid(ended, 0)
 
 
 if __name__ == "__main__":
