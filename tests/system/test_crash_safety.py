@@ -4,10 +4,10 @@ Each run is a real ``phsafe private`` process on a small synthetic dataset, all 
 ledger: one killed run is the installed console script started afresh, as an operator starts it;
 the others are forked from a helper that has imported the package once
 (:mod:`tests._warm_process`) -- processes of their own that SIGKILL kills the same way, without a
-second of imports each before the first point a kill can matter. Most kills are triggered when the ledger has grown by a random number of entries (so they
-land inside the measurement phase, between an INTENT and its noise or between a COMMITTED and the
-next INTENT); the others at a random time (start-up, tabulation, writing, publishing). After
-every kill:
+second of imports each before the first point a kill can matter. Most kills are triggered when
+the ledger has grown by a random number of entries (so they land inside the measurement phase,
+between an INTENT and its noise or between a COMMITTED and the next INTENT); the others at a
+random time (start-up, tabulation, writing, publishing). After every kill:
 
 * the ledger verifies (``phsafe audit verify``) and the killed run has no terminal entry;
 * every measurement whose noise may have been drawn has a spend: the run's entries are exactly
@@ -32,8 +32,8 @@ import signal
 import subprocess
 import sys
 import time
-from fractions import Fraction
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
