@@ -30,9 +30,9 @@ command runs: ``kill`` points SIGKILL the child at an exact step of the release.
 The helper reaps its children; their CPU-seconds reach the test process's ``RUSAGE_CHILDREN``
 (``--cpu-report``) when the helper itself is reaped (:meth:`WarmProcesses.close`).
 
-Kept a fresh interpreter on purpose: the tests that check what an operator's start gives (the
-installed console script) -- ``tests/system/test_crash_safety.py`` kills some of its runs as the
-console script started afresh.
+Kept a fresh interpreter on purpose: ``tests/system/test_crash_safety.py`` kills one of its runs
+as the installed console script started afresh, as an operator starts it. ``PHSAFE_TEST_SUBPROCESS=1``
+(tests/_cli.py) makes every command here a fresh interpreter too (:class:`FreshChild`).
 """
 
 from __future__ import annotations
