@@ -372,27 +372,6 @@ class Recorder:
                 setattr(os, name, fn)
 
 
-def holds_exactly(model: FsModel, files: dict[str, str | None]) -> bool:
-    """Whether ``model.root`` holds exactly ``files`` -- the same names, folders, contents and
-    permission bits that :func:`materialize` wrote -- so that nothing changed it since."""
-    root = model.root
-    seen: dict[str, str | None] = {}
-    for folder, dirs, names in os.walk(root):
-        for name in (*dirs, *names):
-            path = Path(folder) / name
-            rel = path.relative_to(root).as_posix()
-            info = os.lstat(path)
-            if stat.S_ISDIR(info.st_mode):
-                seen[rel] = DIR
-            elif stat.S_ISREG(info.st_mode):
-                seen[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                return False
-            if stat.S_IMODE(info.st_mode) != model.modes.get(rel, 0o755 if seen[rel] is DIR else 0o644):
-                return False
-    return seen == files
-
-
 def materialize(model: FsModel, files: dict[str, str | None]) -> None:
     """Make ``model.root`` hold exactly ``files`` (its earlier content is removed)."""
     root = model.root
