@@ -37,9 +37,16 @@ def _fail(mode: str) -> None:
 def main(argv: list[str]) -> int:
     mode, point = argv[0], argv[1]
     args = argv[argv.index("--") + 1:]
+    from phsafe.cli import main as cli
+
+    install(mode, point)
+    return cli.main(args=args, prog_name="phsafe", standalone_mode=True)
+
+
+def install(mode: str, point: str) -> None:
+    """Installs the fault in this process (also used by tests/_warm_process.py in a forked child)."""
     import phsafe.engine
     import phsafe.ledger
-    from phsafe.cli import main as cli
 
     if point.startswith("append:"):
         target, calls = int(point.split(":")[1]), []
@@ -128,7 +135,6 @@ def main(argv: list[str]) -> int:
         phsafe.engine.publish_release = publish
     else:
         raise SystemExit(f"unknown point {point}")
-    return cli.main(args=args, prog_name="phsafe", standalone_mode=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Crash safety of the write-ahead ledger: ``phsafe private`` SIGKILLed at 20 random points.
 
-Each run is a real ``phsafe private`` subprocess on a small synthetic dataset, all sharing one
-ledger. Most kills are triggered when the ledger has grown by a random number of entries (so they
-land inside the measurement phase, between an INTENT and its noise or between a COMMITTED and the
-next INTENT); the others at a random time (start-up, tabulation, writing, publishing). After
-every kill:
+Each run is a real ``phsafe private`` process on a small synthetic dataset, all sharing one
+ledger: one killed run is the installed console script started afresh, as an operator starts it;
+the others are forked from a helper that has imported the package once
+(:mod:`tests._warm_process`) -- processes of their own that SIGKILL kills the same way, without a
+second of imports each before the first point a kill can matter. Most kills are triggered when
+the ledger has grown by a random number of entries (so they land inside the measurement phase,
+between an INTENT and its noise or between a COMMITTED and the next INTENT); the others at a
+random time (start-up, tabulation, writing, publishing). After every kill:
 
 * the ledger verifies (``phsafe audit verify``) and the killed run has no terminal entry;
 * every measurement whose noise may have been drawn has a spend: the run's entries are exactly
@@ -29,8 +32,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,12 +48,17 @@ from phsafe.errors import BudgetError
 from phsafe.ledger import RunStatus, read_ledger
 from phsafe.publog import open_ledger
 
+from tests._cli import phsafe
 from tests._ledgers import new_ledger
+from tests._warm_process import WarmProcesses
 from tests.conftest import US_CONFIG
 
 PHSAFE = Path(sys.executable).parent / "phsafe"
 KILLS = 20
 ENTRY_TRIGGERED = 14
+FRESH = 1
+"""Which kill (in the shuffled order) is a fresh console script; the first entry-triggered one at
+or after it, so that the fresh interpreter is killed while it spends, not in its imports."""
 CAP = "1000"
 
 
@@ -68,26 +78,42 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "data": data, "config": root / "config.json", "ledger": ledger}
 
 
+@pytest.fixture(scope="module")
+def warm() -> Iterator[WarmProcesses]:
+    with WarmProcesses() as processes:
+        yield processes
+
+
 def _command(setup: dict[str, Path], out: Path) -> list[str]:
     # The ledger is under test, not the inputs (they are consistent): --no-validate keeps each
     # run short, so the kills spread over the spending phase.
-    return [str(PHSAFE), "private", str(setup["config"]), str(setup["data"]), str(out),
-            "--ledger", str(setup["ledger"]), "--no-validate"]
+    return ["private", str(setup["config"]), str(setup["data"]), str(out), "--ledger", str(setup["ledger"]),
+            "--no-validate"]
 
 
-def _lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as f:
-            return f.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
+class _Lines:
+    """The ledger's number of lines, read again only when its size changed (polled often)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.size, self.lines = path, -1, 0
+
+    def __call__(self) -> int:
+        try:
+            size = os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+        if size != self.size:
+            with open(self.path, "rb") as f:
+                data = f.read()
+            self.size, self.lines = len(data), data.count(b"\n")
+        return self.lines
 
 
 def _audit(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), "audit", "verify", *args], capture_output=True, text=True, timeout=120)
+    return phsafe("audit", "verify", *args)  # in this process, as a subprocess would see it (tests/_cli.py)
 
 
-def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) -> None:
+def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path], warm: WarmProcesses) -> None:
     seed = int(os.environ.get("PHSAFE_CRASH_SEED", "20240917"))
     rng = random.Random(seed)
     plan = plan_run(load_config(setup["config"]))
@@ -95,21 +121,26 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
 
     # One complete run first: it times a run and is the first spend on the dataset.
     start = time.monotonic()
-    done = subprocess.run(_command(setup, setup["root"] / "out-full") + ["--new-version", "synthetic records"],
-                          capture_output=True, timeout=300)
+    done = warm.run(*_command(setup, setup["root"] / "out-full"), "--new-version", "synthetic records")
     duration = time.monotonic() - start
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
 
     kills = [("entries", rng.randint(1, entries_per_run)) for _ in range(ENTRY_TRIGGERED)]
     kills += [("time", rng.uniform(0.05, duration * 1.1)) for _ in range(KILLS - ENTRY_TRIGGERED)]
     rng.shuffle(kills)
+    fresh = next(k for k, (how, _) in enumerate(kills) if how == "entries" and k >= FRESH)
+    lines = _Lines(setup["ledger"])
     for k, (how, when) in enumerate(kills):
         out = setup["root"] / f"out-{k}"
-        base = _lines(setup["ledger"])
+        base = lines()
         # The same records again: each run after the first declares itself a re-release (the
         # one-release rule is tested on its own; here every run must get as far as spending).
         again = ["--re-release", f"crash test: run {k + 2} on the same records"]
-        proc = subprocess.Popen(_command(setup, out) + again, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if k == fresh:  # the console script, started afresh as an operator starts it
+            proc: subprocess.Popen | Any = subprocess.Popen([str(PHSAFE), *_command(setup, out), *again],
+                                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        else:
+            proc = warm.start(*_command(setup, out), *again)
         deadline = time.monotonic() + 300
         if how == "time":
             try:
@@ -117,12 +148,16 @@ def test_sigkill_at_random_points_never_loses_a_spend(setup: dict[str, Path]) ->
             except subprocess.TimeoutExpired:
                 pass
         else:
-            while proc.poll() is None and _lines(setup["ledger"]) < base + when and time.monotonic() < deadline:
+            while proc.poll() is None and lines() < base + when and time.monotonic() < deadline:
                 time.sleep(0.0005)  # leave the CPU to the run
         if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-        _check_after_kill(setup, out, plan, f"kill {k} ({how} {when}, seed {seed})")
+            proc.kill()  # SIGKILL
+        if k == fresh:
+            assert proc.wait(timeout=60) in (0, -signal.SIGKILL)
+        else:
+            assert proc.wait().returncode in (0, -signal.SIGKILL)
+        _check_after_kill(setup, out, plan, f"kill {k} ({how} {when}, seed {seed}, "
+                                            f"{'a fresh console script' if k == fresh else 'forked warm'})")
 
     # The odometer: every crashed run keeps its whole reservation; a default-cap run is refused.
     state = read_ledger(setup["ledger"])

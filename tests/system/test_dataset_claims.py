@@ -29,6 +29,7 @@ import pytest
 
 from phsafe import synthetic
 from phsafe.publog import log_path
+from tests._cli import phsafe
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
@@ -37,7 +38,7 @@ DATASET = "claims-test"
 
 
 def cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run([str(PHSAFE), *map(str, args)], capture_output=True, text=True, timeout=900)
+    return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py); the witnesses are processes
 
 
 def error_line(proc: subprocess.CompletedProcess) -> str:

@@ -22,6 +22,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from phsafe.config import load_config
 from phsafe.ledger import format_exact, read_ledger
 from tests._cli import phsafe
 from tests._ledgers import new_ledger
+from tests._warm_process import WarmProcesses
 from tests.conftest import US_CONFIG
 
 
@@ -63,6 +65,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "total": plan_run(load_config(root / "config.json")).total}
 
 
+@pytest.fixture(scope="module")
+def warm() -> Iterator[WarmProcesses]:
+    with WarmProcesses() as processes:
+        yield processes
+
+
 def _phsafe(*args: object) -> subprocess.CompletedProcess:
     return phsafe(*args)  # in this process, as a subprocess would see it (tests/_cli.py); the stops stay processes
 
@@ -73,16 +81,15 @@ def _intents(ledger: Path, run_id: str) -> Counter:
 
 
 @pytest.mark.parametrize("mode, point", _points(), ids=lambda v: str(v))
-def test_a_run_stopped_anywhere_is_completed_without_new_noise(setup: dict, tmp_path: Path, mode: str,
-                                                               point: str) -> None:
+def test_a_run_stopped_anywhere_is_completed_without_new_noise(setup: dict, warm: WarmProcesses, tmp_path: Path,
+                                                               mode: str, point: str) -> None:
     label = f"{mode} at {point} (seed {SEED})"
     # A cap for one run plus one re-spent measurement of any size.
     ledger = new_ledger(tmp_path / "enclave", cap=format_exact(2 * setup["total"])).path
     out = tmp_path / "out"
     args = ["private", setup["config"], setup["data"], out, "--ledger", ledger, "--no-validate"]
-    stopped = subprocess.run([sys.executable, "-m", "tests.system._fault_driver", mode, point, "--",
-                              *map(str, args), "--new-version", "synthetic records"],
-                             capture_output=True, text=True, timeout=600, cwd=REPO)
+    # Stopped: a process of its own (SIGKILL must end a real process), forked warm (tests/_warm_process.py).
+    stopped = warm.run(*args, "--new-version", "synthetic records", fault=(mode, point), cwd=REPO)
     assert stopped.returncode != 0, label
     assert "Traceback" not in stopped.stderr, f"{label}: {stopped.stderr[-2000:]}"
 

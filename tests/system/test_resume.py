@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,11 +14,11 @@ from phsafe import run_private
 from phsafe.errors import BudgetError, PHSafeError
 from phsafe.ledger import read_ledger
 from phsafe.measurements import MeasurementStore
+from tests._cli import phsafe as cli
 from tests._ledgers import new_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_US = REPO / "demo" / "data" / "us"
-PHSAFE = Path(sys.executable).parent / "phsafe"
 
 
 def _intents(ledger: Path, run_id: str) -> Counter:
@@ -53,8 +51,11 @@ def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monke
     ledger = _ledger(tmp_path)
     out = tmp_path / "out"
     _fail_on_save(monkeypatch, 10)
+    # Validation is not what fails here (the inputs are the demo's, valid): the failed attempt and
+    # the refused resume skip it (the same release path without the input checks); the resume
+    # that completes the run is the operator's default command, validation included.
     with pytest.raises(OSError):
-        run_private(DEMO_US / "config.json", DEMO_US, out, **_options(ledger))
+        run_private(DEMO_US / "config.json", DEMO_US, out, validate=False, **_options(ledger))
     monkeypatch.undo()
     (run_id, run), = read_ledger(ledger).runs.items()
     assert run.status.value == "failed" and len(run.reusable) == 9 and len(run.intents) == 10
@@ -63,14 +64,14 @@ def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monke
     assert not out.exists()
 
     # The CLI: resuming with the unchanged cap is refused (the lost measurement is a re-spend).
-    cmd = [str(PHSAFE), "private", str(DEMO_US / "config.json"), str(DEMO_US), str(out), "--ledger", str(ledger),
+    # (in this process, as a subprocess would see it: tests/_cli.py)
+    cmd = ["private", str(DEMO_US / "config.json"), str(DEMO_US), str(out), "--ledger", str(ledger),
            "--resume", run_id, "--resume-reason", "test"]
-    refused = subprocess.run(cmd, capture_output=True, text=True)
+    refused = cli(*cmd, "--no-validate")
     assert refused.returncode == 1 and "lifetime cap" in refused.stderr
     assert sum(_intents(ledger, run_id).values()) == 10
 
-    resumed = subprocess.run(cmd + ["--lifetime-cap", "1.3", "--cap-reason", "re-spend after disk failure"],
-                             capture_output=True, text=True)
+    resumed = cli(*cmd, "--lifetime-cap", "1.3", "--cap-reason", "re-spend after disk failure")
     assert resumed.returncode == 0, resumed.stderr
     intents = _intents(ledger, run_id)
     assert sum(intents.values()) == len(intents) + 1 and max(intents.values()) == 2
@@ -78,8 +79,7 @@ def test_failed_run_keeps_its_committed_measurements_and_resumes(tmp_path, monke
     assert final.status.value == "finished"
     for key, digest in run.reusable.items():
         assert final.reusable[key] == digest  # the released vectors of attempt 1 were published
-    verify = subprocess.run([str(PHSAFE), "audit", "verify", str(ledger), "--outputs", str(out)],
-                            capture_output=True, text=True)
+    verify = cli("audit", "verify", ledger, "--outputs", out)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert not staged.directory.exists()  # published: the work folder keeps no noisy vector
 
@@ -124,17 +124,17 @@ def test_a_finished_run_is_never_resumed_and_its_leftovers_are_named_and_removed
     work = ledger.parent / "runs" / run_id
 
     # The refusal to resume it says that, and nothing else (before: a hint to resume it followed).
-    cmd = [str(PHSAFE), "private", str(DEMO_US / "config.json"), str(DEMO_US), str(tmp_path / "out2"), "--ledger",
+    cmd = ["private", str(DEMO_US / "config.json"), str(DEMO_US), str(tmp_path / "out2"), "--ledger",
            str(ledger), "--resume", run_id, "--resume-reason", "test", "--no-validate"]
-    refused = subprocess.run(cmd, capture_output=True, text=True)
+    refused = cli(*cmd)  # in this process, as a subprocess would see it (tests/_cli.py)
     errors = [line for line in refused.stderr.splitlines() if line.startswith("phsafe: error:")]
     assert refused.returncode == 1 and errors == [
         f"phsafe: error: run {run_id} finished and published to {tmp_path / 'out'}; a finished run is never resumed"]
     assert sum(_intents(ledger, run_id).values()) == len(_intents(ledger, run_id)) == 46
 
     # audit verify names the leftovers and the command that removes them: exit 3, not OK.
-    verify = [str(PHSAFE), "audit", "verify", str(ledger)]
-    reported = subprocess.run(verify, capture_output=True, text=True)
+    verify = ["audit", "verify", str(ledger)]
+    reported = cli(*verify)
     assert reported.returncode == 3 and "\nOK" not in reported.stdout, reported.stdout + reported.stderr
     command = f"phsafe ledger clean-finished {ledger} {run_id}"
     assert (f"ACTION NEEDED: run {run_id} finished (entry {run.terminal_seq}) and its work folder {work} still holds "
@@ -143,11 +143,11 @@ def test_a_finished_run_is_never_resumed_and_its_leftovers_are_named_and_removed
 
     # The command removes exactly those, durably; the release and the reports stay.
     before = {p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*")}
-    cleaned = subprocess.run([str(PHSAFE), *command.split()[1:]], capture_output=True, text=True)
+    cleaned = cli(*command.split()[1:])
     assert cleaned.returncode == 0 and "removed 46 noisy vector(s)" in cleaned.stdout, cleaned.stdout + cleaned.stderr
     assert sorted(p.name for p in work.iterdir()) == []
     assert {p.relative_to(tmp_path / "out") for p in (tmp_path / "out").rglob("*")} == before
-    ok = subprocess.run(verify + ["--outputs", str(tmp_path / "out")], capture_output=True, text=True)
+    ok = cli(*verify, "--outputs", tmp_path / "out")
     assert ok.returncode == 0 and ok.stdout.rstrip().endswith("OK"), ok.stdout + ok.stderr
 
 

@@ -35,6 +35,7 @@ from phsafe.audit.verify import verify
 from phsafe.ledger import RunStatus, read_ledger
 from phsafe.publog import log_path, witnesses_path
 from tests._cli import phsafe
+from tests._warm_process import WarmProcesses
 from tests.conftest import US_CONFIG
 from tests.system._witness_services import Service
 
@@ -65,7 +66,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (root / "config.json").write_text(json.dumps(raw))
     services = [Service(root, "witness1").start(), Service(root, "witness2").start()]
     try:
-        yield {"root": root, "data": root / "data", "config": root / "config.json", "services": services}
+        with WarmProcesses() as warm:
+            yield {"root": root, "data": root / "data", "config": root / "config.json", "services": services,
+                   "warm": warm}
     finally:
         for service in services:
             service.stop()
@@ -104,9 +107,8 @@ def private(world: dict, ledger: Path, out: Path, *extra: str, point: str | None
             "--no-validate", *extra]
     if point is None:  # a plain run: in this process (tests/_cli.py)
         return phsafe(*args, cwd=REPO, env={**os.environ, **(env or {})})
-    command = [sys.executable, "-m", "tests.system._fault_driver", "kill", point, "--", *args]  # killed: a process
-    return subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**os.environ, **(env or {})})
+    # Killed: a process of its own, forked from a helper that imported the package once (tests/_warm_process.py).
+    return world["warm"].run(*args, fault=("kill", point), cwd=REPO, env={**os.environ, **(env or {})})
 
 
 def check_after_kill(ledger: Path, label: str) -> None:
