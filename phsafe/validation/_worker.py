@@ -118,6 +118,10 @@ class _Forked:
                 stream.flush()
             except (OSError, ValueError, AttributeError):
                 pass
+        # The objects of both processes stay shared pages until written: no collection of either
+        # walks the objects made before the fork (a walk writes to each object's header, which
+        # copies every page of the heap) until the copy is gone (close()).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:  # the copy: never returns
             _forked_child(jobs_read, results_write, [jobs_write, results_read, *_forked_pipes], environment)
@@ -262,6 +266,7 @@ class SecondProcess:
         self._receiver.join(timeout=5)
         if isinstance(self.process, _Forked):
             self.process.stdout.close()
+            gc.unfreeze()
         self._stop()
 
 
