@@ -77,9 +77,12 @@ def _pack(columns: Columns, rows: slice | npt.NDArray[np.integer], fields: tuple
           state: npt.NDArray[np.integer] | None) -> npt.NDArray[np.uint64]:
     word = np.zeros(len(columns["MAFID"][rows]), dtype=np.uint64) if state is None \
         else np.asarray(state, dtype=np.uint64).copy()
+    field = np.empty_like(word)
     for name, bits in fields:
         word <<= _U64(bits)
-        word |= columns[name][rows].astype(np.uint64)
+        values = columns[name][rows] if isinstance(rows, slice) else np.take(columns[name], rows)
+        np.copyto(field, values, casting="unsafe")  # the value's bits, as astype(np.uint64) gives them
+        word |= field
     return word
 
 
@@ -97,10 +100,20 @@ def _lane_sums(tag: np.uint64, words: list[npt.NDArray[np.uint64]], *, smallest:
                 _mix(h)
             sums.append(int(h.sum(dtype=np.uint64)))
             if i == 0 and smallest and least is not None:
-                kept = sorted(least | set(_least(h, smallest).tolist()))[:smallest]
+                kept = sorted(least | set(_least(_below(h, least, smallest), smallest).tolist()))[:smallest]
                 least.clear()
                 least.update(kept)
     return sums
+
+
+def _below(values: npt.NDArray[np.uint64], least: set[int], k: int) -> npt.NDArray[np.uint64]:
+    """``values``, or only those that can still enter ``least``'s ``k`` least -- the ones below its
+    largest once it holds ``k`` -- when that changes nothing :func:`_least` then gives (at most
+    4k of them: :func:`_least` keeps them all)."""
+    if len(least) < k or len(values) <= 4 * k:
+        return values
+    below = values[values < _U64(max(least))]
+    return below if len(below) <= 4 * k else values
 
 
 def _least(values: npt.NDArray[np.uint64], k: int) -> npt.NDArray[np.uint64]:
@@ -176,8 +189,10 @@ def content_digest(
     for tag, cols, state, fields in ((_PERSON_TAG, persons, person_state, (PERSON_FIELDS,)),
                                      (_UNIT_TAG, units, unit_state, UNIT_FIELDS)):
         rows = np.flatnonzero(state != not_tabulated)
+        every = len(rows) == len(state)  # every record tabulated (one state's, the whole US's)
         for start in range(0, len(rows), _CHUNK):
-            chunk = rows[start : start + _CHUNK]
+            # Every record: a slice of the columns, not a gather (the same values).
+            chunk = slice(start, min(start + _CHUNK, len(rows))) if every else rows[start : start + _CHUNK]
             code = codes[state[chunk]]
             words = [_pack(cols, chunk, f, code if i == len(fields) - 1 else None) for i, f in enumerate(fields)]
             sums = _lane_sums(tag, words, smallest=SAMPLE_SIZE if tag is _PERSON_TAG else 0, least=sample)

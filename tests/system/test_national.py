@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -393,3 +395,40 @@ def test_worker_processes_start_what_fits_the_budget_and_answer_in_order() -> No
             if a < b and runs[a][0] < runs[b][1] and runs[b][0] < runs[a][1]:  # ran at the same time
                 assert cost[a] + cost[b] <= 10, (a, b)
     assert runs["job0"][0] <= min(start for start, _ in runs.values())  # the calls' order first
+
+
+# ------------------------------------------------------------------------------ the second process
+_FORKED_SECOND_PROCESS = r"""
+import atexit, sys
+import numpy as np
+import pandas as pd
+from phsafe.validation import _gx, _worker
+
+atexit.register(lambda: open(sys.argv[1], "a").write("exit handler\n"))
+assert _worker.can_fork() and "great_expectations" not in sys.modules
+second = _worker.SecondProcess()
+assert isinstance(second.process, _worker._Forked)
+frame = pd.DataFrame({"QAGE": [10.0, 40.0, np.nan, 131.0, 16.0],
+                      "RELSHIP": pd.Series(["20", "20", "20", "34", "21"], dtype="str")})
+weights = np.array([3, 1000, 7, 5, 2], dtype=np.int64)
+rule_ids = ("persons.QAGE.range", "persons.RELSHIP.domain")
+results = second.submit(_gx.Job("persons", "persons", rule_ids, frame, weights)).result(timeout=600)
+second.close()
+assert "great_expectations" not in sys.modules  # imported by the copy only
+print(second.process.returncode, [(r.rule_id, r.success, r.counts) for r in results])
+"""
+
+
+def test_the_second_process_is_this_one_forked_when_no_other_thread_runs(tmp_path: Path) -> None:
+    """A fresh interpreter (one thread) forks its second process: the copy imports Great
+    Expectations itself, answers as an evaluation here would (the counts of
+    test_weighted_counts_are_the_counts_of_every_row), exits 0 when its jobs end, and runs none of
+    the caller's exit handlers (they ran once: the caller's)."""
+    exits = tmp_path / "exits.txt"
+    done = subprocess.run([sys.executable, "-c", _FORKED_SECOND_PROCESS, str(exits)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (
+        "0 [('persons.QAGE.range', False, {'element_count': 1017, 'unexpected_count': 5, 'missing_count': 7}), "
+        "('persons.RELSHIP.domain', True, {})]")
+    assert exits.read_text() == "exit handler\n"

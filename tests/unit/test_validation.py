@@ -279,6 +279,20 @@ def test_a_large_input_is_evaluated_in_a_second_process_only_before_gx_is_import
     assert isinstance(_worker.evaluator(10**9), _worker.InProcess)
 
 
+def test_the_second_process_is_started_afresh_beside_other_threads() -> None:
+    """A thread that may hold a lock (a test runner's, Prefect's) rules the fork out."""
+    import threading
+
+    stop = threading.Event()
+    busy = threading.Thread(target=stop.wait, name="someone-else", daemon=True)
+    busy.start()
+    try:
+        assert not _worker.can_fork()
+    finally:
+        stop.set()
+        busy.join()
+
+
 def test_write_report_of_an_empty_report(tmp_path: Path) -> None:
     folder = write_report(ValidationReport(subject="inputs"), tmp_path)
     assert (folder / "index.html").exists() and (tmp_path / "index.html").exists()
