@@ -131,4 +131,9 @@ def dask_task_runner(address: str | None, n_workers: int | None = None) -> Any:
     if api:
         env["PREFECT_API_URL"] = api
     return DaskTaskRunner(cluster_kwargs={"n_workers": n_workers or 2, "threads_per_worker": 1,
-                                          "processes": True, "dashboard_address": None, "env": env})
+                                          "processes": True, "dashboard_address": None, "env": env,
+                                          # No dashboard, and the scheduler's HTTP routes (health,
+                                          # metrics) on a free loopback port: with no address they
+                                          # take 8787, and a second cluster on the host warned.
+                                          "scheduler_kwargs": {"dashboard": False,
+                                                               "dashboard_address": "127.0.0.1:0"}})
