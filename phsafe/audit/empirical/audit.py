@@ -307,6 +307,12 @@ def _sigma(m: PlannedMeasurement) -> float:
     return float(m.geometric_scale)
 
 
+def _sigmas(measurements: Sequence[PlannedMeasurement]) -> dict[str, float]:
+    """Each measurement's :func:`_sigma`, by its level's config key (computed once per use: the
+    exact Fractions behind them are slow to ask per canary or per run)."""
+    return {m.level.config_key: _sigma(m) for m in measurements}
+
+
 def _delta_squared(m: PlannedMeasurement) -> Fraction:
     """The plan's sensitivity squared, exactly -- an integer Delta, or an exact L2 one carried as
     its square (a plan calibrated to exact sensitivities)."""
@@ -328,7 +334,7 @@ def _families(table: str, layout: Layout, measurements: Sequence[PlannedMeasurem
     by_key = {m.level.config_key: m for m in measurements}
     pure = measurements[0].privacy_defn is PrivacyDefinition.PUREDP if measurements else False
 
-    sigma_of = {key: _sigma(m) for key, m in by_key.items()}  # exact Fractions: computed once, not per canary
+    sigma_of = _sigmas(measurements)
 
     def mu_of(canary_index: int, levels: Sequence[str]) -> float:
         total = 0.0
@@ -690,7 +696,7 @@ def run_chunk(settings: AuditSettings, plan: TablePlan, mechanism: ReleaseMechan
     config = settings.scaled_config(table, SensitivityBound(plan.sensitivity))
     layout = records.layout
     pure = config.privacy_defn is PrivacyDefinition.PUREDP
-    sigmas = {m.level.config_key: _sigma(m) for m in plan.measurements}
+    sigmas = _sigmas(plan.measurements)
     offsets, total = {}, 0
     for m in plan.measurements:
         offsets[m.level.config_key] = total
@@ -1037,7 +1043,7 @@ def _row(settings: AuditSettings, plan: AuditPlan, audit: TableAudit, tally: Fam
     family = tally.family
     t = audit.plan
     measurements = [m for m in t.measurements if m.level.config_key in family.levels]
-    sigma_of = {m.level.config_key: _sigma(m) for m in measurements}
+    sigma_of = _sigmas(measurements)
     alpha = plan.alpha_row[(t.sensitivity, t.table, family.name)]
     pure = measurements[0].privacy_defn is PrivacyDefinition.PUREDP
     single = len(measurements) == 1
