@@ -33,9 +33,9 @@ import pickle
 import queue
 import signal
 import subprocess
-import time
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
