@@ -20,7 +20,8 @@ content fingerprint -- reads that join:
 
 Keys are found with a direct-address table over the keys' MAFID span when it is small against
 the look-ups (a state's MAFIDs, usually clustered), a binary search when the look-ups are sorted
-(extracts sorted by MAFID), and otherwise a *rank bitmap*: one bit per MAFID of the span and the
+(extracts sorted by MAFID) or too few to pay for a bitmap of the span (a small file whose MAFIDs
+spread over the whole domain), and otherwise a *rank bitmap*: one bit per MAFID of the span and the
 number of keys before each 64-bit word, so a key's position is that count plus the bits set below
 it in its word (12 bytes per 64 MAFIDs of span: 150 MB for the whole domain, whatever the number
 of keys; about five times faster than a hash table on the persons of a national file, whose
@@ -90,6 +91,7 @@ class KeyIndex:
         self._table: npt.NDArray[np.int32] | None = None
         self._bits: npt.NDArray[np.uint64] | None = None
         self._rank: npt.NDArray[np.int32] | None = None
+        self._searched = 0  # look-ups answered by binary search while there is no bitmap
         self._lo = int(self.keys[0]) if len(self.keys) else 0
         self._span = int(self.keys[-1]) - self._lo + 1 if len(self.keys) else 0
         if self._span and self._span <= min(DIRECT_MAX_SLOTS,
@@ -117,13 +119,19 @@ class KeyIndex:
             offset -= self._lo
             np.clip(offset, -1, self._span, out=offset)
             return self._table[offset]
-        if _is_sorted(mafid):
+        search = _is_sorted(mafid)
+        if not search and self._bits is None:
+            # A binary search costs about log2(keys) probes a look-up, the bitmap about a word
+            # of the span to build: search while the look-ups so far cost less than the bitmap.
+            self._searched += n
+            search = self._searched * max(len(self.keys), 2).bit_length() <= self.bitmap_words()
+            if not search:
+                self._build_rank_bitmap()
+        if search:
             pos = np.searchsorted(self.keys, mafid).astype(np.int32)
             np.minimum(pos, len(self.keys) - 1, out=pos)
             pos[self.keys[pos] != mafid] = -1
             return pos
-        if self._bits is None:
-            self._build_rank_bitmap()
         assert self._bits is not None and self._rank is not None
         offset = mafid.astype(np.int64)
         offset -= self._lo
@@ -140,6 +148,10 @@ class KeyIndex:
         pos += np.bitwise_count(word).astype(np.int32)
         pos[~hit] = -1
         return pos
+
+    def bitmap_words(self) -> int:
+        """The 64-bit words a rank bitmap of the keys' span takes."""
+        return (self._span + 63) >> 6
 
     def _build_rank_bitmap(self) -> None:
         offset = self.keys.astype(np.int64) - self._lo  # sorted and distinct

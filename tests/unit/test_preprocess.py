@@ -22,11 +22,19 @@ def test_direct_table_binary_search_and_hash_agree() -> None:
     ])
     expected = {k: i for i, k in enumerate(keys.tolist())}
     want = np.array([expected.get(q, -1) for q in queries.tolist()])
-    hashed = KeyIndex(keys)  # a span far larger than the look-ups: a hash table
-    assert hashed._table is None
-    np.testing.assert_array_equal(hashed.lookup(queries), want)
+    few = KeyIndex(keys)  # a span far larger than the look-ups, and too few look-ups for a bitmap
+    assert few._table is None
+    np.testing.assert_array_equal(few.lookup(queries), want)
+    assert few._bits is None  # a binary search answered them
     ordered = np.sort(queries)  # sorted look-ups: a binary search
-    np.testing.assert_array_equal(hashed.lookup(ordered), [expected.get(q, -1) for q in ordered.tolist()])
+    np.testing.assert_array_equal(few.lookup(ordered), [expected.get(q, -1) for q in ordered.tolist()])
+    # Enough unsorted look-ups to pay for a rank bitmap of the span: the same answers from it.
+    hashed = KeyIndex(keys)
+    many = np.tile(queries, -(-hashed.bitmap_words() // (len(queries) * len(keys).bit_length())) + 1)
+    found = hashed.lookup(many)
+    assert hashed._bits is not None
+    np.testing.assert_array_equal(found, np.tile(want, len(many) // len(queries)))
+    np.testing.assert_array_equal(hashed.lookup(queries), want)  # and once it is built
     clustered = keys[keys < MAFID_MIN + 5_000_000]
     direct = KeyIndex(clustered, expected_lookups=1_000_000)
     assert direct._table is not None and len(direct._table) <= 5_000_001  # the keys' span only
