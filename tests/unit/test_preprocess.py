@@ -4,7 +4,9 @@ partitions cover every record; encoding checks values exactly."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from phsafe import preprocess
 from phsafe.preprocess import NOT_TABULATED, KeyIndex, geo_side
 from phsafe.schema import MAFID_MAX, MAFID_MIN
 
@@ -25,6 +27,13 @@ def test_direct_table_binary_search_and_hash_agree() -> None:
     hashed = KeyIndex(keys)  # a span far larger than the look-ups: a hash table
     assert hashed._table is None
     np.testing.assert_array_equal(hashed.lookup(queries), want)
+    assert hashed._bits is None  # 60,004 look-ups over 14M words: sorted and searched, no bitmap
+    ranked = KeyIndex(keys)
+    with pytest.MonkeyPatch.context() as patch:  # as for an input of a million keys: the rank bitmap
+        patch.setattr(preprocess, "BITMAP_WORDS_PER_KEY", 1 << 20)
+        np.testing.assert_array_equal(ranked.lookup(queries), want)
+    assert ranked._bits is not None
+    np.testing.assert_array_equal(ranked.lookup(queries), want)  # built: used whatever the size
     ordered = np.sort(queries)  # sorted look-ups: a binary search
     np.testing.assert_array_equal(hashed.lookup(ordered), [expected.get(q, -1) for q in ordered.tolist()])
     clustered = keys[keys < MAFID_MIN + 5_000_000]
