@@ -22,24 +22,31 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 @pytest.fixture(scope="module")
 def cluster(prefect_server) -> str:  # noqa: ANN001
-    """The scheduler address of one ``LocalCluster`` of two worker processes for the module, made
-    with the settings the flows give theirs (:func:`flows.counting.dask_task_runner`: one thread
-    per worker process, the workers reporting to this Prefect API). The comparisons and one US
-    run use it as an existing cluster; the other US run starts a cluster of its own, as a flow
-    given ``dask_workers`` does. One cluster rather than one per test: each start pays two worker
-    processes importing Prefect, phsafe and Great Expectations, which none of the tests is about."""
+    """The scheduler address of one ``LocalCluster`` for the module, made with the settings the
+    flows give theirs (:func:`flows.counting.dask_task_runner`: two workers of one thread each, no
+    dashboard) but with its workers as threads of this process, reached over TCP: the
+    comparisons and one US run use it as an existing cluster, given by address. Over TCP every
+    task and every piece is serialized as for a remote cluster, and two workers run tasks at once;
+    what needs worker *processes* (a fresh interpreter that reports to the flow's Prefect API,
+    validates with Great Expectations and shares only the spill folder) is proven by the flow's
+    own cluster (:func:`test_us_flow_counts_on_dask`), which the flow starts as in production.
+    Threads rather than processes here: worker processes each import Prefect, phsafe and Great
+    Expectations and tick while idle, which none of the tests given this cluster is about."""
     from distributed import LocalCluster
 
     from flows.counting import dask_task_runner
 
-    with LocalCluster(**dask_task_runner(None, 2).cluster_kwargs) as local:
+    kwargs = dict(dask_task_runner(None, 2).cluster_kwargs)
+    kwargs.pop("env")  # (for worker processes; threads of this process talk to its Prefect API)
+    with LocalCluster(**kwargs | {"processes": False, "protocol": "tcp://"}) as local:
+        assert local.scheduler_address.startswith("tcp://127.0.0.1:") and len(local.workers) == 2
         yield local.scheduler_address
 
 
 @flow(name="test-dask-counting")
 def _compare(data: str, config: str, ledger: str, out: str, validate: bool, address: str) -> dict:
-    """Validate and count data stored by state here and on the cluster at ``address`` (a
-    LocalCluster of two worker processes); the task runs' names and what each found."""
+    """Validate and count data stored by state here and on the cluster at ``address`` (the
+    module's cluster); the task runs' names and what each found."""
     from flows.counting import dask_task_runner, validate_and_count_on_dask
 
     parameters = PrivateRunParameters(config=Path(config), data=Path(data), output=Path(out), ledger=Path(ledger),
@@ -90,30 +97,36 @@ def test_data_stored_by_state_is_read_once_on_dask(tmp_path, validate, cluster):
 
 
 def test_us_flow_counts_on_dask(tmp_path):
-    """The flow's own LocalCluster (``dask_workers``), started and stopped by the run."""
+    """The flow's own LocalCluster (``dask_workers``) of two worker processes, started and stopped
+    by the run as in production: each worker a fresh interpreter, reporting its task runs to the
+    flow's Prefect API, reading, validating (Great Expectations on the worker) and spilling blocks
+    that the other may count (ranges of 10,000 persons: two)."""
     from flows.sdhc import us_flow
 
     from tests._ledgers import new_ledger
 
     ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
     state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
-                    ledger=str(ledger), new_version="the demo's records", validate=False,
-                    counting="dask", dask_workers=2, partition_persons=1500, return_state=True)
+                    ledger=str(ledger), new_version="the demo's records", validate=True,
+                    counting="dask", dask_workers=2, partition_persons=10_000, return_state=True)
     assert state.is_completed(), state.message
     from tests.flows.test_flows import _task_run_names, _verify
 
     names = _task_run_names(state.state_details.flow_run_id)
-    assert sum(n.startswith("count-") for n in names) >= 2
+    assert {"read-geo-1", "read-units-1", "read-persons-1"} <= set(names), names
+    assert sum(n.startswith("count-range-") for n in names) >= 2
+    assert not any(n.startswith("validate-inputs") for n in names)  # no second read of the inputs
     assert sum(n.startswith("measure-") for n in names) == len(TABLES)
     summary = state.result()
     _verify(Path(summary["ledger"]), Path(summary["outputs"]))
+    assert not (Path(summary["work_folder"]) / "spill").exists()
 
 
 @flow(name="test-dask-one-read")
 def _one_read(datasets: list[str], config: str, ledger: str, out: str, address: str) -> list[dict]:
     """Validate and count the same national files on this process and on the cluster at
-    ``address`` (a LocalCluster of two worker processes; blocks of 160 kB, ranges of 5,000
-    persons); what each found."""
+    ``address`` (blocks of 240 kB: two of each file; ranges of 10,000 persons: two); what each
+    found."""
     from flows.counting import dask_task_runner
 
     with dask_task_runner(address) as runner:
@@ -140,7 +153,7 @@ def _compare_one_read(data: str, config: str, ledger: str, out: str, runner) -> 
 
     phsafe.intake.spill.SpillArea.path = property(watch)  # type: ignore[method-assign]
     try:
-        on_dask, dask_report = validate_and_count_on_dask(run, cfg, max_persons=5000, block_bytes=160_000,
+        on_dask, dask_report = validate_and_count_on_dask(run, cfg, max_persons=10_000, block_bytes=240_000,
                                                           runner=runner)
     finally:
         phsafe.intake.spill.SpillArea.path = property(made)  # type: ignore[method-assign]
@@ -163,6 +176,9 @@ def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path, cluster
     import json
     import shutil
 
+    from phsafe.reader import csv_blocks
+
+    assert all(len(csv_blocks(DEMO_US / f"{stem}.csv", 240_000)) == 2 for stem in ("geo", "units", "persons"))
     config = tmp_path / "config.json"
     raw = json.loads((DEMO_US / "config.json").read_text())
     raw["state_filter"] = ["01", "06", "36", "48"]  # the District's records are set aside
@@ -181,7 +197,10 @@ def test_national_files_are_read_once_in_blocks_on_the_cluster(tmp_path, cluster
 
 
 def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path, cluster):
-    """An existing cluster, given to the flow by its scheduler address (``dask_address``)."""
+    """An existing cluster, given to the flow by its scheduler address (``dask_address``): the
+    flow validates and counts on it, and leaves it running."""
+    from distributed import Client
+
     from flows.sdhc import us_flow
 
     from tests._ledgers import new_ledger
@@ -189,7 +208,7 @@ def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path, cl
     ledger = new_ledger(tmp_path, cap=2, name="us-ledger.jsonl").path
     state = us_flow(config=str(DEMO_US / "config.json"), data=str(DEMO_US), output_root=str(tmp_path / "out"),
                     ledger=str(ledger), new_version="the demo's records", validate=True,
-                    counting="dask", dask_address=cluster, partition_persons=1500, return_state=True)
+                    counting="dask", dask_address=cluster, partition_persons=10_000, return_state=True)
     assert state.is_completed(), state.message
     from tests.flows.test_flows import _task_run_names, _verify
 
@@ -200,3 +219,5 @@ def test_us_flow_validates_and_counts_national_files_on_the_cluster(tmp_path, cl
     summary = state.result()
     _verify(Path(summary["ledger"]), Path(summary["outputs"]))
     assert not (Path(summary["work_folder"]) / "spill").exists()
+    with Client(cluster) as client:  # the cluster is the operator's: still there, both workers
+        assert len(client.scheduler_info()["workers"]) == 2
