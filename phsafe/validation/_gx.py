@@ -115,12 +115,14 @@ class _RunMemo(threading.local):
 
     Attributes:
         configurations: ``id(expectation)`` -> (the expectation, its configuration).
+        expectations: ``id(configuration)`` -> (the configuration, its expectation object).
         filtered: (``id(frame)``, the row condition as JSON) -> (the frame, its filtered rows).
         mismatches: When a list (a test's check), every reuse is compared with what Great
             Expectations builds afresh, and a difference is appended instead of trusted.
     """
 
     configurations: dict[int, tuple[Any, Any]] | None = None
+    expectations: dict[int, tuple[Any, Any]] | None = None
     filtered: dict[tuple[int, str], tuple[Any, Any]] | None = None
     mismatches: list[str] | None = None
 
@@ -139,11 +141,14 @@ def _memoize_within_a_run(gx: Any) -> bool:
       ``dict()``) and builds a new ``ExpectationConfiguration`` on every read -- some 70 reads per
       expectation while its metrics are planned. Within a run the expectation objects are never
       changed, so the first read is kept (per object, holding it: an ``id`` is never reused).
+    * ``ExpectationConfiguration.to_domain_obj`` validates the configuration into a new
+      expectation object (pydantic) each time -- once per metric of the expectation, and each new
+      object builds its configuration again. The first object is kept per configuration object.
     * A rule's row condition is applied (``DataFrame.query``: a parse of the condition each time)
       once per metric of the rule -- three or more times for the same rows. The first filtered
       frame is kept per (batch frame, condition).
 
-    Outside :func:`run` both behave exactly as Great Expectations' own. Returns whether it applied
+    Outside :func:`run` all three behave exactly as Great Expectations' own. Returns whether it applied
     (only with :data:`PINNED_VERSION`); ``tests/unit/test_validation.py`` checks every reuse against a
     fresh build and the results against an unmemoized run.
     """
@@ -151,8 +156,10 @@ def _memoize_within_a_run(gx: Any) -> bool:
         return False
     from great_expectations.execution_engine.pandas_execution_engine import PandasExecutionEngine
     from great_expectations.expectations.expectation import Expectation
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     build = Expectation.configuration.fget
+    validate_into = ExpectationConfiguration.to_domain_obj
     apply_condition = PandasExecutionEngine._apply_row_condition_filter
 
     def configuration(self: Any) -> Any:
@@ -166,6 +173,20 @@ def _memoize_within_a_run(gx: Any) -> bool:
                 return build(self)
             return hit[1]
         value = build(self)
+        kept[id(self)] = (self, value)
+        return value
+
+    def to_domain_obj(self: Any) -> Any:
+        kept = _memo.expectations
+        if kept is None:
+            return validate_into(self)
+        hit = kept.get(id(self))
+        if hit is not None and hit[0] is self:
+            if _memo.mismatches is not None and validate_into(self) != hit[1]:
+                _memo.mismatches.append(f"expectation of {self.type}")
+                return validate_into(self)
+            return hit[1]
+        value = validate_into(self)
         kept[id(self)] = (self, value)
         return value
 
@@ -188,6 +209,8 @@ def _memoize_within_a_run(gx: Any) -> bool:
         return value
 
     configuration.__doc__ = build.__doc__
+    to_domain_obj.__doc__ = validate_into.__doc__
+    ExpectationConfiguration.to_domain_obj = to_domain_obj  # type: ignore[method-assign]
     Expectation.configuration = property(configuration)  # type: ignore[method-assign,assignment]
     PandasExecutionEngine._apply_row_condition_filter = row_condition_filter  # type: ignore[method-assign]
     return True
@@ -288,7 +311,7 @@ def run(
     state = import_gx()
     gx_suite = _suite(suite, frame, rules)
     if REUSE_WITHIN_A_RUN:
-        _memo.configurations, _memo.filtered = {}, {}
+        _memo.configurations, _memo.expectations, _memo.filtered = {}, {}, {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -301,7 +324,7 @@ def run(
     except Exception as exc:  # noqa: BLE001 -- reduced to its class: the message may hold data
         return [RuleResult(r.rule_id, False, {}, type(exc).__name__) for r in rules]
     finally:
-        _memo.configurations = _memo.filtered = None
+        _memo.configurations = _memo.expectations = _memo.filtered = None
     out: dict[str, RuleResult] = {}
     for r in result.results:
         config = r.expectation_config
