@@ -119,12 +119,14 @@ class _RunMemo(threading.local):
         filtered: (``id(frame)``, the row condition as JSON) -> (the frame, its filtered rows).
         mismatches: When a list (a test's check), every reuse is compared with what Great
             Expectations builds afresh, and a difference is appended instead of trusted.
+        checked: The number of reuses so compared.
     """
 
     configurations: dict[int, tuple[Any, Any]] | None = None
     expectations: dict[int, tuple[Any, Any]] | None = None
     filtered: dict[tuple[int, str], tuple[Any, Any]] | None = None
     mismatches: list[str] | None = None
+    checked: int = 0
 
 
 _memo = _RunMemo()
@@ -134,8 +136,8 @@ REUSE_WITHIN_A_RUN = True
 
 
 def _memoize_within_a_run(gx: Any) -> bool:
-    """Let Great Expectations reuse, within one ``batch.validate``, two things it rebuilds from
-    scratch many times per expectation (measured: about 40 % of the CPU of validating an input).
+    """Let Great Expectations reuse, within one ``batch.validate``, three things it rebuilds from
+    scratch many times per expectation (measured: about 60 % of its CPU in validating an input).
 
     * ``Expectation.configuration`` is a property that serialises the expectation (a pydantic
       ``dict()``) and builds a new ``ExpectationConfiguration`` on every read -- some 70 reads per
@@ -168,6 +170,7 @@ def _memoize_within_a_run(gx: Any) -> bool:
             return build(self)
         hit = kept.get(id(self))
         if hit is not None and hit[0] is self:
+            _memo.checked += _memo.mismatches is not None
             if _memo.mismatches is not None and build(self) != hit[1]:
                 _memo.mismatches.append(f"configuration of {type(self).__name__}")
                 return build(self)
@@ -182,6 +185,7 @@ def _memoize_within_a_run(gx: Any) -> bool:
             return validate_into(self)
         hit = kept.get(id(self))
         if hit is not None and hit[0] is self:
+            _memo.checked += _memo.mismatches is not None
             if _memo.mismatches is not None and validate_into(self) != hit[1]:
                 _memo.mismatches.append(f"expectation of {self.type}")
                 return validate_into(self)
@@ -200,9 +204,11 @@ def _memoize_within_a_run(gx: Any) -> bool:
             return apply_condition(self, data, row_condition, domain_kwargs)
         hit = kept.get((id(data), condition))
         if hit is not None and hit[0] is data:
+            _memo.checked += _memo.mismatches is not None
             if _memo.mismatches is not None and not apply_condition(self, data, row_condition,
                                                                       domain_kwargs).equals(hit[1]):
                 _memo.mismatches.append("rows of a row condition")
+                return apply_condition(self, data, row_condition, domain_kwargs)
             return hit[1]
         value = apply_condition(self, data, row_condition, domain_kwargs)
         kept[(id(data), condition)] = (data, value)

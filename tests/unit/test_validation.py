@@ -463,10 +463,11 @@ def test_what_a_run_reuses_is_what_great_expectations_builds_afresh(monkeypatch:
     assert not report.ok and {r.split(".")[0] for r in (f.rule_id for f in report.failures)} >= {"persons"}
     assert _gx.import_gx()["memoized"], "the pinned Great Expectations runs without its reuse"
     assert {job.suite for job in jobs} >= {"config", "persons", "units", "geo", "units_geo", "persons_in_units"}
-    _gx._memo.mismatches = []
+    _gx._memo.mismatches, _gx._memo.checked = [], 0
     try:
         reused = [_gx.evaluate(job) for job in jobs]
         assert _gx._memo.mismatches == []
+        assert _gx._memo.checked > 1000  # reuses, each compared with a fresh build
     finally:
         _gx._memo.mismatches = None
     monkeypatch.setattr(_gx, "REUSE_WITHIN_A_RUN", False)
