@@ -56,6 +56,10 @@ DIRECT_MAX_SLOTS = 1 << 30
 800M fit, which for a national file of a hundred million units and more takes less memory than a
 hash table of its keys (16 bytes or more a key)."""
 
+BITMAP_WORDS_PER_LOOKUP = 64
+"""Unsorted look-ups use a rank bitmap (a 64-bit word per 64 MAFIDs of the keys' span) unless it
+has more than this many words per key and look-up: then a binary search."""
+
 
 def _is_sorted(values: npt.NDArray[np.integer]) -> bool:
     return len(values) < 2 or bool((values[1:] >= values[:-1]).all())
@@ -117,7 +121,11 @@ class KeyIndex:
             offset -= self._lo
             np.clip(offset, -1, self._span, out=offset)
             return self._table[offset]
-        if _is_sorted(mafid):
+        # Sorted look-ups, or a rank bitmap far larger than the work (a few MAFIDs spread over
+        # the domain: its build, zeros and a running count of 12M words, costs more than a binary
+        # search of every look-up): a binary search.
+        sparse = self._bits is None and self._span >> 6 > BITMAP_WORDS_PER_LOOKUP * (len(self.keys) + n)
+        if sparse or _is_sorted(mafid):
             pos = np.searchsorted(self.keys, mafid).astype(np.int32)
             np.minimum(pos, len(self.keys) - 1, out=pos)
             pos[self.keys[pos] != mafid] = -1

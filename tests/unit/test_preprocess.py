@@ -4,12 +4,14 @@ partitions cover every record; encoding checks values exactly."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from phsafe import preprocess
 from phsafe.preprocess import NOT_TABULATED, KeyIndex, geo_side
 from phsafe.schema import MAFID_MAX, MAFID_MIN
 
 
-def test_direct_table_binary_search_and_hash_agree() -> None:
+def test_direct_table_binary_search_and_hash_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(7)
     keys = np.unique(rng.choice(np.arange(MAFID_MIN, MAFID_MIN + 5_000_000, dtype=np.int32), 50_000,
                                 replace=False))
@@ -25,6 +27,11 @@ def test_direct_table_binary_search_and_hash_agree() -> None:
     hashed = KeyIndex(keys)  # a span far larger than the look-ups: a hash table
     assert hashed._table is None
     np.testing.assert_array_equal(hashed.lookup(queries), want)
+    assert hashed._bits is None  # a few keys over the whole domain: a binary search, no bitmap
+    bitmap = KeyIndex(keys)
+    monkeypatch.setattr(preprocess, "BITMAP_WORDS_PER_LOOKUP", 1 << 20)
+    np.testing.assert_array_equal(bitmap.lookup(queries), want)
+    assert bitmap._bits is not None
     ordered = np.sort(queries)  # sorted look-ups: a binary search
     np.testing.assert_array_equal(hashed.lookup(ordered), [expected.get(q, -1) for q in ordered.tolist()])
     clustered = keys[keys < MAFID_MIN + 5_000_000]
