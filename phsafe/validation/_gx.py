@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -93,13 +94,132 @@ def import_gx() -> dict[str, Any]:
                 ),
             )
             asset = context.data_sources.add_pandas("phsafe").add_dataframe_asset("frame")
+            memoized = _memoize_within_a_run(gx)
             _state.update(
                 gx=gx,
+                memoized=memoized,
                 context=context,
                 batch_definition=asset.add_batch_definition_whole_dataframe("whole"),
                 suites={},
             )
         return _state
+
+
+PINNED_VERSION = "1.24.1"
+"""The Great Expectations release whose internals :func:`_memoize_within_a_run` was reviewed
+against (pyproject.toml pins it); with any other, Great Expectations runs unchanged."""
+
+
+class _RunMemo(threading.local):
+    """What one :func:`run` (one ``batch.validate``) of this thread may reuse: None outside a run.
+
+    Attributes:
+        configurations: ``id(expectation)`` -> (the expectation, its configuration).
+        expectations: ``id(configuration)`` -> (the configuration, its expectation object).
+        filtered: (``id(frame)``, the row condition as JSON) -> (the frame, its filtered rows).
+        mismatches: When a list (a test's check), every reuse is compared with what Great
+            Expectations builds afresh, and a difference is appended instead of trusted.
+        checked: The number of reuses so compared.
+    """
+
+    configurations: dict[int, tuple[Any, Any]] | None = None
+    expectations: dict[int, tuple[Any, Any]] | None = None
+    filtered: dict[tuple[int, str], tuple[Any, Any]] | None = None
+    mismatches: list[str] | None = None
+    checked: int = 0
+
+
+_memo = _RunMemo()
+REUSE_WITHIN_A_RUN = True
+"""Whether :func:`run` lets Great Expectations reuse what :func:`_memoize_within_a_run` keeps
+(False: Great Expectations' own behaviour, for a comparison)."""
+
+
+def _memoize_within_a_run(gx: Any) -> bool:
+    """Let Great Expectations reuse, within one ``batch.validate``, three things it rebuilds from
+    scratch many times per expectation (measured: about 60 % of its CPU in validating an input).
+
+    * ``Expectation.configuration`` is a property that serialises the expectation (a pydantic
+      ``dict()``) and builds a new ``ExpectationConfiguration`` on every read -- some 70 reads per
+      expectation while its metrics are planned. Within a run the expectation objects are never
+      changed, so the first read is kept (per object, holding it: an ``id`` is never reused).
+    * ``ExpectationConfiguration.to_domain_obj`` validates the configuration into a new
+      expectation object (pydantic) each time -- once per metric of the expectation, and each new
+      object builds its configuration again. The first object is kept per configuration object.
+    * A rule's row condition is applied (``DataFrame.query``: a parse of the condition each time)
+      once per metric of the rule -- three or more times for the same rows. The first filtered
+      frame is kept per (batch frame, condition).
+
+    Outside :func:`run` all three behave exactly as Great Expectations' own. Returns whether it applied
+    (only with :data:`PINNED_VERSION`); ``tests/unit/test_validation.py`` checks every reuse against a
+    fresh build and the results against an unmemoized run.
+    """
+    if getattr(gx, "__version__", None) != PINNED_VERSION:
+        return False
+    from great_expectations.execution_engine.pandas_execution_engine import PandasExecutionEngine
+    from great_expectations.expectations.expectation import Expectation
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    build = Expectation.configuration.fget
+    validate_into = ExpectationConfiguration.to_domain_obj
+    apply_condition = PandasExecutionEngine._apply_row_condition_filter
+
+    def configuration(self: Any) -> Any:
+        kept = _memo.configurations
+        if kept is None:
+            return build(self)
+        hit = kept.get(id(self))
+        if hit is not None and hit[0] is self:
+            _memo.checked += _memo.mismatches is not None
+            if _memo.mismatches is not None and build(self) != hit[1]:
+                _memo.mismatches.append(f"configuration of {type(self).__name__}")
+                return build(self)
+            return hit[1]
+        value = build(self)
+        kept[id(self)] = (self, value)
+        return value
+
+    def to_domain_obj(self: Any) -> Any:
+        kept = _memo.expectations
+        if kept is None:
+            return validate_into(self)
+        hit = kept.get(id(self))
+        if hit is not None and hit[0] is self:
+            _memo.checked += _memo.mismatches is not None
+            if _memo.mismatches is not None and validate_into(self) != hit[1]:
+                _memo.mismatches.append(f"expectation of {self.type}")
+                return validate_into(self)
+            return hit[1]
+        value = validate_into(self)
+        kept[id(self)] = (self, value)
+        return value
+
+    def row_condition_filter(self: Any, data: Any, row_condition: Any, domain_kwargs: dict) -> Any:
+        kept = _memo.filtered
+        if kept is None or not isinstance(row_condition, (dict, str)):
+            return apply_condition(self, data, row_condition, domain_kwargs)
+        try:
+            condition = json.dumps([row_condition, domain_kwargs.get("condition_parser")], sort_keys=True)
+        except (TypeError, ValueError):
+            return apply_condition(self, data, row_condition, domain_kwargs)
+        hit = kept.get((id(data), condition))
+        if hit is not None and hit[0] is data:
+            _memo.checked += _memo.mismatches is not None
+            if _memo.mismatches is not None and not apply_condition(self, data, row_condition,
+                                                                      domain_kwargs).equals(hit[1]):
+                _memo.mismatches.append("rows of a row condition")
+                return apply_condition(self, data, row_condition, domain_kwargs)
+            return hit[1]
+        value = apply_condition(self, data, row_condition, domain_kwargs)
+        kept[(id(data), condition)] = (data, value)
+        return value
+
+    configuration.__doc__ = build.__doc__
+    to_domain_obj.__doc__ = validate_into.__doc__
+    ExpectationConfiguration.to_domain_obj = to_domain_obj  # type: ignore[method-assign]
+    Expectation.configuration = property(configuration)  # type: ignore[method-assign,assignment]
+    PandasExecutionEngine._apply_row_condition_filter = row_condition_filter  # type: ignore[method-assign]
+    return True
 
 
 LAZY_MODULES = ("scipy.stats", "altair")
@@ -196,6 +316,8 @@ def run(
         return []
     state = import_gx()
     gx_suite = _suite(suite, frame, rules)
+    if REUSE_WITHIN_A_RUN:
+        _memo.configurations, _memo.expectations, _memo.filtered = {}, {}, {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -207,6 +329,8 @@ def run(
             )
     except Exception as exc:  # noqa: BLE001 -- reduced to its class: the message may hold data
         return [RuleResult(r.rule_id, False, {}, type(exc).__name__) for r in rules]
+    finally:
+        _memo.configurations = _memo.expectations = _memo.filtered = None
     out: dict[str, RuleResult] = {}
     for r in result.results:
         config = r.expectation_config

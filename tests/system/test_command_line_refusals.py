@@ -1,20 +1,24 @@
 """What an insider, a typo and Ctrl-C can do at the command line, and what they get.
 
 Each test drives the command line as an operator types it and checks what the operator sees (one
-``phsafe: error:`` line, no traceback) and what the ledger holds afterwards.
+``phsafe: error:`` line, no traceback) and what the ledger holds afterwards. A run stopped by a
+signal or killed is a real process of its own, forked from a warm helper
+(tests/_warm_process.py: its own pid, signal handlers and exit status, without a fresh
+interpreter's imports -- a fresh interpreter is not what these tests prove).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from phsafe.ledger import read_ledger
 from tests._ledgers import new_ledger
+from tests._warm_process import WarmProcesses
 from tests.system.test_reliability import (
     CONFIG, DEMO_US, FIRST, ONE_RUN, REPO, _limit_file_size, cli, entries, error_line, private,
 )
@@ -22,21 +26,26 @@ from tests.system.test_reliability import (
 PLANTED = "LISTING.csv"  # made-up identifiers and values, dropped into a release folder by an insider
 
 
-def _stop_after_rename(out: Path, ledger: Path) -> str:
+@pytest.fixture(scope="module")
+def warm() -> Iterator[WarmProcesses]:
+    with WarmProcesses() as processes:
+        yield processes
+
+
+def _stop_after_rename(warm: WarmProcesses, out: Path, ledger: Path) -> str:
     """A run killed after its release folder was renamed into place, before the ledger recorded it."""
     args = ["private", CONFIG, DEMO_US, out, "--ledger", ledger, "--no-validate", *FIRST]
-    stopped = subprocess.run([sys.executable, "-m", "tests.system._fault_driver", "kill", "renamed", "--",
-                              *map(str, args)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    stopped = warm.run(*args, fault=("kill", "renamed"), cwd=REPO)
     assert stopped.returncode != 0 and out.is_dir(), stopped.stderr[-2000:]
     (run_id, run), = read_ledger(ledger).runs.items()
     assert not run.published
     return run_id
 
 
-def test_resume_does_not_record_a_file_planted_in_the_release_folder(tmp_path: Path):
+def test_resume_does_not_record_a_file_planted_in_the_release_folder(warm: WarmProcesses, tmp_path: Path):
     ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
     out = tmp_path / "out"
-    run_id = _stop_after_rename(out, ledger)
+    run_id = _stop_after_rename(warm, out, ledger)
     (out / PLANTED).write_text("MAFID,NAME\n100000001,Jane Doe\n")
     resume = ["--resume", run_id, "--resume-reason", "the host rebooted"]
 
@@ -202,17 +211,18 @@ def test_no_validate_still_refuses_broken_structure_before_any_spend(name: str, 
     del dataset
 
 
-def _signalled(mode: str, point: str, out: Path, ledger: Path, *extra: str) -> subprocess.CompletedProcess:
+def _signalled(warm: WarmProcesses, mode: str, point: str, out: Path, ledger: Path,
+               *extra: str) -> subprocess.CompletedProcess:
     args = ["private", CONFIG, DEMO_US, out, "--ledger", ledger, "--no-validate", *FIRST, *extra]
-    return subprocess.run([sys.executable, "-m", "tests.system._fault_driver", mode, point, "--", *map(str, args)],
-                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    return warm.run(*args, fault=(mode, point), cwd=REPO)
 
 
 @pytest.mark.parametrize("mode", ["sigint", "sigterm"])
-def test_a_signal_while_measuring_stops_at_a_safe_point_and_says_how_to_resume(mode: str, tmp_path: Path):
+def test_a_signal_while_measuring_stops_at_a_safe_point_and_says_how_to_resume(mode: str, warm: WarmProcesses,
+                                                                              tmp_path: Path):
     ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
     out = tmp_path / "out"
-    stopped = _signalled(mode, "append:6", out, ledger)  # after RUN_STARTED and a few spends
+    stopped = _signalled(warm, mode, "append:6", out, ledger)  # after RUN_STARTED and a few spends
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     text = stopped.stdout + stopped.stderr
     assert "Traceback" not in text and "Exception ignored" not in text and "KeyboardInterrupt" not in text, text
@@ -234,10 +244,10 @@ def test_a_signal_while_measuring_stops_at_a_safe_point_and_says_how_to_resume(m
     assert cli("audit", "verify", ledger, "--outputs", out).returncode == 0
 
 
-def test_ctrl_c_before_any_spend_stops_at_once_with_nothing_to_resume(tmp_path: Path):
+def test_ctrl_c_before_any_spend_stops_at_once_with_nothing_to_resume(warm: WarmProcesses, tmp_path: Path):
     ledger = new_ledger(tmp_path / "ledger", cap=ONE_RUN).path
     out = tmp_path / "out"
-    stopped = _signalled("sigint", "reading", out, ledger)
+    stopped = _signalled(warm, "sigint", "reading", out, ledger)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and "Aborted" not in stopped.stderr, stopped.stderr
     (line,) = [x for x in stopped.stderr.splitlines() if x.startswith("phsafe: interrupted:")]

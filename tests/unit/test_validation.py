@@ -38,7 +38,7 @@ from phsafe.intake import validate_inputs
 from phsafe.validation._report import write_report
 from phsafe.validation._run import SuiteRun
 from phsafe.validation._suites import load_suite, suites_dir
-from tests.conftest import PR_CONFIG, US_CONFIG
+from tests.conftest import END_TO_END, PR_CONFIG, US_CONFIG
 
 SUITES = sorted(p.stem for p in suites_dir().glob("*.json"))
 FILE_STEMS = ("persons", "units", "geo", "config", "output")
@@ -443,3 +443,34 @@ def test_great_expectations_batch_fingerprints_are_off() -> None:
 
     _gx.import_gx()
     assert pandas_execution_engine.HASH_THRESHOLD == 0  # no MD5 of confidential data in results
+
+
+def test_what_a_run_reuses_is_what_great_expectations_builds_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Great Expectations is told to reuse, within one batch.validate, each expectation's
+    configuration and each row condition's rows (phsafe/validation/_gx.py): every reuse, on every
+    job of the validation of the reference fixture (valid and broken rules of every suite), equals
+    what Great Expectations builds afresh, and the results equal those of an unchanged run."""
+    jobs: list[_gx.Job] = []
+    evaluate = _worker._run
+
+    def kept(job: object) -> object:
+        if isinstance(job, _gx.Job):
+            jobs.append(job)
+        return evaluate(job)
+
+    monkeypatch.setattr(_worker, "_run", kept)
+    report = validate_inputs(END_TO_END / "config.json", END_TO_END)
+    assert not report.ok and {r.split(".")[0] for r in (f.rule_id for f in report.failures)} >= {"persons"}
+    assert _gx.import_gx()["memoized"], "the pinned Great Expectations runs without its reuse"
+    assert {job.suite for job in jobs} >= {"config", "persons", "units", "geo", "units_geo", "persons_in_units"}
+    _gx._memo.mismatches, _gx._memo.checked = [], 0
+    try:
+        reused = [_gx.evaluate(job) for job in jobs]
+        assert _gx._memo.mismatches == []
+        assert _gx._memo.checked > 1000  # reuses, each compared with a fresh build
+    finally:
+        _gx._memo.mismatches = None
+    monkeypatch.setattr(_gx, "REUSE_WITHIN_A_RUN", False)
+    afresh = [_gx.evaluate(job) for job in jobs]
+    assert reused == afresh
+    assert any(not r.success and r.counts for results in reused for r in results)
