@@ -15,9 +15,6 @@ are reduced to their class name, because their messages may quote data.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import os
@@ -30,6 +27,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+# trim_imports lives apart (standard library only: the ``phsafe`` command calls it before it
+# imports anything else) and is named here too, beside the import it trims.
+from phsafe._trimmed_imports import ABSENT_MODULES, LAZY_MODULES, trim_imports  # noqa: F401
 from phsafe.validation._report import safe_result_counts
 from phsafe.validation._suites import Rule, Suite, load_suite, subsuite_json
 
@@ -220,50 +220,6 @@ def _memoize_within_a_run(gx: Any) -> bool:
     Expectation.configuration = property(configuration)  # type: ignore[method-assign,assignment]
     PandasExecutionEngine._apply_row_condition_filter = row_condition_filter  # type: ignore[method-assign]
     return True
-
-
-LAZY_MODULES = ("scipy.stats", "altair")
-"""Imported by Great Expectations for expectations the suites never use (distribution tests, the
-KL divergence's chart) -- about a third of its import: in a process of the pass they are loaded
-only if an attribute of theirs is used."""
-ABSENT_MODULES = ("sqlalchemy",)
-"""Great Expectations' SQL back end, optional to it (it checks whether it can be imported): the
-suites run on pandas frames only."""
-
-
-class _LazyFinder(importlib.abc.MetaPathFinder):
-    """Finds :data:`LAZY_MODULES` as the other finders do, with a loader that runs the module on
-    first attribute access (:class:`importlib.util.LazyLoader`)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if name not in LAZY_MODULES:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = importlib.util.LazyLoader(spec.loader)
-                return spec
-        return None
-
-
-def trim_imports() -> None:
-    """Make Great Expectations' import about a third cheaper in a process that only runs the pass
-    (the validation's second process, the pass's worker processes -- never a process that may
-    also run Prefect, which needs SQLAlchemy): :data:`LAZY_MODULES` load on first use and
-    :data:`ABSENT_MODULES` read as not installed. Call it before anything imports them; the
-    suites' results are the same (``tests/unit/test_validation.py``)."""
-    with _lock:
-        if "great_expectations" in sys.modules or any(isinstance(f, _LazyFinder) for f in sys.meta_path):
-            return
-        for name in ABSENT_MODULES:
-            if name not in sys.modules:
-                sys.modules[name] = None  # type: ignore[assignment] -- "import name" raises ImportError
-        if not any(name in sys.modules for name in LAZY_MODULES):
-            sys.meta_path.insert(0, _LazyFinder())
 
 
 def prewarm() -> threading.Thread:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 HEAVY = ("pandas", "pyarrow", "numpy", "structlog", "pydantic", "great_expectations", "phsafe.cli.private",
          "phsafe.cli.validate", "phsafe.synthetic", "phsafe.logs")
@@ -35,6 +36,7 @@ def test_a_process_of_the_pass_imports_great_expectations_without_what_the_suite
     # evaluation's in tests/system/test_validation_by_state.py.)
     code = """
 import sys
+from pathlib import Path
 from phsafe.validation import _gx
 _gx.trim_imports()
 import pandas as pd
@@ -51,3 +53,31 @@ print("SQL", sys.modules.get("sqlalchemy", "absent"))
     assert "EVALUATED" in out and "True" in out.split("EVALUATED")[1].splitlines()[0], out
     assert "LAZY _LazyModule" in out or "LAZY absent" in out, out
     assert "SQL None" in out, out
+
+
+def test_the_installed_command_trims_great_expectations_and_main_does_not() -> None:
+    # The console script is phsafe.cli:console, which trims before anything else is imported (the
+    # command never runs Prefect); main -- called in processes that may run Prefect -- does not.
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="phsafe")
+    assert script.value == "phsafe.cli:console"
+    demo = Path(__file__).resolve().parents[2] / "demo" / "data" / "us"
+    code = f"""
+import sys
+from pathlib import Path
+from phsafe.cli import {{entry}}
+sys.argv = ["phsafe", "-q", "validate", {str(demo / "config.json")!r}, {str(demo)!r}]
+try:
+    {{entry}}()
+except SystemExit as stop:
+    print("EXIT", stop.code)
+print("GX", "great_expectations" in sys.modules)
+print("SQL", sys.modules.get("sqlalchemy", "absent"))
+"""
+    trimmed = subprocess.run([sys.executable, "-c", code.format(entry="console")], capture_output=True, text=True,
+                             check=True).stdout
+    assert "EXIT 0" in trimmed and "GX True" in trimmed and "SQL None" in trimmed, trimmed
+    plain = subprocess.run([sys.executable, "-c", code.format(entry="main")], capture_output=True, text=True,
+                           check=True).stdout
+    assert "EXIT 0" in plain and "GX True" in plain and "SQL None" not in plain, plain
