@@ -435,8 +435,9 @@ def refuse_released_bytes(run: PrivateRun, plan: "RunPlan") -> None:
 
     if is_infinite(plan.total):
         return
-    state = engine.open_ledger(run.ledger).state
-    policy = state.policy
+    ledger = engine.open_ledger(run.ledger)
+    with ledger.locked(lagging=True) as state:  # caught up with the file; the files are hashed outside the lock
+        policy = state.policy
     if (policy is None or policy.non_confidential or bool(parameters.non_confidential) != policy.non_confidential
             or state.dataset_refusal(run.dataset) is not None):
         return
@@ -462,8 +463,10 @@ def refuse_released_bytes(run: PrivateRun, plan: "RunPlan") -> None:
     from phsafe.errors import LedgerError, LedgerRuleViolation
     from phsafe.ledger.runs import explain
 
-    claims = state.release_claims(run.dataset, candidates[0].fingerprint or "")
-    assert claims, "a run that claims its release is among the claims of its content version"
+    with ledger.locked(lagging=True) as state:  # the claims as they are now (an open run may have failed since)
+        claims = state.release_claims(run.dataset, candidates[0].fingerprint or "")
+    if not claims:
+        return
     violation = LedgerRuleViolation("these records are a content version another run claims", rule="release-claimed",
                                     other=claims[0].run_id)
     log.info("refused before the input pass: the inputs are the files of a run that claims their release",
