@@ -401,8 +401,77 @@ def _run(run: PrivateRun, config: "PHSafeConfig", counter: Counter, runner: Stag
 
 
 def _preflight(run: PrivateRun, config: "PHSafeConfig", plan: "RunPlan") -> PrivateRun:
-    """Everything the run needs later, checked before any spend; the run with its truncation key."""
-    return engine.preflight(run, config, plan).run
+    """Everything the run needs later, checked before any spend; the run with its truncation key.
+    Last, a new run on the very files a run of its dataset released is refused before the input
+    pass (:func:`refuse_released_bytes`)."""
+    checked = engine.preflight(run, config, plan).run
+    refuse_released_bytes(checked, plan)
+    return checked
+
+
+def refuse_released_bytes(run: PrivateRun, plan: "RunPlan") -> None:
+    """Refuse a new run whose input files and config are byte for byte those of a run of the
+    same dataset that released them (or is releasing them) -- with the very refusal the ledger
+    gives when the run opens (a content version is released once) -- before the input pass.
+
+    The ledger tells content versions apart by the records' content fingerprint, which only the
+    input pass computes: without this check a second trigger of a release reads, validates and
+    counts every input before it is refused. The same bytes under the same config are the same
+    tabulated records, so they have the fingerprint that run recorded (under the same ledger's
+    key) -- and if a later version of the fingerprint ever disagreed, refusing the same bytes
+    again would still be right. The check is only ever a refusal: files that differ from every
+    earlier run's, or any case it does not cover (a resume, a declared re-release, a cap raise,
+    a non-confidential ledger, a closed dataset, an Infinity budget), go on to the pass, and the
+    ledger's own check when the run opens stays the authority. The input digests are
+    confidential lineage: compared here, never shown; the message is the ledger's.
+
+    Files are hashed only when a run of the dataset with the same config and the same input
+    names claims a release, smallest input first, and no further once no such run matches.
+    """
+    parameters = run.parameters
+    if run.resume or parameters.re_release or parameters.lifetime_cap is not None:
+        return
+    from phsafe.amounts import is_infinite
+
+    if is_infinite(plan.total):
+        return
+    ledger = engine.open_ledger(run.ledger)
+    with ledger.locked(lagging=True) as state:  # caught up with the file; the files are hashed outside the lock
+        policy = state.policy
+    if (policy is None or policy.non_confidential or bool(parameters.non_confidential) != policy.non_confidential
+            or state.dataset_refusal(run.dataset) is not None):
+        return
+    from phsafe.reader import input_digests, locate_inputs
+
+    inputs = locate_inputs(run.data_dir)
+    names = {f.name for f in inputs.values()}
+    candidates = [r for r in state.runs.values()
+                  if r.dataset == run.dataset and r.fingerprint is not None and r.claims_release
+                  and r.config_digest == run.config_sha256 and set(r.input_digests) == names]
+    if not candidates:
+        return
+    import os
+
+    def size(stem: str) -> int:
+        return sum(os.path.getsize(p) for p in inputs[stem].files)
+
+    for stem in sorted(inputs, key=size):
+        ((name, digest),) = input_digests({stem: inputs[stem]}).items()
+        candidates = [r for r in candidates if r.input_digests[name] == digest]
+        if not candidates:
+            return
+    from phsafe.errors import LedgerError, LedgerRuleViolation
+    from phsafe.ledger.runs import explain
+
+    with ledger.locked(lagging=True) as state:  # the claims as they are now (an open run may have failed since)
+        claims = state.release_claims(run.dataset, candidates[0].fingerprint or "")
+    if not claims:
+        return
+    violation = LedgerRuleViolation("these records are a content version another run claims", rule="release-claimed",
+                                    other=claims[0].run_id)
+    log.info("refused before the input pass: the inputs are the files of a run that claims their release",
+             other_run=claims[0].run_id)
+    raise explain(LedgerError(str(violation), violation=violation), state, run_id=run.run_id)
 
 
 def _open_ledger_run(run: PrivateRun, plan: "RunPlan", digests: dict[str, str], counts: ExactCounts) -> LedgerAttempt:

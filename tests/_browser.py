@@ -44,13 +44,16 @@ def chromium_path() -> str:
 
 
 @contextmanager
-def browser_page(*, allow: tuple[str, ...] = ()) -> Iterator["object"]:
+def browser_page(*, allow: tuple[str, ...] = (), webgl: bool = True) -> Iterator["object"]:
     """A fresh Playwright page in headless chromium, off the network.
 
     Args:
         allow: URL prefixes the page may load over http(s) (e.g. a test server on loopback);
             every other http(s) request is aborted, and so shows up as a failed request.
             ``file:`` and ``data:`` URLs always load.
+        webgl: False: no software WebGL (``--disable-software-rasterizer``), for pages whose
+            canvas (Prefect's run graph) nothing looks at -- drawn in software it keeps
+            Chromium's GPU process busy all the time the page is open (about 0.4 CPU-s a second).
 
     Yields:
         The page; its ``failed_requests`` and ``console_errors`` lists collect what went wrong.
@@ -60,7 +63,8 @@ def browser_page(*, allow: tuple[str, ...] = ()) -> Iterator["object"]:
     executable = chromium_path()
     with tempfile.TemporaryDirectory(prefix="phsafe-chromium-") as profile, sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            profile, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
+            profile, executable_path=executable, headless=True,
+            args=CHROMIUM_ARGS + ([] if webgl else ["--disable-software-rasterizer"]),
             viewport={"width": 1400, "height": 1000},
         )
         try:

@@ -158,8 +158,12 @@ def test_a_second_trigger_of_the_release_is_refused_before_any_spend(tmp_path, p
         assert ledgers[label].read_bytes() == before[label]  # not one entry: nothing spent
     assert message.count("No privacy-loss budget was spent.") == 2
     assert "the flow parameter re_release" in message and "--re-release" not in message
+    from tests.flows.test_flows import _task_run_names
+
     for sub in _subflow_runs(again):
         assert not [m for m in _log_messages(sub) if "Traceback" in m]  # a refusal is not a bug
+        # The very files of the release: refused in preflight, before any input was read.
+        assert "validate-and-count" not in " ".join(_task_run_names(sub))
 
     # A declared re-release goes through, recorded; the cap still applies. (On a copy of the
     # enclave: the published release is the module's.)

@@ -249,7 +249,7 @@ def check_the_ui_is_served(stack: Stack, tmp_path: Path) -> None:
     assert "Permission denied" not in server_log and "Failed to create" not in server_log, server_log[-2000:]
     with urllib.request.urlopen(stack.ui + "/", timeout=30) as response:
         assert response.status == 200 and b"<html" in response.read(4096).lower()
-    with browser_page(allow=(stack.ui,)) as page:
+    with browser_page(allow=(stack.ui,), webgl=False) as page:  # no canvas on this page
         page.goto(f"{stack.ui}/deployments")
         expect(page.get_by_text("sdhc-release", exact=True).first).to_be_visible(timeout=60_000)
         expect(page.get_by_text("sdhc-us", exact=True).first).to_be_visible()
@@ -641,6 +641,16 @@ def check_a_second_trigger_is_refused_before_spending(stack: Stack) -> None:
     summary = next(a for a in again.artifacts if a.key == "release-summary")
     assert summary.data.count("**failed**: these records were already released") == 2
 
+    def tasks(run: DeploymentRun) -> set[str]:
+        return {t.name.rsplit("-", 1)[0] for t in run.task_runs if t.state is not None and t.state.is_final()}
+
+    # The very files of the release: each dataset refused in preflight, before any input was read
+    # (task runs reach the API through the server's event pipeline: wait for the preflight's).
+    for label in ledgers:
+        sub = read_flow_run(stack, subflow_run(stack, again.flow_run, f"sdhc-{label}").id,
+                            until=lambda run: "preflight" in tasks(run))
+        assert "preflight" in tasks(sub) and "validate-and-count" not in tasks(sub), tasks(sub)
+
 
 def _final(stack: Stack, flow_run_id: Any, runs_before: int, timeout: float = 300) -> Any:
     """The flow run once it ran again (run count above ``runs_before``) and is final."""
@@ -664,14 +674,16 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
     The browser is closed while the retry runs (nothing is asserted in it meanwhile; Chromium
     redraws the page's run graph as it polls), and the page is opened again only once the API has
     the retry's ``log_line``: the log pane then loads every line it will show at once, instead of
-    re-rendering (and dropping) lines under the scroll as they arrive."""
+    re-rendering (and dropping) lines under the scroll as they arrive. Both pages go without
+    software WebGL: the run graph (proven drawn by :func:`check_flow_run_page_in_chromium`) is not
+    what a Retry is about, and drawn in software it keeps Chromium's GPU process busy all along."""
     from playwright.sync_api import Error as PlaywrightError
     from playwright.sync_api import expect
 
     from tests._browser import browser_page
 
     before = _api(stack, lambda client: client.read_flow_run(flow_run.id))
-    with browser_page(allow=(stack.ui,)) as page:
+    with browser_page(allow=(stack.ui,), webgl=False) as page:  # the run graph: not looked at here
         page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
         expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
         page.get_by_role("button", name="Retry").first.click()
@@ -681,7 +693,7 @@ def retry_in_chromium(stack: Stack, flow_run: Any, screenshot: Path, log_line: "
         assert [url for url in page.failed_requests if not url.startswith(stack.ui)] == []
     final = _final(stack, flow_run.id, before.run_count)
     _log_line_stored(stack, flow_run.id, log_line)
-    with browser_page(allow=(stack.ui,)) as page:
+    with browser_page(allow=(stack.ui,), webgl=False) as page:  # the run graph: not looked at here
         page.goto(f"{stack.ui}/runs/flow-run/{flow_run.id}")
         expect(page.get_by_text(flow_run.name, exact=True).first).to_be_visible(timeout=60_000)
         expect(page.get_by_text(final.state.name, exact=True).first).to_be_visible(timeout=60_000)
