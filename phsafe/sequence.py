@@ -34,6 +34,7 @@ how to complete the run without drawing noise again; before that, nothing was sp
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, TypeVar
@@ -450,8 +451,6 @@ def refuse_released_bytes(run: PrivateRun, plan: "RunPlan") -> None:
                   and r.config_digest == run.config_sha256 and set(r.input_digests) == names]
     if not candidates:
         return
-    import os
-
     def size(stem: str) -> int:
         return sum(os.path.getsize(p) for p in inputs[stem].files)
 
