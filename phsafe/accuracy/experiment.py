@@ -153,8 +153,7 @@ def _read_nonprivate(directory: Path, table: str) -> pd.DataFrame | None:
     return frame[[*KEYS, "COUNT"]]
 
 
-def _private_long(directory: Path) -> dict[str, pd.DataFrame]:
-    tables, _ = read_private_outputs(directory)
+def _private_long(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {t: f.rename(columns={cell_column(t): "CELL"}) for t, f in tables.items()}
 
 
@@ -253,8 +252,10 @@ def run_accuracy(
             run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, **options)
             task.update(trial - 1, item=f"trial {trial}: truncated exact counts")
             run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, **options)
-            noisy = _private_long(output_dir / "trials" / name)
-            exact = _private_long(output_dir / "truncated" / name)
+            # The release is read once (and its variances checked once) for the cells and the production's method.
+            tables, facts = read_private_outputs(output_dir / "trials" / name)
+            noisy = _private_long(tables)
+            exact = _private_long(read_private_outputs(output_dir / "truncated" / name)[0])
             post = None
             if with_postprocess:
                 task.update(trial - 1, item=f"trial {trial}: post-processing")
@@ -267,7 +268,6 @@ def run_accuracy(
                 averages.append(_trial_averages(trial, post, trial_ratios, truth_ratios))
                 if compare_production:
                     task.update(trial - 1, item=f"trial {trial}: the production's method")
-                    tables, facts = read_private_outputs(output_dir / "trials" / name)
                     theirs = production_files(tables, np.random.default_rng([seed, trial]))
                     compared.append(compare_trial(trial, read_estimate_files(post), theirs,
                                                   truncated_truth(exact, trial_ratios), facts.get("tau") or {}))
