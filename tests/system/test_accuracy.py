@@ -32,6 +32,7 @@ from phsafe.accuracy import (
 from phsafe.accuracy.production import production_files
 from phsafe.cli import main
 from phsafe.config import INFINITE, load_config
+from phsafe.errors import PHSafeError
 from tests.conftest import REPO, US_CONFIG
 
 DEMO = REPO / "demo" / "data" / "us"
@@ -68,6 +69,8 @@ def test_accuracy_refuses_without_the_acknowledgement(small: tuple[Path, Path], 
         run_accuracy(config, data, out, trials=1)
     with pytest.raises(ConfidentialityNotConfirmed):
         run_accuracy(config, data, out, trials=1, non_confidential="yes")  # type: ignore[arg-type]
+    with pytest.raises(PHSafeError, match="--exact-limit"):  # refused before anything is run or written
+        run_accuracy(config, data, out, trials=1, non_confidential=True, exact_limit=-1)
     assert not out.exists()
 
 
