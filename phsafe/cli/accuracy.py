@@ -74,8 +74,8 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
     if compare_sensitivity:
         with command_progress(log_file) as progress:
             compared = compare_bounds(config, data, output, trials=trials, non_confidential=True,
-                                      with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit, seed=seed,
-                                      plots=not no_plots, overwrite=overwrite, progress=progress)
+                                      with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit,
+                                      seed=seed, plots=not no_plots, overwrite=overwrite, progress=progress)
         pooled = compared.comparison.set_index("TABLE").loc["ALL"]
         result_line(f"phsafe: sensitivity comparison in {compared.output_dir / 'sensitivity_comparison.html'} "
                     f"(pooled MOE exact/paper {pooled['MOE_RATIO']:.3f}; MOE coverage paper "
