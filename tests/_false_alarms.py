@@ -65,11 +65,12 @@ FALSE_ALARMS: dict[str, FalseAlarm] = {
                  "(US, 21,216 cells: 2.8e-124) and 0.80-0.98 (Puerto Rico, 408 cells: 5.7e-10), exact Poisson-binomial "
                  "laws; a pooled MAE of 0 (every noise 0): below 1e-300", "bound"),
     "tests/system/test_accuracy.py::test_coverage_on_the_demo_data": FalseAlarm(
-        1.3e-06, "the rehearsal verdict at family-wise alpha 1e-6 (Bonferroni over its rows): 1e-6; the measured tables' "
+        1.0e-06, "the rehearsal verdict at family-wise alpha 1e-6 (Bonferroni over its rows): 1e-6; the measured tables' "
                  "pooled MOE coverage outside 0.88-0.92, its exact Poisson-binomial law (9,792 cells, mean 0.9014): "
-                 "1.2e-10; the credible intervals' pooled coverage of counts (0.88-0.96) and averages (0.86-0.98): the "
-                 "normal law of the mean of 8 independent trials, its mean and sd at the 99.9% limits of 22 seeded "
-                 "replications of a trial (0.9165, sd 0.0076; 0.9205, sd 0.0151): 6.5e-11 and 3.0e-7", "monte carlo"),
+                 "1.2e-10; the credible intervals' pooled coverage of counts (0.88-0.96) and averages (0.86-0.98, "
+                 "lattices above 1,000,000 points drawn): the normal law of the mean of 8 independent trials, its mean "
+                 "and sd at the 99.9% limits of 22 seeded replications of a trial (0.9165, sd 0.0076; 0.9222, sd "
+                 "0.0105): 6.5e-11 and 4.2e-14", "monte carlo"),
     "tests/system/test_accuracy.py::test_small_experiment_writes_metrics_report_and_plots": FalseAlarm(
         6.5e-15, "the production's averages out of bounds somewhere fails only if no PH5 model is fitted in either trial "
                  "(a fitted one's mean ratio is above tau = 2 surely): the usa_* model fits when each of its 5 rows' noise "

@@ -74,6 +74,7 @@ from phsafe.errors import ConfidentialityNotConfirmed, PHSafeError
 from phsafe.logs import get_logger
 from phsafe.outputs import CSV_SEPARATOR, cell_column
 from phsafe.postprocess import RATIO_SHELLS, postprocess, read_private_outputs
+from phsafe.postprocess.ratios import DEFAULT_EXACT_LIMIT
 from phsafe.tables import OUTPUT_TABLES
 
 if TYPE_CHECKING:
@@ -152,8 +153,7 @@ def _read_nonprivate(directory: Path, table: str) -> pd.DataFrame | None:
     return frame[[*KEYS, "COUNT"]]
 
 
-def _private_long(directory: Path) -> dict[str, pd.DataFrame]:
-    tables, _ = read_private_outputs(directory)
+def _private_long(tables: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {t: f.rename(columns={cell_column(t): "CELL"}) for t, f in tables.items()}
 
 
@@ -171,6 +171,7 @@ def run_accuracy(
     non_confidential: bool = False,
     with_postprocess: bool = True,
     draws: int = DEFAULT_ACCURACY_DRAWS,
+    exact_limit: int = DEFAULT_EXACT_LIMIT,
     seed: int | None = None,
     plots: bool = True,
     overwrite: bool = False,
@@ -187,7 +188,10 @@ def run_accuracy(
         non_confidential: The caller's statement that the data is not confidential. Without it
             nothing is run, spent or written.
         with_postprocess: Post-process each trial and measure credible-interval coverage.
-        draws: Posterior draws per cell for the averages (post-processing).
+        draws: Independent exact draws per cell of an average whose two-dimensional lattice
+            is larger than ``exact_limit`` (post-processing; :func:`phsafe.postprocess.postprocess`).
+        exact_limit: Largest two-dimensional lattice (points) of an average computed exactly
+            (post-processing); the quantiles of a larger one come from ``draws`` draws.
         seed: Seed of the post-processing simulations (trial t uses seed + t); random if None.
         plots: Write the PNG plots (matplotlib).
         overwrite: Empty an ``output_dir`` that already holds files (otherwise it is refused).
@@ -208,6 +212,8 @@ def run_accuracy(
         )
     if trials < 1:
         raise PHSafeError("--trials must be at least 1")
+    if exact_limit < 0:
+        raise PHSafeError("--exact-limit must be at least 0")
     from phsafe._plots import report_folder
     from phsafe.api import run_private
     from phsafe.engine import run_nonprivate
@@ -246,13 +252,15 @@ def run_accuracy(
             run_private(Path(config_path), Path(data_dir), output_dir / "trials" / name, **options)
             task.update(trial - 1, item=f"trial {trial}: truncated exact counts")
             run_private(noiseless, Path(data_dir), output_dir / "truncated" / name, **options)
-            noisy = _private_long(output_dir / "trials" / name)
-            exact = _private_long(output_dir / "truncated" / name)
+            # The release is read once (and its variances checked once) for the cells and the production's method.
+            tables, facts = read_private_outputs(output_dir / "trials" / name)
+            noisy = _private_long(tables)
+            exact = _private_long(read_private_outputs(output_dir / "truncated" / name)[0])
             post = None
             if with_postprocess:
                 task.update(trial - 1, item=f"trial {trial}: post-processing")
                 result = postprocess(output_dir / "trials" / name, output_dir / "postprocessed" / name,
-                                     draws=draws, seed=seed + trial)
+                                     draws=draws, seed=seed + trial, exact_limit=exact_limit)
                 post = result.destination
             cells.append(_trial_cells(trial, noisy, exact, truth, post))
             if post is not None:
@@ -260,7 +268,6 @@ def run_accuracy(
                 averages.append(_trial_averages(trial, post, trial_ratios, truth_ratios))
                 if compare_production:
                     task.update(trial - 1, item=f"trial {trial}: the production's method")
-                    tables, facts = read_private_outputs(output_dir / "trials" / name)
                     theirs = production_files(tables, np.random.default_rng([seed, trial]))
                     compared.append(compare_trial(trial, read_estimate_files(post), theirs,
                                                   truncated_truth(exact, trial_ratios), facts.get("tau") or {}))
@@ -276,7 +283,8 @@ def run_accuracy(
         seconds = time.perf_counter() - started
         files = write_report(output_dir, frame, avg, metrics, average_metrics, config_path=Path(config_path),
                              data_dir=Path(data_dir), trials=trials, seconds=seconds, plots=plots,
-                             with_postprocess=with_postprocess, draws=draws, seed=seed, comparison=comparison,
+                             with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit, seed=seed,
+                             comparison=comparison,
                              comparison_rows=rows)
     log.info("accuracy report written", output=str(output_dir), trials=trials, seconds=round(seconds, 1))
     return AccuracyResult(output_dir, metrics, average_metrics, files, seconds, comparison)
@@ -369,6 +377,7 @@ def compare_bounds(
     non_confidential: bool = False,
     with_postprocess: bool = True,
     draws: int = DEFAULT_ACCURACY_DRAWS,
+    exact_limit: int = DEFAULT_EXACT_LIMIT,
     seed: int | None = None,
     plots: bool = True,
     overwrite: bool = False,
@@ -399,8 +408,8 @@ def compare_bounds(
     for bound in ("paper", "exact"):
         config = config_with_bound(Path(config_path), output_dir / f"config-{bound}.json", bound)
         results[bound] = run_accuracy(config, Path(data_dir), output_dir / bound, trials=trials, non_confidential=True,
-                                      with_postprocess=with_postprocess, draws=draws, seed=seed, plots=plots,
-                                      compare_production=False, progress=progress)
+                                      with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit,
+                                      seed=seed, plots=plots, compare_production=False, progress=progress)
     frame = bound_comparison(results["paper"].metrics, results["exact"].metrics)
     seconds = time.perf_counter() - started
     files = write_bound_report(output_dir, frame, config_path=Path(config_path), data_dir=Path(data_dir),

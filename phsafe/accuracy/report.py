@@ -57,6 +57,7 @@ def write_report(
     with_postprocess: bool,
     draws: int,
     seed: int,
+    exact_limit: int | None = None,
     comparison: pd.DataFrame | None = None,
     comparison_rows: pd.DataFrame | None = None,
 ) -> list[str]:
@@ -99,7 +100,8 @@ def write_report(
     ]
     if with_postprocess:
         facts.append(("pooled 90% credible-interval coverage (noise only)", f"{overall['CI90_COVERAGE']:.4f}"))
-        facts.append(("post-processing", f"{draws} draws per cell, seed {seed} + trial"))
+        limit = "" if exact_limit is None else f" whose lattice exceeds {exact_limit:,} points"
+        facts.append(("post-processing", f"{draws} draws per average cell{limit}, seed {seed} + trial"))
     from phsafe._plots import Bullets, Document, Heading, Image, Para, Table
 
     doc = Document("PHSafe accuracy report")

@@ -32,7 +32,11 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @click.option("--postprocess/--no-postprocess", "with_postprocess", default=True, show_default=True,
               help="Post-process every trial and measure the coverage of its credible intervals.")
 @click.option("--draws", type=click.IntRange(min=1), default=2000, show_default=True,
-              help="Posterior draws per cell for the averages (post-processing).")
+              help="Independent exact draws for an average whose two-dimensional lattice exceeds --exact-limit "
+                   "(post-processing).")
+@click.option("--exact-limit", type=click.IntRange(min=0), default=12_000_000, show_default=True,
+              help="Largest two-dimensional lattice (points) of an average computed exactly (post-processing); "
+                   "a larger one's interval comes from --draws exact draws.")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the post-processing simulations (default: random, shown in the report).")
 @click.option("--production/--no-production", "compare_production", default=True, show_default=True,
@@ -47,7 +51,7 @@ _EXISTING = click.Path(exists=True, path_type=Path)
 @verbosity_options
 @handle_errors
 def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: int, non_confidential: bool,
-             with_postprocess: bool, draws: int, seed: int | None, compare_production: bool,
+             with_postprocess: bool, draws: int, exact_limit: int, seed: int | None, compare_production: bool,
              compare_sensitivity: bool, no_plots: bool, log_file: Path | None) -> None:
     """Accuracy of K private runs of CONFIG on synthetic DATA, written to OUTPUT.
 
@@ -70,8 +74,8 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
     if compare_sensitivity:
         with command_progress(log_file) as progress:
             compared = compare_bounds(config, data, output, trials=trials, non_confidential=True,
-                                      with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
-                                      overwrite=overwrite, progress=progress)
+                                      with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit,
+                                      seed=seed, plots=not no_plots, overwrite=overwrite, progress=progress)
         pooled = compared.comparison.set_index("TABLE").loc["ALL"]
         result_line(f"phsafe: sensitivity comparison in {compared.output_dir / 'sensitivity_comparison.html'} "
                     f"(pooled MOE exact/paper {pooled['MOE_RATIO']:.3f}; MOE coverage paper "
@@ -79,8 +83,9 @@ def accuracy(config: Path, data: Path, output: Path, overwrite: bool, trials: in
         return
     with command_progress(log_file) as progress:
         result = run_accuracy(config, data, output, trials=trials, non_confidential=True,
-                              with_postprocess=with_postprocess, draws=draws, seed=seed, plots=not no_plots,
-                              overwrite=overwrite, compare_production=compare_production, progress=progress)
+                              with_postprocess=with_postprocess, draws=draws, exact_limit=exact_limit, seed=seed,
+                              plots=not no_plots, overwrite=overwrite, compare_production=compare_production,
+                              progress=progress)
     overall = result.metrics[result.metrics["TABLE"] == "ALL"].iloc[0]
     note = ""
     if len(result.comparison):

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from phsafe import synthetic
+from phsafe.accuracy import experiment
 from phsafe.accuracy import (
     AVERAGE_METRIC_COLUMNS,
     COMPARISON_COLUMNS,
@@ -27,8 +29,10 @@ from phsafe.accuracy import (
     noiseless_config,
     run_accuracy,
 )
+from phsafe.accuracy.production import production_files
 from phsafe.cli import main
 from phsafe.config import INFINITE, load_config
+from phsafe.errors import PHSafeError
 from tests.conftest import REPO, US_CONFIG
 
 DEMO = REPO / "demo" / "data" / "us"
@@ -65,6 +69,8 @@ def test_accuracy_refuses_without_the_acknowledgement(small: tuple[Path, Path], 
         run_accuracy(config, data, out, trials=1)
     with pytest.raises(ConfidentialityNotConfirmed):
         run_accuracy(config, data, out, trials=1, non_confidential="yes")  # type: ignore[arg-type]
+    with pytest.raises(PHSafeError, match="--exact-limit"):  # refused before anything is run or written
+        run_accuracy(config, data, out, trials=1, non_confidential=True, exact_limit=-1)
     assert not out.exists()
 
 
@@ -78,10 +84,15 @@ def test_noiseless_config_replaces_positive_budgets_only(small: tuple[Path, Path
     assert derived.tau == original.tau and derived.state_filter == original.state_filter
 
 
-def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Path], tmp_path: Path) -> None:
+def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     config, data = small
     out = tmp_path / "acc"
-    result = run_accuracy(config, data, out, trials=2, non_confidential=True, draws=200, seed=1)
+    # The comparison's plumbing, not the production's sampler (tests/unit/test_production_method.py): its Gibbs
+    # sampler keeps 1,000 draws here instead of the production's 10,000 (which cost most of this test's CPU), and
+    # averages on lattices above 1,000,000 points are drawn (1,000 draws) instead of summed exactly.
+    monkeypatch.setattr(experiment, "production_files", functools.partial(production_files, gibbs_draws=1_000))
+    result = run_accuracy(config, data, out, trials=2, non_confidential=True, draws=200, exact_limit=1_000_000, seed=1)
     for name in ("metrics.csv", "average_metrics.csv", "cells.parquet", "averages.parquet", "report.md",
                  "report.html", "plots/coverage.png", "plots/mae.png", "plots/error_distribution.png",
                  "plots/abs_errors.png", "plots/averages_coverage.png", "ledgers/001.jsonl", "ledgers/002.jsonl",
@@ -111,6 +122,7 @@ def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Pat
     assert "PH1_num" in result.metrics["TABLE"].values
     report = (out / "report.md").read_text()
     assert "MOE_COVERAGE" in report and "plots/coverage.png" in report
+    assert "200 draws per average cell whose lattice exceeds 1,000,000 points" in report
     assert "<img" in (out / "report.html").read_text()
     # ours against the production's method, per row of the Census files
     comparison = pd.read_csv(out / "comparison.csv")
@@ -122,7 +134,7 @@ def test_small_experiment_writes_metrics_report_and_plots(small: tuple[Path, Pat
     assert (ours["OUT_OF_BOUNDS"] == 0).all() and (ours["FAILED"] == 0).all()
     assert comparison["COVERAGE"].between(0, 1).all() and (comparison["MEAN_LENGTH"] >= 0).all()
     # tau = 2 here while the production bounds every average by 10: its averages can exceed tau. PH5's are certain
-    # to (every family holds 2 persons, and a fitted model's mean ratio of 10,000 continuous draws >= 2 is above 2);
+    # to (every family holds 2 persons, and a fitted model's mean ratio of 1,000 continuous draws >= 2 is above 2);
     # PH1's and PH8's only by chance, as the noise falls.
     # false-alarm rate: 6.5e-15 per run -- bound: no PH5 model fitted in either trial needs the usa_* model to fail
     # twice; it fits when each of its 5 rows' noise is above 1.5 - 6 sd (the truth + 1 person is then inside the
@@ -148,7 +160,7 @@ def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
     assert again.exit_code == 1 and "already holds files" in again.output and "--overwrite" in again.output
     replaced = CliRunner().invoke(main, ["-q", "accuracy", str(DEMO / "config.json"), str(DEMO), str(out),
                                          "--trials", "1", "--non-confidential", "--no-plots", "--overwrite",
-                                         "--no-production"])
+                                         "--no-production", "--exact-limit", "1000000"])
     assert replaced.exit_code == 0, replaced.output
     assert replaced.output == ""  # quiet: no progress, no result line
     assert (out / "metrics.csv").exists() and (out / "average_metrics.csv").exists()  # the new run's files
@@ -158,8 +170,11 @@ def test_cli_smoke_on_the_demo_data(tmp_path: Path) -> None:
 def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
     """Production budgets on the demo data: coverage of the stated MOE and of the credible
     intervals, pooled over 8 trials (about 11,700 cells; standard error about 0.003)."""
+    # Averages on lattices above 1,000,000 points (the national and largest state groups of PH1 and PH5, more than
+    # half of the exact sums' CPU) take their intervals from 1,000 exact draws, as a large release's do; the smaller
+    # ones, and test_average_coverage_full_simulation's, stay exact.
     result = run_accuracy(DEMO / "config.json", DEMO, tmp_path / "acc", trials=8, non_confidential=True,
-                          draws=1000, seed=2, plots=False, compare_production=False)
+                          draws=1000, exact_limit=1_000_000, seed=2, plots=False, compare_production=False)
     overall = result.metrics.set_index("TABLE").loc["ALL"]
     averages = result.average_metrics.set_index("TABLE").loc["ALL"]
     print({"MOE": overall["MOE_COVERAGE"], "MOE vs truth": overall["MOE_COVERAGE_VS_TRUTH"],
@@ -186,11 +201,15 @@ def test_coverage_on_the_demo_data(tmp_path: Path) -> None:
     assert 0.88 <= measured["COVERAGE"] <= 0.92, measured
     # The credible intervals cover about 90% of the truncated truths, counts and averages, pooled over the 8 trials:
     # a trial's coverage is 0.9165 (sd 0.0076) for the counts and 0.9205 (sd 0.0151) for the averages (22 seeded
-    # replications). The averages' band was 0.87-0.95 (upper end 5.5 sd of the 8 trials' mean away at the estimates,
-    # 2.5% per run at their 99.9% limits); the counts' 0.89-0.95 is 0.88-0.96 (6.4e-6 -> 6.5e-11 at those limits).
+    # replications, every lattice exact); with the averages above 1,000,000 points drawn, 0.9171 (sd 0.0070) and
+    # 0.9222 (sd 0.0105) (22 more). The averages' band was 0.87-0.95 (upper end 5.5 sd of the 8 trials' mean away at
+    # the estimates, 2.5% per run at their 99.9% limits); the counts' 0.89-0.95 is 0.88-0.96 (6.4e-6 -> 6.5e-11 at
+    # those limits). The counts' intervals do not depend on the exact limit.
     # false-alarm rate: 6.5e-11 per run -- monte carlo: the normal law of the mean of 8 independent trials, its mean
     # and sd at the 99.9% limits of 22 seeded replications (sd by the chi-square bound), outside 0.88-0.96
     assert 0.88 <= overall["CI90_COVERAGE"] <= 0.96
-    # false-alarm rate: 3.0e-07 per run -- monte carlo: as above for the averages, outside 0.86-0.98
+    # false-alarm rate: 4.2e-14 per run -- monte carlo: as above for the averages (22 seeded replications of a trial
+    # at this exact limit: mean 0.9222, sd 0.0105; one-sided 99.9% t limits of the mean, chi-square limit of the sd),
+    # outside 0.86-0.98 (every lattice exact, the same computation gave 2.9e-7, stated 3.0e-7)
     assert 0.86 <= averages["CI90_COVERAGE"] <= 0.98
     assert np.isfinite(per_table["EXPECTED_NOISE_MAE"]).all()

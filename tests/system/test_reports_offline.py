@@ -14,6 +14,7 @@ experiment writes for its trial.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -22,6 +23,8 @@ import pytest
 from click.testing import CliRunner
 
 from phsafe import synthetic
+from phsafe.accuracy import experiment
+from phsafe.accuracy.production import production_files
 from phsafe.cli import main
 from tests._browser import browser_page
 from tests.conftest import END_TO_END, PR_CONFIG, US_CONFIG
@@ -51,8 +54,12 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     config = json.loads(US_CONFIG.read_text())
     config["state_filter"] = ["01", "06"]
     (small / "config.json").write_text(json.dumps(config))
-    _cli("accuracy", small / "config.json", small, root / "accuracy", "--trials", "1", "--draws", "200",
-         "--non-confidential")
+    # The reports' sections and plots, not the samplers: the production's Gibbs sampler keeps 1,000 draws (its
+    # 10,000 were most of this fixture's CPU) and averages on lattices above 1,000,000 points are drawn.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(experiment, "production_files", functools.partial(production_files, gibbs_draws=1_000))
+        _cli("accuracy", small / "config.json", small, root / "accuracy", "--trials", "1", "--draws", "200",
+             "--exact-limit", "1000000", "--non-confidential")
     pages = {
         "plan": root / "plan" / "plan_report.html",
         "plan-puredp": root / "plan-puredp" / "plan_report.html",
