@@ -712,24 +712,25 @@ def run_chunk(settings: AuditSettings, plan: TablePlan, mechanism: ReleaseMechan
     checked = 0
     first = chunk * CHUNK_RUNS
     runs = max(0, min(CHUNK_RUNS, plan.runs - first))
-    for run in range(first, first + runs):
-        included = rng.integers(0, 2, records.n_canaries).astype(bool)
-        release = mechanism.release(records.inputs(included), config, table, plan.measurements, commit)
-        commitments.append(release.key_commitment)
-        exact = records.expected(included)
-        parts = []
-        for m, acc in zip(plan.measurements, residuals):
-            residual = np.asarray(release.noisy[m.key]) - exact[m.level.config_key]
-            acc.add(residual)  # notes a non-integer release
-            parts.append(np.rint(residual).astype(np.int64))
-        residual_all = np.concatenate(parts)
-        for scorer, tally in zip(scorers, tallies):
-            scorer.score(residual_all, included, tally)
-        if run < settings.release_checks:
-            release_problems += _release_problems(mechanism, config, plan.measurements, release.noisy)
-            checked += 1
-        if task is not None:
-            task.advance(item=f"{plan.table} ({plan.sensitivity})")
+    with mechanism.drawing():  # each planned measurement built once, drawn from in every run
+        for run in range(first, first + runs):
+            included = rng.integers(0, 2, records.n_canaries).astype(bool)
+            release = mechanism.release(records.inputs(included), config, table, plan.measurements, commit)
+            commitments.append(release.key_commitment)
+            exact = records.expected(included)
+            parts = []
+            for m, acc in zip(plan.measurements, residuals):
+                residual = np.asarray(release.noisy[m.key]) - exact[m.level.config_key]
+                acc.add(residual)  # notes a non-integer release
+                parts.append(np.rint(residual).astype(np.int64))
+            residual_all = np.concatenate(parts)
+            for scorer, tally in zip(scorers, tallies):
+                scorer.score(residual_all, included, tally)
+            if run < settings.release_checks:
+                release_problems += _release_problems(mechanism, config, plan.measurements, release.noisy)
+                checked += 1
+            if task is not None:
+                task.advance(item=f"{plan.table} ({plan.sensitivity})")
     norms = {}
     for m in plan.measurements:
         key = m.level.config_key
