@@ -1519,3 +1519,26 @@ def test_a_planned_item_is_checked_the_same_every_time_it_is_read() -> None:
     with pytest.raises(LedgerRuleViolation, match=r"planned\[" + str(len(items)) + r"\] repeats"):
         parse_planned(items + [dict(items[0])], defn)
     assert parse_planned(items, defn) == first
+
+
+def test_a_torn_ledger_is_replayed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_ledger_prefix gives the state of the complete entries and the incomplete bytes, from
+    one replay; read_ledger raises the torn tail's error."""
+    from phsafe.errors import TornTailError
+    from phsafe.ledger.store import read_ledger_prefix
+
+    path = new_ledger(tmp_path).path
+    complete = read_ledger(path)
+    torn = b'{"budget":"0.25","ha'
+    with open(path, "ab") as f:
+        f.write(torn)
+    replays = []
+    real = store_mod.apply_all
+    monkeypatch.setattr(store_mod, "apply_all", lambda state, data, *a: (replays.append(len(data)), real(state, data, *a)))
+    state, tail = read_ledger_prefix(path)
+    assert tail == torn and len(replays) == 1
+    assert state.size == complete.size and state.head_hash == complete.head_hash and state.lines == complete.lines
+    with pytest.raises(TornTailError, match=f"{len(torn)} bytes"):
+        read_ledger(path)
+    path.write_bytes(path.read_bytes()[: -len(torn)])
+    assert read_ledger_prefix(path)[1] == b""
