@@ -1542,3 +1542,29 @@ def test_a_torn_ledger_is_replayed_once(tmp_path: Path, monkeypatch: pytest.Monk
         read_ledger(path)
     path.write_bytes(path.read_bytes()[: -len(torn)])
     assert read_ledger_prefix(path)[1] == b""
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    (1.5, "floats"), ({"a": [1, {"b": 2.5}]}, "floats"), ({1: 2}, "keys"), ({"a": 1.5, 2: 1}, "floats"),
+    ([b"x"], "bytes cannot"), ((1, [2, [3.0]]), "floats"), ({"a": {"b": [object()]}}, "object cannot")])
+def test_canonical_json_refuses_what_has_no_exact_form(value: object, why: str) -> None:
+    """Floats anywhere, keys that are not strings, values JSON has no exact form for -- the
+    first one met in key order, as the walk meets it (subclasses of the scalars are scalars)."""
+    import enum
+    from collections import OrderedDict
+
+    from phsafe.ledger.format import canonical_json
+
+    with pytest.raises(TypeError, match=why):
+        canonical_json(value)
+    with pytest.raises(TypeError, match=why):
+        canonical_json(OrderedDict(wrapped=value))
+
+    class Code(enum.IntEnum):
+        A = 1
+
+    class Text(str):
+        pass
+
+    assert canonical_json({"b": [Code.A, Text("x"), None, True], "a": OrderedDict(c=(1, 2))}) == \
+        b'{"a":{"c":[1,2]},"b":[1,"x",null,true]}'
