@@ -27,7 +27,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -133,6 +133,35 @@ def _build_mechanism(m: PlannedMeasurement):
     return mechanism, scale
 
 
+@dataclass(frozen=True)
+class BuiltMeasurement:
+    """OpenDP's measurement of one planned measurement, its privacy map checked (:func:`build`).
+
+    Attributes:
+        planned: The measurement it was built for (:func:`measure` refuses it for another).
+        mechanism: OpenDP's measurement (None: a noiseless measurement).
+        scale: The scale handed to OpenDP (0.0 when noiseless).
+    """
+
+    planned: PlannedMeasurement
+    mechanism: Any
+    scale: float
+
+
+def build(m: PlannedMeasurement) -> BuiltMeasurement:
+    """Build ``m``'s OpenDP measurement once (through the same constructor as every draw), to
+    draw from it many times with :func:`measure` -- the empirical audit's hundreds of runs of one
+    plan. A private run builds each measurement once anyway: it has no use for this.
+
+    Raises:
+        PrivacyMapMismatchError: OpenDP's map(Delta) differs from the planned budget.
+    """
+    if m.is_noiseless:
+        return BuiltMeasurement(m, None, 0.0)
+    mechanism, scale = _build_mechanism(m)
+    return BuiltMeasurement(m, mechanism, scale)
+
+
 def check_privacy_map(m: PlannedMeasurement) -> float:
     """Cross-check ``m`` against OpenDP's privacy map; return the scale handed to OpenDP.
 
@@ -150,6 +179,7 @@ def measure(
     recorder: SpendRecorder,
     *,
     keep: Callable[[npt.NDArray[np.int64]], None] | None = None,
+    built: BuiltMeasurement | None = None,
 ) -> npt.NDArray[np.int64]:
     """Release ``exact`` (the full-domain count vector of ``m``) with noise.
 
@@ -163,6 +193,7 @@ def measure(
         keep: Called with the noisy vector after the draw and before COMMITTED is recorded, to
             store it durably; a committed measurement can then always be reused instead of
             re-drawn (a failure in ``keep`` leaves the spend recorded and uncommitted).
+        built: ``m``'s measurement from :func:`build`, to draw from (default: built here).
 
     Returns:
         The noisy counts, int64, same order.
@@ -172,7 +203,12 @@ def measure(
         raise ValueError(f"{m.key}: expected {m.n_cells} cells, got shape {exact.shape}")
     if not np.issubdtype(exact.dtype, np.integer):
         raise TypeError(f"{m.key}: counts must be integers")
-    mechanism = None if m.is_noiseless else _build_mechanism(m)[0]
+    if built is not None and built.planned != m:
+        raise ValueError(f"{m.key}: the measurement was built for another plan ({built.planned.key})")
+    if m.is_noiseless:
+        mechanism = None
+    else:
+        mechanism = built.mechanism if built is not None else _build_mechanism(m)[0]
 
     receipt = recorder.record_intent(m)
     if receipt.measurement_key != m.key:

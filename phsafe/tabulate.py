@@ -176,21 +176,89 @@ def count_records(
     race_cols = _iteration_columns(spec)
     by_race = race_cols is not None and any(lv is not IterationLevel.TOTAL for lv in spec.iteration_levels)
     base = shared.base(joined, race_cols if by_race else None)
-    width = n_states * (_RACE_VALUES * _ETH_VALUES if by_race else 1)
-    flat = cells.astype(np.int32)
-    flat *= width
-    flat += base
     w = None if weights is None else weights.astype(np.float64)
-    binned = np.bincount(flat, weights=w, minlength=n_cells * width)
-    del flat
-    cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
     out = TableCounts(spec)
     if not by_race:
+        flat = cells.astype(np.int32)
+        flat *= n_states
+        flat += base
+        binned = np.bincount(flat, weights=w, minlength=n_cells * n_states)
+        del flat
+        cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
         cube = cube.reshape(n_cells, n_states).T
         for level in spec.iteration_levels:
             out.by_level[level] = np.ascontiguousarray(cube[:, None, :])
         return out
+    assert race_cols is not None
+    # Two exact ways to the same counts: few records in many bins (the exhaustive sensitivity
+    # check's thousands of one-household "states") are counted straight into each level's
+    # (state, code, cell) bins; many records through the (cell, state, race, ethnicity) cube.
+    levels = [lv for lv in spec.iteration_levels if lv is not IterationLevel.TOTAL]
+    cube_bins = n_cells * n_states * _RACE_VALUES * _ETH_VALUES
+    if 4 * len(cells) * (len(levels) + 1) < cube_bins:
+        _count_per_level(out, spec, race_cols, cells, base, n_states, w)
+    else:
+        _count_through_cube(out, spec, race_cols, cells, base, n_states, w)
+    return out
 
+
+def _invalid_race(spec: TableSpec, race_cols: tuple[Source, str, str], bad_rows: int, race_zero: bool) -> InputError:
+    source, race_col, eth_col = race_cols
+    why = "race code outside 01..63" if race_zero else "ethnicity outside {1, 2}"
+    return InputError(
+        _SOURCE_FILE[source] + ".csv", f"{race_col},{eth_col}",
+        f"records in the {spec.name} universe need a race code 01..63 and an "
+        f"ethnicity 1 or 2 ({why})",
+        rows=bad_rows,
+    )
+
+
+@lru_cache(maxsize=None)
+def _iteration_code_of(level: IterationLevel) -> npt.NDArray[np.int64]:
+    """Each race x ethnicity bin's code index at ``level`` (-1: none) -- the rows of
+    :func:`_iteration_matrix` as indices."""
+    matrix = _iteration_matrix(level)
+    return np.where(matrix.any(axis=1), matrix.argmax(axis=1), -1).astype(np.int64)
+
+
+def _count_per_level(out: TableCounts, spec: TableSpec, race_cols: tuple[Source, str, str],
+                     cells: npt.NDArray[np.int16], base: npt.NDArray[np.int32], n_states: int,
+                     w: npt.NDArray[np.float64] | None) -> None:
+    """Each level's counts straight from the records: one bincount per level."""
+    n_cells = len(spec.basis)
+    state, race_eth = np.divmod(base.astype(np.int64), _RACE_VALUES * _ETH_VALUES)
+    race_zero = race_eth < _ETH_VALUES  # race code 00
+    invalid = race_zero | (race_eth % _ETH_VALUES == 0)  # or ethnicity 0
+    bad_rows = int(np.count_nonzero(invalid)) if w is None else int(np.rint(w[invalid].sum()))
+    if bad_rows:
+        raise _invalid_race(spec, race_cols, bad_rows, bool(race_zero.any() if w is None else w[race_zero].sum()))
+    cell = cells.astype(np.int64)
+    for level in spec.iteration_levels:
+        n_codes = len(level.codes)
+        if level is IterationLevel.TOTAL:
+            flat, weight = state * n_cells + cell, w
+        else:
+            code = np.take(_iteration_code_of(level), race_eth)
+            inside = code >= 0
+            flat = (np.compress(inside, state) * n_codes + np.compress(inside, code)) * n_cells + np.compress(inside, cell)
+            weight = None if w is None else np.compress(inside, w)
+        binned = np.bincount(flat, weights=weight, minlength=n_states * n_codes * n_cells)
+        counts = (np.rint(binned) if weight is not None else binned).astype(np.int64)
+        out.by_level[level] = counts.reshape(n_states, n_codes, n_cells)
+
+
+def _count_through_cube(out: TableCounts, spec: TableSpec, race_cols: tuple[Source, str, str],
+                        cells: npt.NDArray[np.int16], base: npt.NDArray[np.int32], n_states: int,
+                        w: npt.NDArray[np.float64] | None) -> None:
+    """One bincount into the (cell, state, race, ethnicity) cube, then each level's sums over it."""
+    n_cells = len(spec.basis)
+    width = n_states * _RACE_VALUES * _ETH_VALUES
+    flat = cells.astype(np.int32)
+    flat *= width
+    flat += base
+    binned = np.bincount(flat, weights=w, minlength=n_cells * width)
+    del flat
+    cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
     # (cell, state, race, ethnicity) -> (state, cell, race, ethnicity)
     cube = cube.reshape(n_cells, n_states, _RACE_VALUES, _ETH_VALUES).transpose(1, 0, 2, 3)
     grid = np.ascontiguousarray(cube).reshape(n_states * n_cells, _RACE_VALUES, _ETH_VALUES)
@@ -198,15 +266,7 @@ def count_records(
     invalid[:, 1:, 1:] = 0  # what is left: records with race code 00 or ethnicity 0
     bad_rows = int(invalid.sum())
     if bad_rows:
-        assert race_cols is not None
-        source, race_col, eth_col = race_cols
-        why = "race code outside 01..63" if int(grid[:, 0, :].sum()) else "ethnicity outside {1, 2}"
-        raise InputError(
-            _SOURCE_FILE[source] + ".csv", f"{race_col},{eth_col}",
-            f"records in the {spec.name} universe need a race code 01..63 and an "
-            f"ethnicity 1 or 2 ({why})",
-            rows=bad_rows,
-        )
+        raise _invalid_race(spec, race_cols, bad_rows, bool(int(grid[:, 0, :].sum())))
     grid = grid.reshape(n_states * n_cells, _RACE_VALUES * _ETH_VALUES)
     for level in spec.iteration_levels:
         if level is IterationLevel.TOTAL:
@@ -214,7 +274,6 @@ def count_records(
         else:
             counts = (grid @ _iteration_matrix(level)).reshape(n_states, n_cells, -1).transpose(0, 2, 1)
         out.by_level[level] = np.ascontiguousarray(counts)
-    return out
 
 
 class _Shared:

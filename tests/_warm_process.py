@@ -207,8 +207,13 @@ class WarmProcesses:
         assert self._helper.stdout is not None
         fd = self._helper.stdout.fileno()
         while b"\n" not in self._buffer:
-            if timeout is not None and not select.select([fd], [], [], timeout)[0]:
-                return None
+            # poll, not select: select refuses a descriptor numbered 1024 or more, which a test
+            # process holding many files (the crash-state modules before it, in one process) reaches.
+            if timeout is not None:
+                readable = select.poll()
+                readable.register(fd, select.POLLIN)
+                if not readable.poll(timeout * 1000):
+                    return None
             data = os.read(fd, 65536)
             if not data:
                 raise RuntimeError(f"the warm helper ended (exit {self._helper.wait(timeout=60)})")

@@ -212,10 +212,16 @@ def _domain_of(cells: _Released, level: PopulationGroupLevel, numbers: tuple[int
 
 
 def _cells_in_order(domain: Domain):
-    """(REGION_TYPE, REGION_ID, ITERATION_CODE, CELL) in the vector order of phsafe.domain."""
-    frame = domain.frame()
-    for rt, rid, code, cell in zip(frame["REGION_TYPE"], frame["REGION_ID"], frame["ITERATION_CODE"], frame["CELL"]):
-        yield str(rt), str(rid), str(code), int(cell)
+    """(REGION_TYPE, REGION_ID, ITERATION_CODE, CELL) in the vector order of phsafe.domain
+    (:meth:`~phsafe.domain.Domain.frame`: region, then iteration code, then cell)."""
+    rt = str(domain.geography.value)
+    codes = [str(code) for code in domain.iteration_codes]
+    cells = [int(cell) for cell in domain.cells]
+    for rid in domain.region_ids:
+        rid = str(rid)
+        for code in codes:
+            for cell in cells:
+                yield rt, rid, code, cell
 
 
 def _get(cells: _Released, key: tuple[str, str, str, int], rel: str, what: str) -> _Cell:
@@ -253,20 +259,26 @@ def _close(got: float, want: float) -> bool:
 
 def _check_parquet(path: Path, rel: str, csv_cells: _Released) -> None:
     """The Parquet copy holds the same cells and counts as the CSV."""
-    import pandas as pd
+    import pyarrow.parquet as pq
 
     try:
-        frame = pd.read_parquet(path)
+        table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 -- any reader failure means an unreadable release
         raise VerificationFailure(rel, f"cannot be read as Parquet ({cause_in_words(exc)})") from None
-    cell_cols = [c for c in frame.columns if str(c).endswith("_DATA_CELL")]
-    if len(cell_cols) != 1 or not {"REGION_ID", "COUNT"} <= set(frame.columns):
+    names = table.column_names
+    cell_cols = [c for c in names if str(c).endswith("_DATA_CELL")]
+    if len(cell_cols) != 1 or not {"REGION_ID", "COUNT"} <= set(names):
         raise VerificationFailure(rel, "columns differ from the CSV layout")
-    codes = frame["ITERATION_CODE"].astype(str) if "ITERATION_CODE" in frame.columns else ["*"] * len(frame)
-    got = {
-        (str(r), str(c), int(n)): int(k)
-        for r, c, n, k in zip(frame["REGION_ID"], codes, frame[cell_cols[0]], frame["COUNT"])
-    }
+    regions = table.column("REGION_ID").to_pylist()
+    codes = table.column("ITERATION_CODE").to_pylist() if "ITERATION_CODE" in names else ["*"] * table.num_rows
+    try:
+        got = {
+            (str(r), str(c), int(n)): int(k)
+            for r, c, n, k in zip(regions, codes, table.column(cell_cols[0]).to_pylist(),
+                                  table.column("COUNT").to_pylist())
+        }
+    except (TypeError, ValueError):  # a missing or non-integer cell number or count
+        raise VerificationFailure(rel, "cells or counts differ from the CSV file") from None
     want = {(rid, code, cell): v.count for (_rt, rid, code, cell), v in csv_cells.items()}
     if got != want:
         raise VerificationFailure(rel, "cells or counts differ from the CSV file")

@@ -290,7 +290,27 @@ def _encode_canonical(obj: Any) -> bytes:
     ).encode("utf-8")
 
 
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
 def _reject_floats(obj: Any) -> None:
+    # Exact types first, and no call for a scalar (a public log projects every entry); then the
+    # same checks, in the same order, for subclasses.
+    kind = type(obj)
+    if kind in _SCALARS:
+        return
+    if kind is dict:
+        for k, v in obj.items():
+            if type(k) is not str and not isinstance(k, str):
+                raise TypeError("ledger object keys must be strings")
+            if type(v) not in _SCALARS:
+                _reject_floats(v)
+        return
+    if kind is list or kind is tuple:
+        for v in obj:
+            if type(v) not in _SCALARS:
+                _reject_floats(v)
+        return
     if isinstance(obj, float):
         raise TypeError("floats are not allowed in the ledger; write exact numbers as strings")
     if isinstance(obj, dict):

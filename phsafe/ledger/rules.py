@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from functools import lru_cache
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
@@ -824,7 +825,12 @@ def check_run_resumed(state: LedgerState, e: Mapping[str, Any]) -> Commit:
 def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend]:
     """RUN_STARTED's ``planned`` list, checked item by item against the tables' definitions (sensitivity
     2*tau+2 or 2, or with ``sensitivity_bound`` "exact" the proven one of :mod:`phsafe.sensitivity`;
-    cells that fit the domain, noise and variance consistent with the budget). One run, one bound."""
+    cells that fit the domain, noise and variance consistent with the budget). One run, one bound.
+
+    A run's plan is checked again each time its ledger is read -- every open, append and
+    verification replays it -- so an item's checks, a pure function of the item, are remembered
+    once passed (:func:`_item_measurement`, :func:`_item_consistent`); a refusal is never
+    remembered: it is raised again, in the same order as ever."""
     if not isinstance(items, list):
         raise LedgerRuleViolation("planned must be a list")
     out: dict[str, PlannedSpend] = {}
@@ -841,50 +847,77 @@ def parse_planned(items: Any, defn: PrivacyDefinition) -> dict[str, PlannedSpend
         bounds.add(bound)
         if len(bounds) > 1:
             raise LedgerRuleViolation(f"planned[{i}]: one run calibrates every measurement to one bound")
-        table, level_key = item["table"], item["level"]
-        if table not in TABLES or not isinstance(level_key, str) or level_key not in LEVELS[table]:
-            raise LedgerRuleViolation(f"planned[{i}] names no measured table and level")
-        level = LEVELS[table][level_key]
+        # Each value with its type: a JSON true is not the 1 of a valid item.
+        fields = tuple((name, type(value), value) for name, value in sorted(item.items()))
         try:
-            budget = parse_exact(item["budget"])
-            if not is_infinite(budget) and not DECIMAL_TEXT.fullmatch(item["budget"]):
-                raise ValueError("budgets are decimals")
-        except ValueError:
-            raise LedgerRuleViolation(f"planned[{i}].budget is not a canonical decimal or Infinity") from None
-        if budget == 0:
-            raise LedgerRuleViolation(f"planned[{i}].budget is 0 (a level with budget 0 is not measured)")
-        spec = TABLES[table]
-        tau, sens, n_cells = item["tau"], item["sensitivity"], item["n_cells"]
-        if spec.kind is TableKind.PERSON:
-            if not is_int(tau) or tau < 1:
-                raise LedgerRuleViolation(f"planned[{i}]: a person table needs tau >= 1")
-        elif tau is not None:
-            raise LedgerRuleViolation(f"planned[{i}]: a unit table has no tau")
-        want = declared(table, level, tau, bound, l2=defn is PrivacyDefinition.ZCDP)
-        if sens != want or type(sens) is not type(want):
-            what = "2*tau+2 or 2" if bound is SensitivityBound.PAPER else f"the proven {want!r}"
-            raise LedgerRuleViolation(f"planned[{i}]: sensitivity {sens!r} is not {what} ({bound.value} bound)")
-        if not is_int(n_cells) or n_cells < 1 or n_cells % len(spec.basis_numbers) or n_cells % len(level.iteration.codes):
-            raise LedgerRuleViolation(f"planned[{i}].n_cells does not fit the table's domain")
-        m = PlannedMeasurement(
-            table=table,
-            level=level,
-            privacy_defn=defn,
-            budget=INFINITE if is_infinite(budget) else Decimal(item["budget"]),
-            sensitivity=sens,
-            tau=tau,
-            n_cells=n_cells,
-            bound=bound,
-        )
-        if item["key"] != m.key:
-            raise LedgerRuleViolation(f"planned[{i}].key is not TABLE/level")
+            hash(fields)
+        except TypeError:  # a list or an object where a scalar belongs: checked (and refused) unremembered
+            measurement, consistent = _item_measurement.__wrapped__, _item_consistent.__wrapped__
+        else:
+            measurement, consistent = _item_measurement, _item_consistent
+        m, budget = measurement(i, fields, defn, bound)
         if m.key in out:
             raise LedgerRuleViolation(f"planned[{i}] repeats {m.key}")
-        if item != planned_item(m):
-            bad = sorted(k for k, v in planned_item(m).items() if item.get(k) != v)
-            raise LedgerRuleViolation(f"planned[{i}] ({m.key}): {', '.join(bad)} inconsistent with its budget and sensitivity")
+        consistent(i, fields, m)
         out[m.key] = PlannedSpend(measurement=m, budget=budget, record=item)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _item_measurement(i: int, fields: tuple[tuple[str, type, Any], ...], defn: PrivacyDefinition,
+                      bound: SensitivityBound) -> tuple[PlannedMeasurement, Amount]:
+    """The measurement ``planned[i]`` (given as its (name, type, value) fields) records, and its
+    exact budget, once its table, level, budget, tau, sensitivity, cells and key are checked."""
+    item = {name: value for name, _, value in fields}
+    table, level_key = item["table"], item["level"]
+    if table not in TABLES or not isinstance(level_key, str) or level_key not in LEVELS[table]:
+        raise LedgerRuleViolation(f"planned[{i}] names no measured table and level")
+    level = LEVELS[table][level_key]
+    try:
+        budget = parse_exact(item["budget"])
+        if not is_infinite(budget) and not DECIMAL_TEXT.fullmatch(item["budget"]):
+            raise ValueError("budgets are decimals")
+    except ValueError:
+        raise LedgerRuleViolation(f"planned[{i}].budget is not a canonical decimal or Infinity") from None
+    if budget == 0:
+        raise LedgerRuleViolation(f"planned[{i}].budget is 0 (a level with budget 0 is not measured)")
+    spec = TABLES[table]
+    tau, sens, n_cells = item["tau"], item["sensitivity"], item["n_cells"]
+    if spec.kind is TableKind.PERSON:
+        if not is_int(tau) or tau < 1:
+            raise LedgerRuleViolation(f"planned[{i}]: a person table needs tau >= 1")
+    elif tau is not None:
+        raise LedgerRuleViolation(f"planned[{i}]: a unit table has no tau")
+    want = declared(table, level, tau, bound, l2=defn is PrivacyDefinition.ZCDP)
+    if sens != want or type(sens) is not type(want):
+        what = "2*tau+2 or 2" if bound is SensitivityBound.PAPER else f"the proven {want!r}"
+        raise LedgerRuleViolation(f"planned[{i}]: sensitivity {sens!r} is not {what} ({bound.value} bound)")
+    if not is_int(n_cells) or n_cells < 1 or n_cells % len(spec.basis_numbers) or n_cells % len(level.iteration.codes):
+        raise LedgerRuleViolation(f"planned[{i}].n_cells does not fit the table's domain")
+    m = PlannedMeasurement(
+        table=table,
+        level=level,
+        privacy_defn=defn,
+        budget=INFINITE if is_infinite(budget) else Decimal(item["budget"]),
+        sensitivity=sens,
+        tau=tau,
+        n_cells=n_cells,
+        bound=bound,
+    )
+    if item["key"] != m.key:
+        raise LedgerRuleViolation(f"planned[{i}].key is not TABLE/level")
+    return m, budget
+
+
+@lru_cache(maxsize=4096)
+def _item_consistent(i: int, fields: tuple[tuple[str, type, Any], ...], m: PlannedMeasurement) -> None:
+    """``planned[i]`` is exactly how the ledger records ``m`` (noise parameter and variance
+    consistent with its budget and sensitivity)."""
+    item = {name: value for name, _, value in fields}
+    want = planned_item(m)
+    if item != want:
+        bad = sorted(k for k, v in want.items() if item.get(k) != v)
+        raise LedgerRuleViolation(f"planned[{i}] ({m.key}): {', '.join(bad)} inconsistent with its budget and sensitivity")
 
 
 def orchestration_field(e: Mapping[str, Any]) -> Orchestration | None:

@@ -147,7 +147,36 @@ def read_ledger(path: Path) -> LedgerState:
         LedgerError: naming the first entry that breaks a rule, and the rule (a
             :class:`TornTailError` if the last line is incomplete), or that the file cannot be read.
     """
-    path = Path(path)
+    state, torn, _tail = _read_verified(Path(path))
+    if torn is not None:
+        raise torn from None
+    return state
+
+
+def read_ledger_prefix(path: Path) -> tuple[LedgerState, bytes]:
+    """Read and fully verify the ledger's complete entries, whatever follows them.
+
+    Returns:
+        The verified state of every complete entry, and the bytes after the last newline (an
+        interrupted write: empty when the ledger ends in a complete entry).
+
+    Raises:
+        LedgerError: The file cannot be read, or a complete entry breaks a rule.
+    """
+    state, _torn, tail = _read_verified(Path(path))
+    return state, tail
+
+
+def _read_verified(path: Path) -> tuple[LedgerState, TornTailError | None, bytes]:
+    """The verified state of the ledger's complete entries, read once under the shared lock;
+    when it ends in an incomplete line, the :class:`TornTailError` saying so and the incomplete
+    bytes. Every complete line is applied before the tail is looked at
+    (:func:`~phsafe.ledger.replay.apply_all`), so the state is that of the whole prefix (the
+    prefix is replayed once, not once to find the tail and again without it).
+
+    Raises:
+        LedgerError: The file cannot be read, or a complete entry breaks a rule.
+    """
     check_ledger_file(path, write=False)
     lock = lock_path(path)
     try:
@@ -165,37 +194,11 @@ def read_ledger(path: Path) -> LedgerState:
     state = LedgerState()
     try:
         apply_all(state, data)
+    except TornTailError as exc:
+        return state, exc, data[data.rfind(b"\n") + 1:]
     except LedgerError as exc:
         raise not_a_ledger(path, exc) from None
-    return state
-
-
-def read_ledger_prefix(path: Path) -> tuple[LedgerState, bytes]:
-    """Read and fully verify the ledger's complete entries, whatever follows them.
-
-    Returns:
-        The verified state of every complete entry, and the bytes after the last newline (an
-        interrupted write: empty when the ledger ends in a complete entry).
-
-    Raises:
-        LedgerError: The file cannot be read, or a complete entry breaks a rule.
-    """
-    path = Path(path)
-    try:
-        return read_ledger(path), b""
-    except TornTailError:
-        pass
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise LedgerError(f"cannot read the ledger {path}: {os_reason(exc)}") from None
-    cut = data.rfind(b"\n") + 1
-    state = LedgerState()
-    try:
-        apply_all(state, data[:cut])
-    except LedgerError as exc:
-        raise not_a_ledger(path, exc) from None
-    return state, data[cut:]
+    return state, None, b""
 
 
 def not_a_ledger(path: Path, exc: LedgerError) -> LedgerError:

@@ -1078,3 +1078,43 @@ def test_report_refuses_a_broken_ledger(world: World, tmp_path: Path) -> None:
 def test_public_key_needs_something_to_check(world: World) -> None:
     result = invoke(["verify", str(world.ledger), "--public-key", str(world.public_key)])
     assert result.exit_code == 1 and "--public-key" in result.output
+
+
+def test_cells_are_checked_in_the_vector_order_of_the_domain() -> None:
+    """The verifier walks each domain in the order of its vector (Domain.frame), at every
+    geography, for a person table iterated by race and a unit table."""
+    from phsafe.audit.tables import _cells_in_order
+
+    for config in (CONFIG_A, load_config(PR_CONFIG)):
+        for table in ("PH1_num", "PH8_denom", "PH2"):
+            for level in TABLES[table].levels:
+                domain = measurement_domain(TABLES[table], level, config)
+                frame = domain.frame()
+                want = [(str(rt), str(rid), str(code), int(cell)) for rt, rid, code, cell in
+                        zip(frame["REGION_TYPE"], frame["REGION_ID"], frame["ITERATION_CODE"], frame["CELL"])]
+                assert list(_cells_in_order(domain)) == want, (table, level)
+
+
+def test_a_parquet_copy_with_a_missing_count_is_a_failure_not_a_crash(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from phsafe.audit.tables import _Cell, _check_parquet
+    from phsafe.errors import VerificationFailure
+
+    csv_cells = {("State", "01", "*", 1): _Cell(5, 2.0, "Gaussian"), ("State", "02", "*", 1): _Cell(7, 2.0, "Gaussian")}
+    path = tmp_path / "PH2.parquet"
+    good = {"REGION_ID": ["01", "02"], "ITERATION_CODE": ["*", "*"], "PH2_DATA_CELL": [1, 1], "COUNT": [5, 7]}
+    pq.write_table(pa.table(good), path)
+    _check_parquet(path, "parquet/PH2.parquet", csv_cells)
+    for column, values, why in (("COUNT", [5, None], "counts differ"), ("PH2_DATA_CELL", [1, None], "counts differ"),
+                                ("COUNT", [5, 8], "counts differ")):
+        pq.write_table(pa.table({**good, column: values}), path)
+        with pytest.raises(VerificationFailure, match=why):
+            _check_parquet(path, "parquet/PH2.parquet", csv_cells)
+    pq.write_table(pa.table({k: v for k, v in good.items() if k != "COUNT"}), path)
+    with pytest.raises(VerificationFailure, match="columns differ"):
+        _check_parquet(path, "parquet/PH2.parquet", csv_cells)
+    path.write_bytes(b"not parquet")
+    with pytest.raises(VerificationFailure, match="cannot be read as Parquet"):
+        _check_parquet(path, "parquet/PH2.parquet", csv_cells)

@@ -26,7 +26,7 @@ from decimal import Decimal
 import numpy as np
 import pytest
 
-from phsafe.audit.empirical import AuditSettings, run_audit
+from phsafe.audit.empirical import AuditSettings, ReleaseMechanism, run_audit
 from phsafe.audit.empirical.report import side_by_side
 from phsafe.audit.empirical.audit import QUICK_SCALES, plan_audit
 from phsafe.audit.empirical.checks import FAIL
@@ -163,6 +163,42 @@ def test_defects_smaller_than_2x_at_one_level_are_caught(mechanism, calibration,
     flagged = next(r for r in result.rows if r.level == level)
     assert flagged.verdict in verdicts, (mechanism.name, flagged.mu_lb, flagged.excess_threshold, flagged.mu_declared)
     assert check in {c.name for c in result.checks if c.status == FAIL}, mechanism.name
+
+
+@pytest.mark.noise_not_asserted("counts the builds and the draws, never looks at a drawn value")
+def test_each_planned_measurement_is_built_once_per_chunk_through_the_replaceable_constructor(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every draw of an audit comes from ``phsafe.noise._build_mechanism`` -- what a test replaces
+    to plant a fault in the noise reaches every run -- built once per planned measurement for a
+    chunk of runs; the next audit builds again (a constructor replaced in between is used)."""
+    from phsafe import noise
+
+    def counting(log: list):  # type: ignore[no-untyped-def]
+        real = noise._build_mechanism
+
+        def build(m):  # type: ignore[no-untyped-def]
+            mechanism, scale = real(m)
+            calls = [m.key, 0]
+            log.append(calls)
+
+            def draw(values):  # type: ignore[no-untyped-def]
+                calls[1] += 1
+                return mechanism(values)
+
+            return draw, scale
+
+        return build
+
+    mechanism = ReleaseMechanism()  # one instance for both audits
+    settings = _settings(runs=3, tables=("PH3",))
+    measured = [m.key for m in plan_audit(settings).tables[0].measurements]
+    for _ in range(2):
+        log: list = []
+        monkeypatch.setattr(noise, "_build_mechanism", counting(log))
+        run_audit(settings, mechanism)
+        drawn = [(key, n) for key, n in log if n]
+        assert sorted(drawn) == sorted((key, 3) for key in measured)  # one build each, 3 runs drawn from it
+    monkeypatch.undo()
 
 
 @pytest.mark.noise_not_asserted("reads the plan and the white-box check, never the two runs' draws")

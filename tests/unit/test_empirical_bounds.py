@@ -167,3 +167,42 @@ def test_equal_probability_bins_of_the_noise_law() -> None:
     assert mass.max() < 0.09 and mass.min() > 0.02
     edges, mass = tail_weights(20, scale=5.0)
     assert mass.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [0.3, 1.0, 2.5, 9.3])
+@pytest.mark.parametrize("values", [(-1, 1), (1,), (-3, 3), (-2, -1, 3)])
+def test_the_lattice_profile_is_the_best_threshold_one_at_a_time(sigma: float, values: tuple[int, ...]) -> None:
+    """mu_max of the exact threshold test is the largest mu any threshold t + 1/2 implies,
+    each threshold's rates from the convolved pmf of S, one threshold at a time (the same
+    floats: all thresholds are taken at once in the audit)."""
+    import math
+
+    import numpy as np
+
+    from phsafe.audit.empirical import bounds
+
+    k, p = bounds.discrete_gaussian_pmf(sigma)
+    pmf, low = np.ones(1), 0
+    g = math.gcd(*(abs(v) for v in values))
+    for v in values:
+        step = v // g
+        scaled = np.zeros(abs(step) * (len(k) - 1) + 1)
+        scaled[::abs(step)] = p if step > 0 else p[::-1]
+        pmf, low = np.convolve(pmf, scaled), low + abs(step) * int(k[0])
+    norm2 = sum(v * v for v in values)
+
+    support, tails = np.arange(low, low + len(pmf)), np.cumsum(pmf[::-1])[::-1]
+
+    def above(x: float) -> float:  # P(S / g > x), the tail sums as the audit forms them
+        i = int(np.searchsorted(support, x, side="right"))
+        return float(tails[i]) if i < len(tails) else 0.0
+
+    def implied(t: float) -> float:
+        fpr, fnr = above(t), 1.0 - above(t - norm2 // g)
+        return -math.inf if min(fpr, fnr) < 1e-14 else bounds.mu_from_rates(fpr, fnr)
+
+    reach = int(4 * sigma * math.sqrt(norm2) / g) + norm2 // g + 2
+    at = implied(norm2 / (2 * g))
+    best = max(implied(t + 0.5) for t in range(-reach, reach + 1))
+    got = bounds._exact_threshold_mu.__wrapped__(sigma, values)
+    assert got == (at, max(best, at))

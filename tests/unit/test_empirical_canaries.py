@@ -158,3 +158,18 @@ def test_a_canary_moves_the_household_at_every_level_it_can() -> None:
     persons_out, _ = household_records(first.template, first.size, False, 100_000_001)
     assert len(persons_in["MAFID"]) == len(persons_out["MAFID"]) + 1
     assert units_in["FINAL_POP"][0] == len(persons_in["MAFID"]) and units_in["NPF"][0] == len(persons_in["MAFID"])
+
+
+def test_each_table_is_packed_once_and_as_pack_packs_it() -> None:
+    """Audits of the same table, levels, tau and states share one packing (read only), the one
+    pack() gives; another seed or calibration does not pack again."""
+    settings = AuditSettings(config=small_config(PH3=2), tables=("PH3", "PH8_denom"), sensitivity="both")
+    first, again = plan_audit(settings), plan_audit(AuditSettings(config=small_config(PH3=2), tables=("PH3", "PH8_denom"),
+                                                                    sensitivity="both", seed=99))
+    for a, b in zip(first.tables, again.tables):
+        assert a.layout is b.layout
+        fresh = pack(a.table, [m.level for m in a.measurements], settings.tau(a.table), len(STATES), 800_000_001)
+        assert fresh == a.layout
+    by_table = {}
+    for t in first.tables:  # both calibrations of a table: one packing
+        assert by_table.setdefault(t.table, t.layout) is t.layout

@@ -1484,3 +1484,87 @@ def test_a_ledger_wide_cap_bounds_all_datasets_together(tmp_path: Path) -> None:
     rejected(ledger.path, entry["seq"], "RUN_STARTED", r"run exceeds the ledger-wide cap: all datasets' spends "
                                                        r"would be 1 > ledger cap 0.75")
     ledger.path.write_bytes(data)
+
+
+def test_a_planned_item_is_checked_the_same_every_time_it_is_read() -> None:
+    """parse_planned remembers an item's passed checks (a plan is replayed on every read) and
+    never a refusal: an item refused once is refused again, and an item differing from a
+    passed one only in a value's type (true for 1) or by a nested value is refused all the same."""
+    from phsafe.errors import LedgerRuleViolation
+    from phsafe.ledger.format import planned_item
+    from phsafe.ledger.rules import parse_planned
+
+    plan = plan_run(load_config(US_CONFIG))
+    defn = plan.measurements[0].privacy_defn
+    person = next(m for m in plan.measurements if m.tau is not None)
+    # tau 1 (paper bound: sensitivity 2 tau + 2 = 4), so that a true for the 1 could be taken for it
+    measurements = [dataclasses.replace(person, tau=1, sensitivity=4) if m is person else m for m in plan.measurements]
+    items = [planned_item(m) for m in measurements]
+    first, again = parse_planned(items, defn), parse_planned([dict(i) for i in items], defn)
+    assert first == again and [s.measurement for s in first.values()] == measurements
+    p = measurements.index(next(m for m in measurements if m.tau == 1))
+    u = next(i for i, m in enumerate(measurements) if m.tau is None)
+    for position, change, why in (
+            (p, {"tau": True}, "tau >= 1"),
+            (p, {"n_cells": [items[p]["n_cells"]]}, "n_cells"),
+            (u, {"distribution": ["gaussian"]}, "distribution"),
+            (u, {"variance": "1.0"}, "variance"),
+            (u, {"key": "PH2/usa_*"}, "key")):
+        bad = [dict(item) for item in items]
+        bad[position].update(change)
+        for _ in range(2):
+            with pytest.raises(LedgerRuleViolation, match=rf"planned\[{position}\]") as info:
+                parse_planned(bad, defn)
+            assert why in str(info.value), (change, str(info.value))
+    with pytest.raises(LedgerRuleViolation, match=r"planned\[" + str(len(items)) + r"\] repeats"):
+        parse_planned(items + [dict(items[0])], defn)
+    assert parse_planned(items, defn) == first
+
+
+def test_a_torn_ledger_is_replayed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_ledger_prefix gives the state of the complete entries and the incomplete bytes, from
+    one replay; read_ledger raises the torn tail's error."""
+    from phsafe.errors import TornTailError
+    from phsafe.ledger.store import read_ledger_prefix
+
+    path = new_ledger(tmp_path).path
+    complete = read_ledger(path)
+    torn = b'{"budget":"0.25","ha'
+    with open(path, "ab") as f:
+        f.write(torn)
+    replays = []
+    real = store_mod.apply_all
+    monkeypatch.setattr(store_mod, "apply_all", lambda state, data, *a: (replays.append(len(data)), real(state, data, *a)))
+    state, tail = read_ledger_prefix(path)
+    assert tail == torn and len(replays) == 1
+    assert state.size == complete.size and state.head_hash == complete.head_hash and state.lines == complete.lines
+    with pytest.raises(TornTailError, match=f"{len(torn)} bytes"):
+        read_ledger(path)
+    path.write_bytes(path.read_bytes()[: -len(torn)])
+    assert read_ledger_prefix(path)[1] == b""
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    (1.5, "floats"), ({"a": [1, {"b": 2.5}]}, "floats"), ({1: 2}, "keys"), ({"a": 1.5, 2: 1}, "floats"),
+    ([b"x"], "bytes cannot"), ((1, [2, [3.0]]), "floats"), ({"a": {"b": [object()]}}, "object cannot")])
+def test_canonical_json_refuses_what_has_no_exact_form(value: object, why: str) -> None:
+    """Floats anywhere, keys that are not strings, values JSON has no exact form for -- the
+    first one met in key order, as the walk meets it (subclasses of the scalars are scalars)."""
+    import enum
+    from collections import OrderedDict
+
+    from phsafe.ledger.format import canonical_json
+
+    with pytest.raises(TypeError, match=why):
+        canonical_json(value)
+    with pytest.raises(TypeError, match=why):
+        canonical_json(OrderedDict(wrapped=value))
+
+    class Code(enum.IntEnum):
+        A = 1
+
+    class Text(str):
+        pass
+
+    assert canonical_json({"b": [Code.A, Text("x"), None, True], "a": OrderedDict(c=(1, 2))}) == \
+        b'{"a":{"c":[1,2]},"b":[1,"x",null,true]}'

@@ -150,6 +150,39 @@ def test_intent_is_recorded_before_the_sampler_runs(defn, sampler) -> None:
     assert noisy.dtype == np.int64 and noisy.shape == (7,)
 
 
+@pytest.mark.noise_not_asserted("counts the builds and the draws, never looks at a drawn value")
+def test_a_built_measurement_is_drawn_from_many_times(sampler, monkeypatch: pytest.MonkeyPatch) -> None:
+    """build() goes through the same (replaceable) constructor as every draw, once; measure()
+    draws from it, spend first each time, and refuses it for another plan."""
+    m = planned(ZCDP, "0.25", 2, 7, table="PH8_denom")
+    builds = []
+    real_build = noise._build_mechanism
+
+    def build(planned_m):  # noqa: ANN001, ANN202
+        builds.append(planned_m)
+        return real_build(planned_m)
+
+    monkeypatch.setattr(noise, "_build_mechanism", build)
+    built = noise.build(m)
+    assert builds == [m] and built.planned == m and built.scale == check_privacy_map(m)
+    builds.clear()
+    rec = Recorder()
+    sampler.hooks.append(lambda: len(rec.calls))
+    for _ in range(3):
+        out = measure(m, np.arange(7), rec, built=built)
+        assert out.dtype == np.int64 and out.shape == (7,)
+    assert builds == []  # the draws built nothing
+    assert sampler.calls == [[1], [3], [5]]  # each draw after its intent
+    assert [c[0] for c in rec.calls] == ["intent", "committed"] * 3
+    other = planned(ZCDP, "0.5", 2, 7, table="PH8_denom")
+    rec = Recorder()
+    with pytest.raises(ValueError, match="built for another plan"):
+        measure(other, np.arange(7), rec, built=built)
+    assert rec.calls == [] and len(sampler.calls) == 3
+    noiseless = planned(ZCDP, "Infinity", 2, 3, table="PH8_denom")
+    assert measure(noiseless, np.arange(3), Recorder(), built=noise.build(noiseless)).tolist() == [0, 1, 2]
+
+
 def test_infinity_budget_returns_the_exact_counts(sampler) -> None:
     for defn in (ZCDP, PUREDP):
         m = planned(defn, "Infinity", 22, 6)

@@ -4,6 +4,7 @@ partitions cover every record; encoding checks values exactly."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from phsafe.preprocess import NOT_TABULATED, KeyIndex, geo_side
 from phsafe.schema import MAFID_MAX, MAFID_MIN
@@ -174,14 +175,19 @@ def test_encoding_fast_and_slow_paths_agree() -> None:
     assert encode(race, unused).values.tolist() == [1, 1]
 
 
-def test_race_outside_the_domain_in_a_universe_is_an_input_error(tmp_path) -> None:
-    import pytest
-
+@pytest.mark.parametrize("through_cube", [False, True], ids=["per-level", "cube"])
+def test_race_outside_the_domain_in_a_universe_is_an_input_error(through_cube: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found whichever way the records are counted (few records: straight into each level's
+    bins; many: through the race x ethnicity cube)."""
+    from phsafe import tabulate as tabulate_module
     from phsafe.errors import InputError
     from phsafe.preprocess import partitions, prepare
     from phsafe.reader import InputTables
     from phsafe.tables import TABLES
     from phsafe.tabulate import tabulate
+
+    if through_cube:
+        monkeypatch.setattr(tabulate_module, "_count_per_level", tabulate_module._count_through_cube)
 
     m = MAFID_MIN + 5
     persons = {"RTYPE": np.array([3], np.uint8), "MAFID": np.array([m], np.int32), "QAGE": np.array([40], np.uint8),

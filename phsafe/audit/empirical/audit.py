@@ -55,6 +55,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,6 +63,7 @@ from scipy import stats
 
 from phsafe.accounting import PlannedMeasurement
 from phsafe.config import PHSafeConfig, PrivacyDefinition, parse_config
+from phsafe.iterations import PopulationGroupLevel
 from phsafe.sensitivity import SensitivityBound
 from phsafe.tables import DERIVED_TABLES, MEASURED_TABLES, TABLES, TableKind
 
@@ -489,6 +491,15 @@ def _mu_for_epsilon(epsilon: float, delta: float) -> float:
     return float(optimize.brentq(lambda m: epsilon_gdp(m, delta) - epsilon, 1e-9, 100.0, xtol=1e-12))
 
 
+@lru_cache(maxsize=64)
+def _packed(table: str, levels: tuple[PopulationGroupLevel, ...], tau: int | None, n_states: int,
+            first_mafid: int) -> Layout:
+    """:func:`~phsafe.audit.empirical.canaries.pack`, once per table, levels, tau and number of
+    states in a process: a pure function of them (the public table definitions), read only
+    after, and the same for every audit (and calibration) that asks."""
+    return pack(table, list(levels), tau, n_states, first_mafid)
+
+
 def plan_audit(settings: AuditSettings, mechanism: ReleaseMechanism | None = None) -> AuditPlan:
     """Fix the canaries, the families, the alphas and the runs of every calibration and table
     (no data yet)."""
@@ -505,8 +516,8 @@ def plan_audit(settings: AuditSettings, mechanism: ReleaseMechanism | None = Non
             tau = settings.tau(table)
             levels = tuple(m.level.config_key for m in measurements)
             if (table, levels) not in layouts:  # the packing does not depend on the calibration
-                layouts[(table, levels)] = pack(table, [m.level for m in measurements], tau, len(config.states),
-                                                first_mafid)
+                layouts[(table, levels)] = _packed(table, tuple(m.level for m in measurements), tau,
+                                                   len(config.states), first_mafid)
             layout = layouts[(table, levels)]
             families, not_audited = _families(table, layout, measurements, settings.delta)
             tables.append(TablePlan(table, bound.value, settings.scale(table, bound), measurements, layout,
@@ -712,24 +723,25 @@ def run_chunk(settings: AuditSettings, plan: TablePlan, mechanism: ReleaseMechan
     checked = 0
     first = chunk * CHUNK_RUNS
     runs = max(0, min(CHUNK_RUNS, plan.runs - first))
-    for run in range(first, first + runs):
-        included = rng.integers(0, 2, records.n_canaries).astype(bool)
-        release = mechanism.release(records.inputs(included), config, table, plan.measurements, commit)
-        commitments.append(release.key_commitment)
-        exact = records.expected(included)
-        parts = []
-        for m, acc in zip(plan.measurements, residuals):
-            residual = np.asarray(release.noisy[m.key]) - exact[m.level.config_key]
-            acc.add(residual)  # notes a non-integer release
-            parts.append(np.rint(residual).astype(np.int64))
-        residual_all = np.concatenate(parts)
-        for scorer, tally in zip(scorers, tallies):
-            scorer.score(residual_all, included, tally)
-        if run < settings.release_checks:
-            release_problems += _release_problems(mechanism, config, plan.measurements, release.noisy)
-            checked += 1
-        if task is not None:
-            task.advance(item=f"{plan.table} ({plan.sensitivity})")
+    with mechanism.drawing():  # each planned measurement built once, drawn from in every run
+        for run in range(first, first + runs):
+            included = rng.integers(0, 2, records.n_canaries).astype(bool)
+            release = mechanism.release(records.inputs(included), config, table, plan.measurements, commit)
+            commitments.append(release.key_commitment)
+            exact = records.expected(included)
+            parts = []
+            for m, acc in zip(plan.measurements, residuals):
+                residual = np.asarray(release.noisy[m.key]) - exact[m.level.config_key]
+                acc.add(residual)  # notes a non-integer release
+                parts.append(np.rint(residual).astype(np.int64))
+            residual_all = np.concatenate(parts)
+            for scorer, tally in zip(scorers, tallies):
+                scorer.score(residual_all, included, tally)
+            if run < settings.release_checks:
+                release_problems += _release_problems(mechanism, config, plan.measurements, release.noisy)
+                checked += 1
+            if task is not None:
+                task.advance(item=f"{plan.table} ({plan.sensitivity})")
     norms = {}
     for m in plan.measurements:
         key = m.level.config_key

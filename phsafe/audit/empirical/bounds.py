@@ -303,7 +303,18 @@ def _exact_threshold_mu(sigma: float, values: tuple[int, ...]) -> tuple[float, f
 
     at = implied(half)
     reach = int(4 * sigma * math.sqrt(norm2) / g) + shift + 2
-    best = max(implied(t + 0.5) for t in range(-reach, reach + 1))
+    # implied(t + 0.5) at every t at once: the same rates and the same normal quantiles, elementwise
+    thresholds = np.arange(-reach, reach + 1) + 0.5
+
+    def sf_all(x: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(support, x, side="right")
+        return np.where(i < len(above), above[np.minimum(i, len(above) - 1)], 0.0)
+
+    fpr = sf_all(thresholds)
+    fnr = 1.0 - sf_all(thresholds - shift)
+    usable = (np.minimum(fpr, fnr) >= 1e-14) & (fpr < 1.0) & (fnr < 1.0)
+    mus = _NORMAL.isf(fnr[usable]) - _NORMAL.ppf(fpr[usable])
+    best = float(mus.max()) if mus.size else -math.inf
     return at, max(best, at)
 
 

@@ -7,9 +7,11 @@
 2. the state filter, the MAFID join and the geography (:func:`phsafe.preprocess.prepare`);
 3. truncate-and-join and the count vectors over the full public domain
    (:func:`phsafe.tabulate.tabulate`, :func:`phsafe.engine.exact_vector`);
-4. the measurement: :func:`phsafe.noise.measure`, which builds OpenDP's discrete Gaussian (or
-   geometric) measurement for the plan's budget and sensitivity, checks its privacy map, and
-   draws the noise with OpenDP's exact sampler;
+4. the measurement: :func:`phsafe.noise.measure`, which draws the noise with OpenDP's exact
+   sampler from OpenDP's discrete Gaussian (or geometric) measurement for the plan's budget and
+   sensitivity, its privacy map checked -- built by :func:`phsafe.noise.build`, the constructor of
+   every draw, once per planned measurement for a chunk of runs (:meth:`ReleaseMechanism.drawing`)
+   and drawn from run after run, as a private run draws from the one it builds;
 5. the release tables (:func:`phsafe.outputs.private_tables`), with the derived PH5_num and
    PH8_num;
 
@@ -27,7 +29,8 @@ audits this class.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +39,7 @@ import pandas as pd
 from phsafe.accounting import PlannedMeasurement, RunPlan, plan_run
 from phsafe.config import PHSafeConfig
 from phsafe.engine import exact_vector
-from phsafe.noise import SpendReceipt, check_privacy_map, measure
+from phsafe.noise import BuiltMeasurement, SpendReceipt, build, check_privacy_map, measure
 from phsafe.outputs import private_tables
 from phsafe.preprocess import prepare
 from phsafe.reader import InputTables
@@ -96,9 +99,28 @@ class ReleaseMechanism:
         data = prepare(inputs, config.states)
         return tabulate([TABLES[table]], data, taus=dict(config.tau), key=key)[table]
 
+    @contextmanager
+    def drawing(self) -> Iterator[None]:
+        """Within: each measurement drawn for is built once (:func:`phsafe.noise.build`) and drawn
+        from in every run -- the runs of one plan draw from the same OpenDP measurement. The
+        builds are forgotten on leaving: a later audit builds again (a test may have replaced the
+        constructor in between)."""
+        previous = getattr(self, "_built", None)
+        self._built: dict[PlannedMeasurement, BuiltMeasurement] | None = {}
+        try:
+            yield
+        finally:
+            self._built = previous
+
     def measure(self, m: PlannedMeasurement, exact: np.ndarray) -> np.ndarray:
         """Release ``exact`` with the noise of ``m`` (OpenDP's exact sampler)."""
-        return measure(self.draw_plan(m), exact, _NoLedger())
+        drawn = self.draw_plan(m)
+        built = getattr(self, "_built", None)
+        if built is None:
+            return measure(drawn, exact, _NoLedger())
+        if drawn not in built:
+            built[drawn] = build(drawn)
+        return measure(drawn, exact, _NoLedger(), built=built[drawn])
 
     def release(self, inputs: InputTables, config: PHSafeConfig, table: str,
                 measurements: Sequence[PlannedMeasurement], commit: Callable[[bytes], str]) -> Release:
