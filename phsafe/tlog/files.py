@@ -31,6 +31,7 @@ import json
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -76,6 +77,10 @@ class FileHashStore:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = Path(path)
         self._fd = fd
+        # A store dropped unclosed closes its descriptor when collected: a process that opens
+        # many logs (a library user's session, a test run) would otherwise run out of them.
+        self._closer = weakref.finalize(self, os.close, fd)
+        self._closer.atexit = False
 
     @classmethod
     def create(cls, path: Path) -> "FileHashStore":
@@ -107,7 +112,7 @@ class FileHashStore:
 
     def close(self) -> None:
         if self._fd >= 0:
-            os.close(self._fd)
+            self._closer()  # closes it, once: never again when collected
             self._fd = -1
 
     def fileno(self) -> int:

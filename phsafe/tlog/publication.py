@@ -27,6 +27,7 @@ a copy served elsewhere.
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -62,6 +63,10 @@ class LogDirectory:
                  checkpoint: bytes | None) -> None:
         self.path = Path(path)
         self._entries_fd = entries_fd
+        # Dropped unclosed, the folder closes its entries file when collected (its hash store
+        # does the same for its own).
+        self._closer = weakref.finalize(self, os.close, entries_fd)
+        self._closer.atexit = False
         self._hashes = hashes
         self.log = TransparencyLog(hashes)
         self._size = size
@@ -166,7 +171,7 @@ class LogDirectory:
     def close(self) -> None:
         self._hashes.close()
         if self._entries_fd >= 0:
-            os.close(self._entries_fd)
+            self._closer()  # closes it, once: never again when collected
             self._entries_fd = -1
 
     def __enter__(self) -> "LogDirectory":

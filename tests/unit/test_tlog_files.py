@@ -329,3 +329,35 @@ def test_a_failed_append_stops_the_writer_until_recovered(tmp_path: Path, monkey
     assert LogDirectory.recover(tmp_path / "log") == ["hashed entries 5 to 6, written before their hashes"]
     with LogDirectory.open(tmp_path / "log") as recovered:
         assert recovered.size == 7 and recovered.log.root() == TransparencyLog.of_entries(entries(7)).root()
+
+
+def test_a_log_folder_dropped_unclosed_closes_its_files_and_a_closed_one_never_again(tmp_path: Path) -> None:
+    import gc
+
+    def open_files() -> set[str]:
+        folder = Path("/proc/self/fd")
+        found = set()
+        for fd in os.listdir(folder):
+            try:
+                found.add(os.readlink(folder / fd))
+            except OSError:
+                pass
+        return found
+
+    path = tmp_path / "log"
+    LogDirectory.create(path).close()
+    ours = {str(path / ENTRIES_FILE), str(path / HASHES_FILE)}
+    folder = LogDirectory.open(path)
+    assert ours <= open_files()
+    del folder
+    gc.collect()
+    assert not ours & open_files()  # dropped without close(): collected, its files closed
+    closed = LogDirectory.open(path)
+    closed.close()
+    other = os.open(path / ENTRIES_FILE, os.O_RDONLY)  # may take a number the folder had
+    try:
+        del closed
+        gc.collect()
+        os.fstat(other)  # still open: close() closed the folder's files once, the collector not again
+    finally:
+        os.close(other)
