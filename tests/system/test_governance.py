@@ -115,6 +115,9 @@ class Attack:
 
     def __init__(self, data: Path, states: list[str], config: Path) -> None:
         self.lines = (data / "persons.csv").read_bytes().split(b"\n")
+        self._head: hashlib._Hash | None = None
+        self._tail = b""
+        self._all: list[tuple[tuple[str, str, str], list[bytes]]] | None = None
         persons = pd.read_csv(data / "persons.csv", dtype=str)
         geo = pd.read_csv(data / "geo.csv", dtype=str)
         housing = geo.loc[(geo["RTYPE"] == "2") & geo["TABBLKST"].isin(states), "MAFID"]
@@ -151,9 +154,12 @@ class Attack:
 
     def digests(self, age: str, hisp: str, race: str) -> list[str]:
         """Every plain function of the candidate dataset the project could publish."""
-        lines = list(self.lines)
-        lines[self.row + 1] = self._line(age, hisp, race)
-        persons = hashlib.sha256(b"\n".join(lines)).hexdigest()
+        if self._head is None:  # the file's bytes before and after the hidden line never change
+            self._head = hashlib.sha256(b"\n".join(self.lines[:self.row + 1]) + b"\n")
+            self._tail = b"\n" + b"\n".join(self.lines[self.row + 2:]) if self.row + 2 < len(self.lines) else b""
+        sha = self._head.copy()  # = SHA-256 of the whole file with the candidate's line in place
+        sha.update(self._line(age, hisp, race) + self._tail)
+        persons = sha.hexdigest()
         out = [persons, dataset_id({"persons.csv": persons, "units.csv": self.others["units"],
                                     "geo.csv": self.others["geo"]})]
         # The unkeyed content digest: the known records' lanes plus the candidate record's.
@@ -161,10 +167,12 @@ class Attack:
         return out
 
     def matches(self, tokens: set[bytes]) -> list[tuple[str, str, str]]:
+        if self._all is None:  # every candidate's digests, computed once for all the searches
+            self._all = [(candidate, [d.encode() for d in self.digests(*candidate)])
+                         for candidate in self.candidates()]
         found = []
-        for candidate in self.candidates():
-            for digest in self.digests(*candidate):
-                d = digest.encode()
+        for candidate, digests in self._all:
+            for d in digests:
                 if d in tokens or d[:16] in tokens:
                     found.append(candidate)
                     break

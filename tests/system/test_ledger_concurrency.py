@@ -6,38 +6,19 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from phsafe.errors import BudgetError
 from phsafe.ledger import (
     RunStatus,
     read_ledger,
 )
-from phsafe.publog import open_ledger
-from phsafe.noise import measure
 
-from tests._ledgers import (
-    new_ledger,
-    start,
-)
+from tests._ledgers import new_ledger
 
-# The small plan and its helpers are the ledger unit tests' own.
-from tests.unit.test_ledger import DATASET, FILES, PLAN, run_all  # noqa: E402
-
-
-def _contender(path: str, run_id: str, out: str, barrier, results) -> None:
-    ledger = open_ledger(Path(path))
-    barrier.wait()
-    try:
-        rec = start(ledger, PLAN, run_id)
-    except BudgetError:
-        results.put((run_id, "refused"))
-        return
-    for m in PLAN.measurements:
-        measure(m, np.zeros(m.n_cells, dtype=np.int64), rec)
-    rec.record_published(FILES, Path(out))
-    results.put((run_id, "ran"))
+# The small plan is the ledger unit tests' own. The children's code is in a module that imports
+# only what they run (tests/system/_ledger_contenders.py): a spawned child imports its target's module.
+from tests.system._ledger_contenders import contender, writer
+from tests.unit.test_ledger import DATASET, FILES, PLAN  # noqa: E402
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -46,7 +27,8 @@ def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int)
     ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
     path = new_ledger(tmp_path, cap=PLAN.total).path
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_contender, args=(str(path), f"run-{i}", str(tmp_path / f"out-{i}"), barrier, results))
+    procs = [ctx.Process(target=contender,
+                         args=(str(path), PLAN, FILES, f"run-{i}", str(tmp_path / f"out-{i}"), barrier, results))
              for i in range(2)]
     for p in procs:
         p.start()
@@ -60,19 +42,11 @@ def test_two_simultaneous_runs_exactly_one_proceeds(tmp_path: Path, round_: int)
     assert len(state.dataset_states[DATASET].versions) == 1
 
 
-def _writer(path: str, i: int, barrier) -> None:
-    ledger = open_ledger(Path(path))
-    barrier.wait()
-    rec = start(ledger, PLAN, f"w{i}", dataset=f"data-{i}", fingerprint=f"{i}" * 64)
-    run_all(rec, PLAN)
-    rec.record_published(FILES, Path(path).parent / f"out-{i}")
-
-
 def test_concurrent_appends_keep_one_valid_chain(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")  # a clean process: forking a worker with threads (Prefect, Dask) is unsafe
     path = new_ledger(tmp_path).path
     barrier = ctx.Barrier(3)
-    procs = [ctx.Process(target=_writer, args=(str(path), i, barrier)) for i in range(3)]
+    procs = [ctx.Process(target=writer, args=(str(path), PLAN, FILES, i, barrier)) for i in range(3)]
     for p in procs:
         p.start()
     for p in procs:
