@@ -21,6 +21,7 @@ import json
 import os
 import stat
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Protocol, Self, Sequence
 
@@ -260,6 +261,34 @@ APPENDS_WITHOUT_LOG = frozenset({EntryKind.TAIL_REPAIRED})
 """What a ledger awaiting its log binding (format 2) may still take: the repair of a torn tail."""
 
 
+class _Descriptors:
+    """The ledger's and its lock file's descriptors, and the process that opened them -- apart
+    from the :class:`LedgerFile`, so that one dropped unclosed closes them when collected (raw
+    descriptors are never closed otherwise: a process that opens many ledgers would run out)."""
+
+    __slots__ = ("fd", "lock_fd", "pid")
+
+    def __init__(self) -> None:
+        self.fd = self.lock_fd = self.pid = -1
+
+    def close(self) -> None:
+        """Close both, in the process that opened them only (a forked child leaves the parent's)."""
+        for fd in (self.fd, self.lock_fd):
+            if fd >= 0 and self.pid == os.getpid():
+                os.close(fd)
+        self.fd = self.lock_fd = -1
+
+
+def _descriptor(name: str) -> property:
+    def get(self: "LedgerFile") -> int:
+        return getattr(self._descriptors, name)
+
+    def put(self: "LedgerFile", value: int) -> None:
+        setattr(self._descriptors, name, value)
+
+    return property(get, put)
+
+
 class LedgerFile:
     """A ledger file kept open: its verified state, caught up under the lock before every use.
 
@@ -277,9 +306,8 @@ class LedgerFile:
         self._state = LedgerState()
         self._offset = 0
         self._mutex = threading.Lock()
-        self._fd = -1
-        self._lock_fd = -1
-        self._pid = -1
+        self._descriptors = _Descriptors()
+        weakref.finalize(self, self._descriptors.close).atexit = False
         self._followers: list[AppendFollower] = []
 
     @classmethod
@@ -299,6 +327,10 @@ class LedgerFile:
         if followers is not None:
             followers.attach(ledger)
         return ledger
+
+    _fd = _descriptor("fd")
+    _lock_fd = _descriptor("lock_fd")
+    _pid = _descriptor("pid")
 
     @property
     def state(self) -> LedgerState:
@@ -371,10 +403,7 @@ class LedgerFile:
     def close(self) -> None:
         """Close the file and its lock file (a later use opens them again)."""
         with self._mutex:
-            for fd in (self._fd, self._lock_fd):
-                if fd >= 0 and self._pid == os.getpid():
-                    os.close(fd)
-            self._fd = self._lock_fd = -1
+            self._descriptors.close()
 
     def verify(self) -> None:
         """Re-read and verify the whole ledger from disk.
