@@ -49,10 +49,51 @@ POSTGRES_HINT = (
 
 @pytest.fixture(scope="session")
 def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
+    """The harness's server, on a fresh copy of a database migrated once (see :func:`_migrated_once`)."""
+    with contextlib.ExitStack() as stack:
+        _migrated_once(stack)
         yield
+
+
+def _migrated_once(stack: contextlib.ExitStack) -> None:
+    """``prefect_test_harness`` entered on ``stack``, its SQLite database a copy of a template.
+
+    Each test process's server migrated a new database through Prefect's 100-odd migrations
+    (about 4 CPU-s of its 9 CPU-s start). The first server that finds no template migrates its
+    own, as before, and leaves a copy of it (SQLite's backup, right after its start: the schema
+    and the registered block types, no run) in the temporary folder, named by the Prefect version
+    and its migrations; every later server starts on a fresh copy of that, which its start finds
+    up to date. Each server still has a database of its own, thrown away with it.
+    """
+    import fcntl
+    import hashlib
+    import sqlite3
+    from unittest import mock
+
+    import prefect
+    import prefect.server.database as server_database
+    import prefect.testing.utilities as harness
+
+    versions = Path(server_database.__file__).parent / "_migrations" / "versions" / "sqlite"
+    key = hashlib.sha256("\n".join([prefect.__version__, *sorted(p.name for p in versions.glob("*.py"))])
+                         .encode()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"phsafe-prefect-test-db-{os.getuid()}"
+    cache.mkdir(exist_ok=True)
+    template = cache / f"prefect-{prefect.__version__}-{key}.db"
+    folder = Path(tempfile.mkdtemp(prefix="phsafe-prefect-test-server-"))
+    with (cache / "lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process migrates; the others wait and copy
+        had_template = template.is_file()
+        if had_template:
+            shutil.copyfile(template, folder / "prefect-test.db")  # the harness's database name
+        with mock.patch.object(harness, "mkdtemp", return_value=str(folder)):
+            stack.enter_context(harness.prefect_test_harness(server_startup_timeout=180))
+        if not had_template:
+            partial = template.with_suffix(f".{os.getpid()}.partial")
+            with contextlib.closing(sqlite3.connect(folder / "prefect-test.db")) as source, \
+                    contextlib.closing(sqlite3.connect(partial)) as copy:
+                source.backup(copy)
+            partial.replace(template)  # whole or absent
 
 
 @pytest.fixture(autouse=True)
