@@ -218,6 +218,8 @@ def _iteration_code_of(level: IterationLevel) -> npt.NDArray[np.int64]:
     """Each race x ethnicity bin's code index at ``level`` (-1: none) -- the rows of
     :func:`_iteration_matrix` as indices."""
     matrix = _iteration_matrix(level)
+    if (matrix.sum(axis=1) > 1).any():  # one code per bin, or one index cannot say it
+        raise ValueError(f"iteration level {level}: a race x ethnicity bin has more than one code")
     return np.where(matrix.any(axis=1), matrix.argmax(axis=1), -1).astype(np.int64)
 
 
