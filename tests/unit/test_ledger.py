@@ -1574,15 +1574,8 @@ def test_a_ledger_dropped_unclosed_closes_its_files(tmp_path: Path) -> None:
     import gc
 
     from phsafe.ledger.store import lock_path
+    from tests._descriptors import open_files
 
-    def open_files() -> set[str]:
-        found = set()
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                found.add(os.readlink(f"/proc/self/fd/{fd}"))
-            except OSError:
-                pass
-        return found
 
     made = new_ledger(tmp_path, cap=3)
     path = made.path

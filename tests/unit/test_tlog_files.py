@@ -334,15 +334,7 @@ def test_a_failed_append_stops_the_writer_until_recovered(tmp_path: Path, monkey
 def test_a_log_folder_dropped_unclosed_closes_its_files_and_a_closed_one_never_again(tmp_path: Path) -> None:
     import gc
 
-    def open_files() -> set[str]:
-        folder = Path("/proc/self/fd")
-        found = set()
-        for fd in os.listdir(folder):
-            try:
-                found.add(os.readlink(folder / fd))
-            except OSError:
-                pass
-        return found
+    from tests._descriptors import open_files
 
     path = tmp_path / "log"
     LogDirectory.create(path).close()
