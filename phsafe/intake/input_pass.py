@@ -426,7 +426,12 @@ class InputPass:
         observer of its own); their pieces merged here (:func:`phsafe.intake.pieces.merge`)."""
         assert self._workers is not None and isinstance(self._layout, Layout)
         plan = ClusterPlan.for_worker(self.files, self.states, self.counting, self.observer)
-        costs = [state_bytes(p.rows()) for p in self.parts]
+        # Largest first, and smaller states may pass one that waits for memory: California
+        # (counted alone) starts at once, and a free process counts small states beside a large
+        # one instead of waiting for it. The states are merged in this order -- a function of
+        # their folders' row counts, so the pass is the same run after run.
+        order = sorted(range(len(self.parts)), key=lambda i: -state_bytes(self.parts[i].rows()))
+        costs = [state_bytes(self.parts[i].rows()) for i in order]
         by_label = {p.label: p for p in self.parts}
 
         def advance(piece: Piece) -> None:
@@ -438,8 +443,8 @@ class InputPass:
                 files_read.advance(item=f"{stem}, state {part.label}")
 
         with totals("read, check, join, validate and count states (worker processes)"):
-            pieces = self._workers.map(count_state, [(plan, i, p) for i, p in enumerate(self.parts)],
-                                       costs=costs, budget=budget)
+            pieces = self._workers.map(count_state, [(plan, k, self.parts[i]) for k, i in enumerate(order)],
+                                       costs=costs, budget=budget, smaller_may_pass=True)
             merge(pieces, result=self.result, validation=self.observer, layout=self._layout, each=advance)
         if self.observer is not None:
             self.observer.partition_end()

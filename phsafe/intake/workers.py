@@ -22,7 +22,7 @@ from typing import IO, Any
 
 from phsafe.errors import PHSafeError
 
-__all__ = ["WorkerProcesses", "release_memory", "serve"]
+__all__ = ["WorkerProcesses", "next_job", "release_memory", "serve"]
 
 Job = tuple[int, Callable[..., Any], tuple[Any, ...]]
 
@@ -68,6 +68,33 @@ def release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):
             pass
+
+
+def next_job(pending: Sequence[int], running: Sequence[int], passed: Sequence[int], budget: int | None, *,
+             smaller_may_pass: bool = False) -> int | None:
+    """Which pending job starts on a free process (its position in ``pending``), or None: wait.
+
+    Args:
+        pending: The costs of the jobs not started, in the calls' order.
+        running: The costs of the jobs running.
+        passed: The costs of the running jobs that started before an earlier call (passers).
+        budget: What the running jobs may cost together (None: no limit).
+        smaller_may_pass: When the first pending job does not fit, the first later one that fits
+            starts instead -- if the first still fits beside it and the other passers (so it starts
+            as soon as the jobs it waits for end, never after passers that keep coming).
+    """
+    if not pending:
+        return None
+    in_flight = sum(running)
+    if budget is None or not running or in_flight + pending[0] <= budget:
+        return 0
+    if smaller_may_pass:
+        beside_passers = sum(passed) + pending[0]
+        for position in range(1, len(pending)):
+            cost = pending[position]
+            if in_flight + cost <= budget and beside_passers + cost <= budget:
+                return position
+    return None
 
 
 def _command(entry: Callable[[], int]) -> list[str]:
@@ -134,14 +161,18 @@ class WorkerProcesses:
             pass
 
     def map(self, fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], *, costs: Sequence[int] | None = None,
-            budget: int | None = None) -> Iterator[Any]:
+            budget: int | None = None, smaller_may_pass: bool = False) -> Iterator[Any]:
         """Run ``fn(*args)`` (a module-level function) for each ``args`` of ``calls`` on the
         processes; the results in order, each as soon as it (and those before it) is done.
 
         Jobs start in the calls' order, each when a process is free -- with ``budget``, only while
         the costs (bytes of memory) of the jobs running, with its own, stay within it (a job always
-        may when none runs). A job that does not fit waits for running ones to end; later ones do
-        not pass it: they would run it last, alone, with every answer after it held here.
+        may when none runs); which job starts next is :func:`next_job`'s choice. A job that does
+        not fit waits for running ones to end. Without ``smaller_may_pass``, later ones do not pass
+        it (an answer that comes early is held here until those before it are done: passing jobs
+        would hold theirs). With it, a later job that fits may start first if the waiting job
+        will still fit beside it -- give the calls largest first, so that what passes is small and
+        ends soon, and a free process need not stay idle beside a large job.
 
         Raises:
             PHSafeError: A job failed in its process (its exception's class is named).
@@ -149,23 +180,27 @@ class WorkerProcesses:
         costs = list(costs) if costs is not None else [0] * len(calls)
         pending = list(range(len(calls)))
         running: dict[int, int] = {}  # job number -> call index
+        passed: set[int] = set()  # job numbers that started before an earlier call
         done: dict[int, Any] = {}
-        in_flight, next_out = 0, 0
+        next_out = 0
         while next_out < len(calls):
             while pending and len(running) < len(self._procs):
-                if budget is not None and running and in_flight + costs[pending[0]] > budget:
+                pick = next_job([costs[i] for i in pending], [costs[i] for i in running.values()],
+                                [costs[running[n]] for n in passed], budget, smaller_may_pass=smaller_may_pass)
+                if pick is None:
                     break
-                index = pending.pop(0)
+                index = pending.pop(pick)
                 self._number += 1
                 running[self._number] = index
-                in_flight += costs[index]
+                if pick:
+                    passed.add(self._number)
                 self._jobs.put((self._number, fn, tuple(calls[index])))
             with self._done:
                 self._done.wait_for(lambda: any(n in self._results for n in running))
                 number = next(n for n in running if n in self._results)
                 answer, error = self._results.pop(number)
             index = running.pop(number)
-            in_flight -= costs[index]
+            passed.discard(number)
             if error is not None:
                 raise PHSafeError(f"a worker process of the input pass failed ({error}); nothing was spent")
             done[index] = answer

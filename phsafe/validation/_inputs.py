@@ -910,7 +910,9 @@ def _structural(result: Any, file_names: Mapping[str, str]) -> dict[str, list[Fa
                 merged[key] = replace(merged[key], failing_rows=merged[key].failing_rows + p.rows)
             else:
                 merged.setdefault(key, Failure(p.file, p.columns, p.rule, p.rows))
-        out[stem] = list(merged.values())
+        # By file: the same report whatever order a pass's pieces were merged in (states
+        # counted in worker processes are merged largest first).
+        out[stem] = sorted(merged.values(), key=lambda f: f.file)
     if result.misplaced:
         out.setdefault("geo", []).append(Failure(file_names["geo"], ("TABBLKST",), _MISPLACED_RULE, result.misplaced))
     for stem, n in result.repeated.items():

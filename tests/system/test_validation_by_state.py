@@ -287,3 +287,44 @@ def test_folders_outside_the_state_filter_are_set_aside_persons_unread(
     # Their units and geo MAFIDs are read for the layout check (once); their persons never.
     assert not any("/persons/TABBLKST=01/" in f or "/persons/TABBLKST=11/" in f for f in reads)
     assert max(reads.values()) == 1
+
+
+# ------------------------------------------------------------------------------ worker processes
+def test_states_counted_in_worker_processes_largest_first_give_the_same_report_and_counts(
+        small: synthetic.SyntheticData, broken_by_state: tuple[Path, ValidationReport], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # States in the pass's two worker processes, largest first, with a budget that holds
+    # California beside DC but not beside Alabama: DC passes Alabama (the schedule's choice,
+    # not the machine's speed). The report and the counts are those of one process.
+    from phsafe import memory
+    from phsafe.intake import input_pass, workers
+
+    by_state, here = broken_by_state
+    valid = _write_by_state(small, tmp_path / "valid")
+    in_one_process = exact_counts(load_config(valid / "config.json"), valid, list(TABLES.values()), key=bytes(16))
+
+    choose = workers.next_job
+    picks: list[int | None] = []
+
+    def spied_next_job(*args, **kwargs):  # type: ignore[no-untyped-def]
+        picks.append(choose(*args, **kwargs))
+        return picks[-1]
+
+    def budget_of(parts, limit, *, validate, target=None):  # type: ignore[no-untyped-def]
+        largest, second, smallest = sorted((memory.state_bytes(p) for p in parts), reverse=True)
+        return largest + smallest  # not largest + second
+
+    monkeypatch.setattr(memory, "WORKERS_MIN_PERSONS", 1000)
+    monkeypatch.setattr(input_pass, "parallel_budget", budget_of)
+    monkeypatch.setattr(workers, "next_job", spied_next_job)
+    there = validate_inputs(by_state / "config.json", by_state)
+    assert picks[:2] == [0, 1]  # California, then DC before Alabama (what waits: [Alabama, DC])
+    assert there.to_text() == here.to_text()
+
+    picks.clear()
+    in_workers = exact_counts(load_config(valid / "config.json"), valid, list(TABLES.values()), key=bytes(16))
+    assert picks[:2] == [0, 1]
+    assert in_workers.content == in_one_process.content
+    for name, table in in_one_process.items():
+        for level, cube in table.by_level.items():
+            assert (in_workers[name].by_level[level] == cube).all(), (name, level)
