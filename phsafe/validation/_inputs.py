@@ -456,7 +456,7 @@ class InputValidation:
         """One row per MAFID of kept units or kept geo rows: rows of each, first RTYPE of each."""
         geo = join.geo
         n_geo = len(geo.index)
-        unit_rtype, geo_rtype = _signed(units.compact("RTYPE")), _signed(geo_rows.compact("RTYPE"))
+        unit_rtype, geo_rtype = _Padded(units.compact("RTYPE")), _Padded(geo_rows.compact("RTYPE"))
         for start in range(0, join.n_keys, SLICE_ROWS):  # bounded temporaries
             stop = min(join.n_keys, start + SLICE_ROWS)
             present = join.unit_rows[start:stop] > 0
@@ -475,8 +475,8 @@ class InputValidation:
             self._cross_add("units_geo", {
                 "UNITS_ROWS": np.minimum(np.take(join.unit_rows, keys), _SMALL_MAX),
                 "GEO_ROWS": np.minimum(geo_count, _SMALL_MAX),
-                "UNIT_RTYPE": _at(unit_rtype, np.take(join.unit_first, keys)),
-                "GEO_RTYPE": _at(geo_rtype, geo_first),
+                "UNIT_RTYPE": unit_rtype.at(np.take(join.unit_first, keys)),
+                "GEO_RTYPE": geo_rtype.at(geo_first),
             })
 
     def _persons_in_units(self, join: Any, units: Any, persons: Any) -> None:
@@ -489,6 +489,9 @@ class InputValidation:
         unit_hht = _at(units.compact("HHT"), first)
         unit_hht2 = _at(units.compact("HHT2"), first)
         has_unit = first >= 0
+        # Padded once, read slice after slice (each read through :func:`_at` copies its column).
+        read_rtype, read_hht, read_hht2 = _Padded(unit_rtype), _Padded(unit_hht), _Padded(unit_hht2)
+        read_has_unit = _Padded(has_unit, False)
         valid = persons.ok("MAFID")
         relship_all = persons.compact("RELSHIP")
         rtype_all, age_all = persons.compact("RTYPE"), persons.compact("QAGE")
@@ -501,15 +504,16 @@ class InputValidation:
             if valid is not None:
                 keep = valid[rows]
                 key, relship, rtype, age = (np.compress(keep, a) for a in (key, relship, rtype, age))
-            in_units = _at(has_unit, key, False)
+            key = key.astype(np.intp)  # once, not in each of the four reads
+            in_units = read_has_unit.at(key)
             self._cross_add("persons_in_units", {
                 "IN_UNITS": in_units.view(np.int8),
                 "RTYPE": rtype,
                 "RELSHIP": relship,
                 "QAGE": age,
-                "UNIT_RTYPE": _at(unit_rtype, key),
-                "UNIT_HHT": _at(unit_hht, key),
-                "UNIT_HHT2": _at(unit_hht2, key),
+                "UNIT_RTYPE": read_rtype.at(key),
+                "UNIT_HHT": read_hht.at(key),
+                "UNIT_HHT2": read_hht2.at(key),
             })
             householder_keys.append(np.compress(in_units & (relship == RELSHIP_HOUSEHOLDER), key))
             unknown_keys.append(np.compress(in_units & (relship == INVALID), key))
@@ -881,6 +885,26 @@ def _at(values: np.ndarray, rows: np.ndarray, missing: int | bool = INVALID) -> 
     if absent.any():
         out[absent] = missing
     return out
+
+
+class _Padded:
+    """A column read at rows of which some are -1 (none) -- :func:`_at`, with the column padded
+    once: a frame built slice by slice reads the same column for every slice."""
+
+    def __init__(self, values: np.ndarray, missing: int | bool = INVALID) -> None:
+        if missing == INVALID:
+            values = _signed(values)
+        self.missing = missing
+        self.empty = not len(values)
+        self.padded = np.concatenate([values, np.array([missing], values.dtype)])  # row -1 reads it
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        """``_at(values, rows, missing)``."""
+        if self.empty:
+            return np.full(len(rows), self.missing, dtype=self.padded.dtype)
+        if len(rows) and int(rows.min()) < -1:
+            return _at(self.padded[:-1], rows, self.missing)
+        return np.take(self.padded, rows)
 
 
 def _classes(column: Column) -> int:

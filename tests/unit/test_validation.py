@@ -474,3 +474,22 @@ def test_what_a_run_reuses_is_what_great_expectations_builds_afresh(monkeypatch:
     afresh = [_gx.evaluate(job) for job in jobs]
     assert reused == afresh
     assert any(not r.success and r.counts for results in reused for r in results)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int64, bool])
+def test_a_column_padded_once_reads_as_each_read_padded_it(dtype: type) -> None:
+    # Derived frames read a unit column at each person's key, slice after slice: padded once
+    # (_Padded), every read equals _at's -- None (-1) reads `missing`, other negative rows too.
+    from phsafe.validation._inputs import INVALID, _at, _Padded
+
+    rng = np.random.default_rng(7)  # seeded: no randomness is under test
+    for n in (0, 1, 50):
+        values = rng.integers(0, 2 if dtype is bool else 100, n).astype(dtype)
+        for missing in ((False,) if dtype is bool else (INVALID, 0)):
+            padded = _Padded(values, missing)
+            within = rng.integers(-1, n, 40) if n else np.full(40, -1)  # rows of the column, or -1
+            beyond = np.where(rng.random(40) < 0.2, -3, within)  # and other negative rows
+            for rows in (within, beyond, np.arange(n, dtype=np.int32), np.array([], dtype=np.int64)):
+                expected = _at(values, rows, missing)
+                got = padded.at(rows)
+                assert got.dtype == expected.dtype and (got == expected).all(), (n, missing, rows)
