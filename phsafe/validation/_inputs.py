@@ -504,16 +504,16 @@ class InputValidation:
             if valid is not None:
                 keep = valid[rows]
                 key, relship, rtype, age = (np.compress(keep, a) for a in (key, relship, rtype, age))
-            key = key.astype(np.intp)  # once, not in each of the four reads
-            in_units = read_has_unit.at(key)
+            at = key.astype(np.intp)  # once, not in each of the four reads (the keys kept below stay int32)
+            in_units = read_has_unit.at(at)
             self._cross_add("persons_in_units", {
                 "IN_UNITS": in_units.view(np.int8),
                 "RTYPE": rtype,
                 "RELSHIP": relship,
                 "QAGE": age,
-                "UNIT_RTYPE": read_rtype.at(key),
-                "UNIT_HHT": read_hht.at(key),
-                "UNIT_HHT2": read_hht2.at(key),
+                "UNIT_RTYPE": read_rtype.at(at),
+                "UNIT_HHT": read_hht.at(at),
+                "UNIT_HHT2": read_hht2.at(at),
             })
             householder_keys.append(np.compress(in_units & (relship == RELSHIP_HOUSEHOLDER), key))
             unknown_keys.append(np.compress(in_units & (relship == INVALID), key))
