@@ -86,17 +86,18 @@ def test_passing_never_breaks_the_budget_and_never_starves_the_waiting_job(seed:
 
 
 def test_smaller_jobs_passing_ends_the_states_sooner() -> None:
-    # The 2020 populations of the 50 states and DC (millions), each state's cost as the pass
-    # models it (a fixed part and one per person), seconds in proportion to persons, and the
-    # by-state budget of the default target: passing shortens the pass (here by about a tenth),
-    # and no order of the calls is needed for that but largest first.
+    # The 2020 populations of the 50 states and DC (millions), largest first, each state's cost
+    # as the pass models it (a fixed part and one per person), seconds in proportion to persons,
+    # and the by-state budget of the default target: passing shortens the pass by about a tenth
+    # (132.3 -> 120.3), to within 1% of the best any schedule can do (120.0).
     persons = [39.5, 29.1, 21.5, 20.2, 13.0, 12.8, 11.8, 10.7, 10.4, 10.1, 9.3, 8.6, 7.7, 7.2, 7.0, 6.9, 6.8,
                6.2, 6.2, 5.9, 5.8, 5.7, 5.1, 5.0, 4.7, 4.5, 4.2, 4.0, 3.6, 3.3, 3.2, 3.1, 3.0, 3.0, 2.9, 2.1, 2.0,
                1.8, 1.8, 1.5, 1.4, 1.4, 1.1, 1.1, 1.0, 0.9, 0.8, 0.7, 0.7, 0.6, 0.6]
     costs = [250 + round(p * 73.5) for p in persons]  # MiB
     seconds = [0.3 + 0.56 * p for p in persons]
     waiting, _ = _simulate(costs, seconds, 2400, 2, smaller_may_pass=False)
-    passing, runs = _simulate(costs, seconds, 2400, 2, smaller_may_pass=True)
+    passing, _ = _simulate(costs, seconds, 2400, 2, smaller_may_pass=True)
     assert passing < 0.95 * waiting
     alone = seconds[0] + seconds[1]  # California and Texas fit beside nothing
-    assert passing >= (sum(seconds) - alone) / 2 + alone - 1e-9  # no schedule does better
+    bound = (sum(seconds) - alone) / 2 + alone  # and the rest on two processes at best
+    assert bound - 1e-9 <= passing <= 1.01 * bound
