@@ -179,13 +179,7 @@ def count_records(
     w = None if weights is None else weights.astype(np.float64)
     out = TableCounts(spec)
     if not by_race:
-        flat = cells.astype(np.int32)
-        flat *= n_states
-        flat += base
-        binned = np.bincount(flat, weights=w, minlength=n_cells * n_states)
-        del flat
-        cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
-        cube = cube.reshape(n_cells, n_states).T
+        cube = _by_cell(cells, base, n_cells, n_states, w).reshape(n_cells, n_states).T
         for level in spec.iteration_levels:
             out.by_level[level] = np.ascontiguousarray(cube[:, None, :])
         return out
@@ -200,6 +194,23 @@ def count_records(
     else:
         _count_through_cube(out, spec, race_cols, cells, base, n_states, w)
     return out
+
+
+def _binned(flat: npt.NDArray[np.integer], weights: npt.NDArray[np.float64] | None, bins: int) -> npt.NDArray[np.int64]:
+    """Records counted into ``bins`` bins by their flat index; weighted counts are sums of whole
+    numbers, rounded back to exact integers."""
+    binned = np.bincount(flat, weights=weights, minlength=bins)
+    return (np.rint(binned) if weights is not None else binned).astype(np.int64)
+
+
+def _by_cell(cells: npt.NDArray[np.int16], base: npt.NDArray[np.int32], n_cells: int, width: int,
+             weights: npt.NDArray[np.float64] | None) -> npt.NDArray[np.int64]:
+    """Records counted by (cell, base): ``width`` bins of ``base`` for each of ``n_cells`` cells,
+    cells outermost."""
+    flat = cells.astype(np.int32)
+    flat *= width
+    flat += base
+    return _binned(flat, weights, n_cells * width)
 
 
 def _invalid_race(spec: TableSpec, race_cols: tuple[Source, str, str], bad_rows: int, race_zero: bool) -> InputError:
@@ -244,8 +255,7 @@ def _count_per_level(out: TableCounts, spec: TableSpec, race_cols: tuple[Source,
             inside = code >= 0
             flat = (np.compress(inside, state) * n_codes + np.compress(inside, code)) * n_cells + np.compress(inside, cell)
             weight = None if w is None else np.compress(inside, w)
-        binned = np.bincount(flat, weights=weight, minlength=n_states * n_codes * n_cells)
-        counts = (np.rint(binned) if weight is not None else binned).astype(np.int64)
+        counts = _binned(flat, weight, n_states * n_codes * n_cells)
         out.by_level[level] = counts.reshape(n_states, n_codes, n_cells)
 
 
@@ -254,13 +264,7 @@ def _count_through_cube(out: TableCounts, spec: TableSpec, race_cols: tuple[Sour
                         w: npt.NDArray[np.float64] | None) -> None:
     """One bincount into the (cell, state, race, ethnicity) cube, then each level's sums over it."""
     n_cells = len(spec.basis)
-    width = n_states * _RACE_VALUES * _ETH_VALUES
-    flat = cells.astype(np.int32)
-    flat *= width
-    flat += base
-    binned = np.bincount(flat, weights=w, minlength=n_cells * width)
-    del flat
-    cube = (np.rint(binned) if w is not None else binned).astype(np.int64)
+    cube = _by_cell(cells, base, n_cells, n_states * _RACE_VALUES * _ETH_VALUES, w)
     # (cell, state, race, ethnicity) -> (state, cell, race, ethnicity)
     cube = cube.reshape(n_cells, n_states, _RACE_VALUES, _ETH_VALUES).transpose(1, 0, 2, 3)
     grid = np.ascontiguousarray(cube).reshape(n_states * n_cells, _RACE_VALUES, _ETH_VALUES)
