@@ -1571,27 +1571,10 @@ def test_canonical_json_refuses_what_has_no_exact_form(value: object, why: str) 
 
 
 def test_a_ledger_dropped_unclosed_closes_its_files(tmp_path: Path) -> None:
-    import gc
-
     from phsafe.ledger.store import lock_path
-    from tests._descriptors import open_files
-
+    from tests._descriptors import assert_closes_its_files_once
 
     made = new_ledger(tmp_path, cap=3)
     path = made.path
     made.close()
-    ours = {str(path), str(lock_path(path))}
-    ledger = Ledger.open(path)
-    assert ours <= open_files()
-    del ledger
-    gc.collect()
-    assert not ours & open_files()  # dropped without close(): collected, its files closed
-    closed = Ledger.open(path)
-    closed.close()
-    other = os.open(path, os.O_RDONLY)  # may take a number the ledger had
-    try:
-        del closed
-        gc.collect()
-        os.fstat(other)  # still open: close() closed the ledger's files once, the collector not again
-    finally:
-        os.close(other)
+    assert_closes_its_files_once(lambda: Ledger.open(path), {path, lock_path(path)})

@@ -332,24 +332,8 @@ def test_a_failed_append_stops_the_writer_until_recovered(tmp_path: Path, monkey
 
 
 def test_a_log_folder_dropped_unclosed_closes_its_files_and_a_closed_one_never_again(tmp_path: Path) -> None:
-    import gc
-
-    from tests._descriptors import open_files
+    from tests._descriptors import assert_closes_its_files_once
 
     path = tmp_path / "log"
     LogDirectory.create(path).close()
-    ours = {str(path / ENTRIES_FILE), str(path / HASHES_FILE)}
-    folder = LogDirectory.open(path)
-    assert ours <= open_files()
-    del folder
-    gc.collect()
-    assert not ours & open_files()  # dropped without close(): collected, its files closed
-    closed = LogDirectory.open(path)
-    closed.close()
-    other = os.open(path / ENTRIES_FILE, os.O_RDONLY)  # may take a number the folder had
-    try:
-        del closed
-        gc.collect()
-        os.fstat(other)  # still open: close() closed the folder's files once, the collector not again
-    finally:
-        os.close(other)
+    assert_closes_its_files_once(lambda: LogDirectory.open(path), {path / ENTRIES_FILE, path / HASHES_FILE})
