@@ -18,8 +18,8 @@ time, summed PSS):
    the kind the pass does for each of the nine tables at each level, with no validation, no
    truncation, no digest of the files, and only the six columns it needs parsed (both engines
    skip the others). Data stored by state is joined and counted state by state, as the pass does;
-   national CSV files as a whole (each engine's streaming execution; DuckDB spills what does not
-   fit to its temporary folder). Columns are read from the files themselves (``TABBLKST`` is a
+   national CSV files as a whole, in each engine's streaming execution (at full US each engine
+   held 20-22 GB doing so: run it on a machine with room for that). Columns are read from the files themselves (``TABBLKST`` is a
    column of each state's files; the folder names are not read as columns).
 
 A phase of an engine that is less than 1.5x the typed parse for phase 3 would leave room for the
