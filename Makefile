@@ -34,9 +34,11 @@ test: env chromium
 	$(VENV)/bin/python -m pytest -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 # The unit lane alone: no subprocess, no server, no command run end to end (at most a minute on
-# the quiet 2-core machine), its tests spread one by one over the two workers.
+# the quiet 2-core machine). --dist loadscope, as `make test`: a module's tests on one worker, so
+# that each worker imports only its modules' libraries (Great Expectations, OpenDP) and builds their
+# module fixtures once -- 6-8 CPU-s and 4-7 s less than tests spread one by one.
 test-fast: env
-	$(VENV)/bin/python -m pytest -n 2 tests/unit
+	$(VENV)/bin/python -m pytest -n 2 --dist loadscope tests/unit
 
 # The browser tests drive Debian's chromium (Playwright cannot download its own browser here).
 # Installed when missing and we are root; otherwise those tests fail saying what to install.
