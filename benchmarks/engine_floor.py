@@ -16,11 +16,12 @@ time, summed PSS):
 3. ``ENGINE join and count one table`` -- persons joined to units and geo on MAFID, and the
    persons counted by state, county, 5-year age group, CENRACE, CENHISP and HHT: one group-by of
    the kind the pass does for each of the nine tables at each level, with no validation, no
-   truncation, no digest of the files, and only the six columns it needs parsed (both engines
-   skip the others). Data stored by state is joined and counted state by state, as the pass does;
-   national CSV files as a whole, in each engine's streaming execution (at full US each engine
-   held 20-22 GB doing so: run it on a machine with room for that). Columns are read from the files themselves (``TABBLKST`` is a
-   column of each state's files; the folder names are not read as columns).
+   truncation, no digest of the files, and only the six columns it needs converted (both engines
+   skip converting the others). Data stored by state is joined and counted state by state, as the
+   pass does; national CSV files as a whole, in each engine's streaming execution (at full US each
+   engine held 20-22 GB doing so: run it on a machine with room for that). Columns are read from
+   the files themselves (``TABBLKST`` is a column of each state's files; the folder names are not
+   read as columns).
 
 A phase of an engine that is less than 1.5x the typed parse for phase 3 would leave room for the
 rest of the pass's work under the issue's 1.5x goal; a phase 3 above it says that an engine swap
