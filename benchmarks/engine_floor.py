@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -121,11 +122,17 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     data = args.data.resolve()
+    engines = args.engines.split(",")
+    # Before anything is timed: the engines must import there (they are not phsafe's dependencies).
+    missing = subprocess.run([args.engines_python, "-c", f"import {', '.join(engines)}"], capture_output=True)
+    if missing.returncode != 0:
+        raise SystemExit(f"{args.engines_python} cannot import {', '.join(engines)}: give --engines-python the "
+                         "python of a virtual environment that has them (see this script's docstring)")
     load_before = round(os.getloadavg()[0], 2)
     phases: list[Phase] = []
     for _ in range(args.repeat):
         phases.append(run_phase("typed parse", [sys.executable, str(HERE / "pyarrow_read.py"), str(data)]))
-        for engine in args.engines.split(","):
+        for engine in engines:
             for task, label in (("parse", "parse"), ("count", "join and count one table")):
                 phases.append(run_phase(f"{engine} {label}", [args.engines_python, "-c", ENGINE_PROGRAM, str(REPO),
                                                               str(data), engine, task]))
